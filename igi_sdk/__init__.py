@@ -1,0 +1,16 @@
+"""igi-sdk: run a local LLM beside a game on the same GPU without taking the game's VRAM.
+
+Import order matters: with the CUDA build of llama.cpp, importing numpy before ``llama_cpp``
+makes ``llama_model_load_from_file`` crash (seen on an H200 host; see docs/architecture.md).
+Importing ``llama_cpp`` here, before any submodule pulls in numpy, fixes the order for every
+entry point of the SDK in one place.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+
+if importlib.util.find_spec("llama_cpp") is not None:  # pure modules still work without it
+    import llama_cpp  # noqa: F401  (must precede numpy; see above)
+
+__version__ = "0.1.0"

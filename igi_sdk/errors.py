@@ -1,0 +1,127 @@
+"""Typed errors of the SDK.
+
+Every failure a game developer can cause (a bad path, a prompt that does not fit, a bad sampling
+value) raises a subclass of :class:`IgiError` with a message that says what to do about it. Each
+error has a stable ``code`` (used on the wire by the sidecar protocol) and says whether retrying the
+same request can succeed (``retryable``).
+"""
+
+from __future__ import annotations
+
+
+class IgiError(Exception):
+    """Base class of every error the SDK raises on purpose."""
+
+    code = "internal"
+    retryable = False
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message)
+        self.message = message
+
+
+# --- model files -------------------------------------------------------------------------------
+
+
+class ModelError(IgiError):
+    """The model file cannot be used."""
+
+    code = "model_error"
+
+
+class ModelFileNotFoundError(ModelError, FileNotFoundError):
+    code = "model_not_found"
+
+
+class NotAGGUFError(ModelError):
+    code = "not_gguf"
+
+
+class TruncatedModelError(ModelError):
+    code = "truncated_model"
+
+
+class UnsupportedArchitectureError(ModelError):
+    code = "unsupported_architecture"
+
+
+class ModelLoadError(ModelError):
+    """llama.cpp refused to load the model (out of memory, missing tensors, ...)."""
+
+    code = "model_load_failed"
+
+
+# --- plans / placement ---------------------------------------------------------------------------
+
+
+class PlanError(IgiError):
+    code = "invalid_plan"
+
+
+class BudgetTooSmallError(PlanError):
+    code = "budget_too_small"
+
+    def __init__(self, message: str, minimum_bytes: int) -> None:
+        super().__init__(message)
+        self.minimum_bytes = minimum_bytes
+
+
+# --- sessions and generation ---------------------------------------------------------------------
+
+
+class SessionError(IgiError):
+    code = "session_error"
+
+
+class UnknownSessionError(SessionError, KeyError):
+    code = "unknown_session"
+
+    def __str__(self) -> str:  # KeyError would quote the message
+        return self.message
+
+
+class SessionBusyError(SessionError):
+    code = "session_busy"
+    retryable = True
+
+
+class TooManySessionsError(SessionError):
+    code = "too_many_sessions"
+    retryable = True
+
+
+class PromptTooLongError(SessionError):
+    code = "prompt_too_long"
+
+
+class ContextFullError(SessionError):
+    code = "context_full"
+
+
+class InvalidSamplingError(IgiError, ValueError):
+    code = "invalid_sampling"
+
+
+class InvalidGrammarError(IgiError, ValueError):
+    code = "invalid_grammar"
+
+
+class InvalidStateError(SessionError):
+    """A session snapshot does not belong to this model or is damaged."""
+
+    code = "invalid_state"
+
+
+class GenerationCancelled(IgiError):
+    code = "cancelled"
+
+
+class EngineClosedError(IgiError):
+    code = "engine_closed"
+
+
+class InferenceError(IgiError):
+    """llama.cpp failed while decoding (the session's state is kept)."""
+
+    code = "inference_failed"
+    retryable = True

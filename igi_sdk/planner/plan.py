@@ -1,0 +1,108 @@
+"""The `Plan`: a complete, serialisable description of where a model's tensors live.
+
+A plan is data. The planner produces it, the runtime applies it, and tests compare what llama.cpp
+reports back against it. Everything not listed in ``gpu_tensors`` stays in host memory.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from igi_sdk.model import ModelInventory
+
+Role = Literal["gpu", "cpu"]
+
+# Groups that a "weights on GPU for attention only" plan keeps in VRAM: attention projections and
+# the per-layer norms that sit beside them (tiny; moving them would cost a transfer per layer).
+ATTENTION_GROUPS = frozenset({"attn", "attn_norm"})
+GLOBAL_SMALL_GROUPS = frozenset({"norm"})
+
+
+class Plan(BaseModel):
+    """Tensor placement and context settings for one model on one machine."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = "custom"
+    gpu_tensors: tuple[str, ...] = ()
+    # Layers whose KV cache and compute llama.cpp assigns to the GPU (counted from the last layer,
+    # llama.cpp's `n_gpu_layers`; -1 = all layers plus the output layer).
+    gpu_layers: int = -1
+    kv_on_gpu: bool = True
+    flash_attn: Literal["auto", "on", "off"] = "auto"
+    n_ubatch: int = Field(512, ge=1, le=8192)
+    # Copy-compute threshold: batches of at least this many tokens run CPU-resident weights on the
+    # GPU by streaming them over PCIe (llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH); smaller batches
+    # (decode) compute them on the CPU.
+    op_offload: bool = True
+    copy_compute_min_batch: int = Field(32, ge=1)
+    # Host weights: pinned (llama.cpp load_mode 0, CUDA_Host buffers, fast H2D copies) or mmap
+    # (pageable, shares the page cache, loads faster).
+    pinned_host: bool = False
+    type_k: str = "f16"
+    type_v: str = "f16"
+    # Filled by the planner: predicted TTFT/TPS per token tier and VRAM bytes by category.
+    predicted: dict[str, float] = Field(default_factory=dict)
+    vram_bytes: dict[str, int] = Field(default_factory=dict)
+
+    # --- placement queries ------------------------------------------------------------------
+
+    def role_of(self, tensor_name: str) -> Role:
+        return "gpu" if tensor_name in self._gpu_set else "cpu"
+
+    @property
+    def _gpu_set(self) -> frozenset[str]:
+        # frozen model: cache on the instance dict is not allowed, a frozenset build is cheap
+        return frozenset(self.gpu_tensors)
+
+    def uses_gpu(self) -> bool:
+        return bool(self.gpu_tensors) or (self.kv_on_gpu and self.gpu_layers != 0)
+
+    # --- serialisation ------------------------------------------------------------------------
+
+    def to_json(self) -> str:
+        return self.model_dump_json(indent=2)
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.model_validate(json.loads(text))
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    @classmethod
+    def load(cls, path: str | Path) -> Plan:
+        return cls.from_json(Path(path).read_text())
+
+    # --- hand-made plans ------------------------------------------------------------------------
+
+    @classmethod
+    def all_cpu(cls) -> Plan:
+        """Weights, KV and compute on the CPU: the GPU is left entirely to the game."""
+        return cls(name="all-cpu", gpu_layers=0, kv_on_gpu=False, op_offload=False)
+
+    @classmethod
+    def all_gpu(cls, inventory: ModelInventory) -> Plan:
+        """Every tensor in VRAM except the token embedding (llama.cpp reads it on the CPU)."""
+        names = tuple(t.name for t in inventory.tensors if t.group != "token_embd")
+        return cls(name="all-gpu", gpu_tensors=names, pinned_host=True)
+
+    @classmethod
+    def attention_on_gpu(cls, inventory: ModelInventory, *, with_output: bool = False) -> Plan:
+        """Attention weights, norms and the whole KV cache in VRAM; FFNs/experts on the CPU.
+
+        Decode then runs attention (the part that grows with context) on the GPU, while prefill
+        streams the CPU-resident FFN weights to the GPU (copy-compute)."""
+        groups = ATTENTION_GROUPS | GLOBAL_SMALL_GROUPS | ({"output"} if with_output else set())
+        names = tuple(t.name for t in inventory.tensors if t.group in groups)
+        return cls(
+            name="attn-gpu" + ("+output" if with_output else ""),
+            gpu_tensors=names,
+            flash_attn="on",
+            n_ubatch=2048,
+            pinned_host=True,
+        )

@@ -1,0 +1,730 @@
+"""The inference engine: one llama.cpp model + context, many NPC sessions, one decode loop.
+
+Threading: llama.cpp contexts are not thread-safe, so a single engine thread owns every native
+call. Public methods post a command to that thread and wait for its answer; between commands the
+thread runs decode steps for every active reply, all sessions in one ``llama_decode``. Commands are
+taken only between steps, which makes every command — snapshot, reshard, close — happen at a safe
+point.
+"""
+
+from __future__ import annotations
+
+import codecs
+import ctypes
+import json
+import os
+import queue
+import struct
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, TypeVar
+
+import llama_cpp
+
+from igi_sdk.errors import (
+    ContextFullError,
+    EngineClosedError,
+    GenerationCancelled,
+    IgiError,
+    InferenceError,
+    InvalidStateError,
+    ModelLoadError,
+    PromptTooLongError,
+    SessionBusyError,
+    TooManySessionsError,
+    UnknownSessionError,
+    UnsupportedArchitectureError,
+)
+from igi_sdk.model import ModelInventory, default_model_path, read_inventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import _native
+from igi_sdk.runtime.devices import Device, first_gpu
+from igi_sdk.runtime.generation import Generation, GenerationResult
+from igi_sdk.runtime.placement import LoadReport, build_overrides, n_gpu_layers
+from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, json_schema_grammar
+from igi_sdk.runtime.text import Vocab
+
+T = TypeVar("T")
+
+_KV_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_FLASH = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_SNAPSHOT_MAGIC = b"IGISESS1"
+
+
+def _default_threads() -> int:
+    # llama.cpp runs best on physical cores; sched_getaffinity respects container CPU limits
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return max(1, n)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = 4096  # KV cells shared by all sessions
+    max_sessions: int = 8  # llama.cpp sequences
+    n_batch: int = 512  # tokens per llama_decode across all sessions
+    n_threads: int = 0  # 0 = every core this process may use
+    max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
+
+
+@dataclass
+class _Session:
+    id: str
+    seq: int
+    params: SamplingParams
+    priority: int
+    messages: list[dict[str, str]]
+    committed_text: str = ""  # the chat-template text that the KV cache (+ pending) holds
+    tokens: list[int] = field(default_factory=list)  # tokens decoded into the KV cache
+    pending: list[int] = field(default_factory=list)  # sampled, not yet decoded
+    history: list[int] = field(default_factory=list)  # sampled tokens (repeat penalty)
+    n_sampled: int = 0
+    turn: _Turn | None = None
+
+
+@dataclass
+class _Turn:
+    """One reply being generated."""
+
+    session: _Session
+    handle: Generation
+    feed: list[int]  # tokens still to decode before the next sample
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stop: tuple[str, ...]
+    grammar: str | None
+    chain: SamplerChain | None = None
+    generated: list[int] = field(default_factory=list)
+    raw: str = ""
+    emitted: int = 0
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    start_tokens: int = 0
+    start_pending: list[int] = field(default_factory=list)
+    order: int = 0
+    ignore_eos: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
+
+
+class Engine:
+    """A loaded model with sessions. Every public method is thread-safe."""
+
+    def __init__(
+        self,
+        model_path: str | Path | None = None,
+        plan: Plan | None = None,
+        config: EngineConfig | None = None,
+        *,
+        progress: Callable[[float], None] | None = None,
+    ) -> None:
+        self.model_path = Path(model_path) if model_path else default_model_path()
+        self.inventory: ModelInventory = read_inventory(self.model_path)
+        self.config = config or EngineConfig()
+        self.plan = plan or Plan.all_cpu()
+        self.report = LoadReport()
+        self.gpu: Device | None = None
+        self.reshard_count = 0
+        self.last_reshard_s = 0.0
+        self._progress = progress
+        self._model: Any = None
+        self._ctx: Any = None
+        self._vocab: Vocab | None = None
+        self._sessions: dict[str, _Session] = {}
+        self._free_seqs = list(range(self.config.max_sessions))
+        self._turn_counter = 0
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
+        self._closed = False
+        _native.init_backend(self.plan.copy_compute_min_batch)
+        ready: Future = Future()
+        self._thread = threading.Thread(
+            target=self._run, args=(ready,), name="igi-engine", daemon=True
+        )
+        self._thread.start()
+        ready.result()  # re-raises a load failure here, in the caller's thread
+
+    # ======================================================================== public API
+
+    @property
+    def n_ctx(self) -> int:
+        return self.config.n_ctx
+
+    def placement(self) -> dict[str, str]:
+        """Tensor name -> 'gpu' | 'cpu', as llama.cpp reported it while loading."""
+        return self.report.placement(self.gpu)
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes by device ('gpu', 'cpu') and category ('weights', 'kv', 'compute')."""
+        return {d: self.report.bytes_on(d, self.gpu) for d in ("gpu", "cpu")}
+
+    def open_session(
+        self,
+        system_prompt: str | None = None,
+        *,
+        sampling: SamplingParams | None = None,
+        priority: int = 0,
+        session_id: str | None = None,
+    ) -> str:
+        params = sampling or SamplingParams()
+        return self._call(lambda: self._open(system_prompt, params, priority, session_id))
+
+    def close_session(self, session_id: str) -> None:
+        self._call(lambda: self._close_session(session_id))
+
+    def sessions(self) -> list[str]:
+        return self._call(lambda: list(self._sessions))
+
+    def set_priority(self, session_id: str, priority: int) -> None:
+        def run() -> None:
+            self._get(session_id).priority = priority
+
+        self._call(run)
+
+    def chat(
+        self,
+        session_id: str,
+        user_text: str,
+        *,
+        max_tokens: int = 256,
+        stop: list[str] | tuple[str, ...] = (),
+        grammar: str | None = None,
+        json_schema: str | dict | None = None,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        """Add the player's line and start the NPC's reply; returns at once with a handle.
+
+        ``ignore_eos`` keeps generating past end-of-turn tokens (benchmarks want exact lengths)."""
+        if max_tokens < 1:
+            raise PromptTooLongError("max_tokens must be at least 1")
+        if json_schema is not None:
+            grammar = json_schema_grammar(json_schema)
+        stops = tuple(s for s in stop if s)
+        return self._call(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
+                                                   grammar, ignore_eos))
+
+    def snapshot(self, session_id: str) -> bytes:
+        """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
+        return self._call(lambda: self._snapshot(session_id))
+
+    def restore(self, data: bytes, *, session_id: str | None = None) -> str:
+        """Recreate a session from :meth:`snapshot` bytes; returns its id."""
+        return self._call(lambda: self._restore(data, session_id))
+
+    def save_session(self, session_id: str, path: str | Path) -> None:
+        Path(path).write_bytes(self.snapshot(session_id))
+
+    def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
+        p = Path(path)
+        if not p.is_file():
+            raise InvalidStateError(f"no saved session at {p}")
+        return self.restore(p.read_bytes(), session_id=session_id)
+
+    def reshard(self, plan: Plan) -> float:
+        """Reload the model with another placement, keeping every session (and active replies)
+        exactly where they were. Returns the seconds it took."""
+        return self._call(lambda: self._reshard(plan))
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._call(self._shutdown)
+        self._closed = True
+        self._thread.join(timeout=30)
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ============================================================ engine thread: plumbing
+
+    def _call(self, fn: Callable[[], T]) -> T:
+        if self._closed or not self._thread.is_alive():
+            raise EngineClosedError("the engine is closed")
+        fut: Future = Future()
+        self._commands.put((fn, fut))
+        return fut.result()
+
+    def _run(self, ready: Future) -> None:
+        try:
+            self._load(self.plan)
+        except BaseException as e:  # noqa: BLE001 - handed to the constructor's thread
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        running = True
+        while running:
+            block = not self._active_turns()
+            try:
+                item = self._commands.get(block=block, timeout=None if block else 0)
+            except queue.Empty:
+                item = None
+            while item is not None:
+                fn, fut = item
+                try:
+                    fut.set_result(fn())
+                except BaseException as e:  # noqa: BLE001 - every error goes to the caller
+                    fut.set_exception(e)
+                if fn == self._shutdown:
+                    running = False
+                    break
+                try:
+                    item = self._commands.get_nowait()
+                except queue.Empty:
+                    item = None
+            if running and self._active_turns():
+                self._step()
+
+    def _active_turns(self) -> list[_Turn]:
+        return [s.turn for s in self._sessions.values() if s.turn is not None]
+
+    # ============================================================ engine thread: loading
+
+    def _load(self, plan: Plan) -> None:
+        inv = self.inventory
+        self.gpu = first_gpu() if plan.uses_gpu() else None
+        mparams = llama_cpp.llama_model_default_params()
+        mparams.n_gpu_layers = n_gpu_layers(plan, inv, self.gpu)
+        overrides = build_overrides(plan, inv, self.gpu)
+        mparams.tensor_buft_overrides = overrides.pointer
+        mparams.load_mode = (
+            llama_cpp.LLAMA_LOAD_MODE_NONE if plan.pinned_host else llama_cpp.LLAMA_LOAD_MODE_MMAP
+        )
+        progress_cb = None
+        if self._progress is not None:
+            user_progress = self._progress
+
+            @llama_cpp.llama_progress_callback
+            def progress_cb(p: float, _user: ctypes.c_void_p) -> bool:
+                user_progress(float(p))
+                return True
+
+            mparams.progress_callback = progress_cb
+        report = LoadReport()
+        with _native.capture_log() as lines:
+            model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), mparams)
+        del overrides, progress_cb  # llama.cpp has copied what it needs by now
+        if not model:
+            text = "".join(lines)
+            if "unknown model architecture" in text:
+                raise UnsupportedArchitectureError(
+                    f"llama.cpp cannot run the architecture of {self.model_path} "
+                    f"('{inv.arch.architecture}')"
+                )
+            raise ModelLoadError(
+                f"llama.cpp could not load {self.model_path} with plan '{plan.name}': "
+                + _last_error(lines)
+            )
+        report.parse_model_log(lines)
+        cparams = llama_cpp.llama_context_default_params()
+        cparams.n_ctx = self.config.n_ctx
+        cparams.n_batch = max(self.config.n_batch, plan.n_ubatch)
+        cparams.n_ubatch = plan.n_ubatch
+        cparams.n_seq_max = self.config.max_sessions
+        cparams.kv_unified = True  # sessions share the cells: an idle NPC costs no reserved KV
+        threads = self.config.n_threads or _default_threads()
+        cparams.n_threads = threads
+        cparams.n_threads_batch = threads
+        cparams.flash_attn_type = _FLASH[plan.flash_attn]
+        cparams.offload_kqv = plan.kv_on_gpu and self.gpu is not None
+        cparams.op_offload = plan.op_offload and self.gpu is not None
+        cparams.type_k = _KV_TYPES[plan.type_k]
+        cparams.type_v = _KV_TYPES[plan.type_v]
+        cparams.no_perf = True
+        with _native.capture_log() as lines:
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            llama_cpp.llama_model_free(model)
+            raise ModelLoadError(
+                f"llama.cpp could not create a context for {self.model_path} "
+                f"(n_ctx={self.config.n_ctx}, plan '{plan.name}'): " + _last_error(lines)
+            )
+        report.parse_context_log(lines)
+        self._model, self._ctx, self.report, self.plan = model, ctx, report, plan
+        self._vocab = Vocab(model)
+        self._mem = llama_cpp.llama_get_memory(ctx)
+
+    def _unload(self) -> None:
+        if self._ctx:
+            llama_cpp.llama_free(self._ctx)
+        if self._model:
+            llama_cpp.llama_model_free(self._model)
+        self._ctx = self._model = None
+
+    def _shutdown(self) -> None:
+        for s in list(self._sessions.values()):
+            if s.turn is not None:
+                self._end_turn(s.turn, error=EngineClosedError("the engine was closed"))
+        self._unload()
+
+    # ============================================================ engine thread: sessions
+
+    def _get(self, session_id: str) -> _Session:
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise UnknownSessionError(f"no session '{session_id}' (closed, or never opened)")
+        return s
+
+    def _open(
+        self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None
+    ) -> str:
+        if not self._free_seqs:
+            raise TooManySessionsError(
+                f"all {self.config.max_sessions} session slots are in use; close one first"
+            )
+        sid = sid or uuid.uuid4().hex[:12]
+        if sid in self._sessions:
+            raise SessionBusyError(f"session '{sid}' already exists")
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        seq = self._free_seqs.pop(0)
+        self._sessions[sid] = _Session(sid, seq, params, priority, messages)
+        return sid
+
+    def _close_session(self, sid: str) -> None:
+        s = self._get(sid)
+        if s.turn is not None:
+            self._end_turn(s.turn, error=GenerationCancelled(f"session '{sid}' was closed"))
+        llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+        del self._sessions[sid]
+        self._free_seqs.append(s.seq)
+        self._free_seqs.sort()
+
+    def _start_turn(
+        self,
+        sid: str,
+        user_text: str,
+        max_tokens: int,
+        stop: tuple[str, ...],
+        grammar: str | None,
+        ignore_eos: bool = False,
+    ) -> Generation:
+        s = self._get(sid)
+        if s.turn is not None:
+            raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
+        assert self._vocab is not None
+        messages = s.messages + [{"role": "user", "content": user_text}]
+        full = self._vocab.apply_template(messages, add_assistant=True)
+        reset = not full.startswith(s.committed_text)
+        if reset:  # the template re-rendered history differently: re-read it all
+            feed = self._vocab.tokenize(full, add_special=True)
+            base = 0
+        else:
+            delta = full[len(s.committed_text) :]
+            feed = s.pending + self._vocab.tokenize(delta, add_special=not s.tokens)
+            base = len(s.tokens)
+        if not feed:
+            raise PromptTooLongError("the chat template produced no tokens for this line")
+        limit = self.config.n_ctx - 1
+        if base + len(feed) + 1 > limit:
+            raise PromptTooLongError(
+                f"this line needs {len(feed)} tokens and the conversation already holds {base}; "
+                f"the context has {self.config.n_ctx}. Shorten the line or open a new session"
+            )
+        if self.config.max_prompt_tokens and len(feed) > self.config.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"this line is {len(feed)} tokens; the limit is {self.config.max_prompt_tokens}"
+            )
+        handle = Generation(sid)
+        self._turn_counter += 1
+        turn = _Turn(
+            session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=len(feed),
+            max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
+            start_pending=list(s.pending), order=self._turn_counter, ignore_eos=ignore_eos,
+        )
+        turn.chain = self._make_chain(turn)  # raises InvalidGrammarError before any state moves
+        if reset:
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+            s.tokens = []
+            turn.start_tokens = 0
+        s.pending = []
+        s.messages = messages
+        s.turn = turn
+        return handle
+
+    def _make_chain(self, turn: _Turn) -> SamplerChain:
+        assert self._vocab is not None
+        s = turn.session
+        return SamplerChain(s.params, self._vocab.vocab, grammar=turn.grammar,
+                            history=s.history, reply_tokens=turn.generated)
+
+    # ============================================================ engine thread: decoding
+
+    def _step(self) -> None:
+        """One llama_decode for every active reply (player-facing sessions first)."""
+        turns = sorted(
+            self._active_turns(),
+            key=lambda t: (-t.session.priority, len(t.feed) > 1, t.order),
+        )
+        for t in turns:
+            if t.handle.cancelled:
+                self._end_turn(t, reason="cancelled")
+        turns = [t for t in turns if t.session.turn is t]
+        if not turns:
+            return
+        cap = max(self.config.n_batch, self.plan.n_ubatch)
+        batch = llama_cpp.llama_batch_init(cap, 0, 1)
+        try:
+            plan: list[tuple[_Turn, int, int]] = []  # (turn, n tokens fed, logits index or -1)
+            n = 0
+            for t in turns:
+                if n >= cap:
+                    break
+                take = min(len(t.feed), cap - n)
+                if take == 0:
+                    continue
+                pos0 = len(t.session.tokens)
+                for i in range(take):
+                    batch.token[n + i] = t.feed[i]
+                    batch.pos[n + i] = pos0 + i
+                    batch.n_seq_id[n + i] = 1
+                    batch.seq_id[n + i][0] = t.session.seq
+                    batch.logits[n + i] = 0
+                wants_logits = take == len(t.feed)
+                if wants_logits:
+                    batch.logits[n + take - 1] = 1
+                plan.append((t, take, n + take - 1 if wants_logits else -1))
+                n += take
+            batch.n_tokens = n
+            rc = llama_cpp.llama_decode(self._ctx, batch)
+            if rc == 1:
+                # no room in the KV cache: the lowest-priority reply gives way
+                victim = plan[-1][0]
+                self._rollback(victim)
+                self._end_turn(victim, error=ContextFullError(
+                    "the shared context is full; close idle sessions or raise n_ctx"))
+                return
+            if rc != 0:
+                for t, _, _ in plan:
+                    self._rollback(t)
+                    self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
+                return
+            for t, take, idx in plan:
+                t.session.tokens.extend(t.feed[:take])
+                del t.feed[:take]
+                if idx >= 0:
+                    self._sample(t, idx)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+
+    def _sample(self, t: _Turn, idx: int) -> None:
+        assert self._vocab is not None and t.chain is not None
+        s = t.session
+        tok = t.chain.sample(self._ctx, idx, s.n_sampled)
+        s.n_sampled += 1
+        s.history.append(tok)
+        if t.t_first is None:
+            t.t_first = time.perf_counter()
+        if self._vocab.is_eog(tok) and not t.ignore_eos:
+            t.generated.append(tok)
+            self._end_turn(t, reason="stop")
+            return
+        t.generated.append(tok)
+        t.raw += t.decoder.decode(self._vocab.piece(tok))
+        visible_end, hit = _stop_scan(t.raw, t.emitted, t.stop)
+        if hit:
+            t.session.pending = [tok]
+            self._emit_upto(t, visible_end)
+            self._end_turn(t, reason="stop_string", visible_end=visible_end)
+            return
+        self._emit_upto(t, visible_end)
+        if len(t.generated) >= t.max_tokens:
+            t.session.pending = [tok]
+            self._end_turn(t, reason="length")
+            return
+        t.feed = [tok]
+
+    def _emit_upto(self, t: _Turn, end: int) -> None:
+        if end > t.emitted:
+            t.handle._emit(t.raw[t.emitted : end])
+            t.emitted = end
+
+    def _rollback(self, t: _Turn) -> None:
+        """Undo a turn that produced nothing: the conversation is as before the request."""
+        s = t.session
+        llama_cpp.llama_memory_seq_rm(self._mem, s.seq, t.start_tokens, -1)
+        del s.tokens[t.start_tokens :]
+        s.pending = list(t.start_pending)
+        s.messages = s.messages[:-1]
+
+    def _end_turn(
+        self,
+        t: _Turn,
+        *,
+        reason: str = "stop",
+        error: BaseException | None = None,
+        visible_end: int | None = None,
+    ) -> None:
+        s = t.session
+        if t.chain is not None:
+            t.chain.close()
+            t.chain = None
+        s.turn = None
+        if error is None and not t.generated and reason == "cancelled":
+            # cancelled before the first token: as if the line was never said
+            self._rollback(t)
+        elif error is None:
+            if t.feed and t.generated:  # sampled but not decoded yet
+                s.pending = [t.generated[-1]]
+            t.raw += t.decoder.decode(b"", final=True)
+            if visible_end is None:
+                visible_end, _ = _stop_scan(t.raw, t.emitted, t.stop, final=True)
+                self._emit_upto(t, visible_end)
+            s.messages.append({"role": "assistant", "content": t.raw})
+            s.committed_text = t.prompt_text + t.raw
+        now = time.perf_counter()
+        if error is not None:
+            t.handle._fail(error)
+            return
+        t.handle._finish(GenerationResult(
+            session_id=s.id,
+            text=t.raw[:visible_end],
+            tokens=tuple(t.generated),
+            finish_reason=reason,
+            prompt_tokens=t.prompt_tokens,
+            completion_tokens=len(t.generated),
+            ttft_s=(t.t_first or now) - t.t0,
+            total_s=now - t.t0,
+        ))
+
+    # ============================================================ engine thread: state
+
+    def _fingerprint(self) -> dict[str, Any]:
+        a = self.inventory.arch
+        return {"arch": a.architecture, "n_layers": a.n_layers, "n_embd": a.n_embd,
+                "n_vocab": a.n_vocab, "tensors_bytes": self.inventory.total_bytes()}
+
+    def _snapshot(self, sid: str) -> bytes:
+        s = self._get(sid)
+        if s.turn is not None:
+            raise SessionBusyError(f"session '{sid}' is replying; snapshot it when it is idle")
+        kv = self._seq_state(s.seq)
+        meta = {
+            "model": self._fingerprint(), "params": s.params.model_dump(),
+            "priority": s.priority, "messages": s.messages, "committed_text": s.committed_text,
+            "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
+            "n_sampled": s.n_sampled,
+        }
+        head = json.dumps(meta).encode()
+        return _SNAPSHOT_MAGIC + struct.pack("<Q", len(head)) + head + kv
+
+    def _seq_state(self, seq: int) -> bytes:
+        size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
+        return bytes(buf[:n])
+
+    def _set_seq_state(self, seq: int, kv: bytes) -> bool:
+        llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+        if not kv:
+            return True
+        buf = (ctypes.c_uint8 * len(kv)).from_buffer_copy(kv)
+        return llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(kv), seq) > 0
+
+    def _restore(self, data: bytes, sid: str | None) -> str:
+        meta, kv = _parse_snapshot(data)
+        if meta.get("model") != self._fingerprint():
+            raise InvalidStateError("this session was saved with another model")
+        try:
+            params = SamplingParams(**meta["params"])
+        except Exception as e:  # noqa: BLE001 - damaged file
+            raise InvalidStateError(f"damaged session snapshot: {e}") from None
+        if len(meta["tokens"]) >= self.config.n_ctx:
+            raise InvalidStateError("the saved session is longer than this engine's context")
+        new_id = self._open(None, params, int(meta.get("priority", 0)), sid)
+        s = self._sessions[new_id]
+        if not self._set_seq_state(s.seq, kv):
+            self._close_session(new_id)
+            raise InvalidStateError(
+                "llama.cpp rejected the saved KV state (no room in the context, or damaged)"
+            )
+        s.messages = list(meta["messages"])
+        s.committed_text = meta["committed_text"]
+        s.tokens = list(meta["tokens"])
+        s.pending = list(meta["pending"])
+        s.history = list(meta["history"])
+        s.n_sampled = int(meta["n_sampled"])
+        return new_id
+
+    def _reshard(self, plan: Plan) -> float:
+        t0 = time.perf_counter()
+        saved = {sid: self._seq_state(s.seq) for sid, s in self._sessions.items()}
+        for s in self._sessions.values():
+            if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
+                s.turn.chain.close()
+                s.turn.chain = None
+        old = self.plan
+        self._unload()
+        try:
+            self._load(plan)
+        except IgiError:
+            self._load(old)  # keep serving on the plan that worked
+            self._restore_all(saved)
+            raise
+        self._restore_all(saved)
+        self.reshard_count += 1
+        self.last_reshard_s = time.perf_counter() - t0
+        return self.last_reshard_s
+
+    def _restore_all(self, saved: dict[str, bytes]) -> None:
+        for sid, kv in saved.items():
+            s = self._sessions[sid]
+            if not self._set_seq_state(s.seq, kv):
+                raise InferenceError(f"could not restore session '{sid}' after a reshard")
+            if s.turn is not None:
+                s.turn.chain = self._make_chain(s.turn)
+
+
+def _stop_scan(
+    text: str, emitted: int, stops: tuple[str, ...], *, final: bool = False
+) -> tuple[int, bool]:
+    """(end of the text that is safe to show, whether a stop string was found).
+
+    Text that could be the start of a stop string is held back until it is not."""
+    if not stops:
+        return len(text), False
+    longest = max(len(s) for s in stops)
+    search_from = max(0, emitted - longest)
+    hits = [i for s in stops if (i := text.find(s, search_from)) >= 0]
+    if hits:
+        return min(hits), True
+    if final:
+        return len(text), False
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return len(text) - hold, False
+
+
+def _parse_snapshot(data: bytes) -> tuple[dict[str, Any], bytes]:
+    if len(data) < 16 or not data.startswith(_SNAPSHOT_MAGIC):
+        raise InvalidStateError("not an igi-sdk session snapshot")
+    (n,) = struct.unpack_from("<Q", data, 8)
+    if 16 + n > len(data):
+        raise InvalidStateError("the session snapshot is truncated")
+    try:
+        meta = json.loads(data[16 : 16 + n])
+    except ValueError:
+        raise InvalidStateError("the session snapshot header is damaged") from None
+    return meta, data[16 + n :]
+
+
+def _last_error(lines: list[str]) -> str:
+    errs = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return errs[-1] if errs else "see the log for details"

@@ -1,0 +1,91 @@
+"""What a caller holds while a reply is generated: a streaming, cancellable handle."""
+
+from __future__ import annotations
+
+import queue
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from igi_sdk.errors import IgiError
+
+
+@dataclass(frozen=True)
+class GenerationResult:
+    session_id: str
+    text: str  # what the player sees (stop strings removed)
+    tokens: tuple[int, ...]  # every token sampled for this reply
+    finish_reason: str  # "stop" (end of turn), "stop_string", "length", "cancelled"
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float  # request accepted -> first token sampled
+    total_s: float
+
+    @property
+    def decode_tps(self) -> float:
+        """Tokens per second after the first token."""
+        span = self.total_s - self.ttft_s
+        return (self.completion_tokens - 1) / span if self.completion_tokens > 1 and span > 0 else 0.0
+
+
+_DONE = object()
+
+
+@dataclass
+class Generation:
+    """Iterate it for text pieces as they are produced; :meth:`result` waits for the end.
+
+    Safe to use from any thread; :meth:`cancel` may be called from another thread than the one
+    iterating."""
+
+    session_id: str
+    _events: queue.Queue = field(default_factory=queue.Queue, repr=False)
+    _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
+    _finished: threading.Event = field(default_factory=threading.Event, repr=False)
+    _result: GenerationResult | None = field(default=None, repr=False)
+    _error: BaseException | None = field(default=None, repr=False)
+
+    def cancel(self) -> None:
+        """Stop at the next decode step; text produced so far stays in the conversation."""
+        self._cancel.set()
+
+    @property
+    def cancelled(self) -> bool:
+        return self._cancel.is_set()
+
+    @property
+    def done(self) -> bool:
+        return self._finished.is_set()
+
+    def __iter__(self) -> Iterator[str]:
+        while True:
+            item = self._events.get()
+            if item is _DONE:
+                if self._error is not None:
+                    raise self._error
+                return
+            yield item
+
+    def result(self, timeout: float | None = None) -> GenerationResult:
+        if not self._finished.wait(timeout):
+            raise TimeoutError(f"generation for session {self.session_id} still running")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    # --- engine side ------------------------------------------------------------------------
+
+    def _emit(self, text: str) -> None:
+        if text:
+            self._events.put(text)
+
+    def _finish(self, result: GenerationResult) -> None:
+        self._result = result
+        self._finished.set()
+        self._events.put(_DONE)
+
+    def _fail(self, error: IgiError | BaseException) -> None:
+        self._error = error
+        self._finished.set()
+        self._events.put(_DONE)

@@ -1,0 +1,73 @@
+"""A Plan applied to real llama.cpp, with each tensor's buffer read back from llama.cpp itself."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import Engine, EngineConfig, list_devices
+from igi_sdk.runtime.placement import name_patterns
+
+CFG = EngineConfig(n_ctx=256, max_sessions=2, n_threads=2)
+
+
+def test_devices_include_the_cpu() -> None:
+    devs = list_devices()
+    cpu = [d for d in devs if d.kind == "cpu"]
+    assert cpu, devs
+    assert cpu[0].buffer_type == "CPU"
+
+
+def test_name_patterns_match_exactly_the_given_names(tiny_moe) -> None:
+    inv = read_inventory(tiny_moe)
+    chosen = [t.name for t in inv.tensors if t.group in ("attn", "ffn_router") or t.layer == 1]
+    pats = [re.compile(p) for p in name_patterns(chosen)]
+    matched = {t.name for t in inv.tensors if any(p.search(t.name) for p in pats)}
+    assert matched == set(chosen)
+    assert len(pats) < len(chosen)  # compacted by layer
+
+
+@pytest.mark.parametrize("make_plan", [
+    lambda inv: Plan.all_cpu(),
+    lambda inv: Plan.attention_on_gpu(inv),
+    lambda inv: Plan.all_gpu(inv),
+])
+def test_every_tensor_is_placed_where_the_plan_says(tiny_moe, make_plan) -> None:
+    inv = read_inventory(tiny_moe)
+    plan = make_plan(inv)
+    with Engine(tiny_moe, plan, CFG) as eng:
+        placed = eng.placement()
+        has_gpu = eng.gpu is not None
+        # read back from llama.cpp's own load log: every tensor of the file is accounted for
+        assert set(placed) == {t.name for t in inv.tensors}
+        for t in inv.tensors:
+            expected = plan.role_of(t.name) if has_gpu else "cpu"
+            assert placed[t.name] == expected, t.name
+        mem = eng.memory()
+        # llama.cpp's model buffers hold every weight byte (MiB-rounded in its log)
+        reported = mem["cpu"]["weights"] + mem["gpu"]["weights"]
+        assert abs(reported - inv.total_bytes()) <= 0.02 * inv.total_bytes() + 2**20 * 3
+        assert mem["cpu"]["kv"] + mem["gpu"]["kv"] > 0
+        if not has_gpu:
+            assert mem["gpu"] == {"weights": 0, "kv": 0, "compute": 0}
+
+
+def test_host_weights_mmap_or_loaded(tiny_llama) -> None:
+    """mmap keeps weights in page-cache mappings; pinned/none copies them into a host buffer."""
+    with Engine(tiny_llama, Plan(name="mmap", pinned_host=False, gpu_layers=0), CFG) as eng:
+        mapped = set(eng.report.model_buffers)
+    with Engine(tiny_llama, Plan(name="load", pinned_host=True, gpu_layers=0), CFG) as eng:
+        loaded = set(eng.report.model_buffers)
+    assert "CPU_Mapped" in mapped
+    assert "CPU_Mapped" not in loaded and loaded
+
+
+def test_plan_json_round_trip(tiny_llama, tmp_path) -> None:
+    inv = read_inventory(tiny_llama)
+    plan = Plan.attention_on_gpu(inv)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert Plan.load(path) == plan

@@ -1,0 +1,205 @@
+"""Sessions on the real default model: streaming, cancel, JSON output, batching, state, reshard."""
+
+from __future__ import annotations
+
+import json
+import threading
+
+import pytest
+
+from igi_sdk.errors import (
+    InvalidGrammarError,
+    InvalidSamplingError,
+    InvalidStateError,
+    PromptTooLongError,
+    SessionBusyError,
+    TooManySessionsError,
+    UnknownSessionError,
+)
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+NPC = "You are Mira, a cheerful innkeeper. Answer in one short sentence."
+LINES = [
+    "Do you have a room for the night?",
+    "What is the news from the capital?",
+    "How much for a bowl of stew?",
+    "Have you seen a knight in black armour?",
+]
+
+
+@pytest.fixture(scope="module")
+def engine(default_model):
+    with Engine(default_model, Plan.all_cpu(),
+                EngineConfig(n_ctx=4096, max_sessions=6, n_threads=2)) as eng:
+        yield eng
+
+
+def _reply(engine, sid, line, **kw):
+    return engine.chat(sid, line, **kw).result(timeout=120)
+
+
+def test_streamed_reply_is_real_text(engine) -> None:
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    gen = engine.chat(sid, LINES[0], max_tokens=40)
+    pieces = list(gen)
+    res = gen.result()
+    assert "".join(pieces) == res.text
+    assert len(pieces) > 3
+    assert sum(c.isalpha() for c in res.text) > 10  # words, not noise
+    assert res.prompt_tokens > 10 and 0 < res.completion_tokens <= 40
+    assert res.finish_reason in ("stop", "length")
+    # a second turn continues the same conversation (the KV cache is reused, not re-read)
+    res2 = _reply(engine, sid, "And breakfast?", max_tokens=20)
+    assert res2.prompt_tokens < res.prompt_tokens + res.completion_tokens
+    engine.close_session(sid)
+
+
+def test_cancel_from_another_thread_keeps_the_session_usable(engine) -> None:
+    sid = engine.open_session(NPC, sampling=SamplingParams(seed=3))
+    gen = engine.chat(sid, "Tell me a very long story about the kingdom.", max_tokens=400)
+    it = iter(gen)
+    next(it)
+    threading.Thread(target=gen.cancel).start()
+    res = gen.result(timeout=60)
+    assert res.finish_reason == "cancelled"
+    assert res.completion_tokens < 400
+    assert _reply(engine, sid, "Never mind. Goodnight!", max_tokens=8).completion_tokens > 0
+    engine.close_session(sid)
+
+
+def test_cancel_before_the_first_token_leaves_no_trace(engine) -> None:
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    ref = _reply(engine, sid, LINES[1], max_tokens=12).tokens
+    engine.close_session(sid)
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    gen = engine.chat(sid, "x " * 1500, max_tokens=5)  # long prefill: several decode steps
+    gen.cancel()
+    assert gen.result(timeout=60).completion_tokens == 0
+    assert _reply(engine, sid, LINES[1], max_tokens=12).tokens == ref
+    engine.close_session(sid)
+
+
+def test_json_schema_output_parses(engine) -> None:
+    schema = {
+        "type": "object",
+        "properties": {
+            "mood": {"type": "string", "enum": ["friendly", "wary", "angry"]},
+            "line": {"type": "string", "maxLength": 60},
+        },
+        "required": ["mood", "line"],
+    }
+    sid = engine.open_session(NPC + " Reply as JSON.", sampling=SamplingParams(seed=1))
+    res = _reply(engine, sid, "Who are you?", json_schema=schema, max_tokens=80)
+    data = json.loads(res.text)
+    assert data["mood"] in ("friendly", "wary", "angry")
+    assert isinstance(data["line"], str)
+    engine.close_session(sid)
+
+
+def test_stop_string_is_not_shown(engine) -> None:
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    full = _reply(engine, sid, LINES[2], max_tokens=30)
+    engine.close_session(sid)
+    words = full.text.split()
+    assert len(words) > 3
+    stop = words[2]
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    gen = engine.chat(sid, LINES[2], max_tokens=30, stop=[stop])
+    shown = "".join(gen)
+    res = gen.result()
+    assert res.finish_reason == "stop_string"
+    assert stop not in shown and shown == res.text
+    assert full.text.startswith(shown)
+    engine.close_session(sid)
+
+
+def test_four_sessions_batched_equal_one_by_one(engine) -> None:
+    alone = []
+    for line in LINES:
+        sid = engine.open_session(NPC, sampling=GREEDY)
+        alone.append(_reply(engine, sid, line, max_tokens=24).tokens)
+        engine.close_session(sid)
+    sids = [engine.open_session(NPC, sampling=GREEDY, priority=i) for i in range(4)]
+    gens = [engine.chat(s, line, max_tokens=24) for s, line in zip(sids, LINES)]
+    together = [g.result(timeout=120).tokens for g in gens]
+    for s in sids:
+        engine.close_session(s)
+    assert together == alone
+
+
+def test_snapshot_restore_and_disk(engine, tmp_path) -> None:
+    sampling = SamplingParams(temperature=0.9, seed=11)
+    sid = engine.open_session(NPC, sampling=sampling)
+    _reply(engine, sid, LINES[0], max_tokens=16)
+    snap = engine.snapshot(sid)
+    engine.save_session(sid, tmp_path / "mira.igisession")
+    cont = _reply(engine, sid, LINES[3], max_tokens=16).tokens
+    engine.close_session(sid)
+
+    again = engine.restore(snap)
+    assert _reply(engine, again, LINES[3], max_tokens=16).tokens == cont
+    engine.close_session(again)
+    loaded = engine.load_session(tmp_path / "mira.igisession")
+    assert _reply(engine, loaded, LINES[3], max_tokens=16).tokens == cont
+    engine.close_session(loaded)
+
+    with pytest.raises(InvalidStateError):
+        engine.restore(b"not a snapshot")
+    with pytest.raises(InvalidStateError):
+        engine.restore(snap[: len(snap) // 3])
+
+
+def test_errors_are_typed_and_other_sessions_keep_their_state(engine) -> None:
+    bystander = engine.open_session(NPC, sampling=GREEDY)
+    _reply(engine, bystander, LINES[0], max_tokens=10)
+    before = engine.snapshot(bystander)
+
+    with pytest.raises(UnknownSessionError):
+        engine.chat("nope", "hi")
+    sid = engine.open_session(NPC, sampling=GREEDY)
+    with pytest.raises(PromptTooLongError):
+        engine.chat(sid, "word " * 6000)
+    with pytest.raises(InvalidGrammarError):
+        engine.chat(sid, "hi", grammar="root ::= (")
+    with pytest.raises(InvalidSamplingError):
+        SamplingParams.create(temperature=-1)
+    with pytest.raises(InvalidSamplingError):
+        SamplingParams.create(top_p=float("nan"))
+    gen = engine.chat(sid, LINES[1], max_tokens=50)
+    with pytest.raises(SessionBusyError):
+        engine.chat(sid, "again")
+    gen.result(timeout=60)
+    engine.close_session(sid)
+    extra = [engine.open_session() for _ in range(5)]
+    with pytest.raises(TooManySessionsError):
+        engine.open_session()
+    for s in extra:
+        engine.close_session(s)
+
+    assert engine.snapshot(bystander) == before  # untouched by every failure above
+    engine.close_session(bystander)
+
+
+def test_reshard_mid_generation_is_lossless(default_model) -> None:
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2)
+    inv = read_inventory(default_model)
+    sampling = SamplingParams(temperature=0.8, seed=5)
+    with Engine(default_model, Plan.all_cpu(), cfg) as eng:
+        sid = eng.open_session(NPC, sampling=sampling)
+        ref = eng.chat(sid, LINES[3], max_tokens=40).result(timeout=120)
+    plans = [Plan.attention_on_gpu(inv), Plan(name="loaded", pinned_host=True, gpu_layers=0)]
+    with Engine(default_model, Plan.all_cpu(), cfg) as eng:
+        sid = eng.open_session(NPC, sampling=sampling)
+        gen = eng.chat(sid, LINES[3], max_tokens=40)
+        pieces = []
+        for i, piece in enumerate(gen):
+            pieces.append(piece)
+            if i in (3, 9):  # reshard twice while the reply streams
+                eng.reshard(plans[0 if i == 3 else 1])
+        res = gen.result()
+        assert eng.reshard_count == 2
+    assert res.tokens == ref.tokens
+    assert "".join(pieces) == ref.text
