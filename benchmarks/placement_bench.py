@@ -42,7 +42,7 @@ def _nvml_process_bytes() -> tuple[int | None, int | None]:
     return mine, used
 
 
-def _plan(name: str, inventory):  # noqa: ANN001, ANN202
+def _plan(name: str, inventory):
     from igi_sdk.planner import Plan
 
     if name == "all-cpu":
@@ -149,7 +149,8 @@ def print_table(results: list[dict]) -> None:
     def g(x: int | None) -> str:
         return "-" if x is None else f"{x / GIB:.2f}"
 
-    print("\nplan            GPU w/kv/compute (GiB)   NVML proc VRAM  TTFT s  prefill t/s  decode t/s")
+    print("\nplan            GPU w/kv/compute (GiB)   NVML proc VRAM  TTFT s  prefill t/s"
+          "  decode t/s")
     for r in results:
         gpu = r["llama_gpu"]
         print(f"{r['plan']:<15} {g(gpu['weights'])}/{g(gpu['kv'])}/{g(gpu['compute']):<14} "

@@ -6,7 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
-import igi_sdk  # noqa: F401  (sets the native import order before anything loads numpy)
+import igi_sdk
 from igi_sdk.errors import IgiError
 
 DEFAULT_PERSONA = (
@@ -175,7 +175,8 @@ def _nvml_status() -> str:
     try:
         n = pynvml.nvmlDeviceGetCount()
         names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
-        return f"driver {pynvml.nvmlSystemGetDriverVersion()}, {n} GPU(s): {', '.join(map(str, names))}"
+        gpus = ", ".join(map(str, names))
+        return f"driver {pynvml.nvmlSystemGetDriverVersion()}, {n} GPU(s): {gpus}"
     finally:
         pynvml.nvmlShutdown()
 

@@ -22,8 +22,8 @@ from llama_cpp._ggml import libggml
 
 log = logging.getLogger("igi_sdk.llama")
 
-# enum ggml_log_level
-LOG_NONE, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_DEBUG, LOG_CONT = range(6)
+# enum ggml_log_level (ggml.h of this build; older ggml numbered these differently)
+LOG_NONE, LOG_DEBUG, LOG_INFO, LOG_WARN, LOG_ERROR, LOG_CONT = range(6)
 # enum ggml_backend_dev_type
 DEV_CPU, DEV_GPU, DEV_IGPU, DEV_ACCEL = range(4)
 
@@ -67,6 +67,8 @@ class LlamaModelTensorBuftOverride(ctypes.Structure):
 _capture_lock = threading.Lock()
 _capture: list[str] | None = None
 _last_level = LOG_INFO
+# Warnings about choices a Plan makes on purpose (mmap host weights with CPU overrides).
+_DELIBERATE = ("tensor overrides to CPU are used with mmap enabled",)
 _PY_LEVEL = {LOG_ERROR: logging.ERROR, LOG_WARN: logging.WARNING, LOG_INFO: logging.DEBUG}
 
 
@@ -81,6 +83,8 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if cap is not None:
         cap.append(msg)
     py_level = _PY_LEVEL.get(level)
+    if py_level == logging.WARNING and any(s in msg for s in _DELIBERATE):
+        py_level = logging.DEBUG
     if py_level is not None and msg.strip():
         log.log(py_level, "%s", msg.rstrip())
 

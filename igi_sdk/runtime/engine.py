@@ -416,7 +416,7 @@ class Engine:
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
         assert self._vocab is not None
-        messages = s.messages + [{"role": "user", "content": user_text}]
+        messages = [*s.messages, {"role": "user", "content": user_text}]
         full = self._vocab.apply_template(messages, add_assistant=True)
         reset = not full.startswith(s.committed_text)
         if reset:  # the template re-rendered history differently: re-read it all

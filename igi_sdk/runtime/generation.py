@@ -25,7 +25,9 @@ class GenerationResult:
     def decode_tps(self) -> float:
         """Tokens per second after the first token."""
         span = self.total_s - self.ttft_s
-        return (self.completion_tokens - 1) / span if self.completion_tokens > 1 and span > 0 else 0.0
+        if self.completion_tokens < 2 or span <= 0:
+            return 0.0
+        return (self.completion_tokens - 1) / span
 
 
 _DONE = object()

@@ -85,6 +85,7 @@ class SamplerChain:
             llama_cpp.llama_sampler_chain_add(self.chain, g)
         if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
             pen = llama_cpp.llama_sampler_init_penalties(
+                llama_cpp.llama_vocab_n_tokens(vocab),
                 params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
             )
             for tok in history[-params.repeat_last_n :]:
@@ -137,5 +138,5 @@ def json_schema_grammar(schema: str | dict) -> str:
     try:
         json.loads(text)
         return json_schema_to_gbnf(text)
-    except Exception as e:  # the converter raises bare Exceptions/KeyErrors on bad schemas
+    except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions/KeyErrors on bad schemas
         raise InvalidGrammarError(f"cannot turn this JSON schema into a grammar: {e}") from None

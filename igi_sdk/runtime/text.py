@@ -47,10 +47,10 @@ class Vocab:
         roles = [m["role"].encode() for m in messages]
         contents = [m["content"].encode() for m in messages]
         arr = (llama_cpp.llama_chat_message * len(messages))()
-        for i, (r, c) in enumerate(zip(roles, contents)):
+        for i, (r, c) in enumerate(zip(roles, contents, strict=False)):
             arr[i].role = r
             arr[i].content = c
-        size = 256 + sum(len(c) + len(r) + 32 for r, c in zip(roles, contents))
+        size = 256 + sum(len(c) + len(r) + 32 for r, c in zip(roles, contents, strict=False))
         for _ in range(3):
             buf = ctypes.create_string_buffer(size)
             n = llama_cpp.llama_chat_apply_template(
