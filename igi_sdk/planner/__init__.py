@@ -1,5 +1,28 @@
 """Pipelined-sharding planner: which tensors live in VRAM and how each token tier runs."""
 
+from igi_sdk.planner.cost import decode_tps, ttft_seconds, ubatch_cost
 from igi_sdk.planner.plan import Plan, Role
+from igi_sdk.planner.planner import (
+    Candidate,
+    PlanResult,
+    Workload,
+    compute_buffer_estimate,
+    minimum_budget,
+    plan_for,
+    vram_by_category,
+)
 
-__all__ = ["Plan", "Role"]
+__all__ = [
+    "Candidate",
+    "Plan",
+    "PlanResult",
+    "Role",
+    "Workload",
+    "compute_buffer_estimate",
+    "decode_tps",
+    "minimum_budget",
+    "plan_for",
+    "ttft_seconds",
+    "ubatch_cost",
+    "vram_by_category",
+]

@@ -60,7 +60,8 @@ class Plan(BaseModel):
         return frozenset(self.gpu_tensors)
 
     def uses_gpu(self) -> bool:
-        return bool(self.gpu_tensors) or (self.kv_on_gpu and self.gpu_layers != 0)
+        return (bool(self.gpu_tensors) or (self.kv_on_gpu and self.gpu_layers != 0)
+                or self.op_offload)
 
     # --- serialisation ------------------------------------------------------------------------
 

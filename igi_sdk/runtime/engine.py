@@ -12,7 +12,6 @@ from __future__ import annotations
 import codecs
 import ctypes
 import json
-import os
 import queue
 import struct
 import threading
@@ -33,42 +32,24 @@ from igi_sdk.errors import (
     IgiError,
     InferenceError,
     InvalidStateError,
-    ModelLoadError,
     PromptTooLongError,
     SessionBusyError,
     TooManySessionsError,
     UnknownSessionError,
-    UnsupportedArchitectureError,
 )
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import _native
-from igi_sdk.runtime.devices import Device, first_gpu
+from igi_sdk.runtime import _native, loader
+from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.generation import Generation, GenerationResult
-from igi_sdk.runtime.placement import LoadReport, build_overrides, n_gpu_layers
+from igi_sdk.runtime.loader import ContextSettings
+from igi_sdk.runtime.placement import LoadReport
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, json_schema_grammar
 from igi_sdk.runtime.text import Vocab
 
 T = TypeVar("T")
 
-_KV_TYPES = {
-    "f32": llama_cpp.GGML_TYPE_F32,
-    "f16": llama_cpp.GGML_TYPE_F16,
-    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
-    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
-}
-_FLASH = {
-    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
-    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
-    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
-}
 _SNAPSHOT_MAGIC = b"IGISESS1"
-
-
-def _default_threads() -> int:
-    # llama.cpp runs best on physical cores; sched_getaffinity respects container CPU limits
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    return max(1, n)
 
 
 @dataclass(frozen=True)
@@ -141,6 +122,7 @@ class Engine:
         self.last_reshard_s = 0.0
         self._progress = progress
         self._model: Any = None
+        self._loaded: loader.Loaded | None = None
         self._ctx: Any = None
         self._vocab: Vocab | None = None
         self._sessions: dict[str, _Session] = {}
@@ -295,74 +277,19 @@ class Engine:
     # ============================================================ engine thread: loading
 
     def _load(self, plan: Plan) -> None:
-        inv = self.inventory
-        self.gpu = first_gpu() if plan.uses_gpu() else None
-        mparams = llama_cpp.llama_model_default_params()
-        mparams.n_gpu_layers = n_gpu_layers(plan, inv, self.gpu)
-        overrides = build_overrides(plan, inv, self.gpu)
-        mparams.tensor_buft_overrides = overrides.pointer
-        mparams.load_mode = (
-            llama_cpp.LLAMA_LOAD_MODE_NONE if plan.pinned_host else llama_cpp.LLAMA_LOAD_MODE_MMAP
-        )
-        progress_cb = None
-        if self._progress is not None:
-            user_progress = self._progress
-
-            @llama_cpp.llama_progress_callback
-            def progress_cb(p: float, _user: ctypes.c_void_p) -> bool:
-                user_progress(float(p))
-                return True
-
-            mparams.progress_callback = progress_cb
-        report = LoadReport()
-        with _native.capture_log() as lines:
-            model = llama_cpp.llama_model_load_from_file(str(self.model_path).encode(), mparams)
-        del overrides, progress_cb  # llama.cpp has copied what it needs by now
-        if not model:
-            text = "".join(lines)
-            if "unknown model architecture" in text:
-                raise UnsupportedArchitectureError(
-                    f"llama.cpp cannot run the architecture of {self.model_path} "
-                    f"('{inv.arch.architecture}')"
-                )
-            raise ModelLoadError(
-                f"llama.cpp could not load {self.model_path} with plan '{plan.name}': "
-                + _last_error(lines)
-            )
-        report.parse_model_log(lines)
-        cparams = llama_cpp.llama_context_default_params()
-        cparams.n_ctx = self.config.n_ctx
-        cparams.n_batch = max(self.config.n_batch, plan.n_ubatch)
-        cparams.n_ubatch = plan.n_ubatch
-        cparams.n_seq_max = self.config.max_sessions
-        cparams.kv_unified = True  # sessions share the cells: an idle NPC costs no reserved KV
-        threads = self.config.n_threads or _default_threads()
-        cparams.n_threads = threads
-        cparams.n_threads_batch = threads
-        cparams.flash_attn_type = _FLASH[plan.flash_attn]
-        cparams.offload_kqv = plan.kv_on_gpu and self.gpu is not None
-        cparams.op_offload = plan.op_offload and self.gpu is not None
-        cparams.type_k = _KV_TYPES[plan.type_k]
-        cparams.type_v = _KV_TYPES[plan.type_v]
-        cparams.no_perf = True
-        with _native.capture_log() as lines:
-            ctx = llama_cpp.llama_init_from_model(model, cparams)
-        if not ctx:
-            llama_cpp.llama_model_free(model)
-            raise ModelLoadError(
-                f"llama.cpp could not create a context for {self.model_path} "
-                f"(n_ctx={self.config.n_ctx}, plan '{plan.name}'): " + _last_error(lines)
-            )
-        report.parse_context_log(lines)
-        self._model, self._ctx, self.report, self.plan = model, ctx, report, plan
-        self._vocab = Vocab(model)
-        self._mem = llama_cpp.llama_get_memory(ctx)
+        settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
+                                   self.config.n_batch, self.config.n_threads)
+        self._loaded = loader.load(self.model_path, self.inventory, plan, settings,
+                                   progress=self._progress)
+        self._model, self._ctx = self._loaded.model, self._loaded.ctx
+        self.report, self.gpu, self.plan = self._loaded.report, self._loaded.gpu, plan
+        self._vocab = Vocab(self._model)
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
 
     def _unload(self) -> None:
-        if self._ctx:
-            llama_cpp.llama_free(self._ctx)
-        if self._model:
-            llama_cpp.llama_model_free(self._model)
+        if self._loaded is not None:
+            loader.free(self._loaded)
+            self._loaded = None
         self._ctx = self._model = None
 
     def _shutdown(self) -> None:
@@ -723,8 +650,3 @@ def _parse_snapshot(data: bytes) -> tuple[dict[str, Any], bytes]:
     except ValueError:
         raise InvalidStateError("the session snapshot header is damaged") from None
     return meta, data[16 + n :]
-
-
-def _last_error(lines: list[str]) -> str:
-    errs = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
-    return errs[-1] if errs else "see the log for details"

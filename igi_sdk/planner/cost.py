@@ -1,0 +1,145 @@
+"""Cost model: predicted time of one ubatch for a plan, hence TTFT and decode speed.
+
+Per tensor, from the machine profile:
+* a GPU-resident weight costs ``bytes / gpu_rate(type, tokens)``;
+* a CPU-resident weight costs ``bytes / cpu_rate(type, tokens)`` — unless the batch is at least
+  the copy-compute threshold, in which case llama.cpp streams it to the GPU and computes it there:
+  ``bytes / h2d + bytes / gpu_rate``. Stock llama.cpp issues the copy and the matmul on one CUDA
+  stream, so the two add up rather than overlap;
+* routed experts only cost the experts the batch's tokens actually pick (expected fraction);
+* attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
+  the device that holds that layer's KV;
+* every hand-over between CPU and GPU inside the graph costs a fixed latency.
+The ops run one after another (llama.cpp's scheduler does not overlap CPU and GPU splits), so
+the ubatch time is the sum.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+
+from igi_sdk.model import ModelInventory, TensorInfo
+from igi_sdk.planner.plan import Plan
+from igi_sdk.profile import Profile
+
+_SKIP_GROUPS = frozenset({"token_embd"})  # a row lookup, not a matmul
+
+
+@dataclass(frozen=True)
+class UbatchCost:
+    gpu_s: float
+    cpu_s: float
+    copy_s: float
+    attn_s: float
+    split_s: float
+
+    @property
+    def total(self) -> float:
+        return self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s
+
+
+def _active(t: TensorInfo, inv: ModelInventory, tokens: int) -> tuple[float, float]:
+    """(bytes touched, tokens each touched weight sees) for a batch of ``tokens`` tokens."""
+    a = inv.arch
+    if t.group == "ffn_exps" and a.n_expert > 0:
+        k, e = a.n_expert_used, a.n_expert
+        frac = 1.0 - (1.0 - k / e) ** tokens  # expected share of experts some token picks
+        return t.n_bytes * frac, max(1.0, tokens * k / (e * frac))
+    return float(t.n_bytes), float(tokens)
+
+
+def ubatch_cost(
+    inv: ModelInventory,
+    plan: Plan,
+    prof: Profile,
+    tokens: int,
+    ctx_pos: int,
+    *,
+    output_tokens: int | None = None,
+    n_seqs: int = 1,
+) -> UbatchCost:
+    """Time of one llama_decode of ``tokens`` tokens whose sequence already holds ``ctx_pos``."""
+    gpu = prof.gpu
+    gpu_set = set(plan.gpu_tensors) if gpu is not None else set()
+    copy_compute = (
+        gpu is not None and plan.op_offload and tokens >= plan.copy_compute_min_batch
+    )
+    h2d = prof.h2d_bps(plan.pinned_host) or 1.0
+    out_tok = tokens if output_tokens is None else output_tokens
+    g = c = cp = 0.0
+    for t in inv.tensors:
+        if t.group in _SKIP_GROUPS:
+            continue
+        n_tok = out_tok if t.group == "output" else tokens
+        if n_tok <= 0:
+            continue
+        nbytes, eff_tok = _active(t, inv, n_tok)
+        if t.name in gpu_set:
+            g += nbytes / gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
+        elif copy_compute:
+            cp += nbytes / h2d
+            g += nbytes / gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
+        else:
+            c += nbytes / prof.cpu.rate(t.ggml_type, eff_tok)
+    attn = _attention_seconds(inv, plan, prof, tokens, ctx_pos, n_seqs)
+    splits = 0 if copy_compute or gpu is None else _count_splits(inv, plan, gpu_set)
+    return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s)
+
+
+def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:
+    """Layers whose KV cache llama.cpp puts in VRAM (n_gpu_layers counts from the last layer)."""
+    n = inv.arch.n_layers
+    if not has_gpu or not plan.kv_on_gpu or plan.gpu_layers == 0:
+        return set()
+    k = n if plan.gpu_layers < 0 else min(plan.gpu_layers, n)
+    return set(range(n - k, n))
+
+
+def _attention_seconds(
+    inv: ModelInventory, plan: Plan, prof: Profile, tokens: int, ctx_pos: int, n_seqs: int
+) -> float:
+    a = inv.arch
+    on_gpu = kv_gpu_layers(inv, plan, prof.gpu is not None)
+    per_seq = tokens / max(1, n_seqs)
+    mean_ctx = ctx_pos + per_seq / 2
+    total = 0.0
+    for layer in range(a.n_layers):
+        dev = prof.gpu if layer in on_gpu and prof.gpu is not None else prof.cpu
+        flops = 4.0 * a.n_head * a.head_dim_k * tokens * mean_ctx
+        kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
+        kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
+        total += max(flops / dev.flops(), kv_bytes / dev.bandwidth())
+    return total
+
+
+def _count_splits(inv: ModelInventory, plan: Plan, gpu_set: set[str]) -> int:
+    """CPU<->GPU hand-overs along the layer sequence (attention block, then FFN block)."""
+    seq: list[bool] = []
+    for layer in range(inv.arch.n_layers):
+        blocks: dict[str, list[bool]] = {"attn": [], "ffn": []}
+        for t in inv.layer_tensors(layer):
+            if t.group == "attn":
+                blocks["attn"].append(t.name in gpu_set)
+            elif t.group.startswith("ffn"):
+                blocks["ffn"].append(t.name in gpu_set)
+        for flags in blocks.values():
+            if flags:
+                seq.append(sum(flags) * 2 >= len(flags))
+    return sum(1 for x, y in itertools.pairwise(seq) if x != y)
+
+
+def ttft_seconds(inv: ModelInventory, plan: Plan, prof: Profile, prompt_tokens: int) -> float:
+    """Prefill of one prompt in ubatches of ``plan.n_ubatch`` (logits for the last token only)."""
+    done, total = 0, 0.0
+    while done < prompt_tokens:
+        n = min(plan.n_ubatch, prompt_tokens - done)
+        last = done + n >= prompt_tokens
+        total += ubatch_cost(inv, plan, prof, n, done, output_tokens=1 if last else 0).total
+        done += n
+    return total
+
+
+def decode_tps(inv: ModelInventory, plan: Plan, prof: Profile, ctx: int, n_seqs: int = 1) -> float:
+    """Tokens per second summed over ``n_seqs`` sessions decoding together at context ``ctx``."""
+    return n_seqs / ubatch_cost(inv, plan, prof, n_seqs, ctx, n_seqs=n_seqs).total

@@ -1,0 +1,118 @@
+"""Profile data: what this machine's CPU, GPU and PCIe link can do, as the cost model needs it.
+
+Throughput is stored as *weight bytes per second* of a matrix multiplication, per ggml type and
+per token count: at 1 token a matmul is bound by reading its weight once, so the rate is close
+to memory bandwidth; at thousands of tokens it is bound by arithmetic and the rate grows with
+the token count. The cost of any weight at any batch size is then ``bytes / rate(type, tokens)``
+with the rate interpolated in log-log space between measured token counts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import math
+import os
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+# Types without their own measurement borrow the nearest measured kernel family's rate.
+_TYPE_FALLBACK = {
+    "F32": "F16", "BF16": "F16", "Q4_1": "Q4_0", "Q5_0": "Q4_0", "Q5_1": "Q4_0",
+    "IQ4_NL": "Q4_0", "Q2_K": "Q4_K", "Q3_K": "Q4_K", "Q5_K": "Q4_K", "Q6_K": "Q4_K",
+    "IQ4_XS": "Q4_K", "MXFP4": "Q4_0",
+}  # fmt: skip
+
+
+def cache_dir() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "igi-sdk" / "profiles"
+
+
+class DeviceProfile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    kind: Literal["cpu", "gpu"]
+    threads: int = 0
+    free_bytes: int = 0
+    total_bytes: int = 0
+    # ggml type -> token count -> weight bytes per second of a matmul
+    matmul_rate: dict[str, dict[int, float]]
+
+    def rate(self, ggml_type: str, tokens: float) -> float:
+        """Weight bytes per second for ``tokens`` tokens (log-log interpolation, clamped)."""
+        table = self.matmul_rate.get(ggml_type) or self.matmul_rate.get(
+            _TYPE_FALLBACK.get(ggml_type, "Q4_0")
+        )
+        if not table:
+            table = next(iter(self.matmul_rate.values()))
+        pts = sorted((int(t), r) for t, r in table.items())
+        tokens = max(1.0, tokens)
+        if tokens <= pts[0][0]:
+            return pts[0][1]
+        if tokens >= pts[-1][0]:
+            # past the largest measured batch the rate is compute-bound: flat
+            return pts[-1][1]
+        for (t0, r0), (t1, r1) in itertools.pairwise(pts):
+            if t0 <= tokens <= t1:
+                f = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
+                return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
+        return pts[-1][1]
+
+    def bandwidth(self) -> float:
+        """Bytes/s when reading weights once (the 1-token F16 matmul rate)."""
+        return self.rate("F16", 1)
+
+    def flops(self) -> float:
+        """Dense arithmetic rate: an F16 matmul does 2 FLOP per weight element per token."""
+        table = self.matmul_rate.get("F16") or next(iter(self.matmul_rate.values()))
+        t_max = max(int(t) for t in table)
+        return self.rate("F16", t_max) * t_max  # bytes/s × tokens × (2 FLOP / 2 bytes)
+
+
+class Profile(BaseModel):
+    """A machine's profile. ``gpu`` is None on a CPU-only machine (→ CPU plans)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    fingerprint: dict[str, str] = Field(default_factory=dict)
+    cpu: DeviceProfile
+    gpu: DeviceProfile | None = None
+    h2d_pinned_bps: float = 0.0
+    h2d_pageable_bps: float = 0.0
+    pcie: str = ""
+    # VRAM the process holds as soon as the GPU backend starts (CUDA context, cuBLAS handles):
+    # part of the budget no plan can give back.
+    gpu_fixed_bytes: int = 0
+    # cost of each CPU<->GPU hand-over inside a graph (synchronise + copy activations)
+    split_latency_s: float = 30e-6
+
+    @property
+    def key(self) -> str:
+        blob = json.dumps(self.fingerprint, sort_keys=True).encode()
+        return hashlib.sha1(blob).hexdigest()[:12]
+
+    def h2d_bps(self, pinned: bool) -> float:
+        return self.h2d_pinned_bps if pinned else self.h2d_pageable_bps
+
+    def save(self, directory: Path | None = None) -> Path:
+        d = directory or cache_dir()
+        d.mkdir(parents=True, exist_ok=True)
+        path = d / f"{self.key}.json"
+        path.write_text(self.model_dump_json(indent=2))
+        return path
+
+    @classmethod
+    def load(cls, path: Path) -> Profile:
+        return cls.model_validate_json(Path(path).read_text())
+
+    @classmethod
+    def cached(cls, fingerprint: dict[str, str], directory: Path | None = None) -> Profile | None:
+        probe = cls(fingerprint=fingerprint, cpu=DeviceProfile(name="", kind="cpu",
+                                                               matmul_rate={"F16": {1: 1.0}}))
+        path = (directory or cache_dir()) / f"{probe.key}.json"
+        return cls.load(path) if path.is_file() else None

@@ -1,0 +1,164 @@
+"""Measure this machine's profile with llama.cpp's own kernels (see ``runtime.ggml_bench``)."""
+
+from __future__ import annotations
+
+import os
+import platform
+from collections.abc import Callable
+
+import llama_cpp
+
+from igi_sdk.profile.data import DeviceProfile, Profile
+from igi_sdk.runtime import ggml_bench
+from igi_sdk.runtime.devices import list_devices
+
+TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
+TOKENS = (1, 64, 512, 2048)
+FAST_TOKENS = (1, 512, 2048)
+
+
+def _cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def default_threads() -> int:
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, n or 1)
+
+
+def _nvml_facts() -> dict[str, str]:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+    except Exception:  # noqa: BLE001 - no NVML: no NVIDIA driver here
+        return {}
+    try:
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        facts = {"driver": str(pynvml.nvmlSystemGetDriverVersion()),
+                 "gpu": str(pynvml.nvmlDeviceGetName(h))}
+        try:
+            gen = pynvml.nvmlDeviceGetCurrPcieLinkGeneration(h)
+            width = pynvml.nvmlDeviceGetCurrPcieLinkWidth(h)
+            facts["pcie"] = f"gen{gen} x{width}"
+        except Exception:  # noqa: BLE001 - not reported on every platform
+            pass
+        return facts
+    finally:
+        pynvml.nvmlShutdown()
+
+
+def _nvml_own_vram() -> int:
+    """This process's VRAM per NVML (0 where the driver does not report per-process use)."""
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
+            if p.pid == os.getpid():
+                return int(p.usedGpuMemory or 0)
+    except Exception:  # noqa: BLE001 - absent or unsupported: unknown
+        return 0
+    return 0
+
+
+def fingerprint(threads: int) -> dict[str, str]:
+    nv = _nvml_facts()
+    gpus = [d for d in list_devices() if d.is_gpu]
+    return {
+        "gpu": nv.get("gpu") or (gpus[0].description if gpus else "none"),
+        "driver": nv.get("driver", ""),
+        "cpu": _cpu_model(),
+        "threads": str(threads),
+        "llama_cpp": llama_cpp.__version__,
+        "backends": ",".join(sorted({d.name.rstrip("0123456789") for d in list_devices()})),
+    }
+
+
+def measure_profile(
+    *,
+    threads: int | None = None,
+    fast: bool = False,
+    k: int = 4096,
+    n: int = 4096,
+    progress: Callable[[float, str], None] | None = None,
+) -> Profile:
+    """Run the micro-benchmarks; a few seconds on a GPU machine with ``fast``."""
+    threads = threads or default_threads()
+    devices = list_devices()
+    cpu = next(d for d in devices if d.kind == "cpu")
+    gpu = next((d for d in devices if d.is_gpu), None)
+    tokens = FAST_TOKENS if fast else TOKENS
+    reps = 1 if fast else 3
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (2 if gpu else 0)
+    done = 0
+
+    def tick(what: str) -> None:
+        nonlocal done
+        done += 1
+        if progress:
+            progress(done / steps, what)
+
+    def device_rates(index: int, n_threads: int, label: str) -> dict[str, dict[int, float]]:
+        rates: dict[str, dict[int, float]] = {}
+        with ggml_bench.backend(index, n_threads) as be:
+            for t in TYPES:
+                rates[t] = {}
+                for tok in tokens:
+                    s = ggml_bench.matmul_seconds(be, t, k, n, tok, reps=reps)
+                    bytes_w = _weight_bytes(t, k, n)
+                    rates[t][tok] = bytes_w / s
+                    tick(f"{label} {t} x{tok}")
+        return rates
+
+    cpu_prof = DeviceProfile(name=cpu.description or cpu.name, kind="cpu", threads=threads,
+                             total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes,
+                             matmul_rate=device_rates(cpu.index, threads, "cpu"))
+    prof = Profile(fingerprint=fingerprint(threads), cpu=cpu_prof)
+    if gpu is None:
+        return prof
+    gpu_rates = device_rates(gpu.index, 1, "gpu")
+    size = 256 * 1024 * 1024 if not fast else 128 * 1024 * 1024
+    pinned = size / ggml_bench.h2d_seconds(gpu.index, size, pinned=True)
+    tick("h2d pinned")
+    pageable = size / ggml_bench.h2d_seconds(gpu.index, size, pinned=False)
+    tick("h2d pageable")
+    fresh = next(d for d in list_devices() if d.index == gpu.index)
+    prof.gpu = DeviceProfile(name=gpu.description or gpu.name, kind="gpu",
+                             total_bytes=fresh.total_bytes, free_bytes=fresh.free_bytes,
+                             matmul_rate=gpu_rates)
+    prof.h2d_pinned_bps = pinned
+    prof.h2d_pageable_bps = pageable
+    prof.pcie = _nvml_facts().get("pcie", "")
+    prof.gpu_fixed_bytes = _nvml_own_vram()
+    return prof
+
+
+def _weight_bytes(ggml_type: str, k: int, n: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return k * n // block * size
+
+
+def load_or_measure(
+    *, threads: int | None = None, fast: bool = True, refresh: bool = False,
+    progress: Callable[[float, str], None] | None = None,
+) -> Profile:
+    """The cached profile for this machine, measuring (and caching) it if there is none."""
+    threads = threads or default_threads()
+    if not refresh:
+        cached = Profile.cached(fingerprint(threads))
+        if cached is not None:
+            return cached
+    prof = measure_profile(threads=threads, fast=fast, progress=progress)
+    prof.save()
+    return prof

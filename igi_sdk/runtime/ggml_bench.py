@@ -1,0 +1,176 @@
+"""Micro-benchmarks run through ggml itself (the kernels llama.cpp will use), no torch.
+
+* ``matmul_seconds``: one ``ggml_mul_mat`` of a K×N weight of a given ggml type by T tokens, on
+  a given device (the CPU backend with N threads, or a GPU), median of a few runs;
+* ``h2d_seconds``: copying a weight-sized buffer into VRAM from pinned (the GPU's host buffer
+  type) or pageable memory — the transfer that copy-compute pays per CPU-resident weight.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import statistics
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import numpy as np
+
+from igi_sdk.runtime import _native
+from igi_sdk.runtime._native import ggml
+
+_vp = ctypes.c_void_p
+
+
+class _InitParams(ctypes.Structure):
+    _fields_ = [("mem_size", ctypes.c_size_t), ("mem_buffer", _vp), ("no_alloc", ctypes.c_bool)]
+
+
+def _declare(name: str, restype: object, *argtypes: object) -> None:
+    fn = getattr(ggml, name)
+    fn.restype = restype
+    fn.argtypes = list(argtypes)
+
+
+_declare("ggml_init", _vp, _InitParams)
+_declare("ggml_free", None, _vp)
+_declare("ggml_new_tensor_2d", _vp, _vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_declare("ggml_mul_mat", _vp, _vp, _vp, _vp)
+_declare("ggml_new_graph", _vp, _vp)
+_declare("ggml_build_forward_expand", None, _vp, _vp)
+_declare("ggml_nbytes", ctypes.c_size_t, _vp)
+_declare("ggml_backend_dev_init", _vp, _vp, ctypes.c_char_p)
+_declare("ggml_backend_free", None, _vp)
+_declare("ggml_backend_alloc_ctx_tensors", _vp, _vp, _vp)
+_declare("ggml_backend_buffer_free", None, _vp)
+_declare("ggml_backend_graph_compute", ctypes.c_int, _vp, _vp)
+_declare("ggml_backend_synchronize", None, _vp)
+_declare("ggml_backend_tensor_set", None, _vp, _vp, ctypes.c_size_t, ctypes.c_size_t)
+_declare("ggml_backend_buft_alloc_buffer", _vp, _vp, ctypes.c_size_t)
+_declare("ggml_backend_buffer_get_base", _vp, _vp)
+_declare("ggml_backend_dev_backend_reg", _vp, _vp)
+_declare("ggml_backend_reg_get_proc_address", _vp, _vp, ctypes.c_char_p)
+
+_SET_THREADS = ctypes.CFUNCTYPE(None, _vp, ctypes.c_int)
+
+# ggml type ids (ggml.h); Q4_K needs rows that are a multiple of 256
+GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
+_F32 = 0
+
+
+@contextmanager
+def backend(device_index: int, n_threads: int) -> Iterator[int]:
+    """A ggml backend for one device (CPU backends get ``n_threads``)."""
+    _native.init_backend()
+    dev = ggml.ggml_backend_dev_get(device_index)
+    be = ggml.ggml_backend_dev_init(dev, None)
+    if not be:
+        raise RuntimeError(f"could not start a ggml backend on device {device_index}")
+    reg = ggml.ggml_backend_dev_backend_reg(dev)
+    fn = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_set_n_threads") if reg else None
+    if fn:
+        _SET_THREADS(fn)(be, n_threads)
+    try:
+        yield be
+    finally:
+        ggml.ggml_backend_free(be)
+
+
+def _fill(tensor: int, rng: np.random.Generator, ggml_type: str) -> None:
+    """Finite data: float types get small normals, quantised ones random blocks whose f16 scale
+    fields are bounded (random bytes could make NaN/denormal scales, which distort timings)."""
+    n = ggml.ggml_nbytes(tensor)
+    if ggml_type in ("F32", "F16"):
+        dt = np.float32 if ggml_type == "F32" else np.float16
+        data = (rng.standard_normal(n // np.dtype(dt).itemsize) * 0.02).astype(dt)
+        buf = data.tobytes()
+    else:
+        raw = rng.integers(0, 256, size=n, dtype=np.uint8)
+        # every 2-byte pair as f16 in [0.001, 0.01): covers each block's scale field wherever it is
+        small = rng.uniform(0.001, 0.01, size=n // 2).astype(np.float16).view(np.uint8)
+        if ggml_type in ("Q4_0", "Q8_0", "Q4_1"):
+            block = {"Q4_0": 18, "Q8_0": 34, "Q4_1": 20}[ggml_type]
+            view = raw.reshape(-1, block)
+            view[:, :2] = small[: view.shape[0] * 2].reshape(-1, 2)
+            if ggml_type == "Q4_1":
+                view[:, 2:4] = small[: view.shape[0] * 2].reshape(-1, 2)
+        elif ggml_type == "Q4_K":  # d, dmin at the start of each 144-byte super-block
+            view = raw.reshape(-1, 144)
+            view[:, :4] = small[: view.shape[0] * 4].reshape(-1, 4)
+        elif ggml_type == "Q6_K":  # d at the end of each 210-byte super-block
+            view = raw.reshape(-1, 210)
+            view[:, 208:210] = small[: view.shape[0] * 2].reshape(-1, 2)
+        buf = raw.tobytes()
+    ggml.ggml_backend_tensor_set(tensor, buf, 0, n)
+
+
+def matmul_seconds(
+    be: int, ggml_type: str, k: int, n: int, tokens: int, *, reps: int = 3, seed: int = 0
+) -> float:
+    """Median seconds of (K×N weight of ``ggml_type``) × (K×T activations) on backend ``be``."""
+    ctx = ggml.ggml_init(_InitParams(64 * 1024 * 1024, None, True))
+    buf = None
+    try:
+        w = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES[ggml_type], k, n)
+        x = ggml.ggml_new_tensor_2d(ctx, _F32, k, tokens)
+        y = ggml.ggml_mul_mat(ctx, w, x)
+        graph = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(graph, y)
+        buf = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
+        if not buf:
+            raise MemoryError("not enough device memory for the matmul benchmark")
+        rng = np.random.default_rng(seed)
+        _fill(w, rng, ggml_type)
+        _fill(x, rng, "F32")
+        return _median_time(lambda: _compute(be, graph), reps)
+    finally:
+        if buf:
+            ggml.ggml_backend_buffer_free(buf)
+        ggml.ggml_free(ctx)
+
+
+def _compute(be: int, graph: int) -> None:
+    status = ggml.ggml_backend_graph_compute(be, graph)
+    if status != 0:
+        raise RuntimeError(f"ggml graph compute failed (status {status})")
+    ggml.ggml_backend_synchronize(be)
+
+
+def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) -> float:
+    """Median seconds to copy ``n_bytes`` from host memory into a VRAM tensor."""
+    dev = ggml.ggml_backend_dev_get(gpu_index)
+    with backend(gpu_index, 1) as be:
+        ctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
+        dst = host = None
+        try:
+            t = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES["F16"], n_bytes // 2, 1)
+            dst = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
+            if not dst:
+                raise MemoryError("not enough VRAM for the bandwidth benchmark")
+            if pinned:
+                hbuft = ggml.ggml_backend_dev_host_buffer_type(dev)
+                host = ggml.ggml_backend_buft_alloc_buffer(hbuft, n_bytes) if hbuft else None
+                if not host:
+                    raise RuntimeError("this device has no pinned host buffer type")
+                src: object = ggml.ggml_backend_buffer_get_base(host)
+                ctypes.memset(src, 1, n_bytes)
+            else:
+                arr = np.ones(n_bytes, dtype=np.uint8)
+                src = arr.ctypes.data_as(_vp)
+            return _median_time(lambda: ggml.ggml_backend_tensor_set(t, src, 0, n_bytes), reps)
+        finally:
+            if host:
+                ggml.ggml_backend_buffer_free(host)
+            if dst:
+                ggml.ggml_backend_buffer_free(dst)
+            ggml.ggml_free(ctx)
+
+
+def _median_time(fn: Callable[[], object], reps: int) -> float:
+    fn()  # warm-up: kernel selection, page faults, CUDA lazy loading
+    times = []
+    for _ in range(max(1, reps)):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)

@@ -1,0 +1,158 @@
+"""Load a model and create a context for a Plan — for real, or as a ``no_alloc`` dry run.
+
+The dry run is how a plan is checked before it touches VRAM: llama.cpp resolves every tensor's
+buffer (logged, so the placement is read back) and reserves its compute graphs without
+allocating, reporting the compute-buffer size per device. Weight and KV bytes come from the
+inventory (exact), since a dry run reports those buffers as empty.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+
+from igi_sdk.errors import ModelLoadError, UnsupportedArchitectureError
+from igi_sdk.model import ModelInventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import _native
+from igi_sdk.runtime.devices import Device, first_gpu
+from igi_sdk.runtime.placement import LoadReport, build_overrides, n_gpu_layers
+
+_KV_TYPES = {
+    "f32": llama_cpp.GGML_TYPE_F32,
+    "f16": llama_cpp.GGML_TYPE_F16,
+    "q8_0": llama_cpp.GGML_TYPE_Q8_0,
+    "q4_0": llama_cpp.GGML_TYPE_Q4_0,
+}
+_FLASH = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+
+
+def default_threads() -> int:
+    # sched_getaffinity respects container CPU limits, os.cpu_count does not
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    return max(1, n or 1)
+
+
+@dataclass(frozen=True)
+class ContextSettings:
+    n_ctx: int
+    n_seq_max: int
+    n_batch: int
+    n_threads: int
+
+
+@dataclass
+class Loaded:
+    model: Any
+    ctx: Any
+    report: LoadReport
+    gpu: Device | None
+
+
+def load(
+    path: Path,
+    inventory: ModelInventory,
+    plan: Plan,
+    settings: ContextSettings,
+    *,
+    progress: Callable[[float], None] | None = None,
+    dry_run: bool = False,
+) -> Loaded:
+    """Model + context for ``plan``; raises a typed error (and frees everything) on failure."""
+    _native.init_backend(plan.copy_compute_min_batch)
+    gpu = first_gpu() if plan.uses_gpu() else None
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers(plan, inventory, gpu)
+    overrides = build_overrides(plan, inventory, gpu)
+    mparams.tensor_buft_overrides = overrides.pointer
+    # a dry run must not map the file (llama.cpp asserts on it)
+    pinned = plan.pinned_host or dry_run
+    mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if pinned else llama_cpp.LLAMA_LOAD_MODE_MMAP
+    mparams.no_alloc = dry_run
+    progress_cb = None
+    if progress is not None:
+        user_progress = progress
+
+        @llama_cpp.llama_progress_callback
+        def progress_cb(p: float, _user: ctypes.c_void_p) -> bool:
+            user_progress(float(p))
+            return True
+
+        mparams.progress_callback = progress_cb
+    report = LoadReport()
+    with _native.capture_log() as lines:
+        model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
+    del overrides, progress_cb  # llama.cpp has copied what it needs by now
+    if not model:
+        if "unknown model architecture" in "".join(lines):
+            raise UnsupportedArchitectureError(
+                f"llama.cpp cannot run the architecture of {path} "
+                f"('{inventory.arch.architecture}')"
+            )
+        raise ModelLoadError(
+            f"llama.cpp could not load {path} with plan '{plan.name}': {_last_error(lines)}"
+        )
+    report.parse_model_log(lines)
+    cparams = context_params(plan, settings, gpu)
+    with _native.capture_log() as lines:
+        ctx = llama_cpp.llama_init_from_model(model, cparams)
+    if not ctx:
+        llama_cpp.llama_model_free(model)
+        raise ModelLoadError(
+            f"llama.cpp could not create a context for {path} (n_ctx={settings.n_ctx}, "
+            f"plan '{plan.name}'): {_last_error(lines)}"
+        )
+    report.parse_context_log(lines)
+    return Loaded(model, ctx, report, gpu)
+
+
+def context_params(plan: Plan, s: ContextSettings, gpu: Device | None) -> Any:
+    cparams = llama_cpp.llama_context_default_params()
+    cparams.n_ctx = s.n_ctx
+    cparams.n_batch = max(s.n_batch, plan.n_ubatch)
+    cparams.n_ubatch = plan.n_ubatch
+    cparams.n_seq_max = s.n_seq_max
+    cparams.kv_unified = True  # sessions share the cells: an idle NPC holds no reserved KV
+    cparams.n_threads = s.n_threads or default_threads()
+    cparams.n_threads_batch = cparams.n_threads
+    cparams.flash_attn_type = _FLASH[plan.flash_attn]
+    cparams.offload_kqv = plan.kv_on_gpu and gpu is not None
+    cparams.op_offload = plan.op_offload and gpu is not None
+    cparams.type_k = _KV_TYPES[plan.type_k]
+    cparams.type_v = _KV_TYPES[plan.type_v]
+    cparams.no_perf = True
+    return cparams
+
+
+def free(loaded: Loaded) -> None:
+    if loaded.ctx:
+        llama_cpp.llama_free(loaded.ctx)
+    if loaded.model:
+        llama_cpp.llama_model_free(loaded.model)
+    loaded.ctx = loaded.model = None
+
+
+def dry_run(
+    path: Path, inventory: ModelInventory, plan: Plan, settings: ContextSettings
+) -> LoadReport:
+    """Placement and compute-buffer sizes of ``plan`` without allocating any memory."""
+    loaded = load(path, inventory, plan, settings, dry_run=True)
+    try:
+        return loaded.report
+    finally:
+        free(loaded)
+
+
+def _last_error(lines: list[str]) -> str:
+    errs = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return errs[-1] if errs else "see the log for details"
