@@ -27,11 +27,10 @@ GIB = 1024**3
 
 def _nvml_process_bytes() -> tuple[int | None, int | None]:
     """(this process's VRAM, device used) from NVML, or (None, None) without a GPU."""
-    try:
-        import pynvml
+    from igi_sdk.runtime.nvml import nvml
 
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML: CPU machine
+    pynvml = nvml()
+    if pynvml is None:
         return None, None
     h = pynvml.nvmlDeviceGetHandleByIndex(0)
     mine = None

@@ -42,6 +42,39 @@ class _ProgressBar:
         sys.stderr.flush()
 
 
+def parse_size(text: str) -> int:
+    """'4GiB', '4GB', '4G', '512MiB', '1.5g' or plain bytes -> bytes (powers of 1024)."""
+    import re
+
+    m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
+    if not m:
+        raise IgiError(f"cannot read '{text}' as a size; use e.g. 4GiB or 512MiB")
+    scale = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[m.group(2)]
+    return int(float(m.group(1)) * scale)
+
+
+def _auto_plan(args: argparse.Namespace, path: Path, inventory: object) -> object:
+    """The planner's plan for --vram (default: half the GPU's free memory), or all-CPU."""
+    from igi_sdk.planner import Plan, Workload
+    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.runtime import list_devices
+    from igi_sdk.runtime.autoplan import plan_checked
+    from igi_sdk.runtime.loader import ContextSettings
+
+    gpu = next((d for d in list_devices() if d.is_gpu), None)
+    if gpu is None:
+        return Plan.all_cpu()
+    budget = parse_size(args.vram) if args.vram else gpu.free_bytes // 2
+    prof = load_or_measure(threads=args.threads or None, fast=True)
+    wl = Workload(n_ctx=args.ctx, n_seqs=1, prompt_tokens=max(64, args.ctx // 4),
+                  gen_tokens=args.max_tokens)
+    settings = ContextSettings(args.ctx, 2, 512, args.threads)
+    result = plan_checked(path, inventory, prof, budget, wl, settings)  # type: ignore[arg-type]
+    print(f"[plan '{result.best.name}' for {budget / 2**30:.2f} GiB: {result.why()}]",
+          file=sys.stderr)
+    return result.best
+
+
 def _resolve_plan(name: str, inventory: object) -> object:
     from igi_sdk.planner import Plan
 
@@ -66,7 +99,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     path = Path(args.model) if args.model else default_model_path()
     inventory = read_inventory(path)
-    plan = _resolve_plan(args.plan, inventory)
+    if args.plan == "auto" or args.vram:
+        plan = _auto_plan(args, path, inventory)
+    else:
+        plan = _resolve_plan(args.plan, inventory)
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
     bar = _ProgressBar(f"loading {path.name}", enabled=sys.stderr.isatty() or args.progress)
     config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads)
@@ -166,12 +202,11 @@ def cmd_doctor(args: argparse.Namespace) -> int:
 
 
 def _nvml_status() -> str:
-    try:
-        import pynvml
+    from igi_sdk.runtime.nvml import nvml
 
-        pynvml.nvmlInit()
-    except Exception as e:  # noqa: BLE001 - any failure means "no NVML here"
-        return f"not available ({type(e).__name__})"
+    pynvml = nvml()
+    if pynvml is None:
+        return "not available (no NVIDIA driver)"
     try:
         n = pynvml.nvmlDeviceGetCount()
         names = [pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(i)) for i in range(n)]
@@ -179,6 +214,77 @@ def _nvml_status() -> str:
         return f"driver {pynvml.nvmlSystemGetDriverVersion()}, {n} GPU(s): {gpus}"
     finally:
         pynvml.nvmlShutdown()
+
+
+# --- profile / plan ------------------------------------------------------------------------------
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from igi_sdk.profile.measure import load_or_measure
+
+    bar = _ProgressBar("profiling", enabled=True)
+    prof = load_or_measure(threads=args.threads or None, fast=args.fast, refresh=True,
+                           progress=lambda p, _what: bar(p))
+    print(f"profile {prof.key} ({', '.join(f'{k}={v}' for k, v in prof.fingerprint.items())})")
+    for dev in (prof.cpu, prof.gpu):
+        if dev is None:
+            continue
+        print(f"{dev.kind} {dev.name}: weight GB/s per type and tokens")
+        for ty, table in dev.matmul_rate.items():
+            cells = "  ".join(f"x{t}: {r / 1e9:8.1f}" for t, r in sorted(table.items()))
+            print(f"  {ty:<5} {cells}")
+    if prof.gpu is not None:
+        print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
+              f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s, link {prof.pcie or '?'}; "
+              f"fixed VRAM {_fmt_bytes(prof.gpu_fixed_bytes)}")
+    return 0
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from igi_sdk.model import read_inventory
+    from igi_sdk.planner import Workload, plan_for
+    from igi_sdk.profile import Profile
+    from igi_sdk.profile.measure import load_or_measure
+
+    inv = read_inventory(Path(args.model))
+    prof = Profile.load(Path(args.profile)) if args.profile else load_or_measure(fast=True)
+    budget = parse_size(args.vram) if args.vram else None
+    wl = Workload(n_ctx=args.ctx, n_seqs=args.seqs,
+                  prompt_tokens=args.prompt or max(64, min(1024, args.ctx // 4)),
+                  gen_tokens=args.gen)
+    result = plan_for(inv, prof, budget, wl)
+    best = result.best
+    print(f"model {inv.name}: {_fmt_bytes(inv.total_bytes())}, budget "
+          f"{_fmt_bytes(budget) if budget is not None else 'none (CPU only)'}, n_ctx {wl.n_ctx}, "
+          f"{wl.n_seqs} session(s), prompt {wl.prompt_tokens} tokens")
+    print("\nstrategy               ubatch  fits   VRAM      TTFT s   decode tok/s  turn s")
+    for c in sorted(result.candidates, key=lambda c: (not c.fits, c.score)):
+        mark = "*" if c.plan == best or (c.plan.name == best.name and c.plan.n_ubatch == \
+            best.n_ubatch) else " "
+        print(f"{mark} {c.plan.name:<20} {c.plan.n_ubatch:>6}  {'yes' if c.fits else 'no ':<4} "
+              f"{_fmt_bytes(c.vram['total']):>10} {c.ttft_s:8.2f} {c.decode_tps:13.1f} "
+              f"{c.score:7.2f}")
+    gpu = set(best.gpu_tensors)
+    print(f"\nchosen: {best.name} (n_ubatch {best.n_ubatch}, flash attention {best.flash_attn}, "
+          f"copy-compute from {best.copy_compute_min_batch} tokens"
+          f"{'' if best.op_offload else ' (off)'}, host weights "
+          f"{'pinned' if best.pinned_host else 'mmap'}, KV layers on GPU "
+          f"{best.gpu_layers if best.gpu_layers >= 0 else inv.arch.n_layers})")
+    print("\ngroup          on GPU        on CPU")
+    groups: dict[str, list[int]] = {}
+    for t in inv.tensors:
+        row = groups.setdefault(t.group, [0, 0])
+        row[0 if t.name in gpu else 1] += t.n_bytes
+    for g, (on_gpu, on_cpu) in sorted(groups.items(), key=lambda kv: -sum(kv[1])):
+        print(f"{g:<12} {_fmt_bytes(on_gpu):>10} {_fmt_bytes(on_cpu):>13}")
+    v = best.vram_bytes
+    if v.get("total"):
+        print("\nVRAM: " + ", ".join(f"{k} {_fmt_bytes(n)}" for k, n in v.items()))
+    print(f"why: {result.why()}")
+    if args.json:
+        best.save(args.json)
+        print(f"plan written to {args.json} (use: igi-sdk chat --plan {args.json})")
+    return 0
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -192,8 +298,11 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("message", nargs="?", help="the player's line; omit for an interactive chat")
     c.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     c.add_argument("--system", default=DEFAULT_PERSONA, help="the NPC's persona / system prompt")
-    c.add_argument("--plan", default="all-cpu",
-                   help="placement: all-cpu, all-gpu, attn-gpu, or a plan JSON file")
+    c.add_argument("--plan", default="auto",
+                   help="auto (the planner; all-cpu without a GPU), all-cpu, all-gpu, attn-gpu, "
+                        "or a plan JSON file from `igi-sdk plan --json`")
+    c.add_argument("--vram", help="VRAM budget for the planner, e.g. 4GiB "
+                                  "(default: half of the GPU's free memory)")
     c.add_argument("--max-tokens", type=int, default=96)
     c.add_argument("--temperature", type=float, default=0.7)
     c.add_argument("--seed", type=int, default=42)
@@ -207,6 +316,23 @@ def build_parser() -> argparse.ArgumentParser:
     i.add_argument("model")
     i.add_argument("--layers", type=int, nargs="*", help="only these layers in the per-layer table")
     i.set_defaults(fn=cmd_inspect)
+
+    pr = sub.add_parser("profile", help="measure this machine (cached per machine fingerprint)")
+    pr.add_argument("--fast", action="store_true", help="fewer points, one repetition")
+    pr.add_argument("--threads", type=int, default=0)
+    pr.set_defaults(fn=cmd_profile)
+
+    pl = sub.add_parser("plan", help="choose tensor placement for a VRAM budget")
+    pl.add_argument("model")
+    pl.add_argument("--vram", help="total VRAM budget of the inference process, e.g. 4GiB "
+                                   "(omit for a CPU-only plan)")
+    pl.add_argument("--ctx", type=int, default=4096)
+    pl.add_argument("--seqs", type=int, default=1, help="sessions decoding together")
+    pl.add_argument("--prompt", type=int, default=0, help="prompt tokens of a typical turn")
+    pl.add_argument("--gen", type=int, default=128, help="tokens generated per turn")
+    pl.add_argument("--profile", help="a profile JSON (default: this machine's, measured once)")
+    pl.add_argument("--json", help="write the chosen plan here")
+    pl.set_defaults(fn=cmd_plan)
 
     d = sub.add_parser("doctor", help="llama.cpp build, devices, NVML, default model")
     d.set_defaults(fn=cmd_doctor)

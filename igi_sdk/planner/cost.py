@@ -49,6 +49,26 @@ def _active(t: TensorInfo, inv: ModelInventory, tokens: int) -> tuple[float, flo
     return float(t.n_bytes), float(tokens)
 
 
+def tensor_seconds(
+    t: TensorInfo, inv: ModelInventory, prof: Profile, tokens: int, *, on_gpu: bool,
+    copy_compute: bool, pinned: bool,
+) -> tuple[float, float, float]:
+    """(GPU, CPU, copy) seconds of one weight's matmul over ``tokens`` tokens."""
+    if t.group in _SKIP_GROUPS or tokens <= 0:
+        return 0.0, 0.0, 0.0
+    nbytes, eff_tok = _active(t, inv, tokens)
+    if on_gpu:
+        return nbytes / prof.gpu.rate(t.ggml_type, eff_tok), 0.0, 0.0  # type: ignore[union-attr]
+    if copy_compute:
+        g = nbytes / prof.gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
+        return g, 0.0, nbytes / (prof.h2d_bps(pinned) or 1.0)
+    return 0.0, nbytes / prof.cpu.rate(t.ggml_type, eff_tok), 0.0
+
+
+def uses_copy_compute(plan: Plan, prof: Profile, tokens: int) -> bool:
+    return prof.gpu is not None and plan.op_offload and tokens >= plan.copy_compute_min_batch
+
+
 def ubatch_cost(
     inv: ModelInventory,
     plan: Plan,
@@ -59,31 +79,21 @@ def ubatch_cost(
     output_tokens: int | None = None,
     n_seqs: int = 1,
 ) -> UbatchCost:
-    """Time of one llama_decode of ``tokens`` tokens whose sequence already holds ``ctx_pos``."""
-    gpu = prof.gpu
-    gpu_set = set(plan.gpu_tensors) if gpu is not None else set()
-    copy_compute = (
-        gpu is not None and plan.op_offload and tokens >= plan.copy_compute_min_batch
-    )
-    h2d = prof.h2d_bps(plan.pinned_host) or 1.0
+    """Time of one llama_decode of ``tokens`` tokens whose sequences already hold ``ctx_pos``."""
+    gpu_set = set(plan.gpu_tensors) if prof.gpu is not None else set()
+    copy = uses_copy_compute(plan, prof, tokens)
     out_tok = tokens if output_tokens is None else output_tokens
     g = c = cp = 0.0
     for t in inv.tensors:
-        if t.group in _SKIP_GROUPS:
-            continue
         n_tok = out_tok if t.group == "output" else tokens
-        if n_tok <= 0:
-            continue
-        nbytes, eff_tok = _active(t, inv, n_tok)
-        if t.name in gpu_set:
-            g += nbytes / gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
-        elif copy_compute:
-            cp += nbytes / h2d
-            g += nbytes / gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
-        else:
-            c += nbytes / prof.cpu.rate(t.ggml_type, eff_tok)
-    attn = _attention_seconds(inv, plan, prof, tokens, ctx_pos, n_seqs)
-    splits = 0 if copy_compute or gpu is None else _count_splits(inv, plan, gpu_set)
+        dg, dc, dcp = tensor_seconds(t, inv, prof, n_tok, on_gpu=t.name in gpu_set,
+                                     copy_compute=copy, pinned=plan.pinned_host)
+        g, c, cp = g + dg, c + dc, cp + dcp
+    on_gpu = kv_gpu_layers(inv, plan, prof.gpu is not None)
+    attn = sum(layer_attention_seconds(inv, plan, prof, layer, tokens, ctx_pos, n_seqs,
+                                       on_gpu=layer in on_gpu)
+               for layer in range(inv.arch.n_layers))
+    splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
     return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s)
 
 
@@ -96,24 +106,21 @@ def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:
     return set(range(n - k, n))
 
 
-def _attention_seconds(
-    inv: ModelInventory, plan: Plan, prof: Profile, tokens: int, ctx_pos: int, n_seqs: int
+def layer_attention_seconds(
+    inv: ModelInventory, plan: Plan, prof: Profile, layer: int, tokens: int, ctx_pos: int,
+    n_seqs: int, *, on_gpu: bool,
 ) -> float:
+    """Attention over the KV cache for one layer, on the device holding that layer's KV."""
     a = inv.arch
-    on_gpu = kv_gpu_layers(inv, plan, prof.gpu is not None)
+    dev = prof.gpu if on_gpu and prof.gpu is not None else prof.cpu
     per_seq = tokens / max(1, n_seqs)
-    mean_ctx = ctx_pos + per_seq / 2
-    total = 0.0
-    for layer in range(a.n_layers):
-        dev = prof.gpu if layer in on_gpu and prof.gpu is not None else prof.cpu
-        flops = 4.0 * a.n_head * a.head_dim_k * tokens * mean_ctx
-        kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
-        kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
-        total += max(flops / dev.flops(), kv_bytes / dev.bandwidth())
-    return total
+    flops = 4.0 * a.n_head * a.head_dim_k * tokens * (ctx_pos + per_seq / 2)
+    kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
+    kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
+    return max(flops / dev.flops(), kv_bytes / dev.bandwidth())
 
 
-def _count_splits(inv: ModelInventory, plan: Plan, gpu_set: set[str]) -> int:
+def count_splits(inv: ModelInventory, gpu_set: set[str]) -> int:
     """CPU<->GPU hand-overs along the layer sequence (attention block, then FFN block)."""
     seq: list[bool] = []
     for layer in range(inv.arch.n_layers):

@@ -18,11 +18,19 @@ superset of tensors and the predicted speed never drops as the budget grows.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory, TensorInfo
-from igi_sdk.planner.cost import decode_tps, kv_gpu_layers, ttft_seconds, ubatch_cost
+from igi_sdk.planner.cost import (
+    decode_tps,
+    kv_gpu_layers,
+    layer_attention_seconds,
+    tensor_seconds,
+    ttft_seconds,
+    uses_copy_compute,
+)
 from igi_sdk.planner.plan import Plan
 from igi_sdk.profile import Profile
 
@@ -122,23 +130,143 @@ def vram_by_category(
 # --- candidate generation -----------------------------------------------------------------------
 
 
-def _priority_items(inv: ModelInventory) -> list[tuple[list[TensorInfo], int]]:
-    """(tensors, layers gaining KV) in VRAM priority order."""
+Item = tuple[list[TensorInfo], int]  # (tensors moved to VRAM together, layers whose KV follows)
+
+
+def _attention_first_items(inv: ModelInventory) -> list[Item]:
+    """VRAM priority: attention + norms + KV layer by layer (from the last layer, the way
+    llama.cpp assigns KV), router + global norms, output head, dense FFN / shared experts layer by
+    layer, then routed experts tensor by tensor."""
     n = inv.arch.n_layers
     by_layer = {i: inv.layer_tensors(i) for i in range(n)}
-    items: list[tuple[list[TensorInfo], int]] = []
+    items: list[Item] = []
     for i in reversed(range(n)):
         items.append(([t for t in by_layer[i] if t.group in ("attn", "attn_norm")], 1))
-    glob = [t for t in inv.tensors if t.group in ("ffn_router", "norm", "other")]
-    items.append((glob, 0))
+    items.append(([t for t in inv.tensors if t.group in ("ffn_router", "norm", "other")], 0))
     items.append(([t for t in inv.tensors if t.group == "output"], 0))
     for i in reversed(range(n)):
         items.append(([t for t in by_layer[i] if t.group in ("ffn_dense", "ffn_shexp")], 0))
     for i in reversed(range(n)):
-        for t in by_layer[i]:
-            if t.group == "ffn_exps":
-                items.append(([t], 0))
-    return [it for it in items if it[0] or it[1]]
+        items += [([t], 0) for t in by_layer[i] if t.group == "ffn_exps"]
+    return [it for it in items if it[0]]
+
+
+def _layer_items(inv: ModelInventory) -> list[Item]:
+    """llama.cpp's n_gpu_layers order: whole layers from the last, then the output layer."""
+    n = inv.arch.n_layers
+    items: list[Item] = [(inv.layer_tensors(i), 1) for i in reversed(range(n))]
+    items.append(([t for t in inv.tensors if t.group in ("output", "norm", "other")], 0))
+    return items
+
+
+@dataclass(frozen=True)
+class _Step:
+    tokens: int
+    ctx_pos: int
+    out_tokens: int
+    n_seqs: int
+    weight: float  # how many times the step counts in one turn
+
+
+def _schedule(wl: Workload, ubatch: int) -> list[_Step]:
+    steps, done = [], 0
+    while done < wl.prompt_tokens:
+        n = min(ubatch, wl.prompt_tokens - done)
+        steps.append(_Step(n, done, 1 if done + n >= wl.prompt_tokens else 0, 1, 1.0))
+        done += n
+    ctx = wl.prompt_tokens + wl.gen_tokens // 2
+    steps.append(_Step(wl.n_seqs, ctx, wl.n_seqs, wl.n_seqs, float(wl.gen_tokens)))
+    return steps
+
+
+def _best_prefix(
+    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, base: Plan, items: list[Item]
+) -> Plan:
+    """The best-scoring prefix of ``items`` that fits the budget.
+
+    Every prefix is considered (not only the longest): a layer whose attention is on the GPU
+    and FFN on the CPU pays two hand-overs, so more VRAM is not always faster, and considering
+    every prefix keeps the result monotone in the budget. Costs are additive per tensor and per
+    layer, so each prefix is priced from running sums, not by re-running the cost model."""
+    schedule = _schedule(wl, base.n_ubatch)
+    copy = [uses_copy_compute(base, prof, st.tokens) for st in schedule]
+
+    def tensor_cost(t: TensorInfo, st: _Step, cp: bool, on_gpu: bool) -> float:
+        n_tok = st.out_tokens if t.group == "output" else st.tokens
+        g, c, x = tensor_seconds(t, inv, prof, n_tok, on_gpu=on_gpu, copy_compute=cp,
+                                 pinned=base.pinned_host)
+        return (g + c + x) * st.weight
+
+    def attn_cost(layer: int, st: _Step, on_gpu: bool) -> float:
+        return layer_attention_seconds(inv, base, prof, layer, st.tokens, st.ctx_pos, st.n_seqs,
+                                       on_gpu=on_gpu) * st.weight
+
+    n = inv.arch.n_layers
+    score = sum(tensor_cost(t, st, cp, False) for t in inv.tensors
+                for st, cp in zip(schedule, copy, strict=True))
+    score += sum(attn_cost(layer, st, False) for layer in range(n) for st in schedule)
+    split_weight = sum(st.weight for st, cp in zip(schedule, copy, strict=True) if not cp)
+    # per-layer placement flags for counting hand-overs (majority of the block's tensors)
+    attn_n = {i: 0 for i in range(n)}
+    ffn_n = {i: 0 for i in range(n)}
+    attn_tot = {i: sum(1 for t in inv.layer_tensors(i) if t.group == "attn") for i in range(n)}
+    ffn_tot = {i: sum(1 for t in inv.layer_tensors(i) if t.group.startswith("ffn"))
+               for i in range(n)}
+
+    def splits() -> int:
+        seq: list[bool] = []
+        for i in range(n):
+            if attn_tot[i]:
+                seq.append(attn_n[i] * 2 >= attn_tot[i])
+            if ffn_tot[i]:
+                seq.append(ffn_n[i] * 2 >= ffn_tot[i])
+        return sum(1 for x, y in itertools.pairwise(seq) if x != y)
+
+    # VRAM of each prefix: weights and KV grow, the copy-compute staging buffer is the largest
+    # weight still on the CPU (a suffix maximum)
+    staging_suffix = [0] * (len(items) + 1)
+    for k in range(len(items) - 1, -1, -1):
+        staging_suffix[k] = max(staging_suffix[k + 1], max(t.n_bytes for t in items[k][0]))
+    a = inv.arch
+    ffw = max(a.n_ff, a.expert_ff * max(1, a.n_expert_used), a.shared_expert_ff)
+    act = base.n_ubatch * (12 * a.n_embd + 3 * ffw) * 4
+    if base.flash_attn == "off":
+        act += a.n_head * base.n_ubatch * wl.n_ctx * 4
+    kv_layer = inv.kv_bytes(wl.n_ctx, base.type_k, base.type_v, swa_full=True) // max(1, n)
+
+    def vram(weights: int, kv_layers: int, k: int) -> int:
+        staging = staging_suffix[k] if base.op_offload else 0
+        compute = int((act + staging) * wl.compute_scale)
+        margin = _MARGIN_BYTES + int(_MARGIN_FRACTION * compute)
+        return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
+
+    weights = kv_layers = 0
+    best_k, best_score = 0, score + splits() * prof.split_latency_s * split_weight
+    if vram(0, 0, 0) > budget:
+        return base
+    for k, (tensors, kv_add) in enumerate(items, start=1):
+        w = weights + sum(t.n_bytes for t in tensors)
+        if vram(w, kv_layers + kv_add, k) > budget:
+            break
+        weights = w
+        for t in tensors:
+            score += sum(tensor_cost(t, st, cp, True) - tensor_cost(t, st, cp, False)
+                         for st, cp in zip(schedule, copy, strict=True))
+            if t.layer is not None and t.group == "attn":
+                attn_n[t.layer] += 1
+            elif t.layer is not None and t.group.startswith("ffn"):
+                ffn_n[t.layer] += 1
+        if kv_add:
+            layer = n - 1 - kv_layers
+            score += sum(attn_cost(layer, st, True) - attn_cost(layer, st, False)
+                         for st in schedule)
+            kv_layers += kv_add
+        total = score + splits() * prof.split_latency_s * split_weight
+        if total < best_score - 1e-12:
+            best_k, best_score = k, total
+    chosen = [t.name for tensors, _ in items[:best_k] for t in tensors]
+    layers = sum(kv for _, kv in items[:best_k])
+    return base.model_copy(update={"gpu_tensors": tuple(chosen), "gpu_layers": layers})
 
 
 def _attn_first(
@@ -146,31 +274,24 @@ def _attn_first(
 ) -> Plan:
     base = Plan(name="attn-first-copy" if copy else "attn-first-static", flash_attn="on",
                 n_ubatch=ubatch, op_offload=copy, pinned_host=copy, gpu_layers=0)
-    placed: list[str] = []
-    layers = 0
-    for tensors, kv_layers in _priority_items(inv):
-        trial = base.model_copy(update={
-            "gpu_tensors": tuple(placed + [t.name for t in tensors]),
-            "gpu_layers": layers + kv_layers,
-        })
-        if vram_by_category(inv, trial, prof, wl, wl.compute_scale)["total"] > budget:
-            break  # strict prefix: see the module docstring
-        placed += [t.name for t in tensors]
-        layers += kv_layers
-    plan = base.model_copy(update={"gpu_tensors": tuple(placed), "gpu_layers": layers})
     if copy:
-        plan = plan.model_copy(update={"copy_compute_min_batch": _copy_threshold(inv, plan, prof)})
-    return plan
+        base = base.model_copy(update={"copy_compute_min_batch": _copy_threshold(inv, prof)})
+    return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv))
 
 
-def _copy_threshold(inv: ModelInventory, plan: Plan, prof: Profile) -> int:
-    """Smallest batch from which streaming CPU weights to the GPU beats computing them there."""
-    static = plan.model_copy(update={"op_offload": False})
+def _copy_threshold(inv: ModelInventory, prof: Profile) -> int:
+    """Smallest batch from which streaming CPU-resident weights to the GPU beats computing them
+    on the CPU (the token tier split). Judged on the whole model, so it does not depend on the
+    budget."""
     for tokens in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
-        on = ubatch_cost(inv, plan.model_copy(update={"copy_compute_min_batch": 1}), prof,
-                         tokens, 0)
-        off = ubatch_cost(inv, static, prof, tokens, 0)
-        if on.total < off.total:
+        streamed = computed = 0.0
+        for t in inv.tensors:
+            g, _, x = tensor_seconds(t, inv, prof, tokens, on_gpu=False, copy_compute=True,
+                                     pinned=True)
+            streamed += g + x
+            computed += tensor_seconds(t, inv, prof, tokens, on_gpu=False, copy_compute=False,
+                                       pinned=True)[1]
+        if streamed < computed:
             return tokens
     return 4096
 
@@ -178,8 +299,8 @@ def _copy_threshold(inv: ModelInventory, plan: Plan, prof: Profile) -> int:
 def _layer_offload(
     inv: ModelInventory, prof: Profile, wl: Workload, budget: int, *, tuned: bool
 ) -> Plan:
-    """Largest n_gpu_layers that fits (paper baseline P0, or P1 with expert settings)."""
-    n = inv.arch.n_layers
+    """Whole layers from the last (llama.cpp's n_gpu_layers): the paper's baseline P0, or P1
+    with what an expert sets by hand (flash attention, n_ubatch 2048, pinned host weights)."""
     base = Plan(
         name="layer-offload-tuned" if tuned else "layer-offload",
         flash_attn="on" if tuned else "off",
@@ -188,17 +309,7 @@ def _layer_offload(
         op_offload=True,
         gpu_layers=0,
     )
-    best = base
-    for k in range(0, n + 2):  # n layers plus the output layer
-        layers = set(range(n - min(k, n), n))
-        names = [t.name for t in inv.tensors
-                 if (t.layer is not None and t.layer in layers)
-                 or (k > n and t.group in ("output", "norm"))]
-        trial = base.model_copy(update={"gpu_tensors": tuple(names), "gpu_layers": k})
-        if vram_by_category(inv, trial, prof, wl, wl.compute_scale)["total"] > budget:
-            break
-        best = trial
-    return best
+    return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv))
 
 
 def _all_gpu(inv: ModelInventory, ubatch: int, *, output: bool) -> Plan:

@@ -17,7 +17,7 @@ import os
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
 
 # Types without their own measurement borrow the nearest measured kernel family's rate.
 _TYPE_FALLBACK = {
@@ -42,9 +42,16 @@ class DeviceProfile(BaseModel):
     total_bytes: int = 0
     # ggml type -> token count -> weight bytes per second of a matmul
     matmul_rate: dict[str, dict[int, float]]
+    _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:
         """Weight bytes per second for ``tokens`` tokens (log-log interpolation, clamped)."""
+        key = (ggml_type, tokens)
+        if key not in self._memo:
+            self._memo[key] = self._rate(ggml_type, tokens)
+        return self._memo[key]
+
+    def _rate(self, ggml_type: str, tokens: float) -> float:
         table = self.matmul_rate.get(ggml_type) or self.matmul_rate.get(
             _TYPE_FALLBACK.get(ggml_type, "Q4_0")
         )

@@ -11,6 +11,7 @@ import llama_cpp
 from igi_sdk.profile.data import DeviceProfile, Profile
 from igi_sdk.runtime import ggml_bench
 from igi_sdk.runtime.devices import list_devices
+from igi_sdk.runtime.nvml import nvml
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
 TOKENS = (1, 64, 512, 2048)
@@ -34,11 +35,8 @@ def default_threads() -> int:
 
 
 def _nvml_facts() -> dict[str, str]:
-    try:
-        import pynvml
-
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - no NVML: no NVIDIA driver here
+    pynvml = nvml()
+    if pynvml is None:
         return {}
     try:
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
@@ -57,10 +55,10 @@ def _nvml_facts() -> dict[str, str]:
 
 def _nvml_own_vram() -> int:
     """This process's VRAM per NVML (0 where the driver does not report per-process use)."""
+    pynvml = nvml()
+    if pynvml is None:
+        return 0
     try:
-        import pynvml
-
-        pynvml.nvmlInit()
         h = pynvml.nvmlDeviceGetHandleByIndex(0)
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
             if p.pid == os.getpid():

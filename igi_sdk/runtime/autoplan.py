@@ -1,0 +1,57 @@
+"""Plan automatically: profile → planner → dry-run check → a Plan that fits.
+
+The planner estimates llama.cpp's compute buffers; a ``no_alloc`` dry run of the chosen plan
+measures them. If the measured plan would exceed the budget, the estimate is scaled by what was
+measured and the planner runs again (at most a few rounds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+from igi_sdk.model import ModelInventory
+from igi_sdk.planner import Plan, PlanResult, Workload, plan_for, vram_by_category
+from igi_sdk.profile import Profile
+from igi_sdk.runtime import loader
+from igi_sdk.runtime.loader import ContextSettings
+
+_ROUNDS = 3
+
+
+def measured_vram(
+    path: Path, inv: ModelInventory, plan: Plan, prof: Profile, wl: Workload,
+    settings: ContextSettings,
+) -> tuple[dict[str, int], int]:
+    """(VRAM by category with llama.cpp's measured compute buffer, measured compute bytes)."""
+    report = loader.dry_run(path, inv, plan, settings)
+    gpu = loader.first_gpu()
+    measured = report.bytes_on("gpu", gpu)["compute"] if gpu is not None else 0
+    vram = vram_by_category(inv, plan, prof, wl, wl.compute_scale)
+    est = vram["compute"]
+    vram = dict(vram, compute=measured, total=vram["total"] - est + measured)
+    return vram, measured
+
+
+def plan_checked(
+    path: Path,
+    inv: ModelInventory,
+    prof: Profile,
+    budget: int | None,
+    wl: Workload,
+    settings: ContextSettings,
+) -> PlanResult:
+    """The planner's choice, verified with a dry-run load to fit ``budget``."""
+    result = plan_for(inv, prof, budget, wl)
+    if budget is None or prof.gpu is None or loader.first_gpu() is None:
+        return result
+    for _ in range(_ROUNDS):
+        vram, measured = measured_vram(path, inv, result.best, prof, wl, settings)
+        if vram["total"] <= budget:
+            best = result.best.model_copy(update={"vram_bytes": vram})
+            return dataclasses.replace(result, best=best)
+        est = result.best.vram_bytes.get("compute", 1) or 1
+        scale = wl.compute_scale * max(1.05, measured / est * 1.05)
+        wl = dataclasses.replace(wl, compute_scale=scale)
+        result = plan_for(inv, prof, budget, wl)
+    return result

@@ -1,0 +1,151 @@
+"""Planner and cost model with fixed profiles and synthetic inventories (pure, fast)."""
+
+from __future__ import annotations
+
+import pytest
+
+from igi_sdk.errors import BudgetTooSmallError
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan, Workload, decode_tps, plan_for, ttft_seconds
+from igi_sdk.profile import DeviceProfile, Profile
+
+MIB = 1024 * 1024
+TOKENS = (1, 64, 512, 2048)
+BPW = {"F16": 2.0, "Q8_0": 1.0625, "Q4_0": 0.5625, "Q4_K": 0.5625}
+
+
+def _device(kind: str, bandwidth: float, flops: float) -> DeviceProfile:
+    # a roofline: bytes/s = min(bandwidth, FLOP/s * bytes-per-weight / (2 FLOP * tokens))
+    rates = {ty: {t: min(bandwidth, flops * bpw / (2 * t)) for t in TOKENS}
+             for ty, bpw in BPW.items()}
+    return DeviceProfile(name=kind, kind=kind, threads=16, matmul_rate=rates)
+
+
+GPU_PROFILE = Profile(
+    fingerprint={"gpu": "test"}, cpu=_device("cpu", 60e9, 1.5e12),
+    gpu=_device("gpu", 2.0e12, 300e12), h2d_pinned_bps=50e9, h2d_pageable_bps=8e9,
+    gpu_fixed_bytes=300 * MIB,
+)
+CPU_PROFILE = Profile(fingerprint={"gpu": "none"}, cpu=_device("cpu", 60e9, 1.5e12))
+WL = Workload(n_ctx=2048, prompt_tokens=512, gen_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def dense(tiny_llama):
+    return read_inventory(tiny_llama)
+
+
+@pytest.fixture(scope="module")
+def moe(tmp_path_factory):
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+
+    spec = spec_with("tiny-qwen2moe", n_layers=4)
+    return read_inventory(write_synthetic_gguf(tmp_path_factory.mktemp("m") / "moe.gguf", spec))
+
+
+def _budgets(inv, n: int = 24) -> list[int]:
+    lo = plan_for(inv, GPU_PROFILE, 10**12, WL).minimum_bytes
+    hi = lo + inv.total_bytes() * 3
+    return [lo + (hi - lo) * i // (n - 1) for i in range(n)]
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_never_over_budget_and_more_budget_is_never_slower(which, request) -> None:
+    inv = request.getfixturevalue(which)
+    last = float("inf")
+    for budget in _budgets(inv):
+        best = plan_for(inv, GPU_PROFILE, budget, WL).best
+        assert best.vram_bytes["total"] <= budget
+        turn = best.predicted["turn_s"]
+        assert turn <= last * (1 + 1e-9), (budget, best.name)
+        last = turn
+
+
+@pytest.mark.parametrize("which", ["dense", "moe"])
+def test_attention_and_kv_first_then_ffn_then_experts(which, request) -> None:
+    inv = request.getfixturevalue(which)
+    order = ["attn", "ffn_router", "output", "ffn_dense", "ffn_exps"]
+    for budget in _budgets(inv):
+        for c in plan_for(inv, GPU_PROFILE, budget, WL).candidates:
+            if not c.plan.name.startswith("attn-first"):
+                continue
+            gpu = set(c.plan.gpu_tensors)
+            full = {g: all(t.name in gpu for t in inv.tensors if t.group == g) for g in order}
+            some = {g: any(t.name in gpu for t in inv.tensors if t.group == g) for g in order}
+            for i, g in enumerate(order):
+                if some[g]:  # a group only starts once every higher-priority group is in
+                    assert all(full[h] for h in order[:i] if any(
+                        t.group == h for t in inv.tensors)), (budget, g)
+            layers_with_attn = {t.layer for t in inv.tensors
+                                if t.group == "attn" and t.name in gpu}
+            assert c.plan.gpu_layers == len(layers_with_attn)  # KV goes with attention
+
+
+def test_budget_below_minimum_names_the_minimum(dense) -> None:
+    minimum = plan_for(dense, GPU_PROFILE, 10**12, WL).minimum_bytes
+    with pytest.raises(BudgetTooSmallError) as e:
+        plan_for(dense, GPU_PROFILE, minimum - 1, WL)
+    assert e.value.minimum_bytes == minimum
+    assert f"{minimum / MIB:.0f} MiB" in str(e.value)
+
+
+def test_cpu_only_profile_gives_the_cpu_plan(dense) -> None:
+    best = plan_for(dense, CPU_PROFILE, 8 * 1024 * MIB, WL).best
+    assert best.name == "all-cpu" and not best.gpu_tensors and not best.uses_gpu()
+    assert best.predicted["decode_tps"] > 0
+
+
+def test_ample_budget_puts_everything_on_the_gpu(dense) -> None:
+    best = plan_for(dense, GPU_PROFILE, 10**12, WL).best
+    assert set(best.gpu_tensors) == {t.name for t in dense.tensors if t.group != "token_embd"}
+
+
+def test_never_worse_than_layer_offload(moe) -> None:
+    for budget in _budgets(moe):
+        res = plan_for(moe, GPU_PROFILE, budget, WL)
+        layer = [c for c in res.candidates if c.plan.name.startswith("layer-offload") and c.fits]
+        assert all(res.best.predicted["turn_s"] <= c.score + 1e-12 for c in layer)
+
+
+def test_cost_model_directions(dense) -> None:
+    cpu = Plan.all_cpu()
+    gpu = Plan.all_gpu(dense)
+    assert decode_tps(dense, gpu, GPU_PROFILE, 512) > decode_tps(dense, cpu, GPU_PROFILE, 512)
+    assert ttft_seconds(dense, gpu, GPU_PROFILE, 1024) > ttft_seconds(dense, gpu, GPU_PROFILE, 64)
+    # decode slows down as the context grows (attention reads more KV)
+    assert decode_tps(dense, cpu, CPU_PROFILE, 4096) < decode_tps(dense, cpu, CPU_PROFILE, 16)
+
+
+def test_copy_compute_threshold_splits_the_token_tiers(dense) -> None:
+    res = plan_for(dense, GPU_PROFILE, plan_for(dense, GPU_PROFILE, 10**12, WL).minimum_bytes
+                   + 64 * 1024, WL)
+    copy = next(c.plan for c in res.candidates if c.plan.name == "attn-first-copy")
+    assert 1 < copy.copy_compute_min_batch <= 512  # decode on the CPU, prefill streamed
+
+
+def test_profile_rate_interpolates_in_log_space() -> None:
+    dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 1.0}})
+    assert dev.rate("Q4_0", 1) == 100.0 and dev.rate("Q4_0", 64) == 1.0
+    assert dev.rate("Q4_0", 8) == pytest.approx(10 ** (2 - 2 * 0.5), rel=1e-9)
+    assert dev.rate("Q4_0", 10_000) == 1.0  # clamped past the last measurement
+    assert dev.rate("Q4_1", 1) == 100.0  # borrows the Q4_0 kernel family
+
+
+def test_plan_json_round_trip_into_the_runtime(tiny_llama, tmp_path) -> None:
+    from igi_sdk.runtime import Engine, EngineConfig
+
+    inv = read_inventory(tiny_llama)
+    res = plan_for(inv, GPU_PROFILE, 10**12, WL)
+    # an attention-first plan: some tensors planned for the GPU, others for the CPU
+    plan = next(c.plan for c in res.candidates if c.plan.name == "attn-first-copy")
+    plan = plan.model_copy(update={"gpu_tensors": plan.gpu_tensors[: len(plan.gpu_tensors) // 2]})
+    assert plan.gpu_tensors
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    loaded = Plan.load(path)
+    assert loaded == plan
+    with Engine(tiny_llama, loaded, EngineConfig(n_ctx=256, max_sessions=1, n_threads=2)) as e:
+        placed = e.placement()
+        assert set(placed) == {t.name for t in inv.tensors}
+        for name, where in placed.items():
+            assert where == (loaded.role_of(name) if e.gpu is not None else "cpu"), name
