@@ -1,15 +1,35 @@
 #!/usr/bin/env bash
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
-#   bash benchmarks/gpu_run.sh [OUTDIR]
+#   bash benchmarks/gpu_run.sh OUTDIR [part]      part: placement | planner-a | planner-b | all
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
-mkdir -p "$out"
-bash .gpu/build-cuda.sh .gpu || exit 1
+part=${2:-all}
+mkdir -p "$out" /tmp/igi-bench
+bash .gpu/build-cuda.sh .gpu > "$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
-nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv | tee "$out/gpu.txt"
-lscpu | grep -E "Model name|^CPU\(s\)" | tee -a "$out/gpu.txt"
-python3 benchmarks/import_order_probe.py 2>&1 | tee "$out/import_order.txt"
-python3 benchmarks/placement_bench.py --preset llama3-8b --workdir /tmp/igi-bench \
-  --plans attn-gpu,all-gpu,all-cpu --prompt-tokens 1024 --gen 128 --threads "$(nproc)" \
-  --json "$out/placement.json" 2>&1 | tee "$out/placement.txt"
+nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv > "$out/gpu.txt"
+lscpu | grep -E "Model name|^CPU\(s\)" >> "$out/gpu.txt"
+t=$(nproc)
+if [ "$part" = placement ] || [ "$part" = all ]; then
+  python3 benchmarks/import_order_probe.py > "$out/import_order.txt" 2>&1
+  python3 benchmarks/placement_bench.py --preset llama3-8b --workdir /tmp/igi-bench \
+    --plans attn-gpu,all-gpu,all-cpu --prompt-tokens 1024 --gen 128 --threads "$t" \
+    --json "$out/placement.json" > "$out/placement.txt" 2>&1
+fi
+if [ "$part" = planner-a ] || [ "$part" = all ]; then
+  /usr/bin/time -v python3 -m igi_sdk.cli profile --fast --threads "$t" > "$out/profile.txt" 2>&1
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4,8 --cases 1024:4096 \
+    --strategies ours,P0,P1,full,cpu --threads "$t" --json "$out/planner.json" 2>&1 | grep -v "^{"
+fi
+if [ "$part" = planner-b ] || [ "$part" = all ]; then
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 4096:16384 \
+    --strategies ours,P0,P1,full --threads "$t" --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 4,8 --cases 1024:4096 \
+    --strategies ours,P2,P1 --threads "$t" --json "$out/planner.json" 2>&1 | grep -v "^{"
+  for n in 4 16; do
+    python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 \
+      --sessions "$n" --gen 64 --strategies ours,P0,P1 --threads "$t" \
+      --json "$out/planner.json" 2>&1 | grep -v "^{"
+  done
+fi

@@ -180,7 +180,8 @@ def _schedule(wl: Workload, ubatch: int) -> list[_Step]:
 
 
 def _best_prefix(
-    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, base: Plan, items: list[Item]
+    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, base: Plan, items: list[Item],
+    *, longest: bool = False,
 ) -> Plan:
     """The best-scoring prefix of ``items`` that fits the budget.
 
@@ -188,6 +189,8 @@ def _best_prefix(
     and FFN on the CPU pays two hand-overs, so more VRAM is not always faster, and considering
     every prefix keeps the result monotone in the budget. Costs are additive per tensor and per
     layer, so each prefix is priced from running sums, not by re-running the cost model."""
+    if prof.gpu is None:
+        return base
     schedule = _schedule(wl, base.n_ubatch)
     copy = [uses_copy_compute(base, prof, st.tokens) for st in schedule]
 
@@ -262,7 +265,7 @@ def _best_prefix(
                          for st in schedule)
             kv_layers += kv_add
         total = score + splits() * prof.split_latency_s * split_weight
-        if total < best_score - 1e-12:
+        if longest or total < best_score - 1e-12:
             best_k, best_score = k, total
     chosen = [t.name for tensors, _ in items[:best_k] for t in tensors]
     layers = sum(kv for _, kv in items[:best_k])
@@ -310,6 +313,31 @@ def _layer_offload(
         gpu_layers=0,
     )
     return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv))
+
+
+PEERS = ("P0", "P1", "P2")
+
+
+def peer_plan(inv: ModelInventory, prof: Profile, wl: Workload, budget: int, peer: str) -> Plan:
+    """What a llama.cpp user gets without this planner, for benchmarks, filling the budget:
+
+    * P0 — the paper's baseline: the largest ``n_gpu_layers`` that fits, flash attention off,
+      n_ubatch 512, mmap;
+    * P1 — the same layers with flash attention, n_ubatch 2048 and pinned host weights;
+    * P2 — llama.cpp's ``--fit`` / ``--n-cpu-moe`` placement: every dense weight (attention,
+      norms, router, output, dense FFN, shared experts) first, routed experts overflow to the
+      CPU from the first layer on; llama.cpp's default settings (flash attention auto,
+      n_ubatch 512, mmap)."""
+    if peer in ("P0", "P1"):
+        tuned = peer == "P1"
+        base = Plan(name=peer, flash_attn="on" if tuned else "off",
+                    n_ubatch=2048 if tuned else 512, pinned_host=tuned, gpu_layers=0)
+        return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv), longest=True)
+    if peer == "P2":
+        base = Plan(name=peer, flash_attn="auto", n_ubatch=512, pinned_host=False, gpu_layers=0)
+        return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv),
+                            longest=True)
+    raise ValueError(f"unknown peer {peer}; expected one of {PEERS}")
 
 
 def _all_gpu(inv: ModelInventory, ubatch: int, *, output: bool) -> Plan:

@@ -1,0 +1,252 @@
+"""Planner benchmark: our plan vs llama.cpp peers at the same total VRAM budget, one run.
+
+For every (model, case, budget, strategy) a fresh process plans, checks the plan with a dry-run
+load, loads it, and measures TTFT for the case's prompt, decode speed over 128 tokens, and the
+process's peak VRAM as NVML reports it (sampled every 20 ms). It also prints the cost model's
+prediction for the same plan, so predicted-vs-measured errors come from the same run.
+
+    python benchmarks/planner_bench.py --models llama3-8b --budgets 2,4,8 \
+        --cases 1k:4096,4k:16384 --strategies ours,P0,P1,full,cpu --json out.json
+
+Strategies: ours (the planner), P0/P1/P2 (see igi_sdk.planner.planner.peer_plan), full
+(everything in VRAM), cpu (no GPU). ``--sessions N`` measures N sessions decoding together.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import igi_sdk  # noqa: F401  (native import order: llama_cpp before numpy)
+
+GB = 10**9
+GIB = 1024**3
+
+
+class PeakVram:
+    """Samples this process's VRAM (NVML) in a thread; ``peak`` is the maximum seen."""
+
+    def __init__(self, period_s: float = 0.02) -> None:
+        from igi_sdk.runtime.nvml import nvml
+
+        self.nv = nvml()
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(period_s,), daemon=True)
+        if self.nv is not None:
+            self._handle = self.nv.nvmlDeviceGetHandleByIndex(0)
+            self._thread.start()
+
+    def sample(self) -> int:
+        if self.nv is None:
+            return 0
+        for p in self.nv.nvmlDeviceGetComputeRunningProcesses(self._handle):
+            if p.pid == os.getpid():
+                return int(p.usedGpuMemory or 0)
+        return 0
+
+    def _run(self, period: float) -> None:
+        while not self._stop.is_set():
+            self.peak = max(self.peak, self.sample())
+            time.sleep(period)
+
+    def stop(self) -> int:
+        self._stop.set()
+        if self.nv is not None:
+            self._thread.join()
+            self.peak = max(self.peak, self.sample())
+        return self.peak
+
+
+def _plan(args: argparse.Namespace, inv, prof, wl):  # noqa: ANN001, ANN202
+    from igi_sdk.planner import Plan, plan_for
+    from igi_sdk.planner.planner import peer_plan
+    from igi_sdk.runtime.autoplan import measured_vram, plan_checked
+    from igi_sdk.runtime.loader import ContextSettings
+
+    settings = ContextSettings(wl.n_ctx, max(1, args.sessions), 2048, args.threads)
+    path = Path(args.model)
+    if args.strategy == "cpu":
+        return Plan.all_cpu(), {}
+    if args.strategy == "full":
+        plan = Plan.all_gpu(inv).model_copy(update={"flash_attn": "on", "n_ubatch": 2048})
+        return plan, measured_vram(path, inv, plan, prof, wl, settings)[0]
+    budget = int(args.budget * GB)
+    if args.strategy == "ours":
+        res = plan_checked(path, inv, prof, budget, wl, settings)
+        return res.best, res.best.vram_bytes
+    # peers: the largest placement that fits, checked the same way (a dry run)
+    target = budget
+    for _ in range(6):
+        plan = peer_plan(inv, prof, wl, target, args.strategy)
+        vram, _ = measured_vram(path, inv, plan, prof, wl, settings)
+        if vram["total"] <= budget:
+            return plan, vram
+        target -= vram["total"] - budget + 32 * 1024 * 1024
+    _ = plan_for  # the planner's own check raises for budgets under the minimum
+    return plan, vram
+
+
+def child(args: argparse.Namespace) -> dict:
+    from igi_sdk.model import read_inventory
+    from igi_sdk.planner import Workload, decode_tps, ttft_seconds
+    from igi_sdk.profile import Profile
+    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+    inv = read_inventory(args.model)
+    prof = Profile.load(Path(args.profile))
+    n = max(1, args.sessions)
+    prompt = args.prompt if n == 1 else 64
+    wl = Workload(n_ctx=args.ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen)
+    t0 = time.perf_counter()
+    plan, vram = _plan(args, inv, prof, wl)
+    plan_s = time.perf_counter() - t0
+    if args.sessions > 1:
+        wl = dataclasses.replace(wl, n_seqs=n)
+    peak = PeakVram()
+    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=2048, n_threads=args.threads)
+    eng = Engine(args.model, plan, cfg)
+    greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+    sid = eng.open_session(sampling=greedy)
+    eng.chat(sid, "hello " * 32, max_tokens=4, ignore_eos=True).result()  # warm-up
+    eng.close_session(sid)
+    text = "the " * (prompt - 16)
+    sids = [eng.open_session(sampling=greedy) for _ in range(n)]
+    t_start = time.perf_counter()
+    gens = [eng.chat(s, text, max_tokens=args.gen, ignore_eos=True) for s in sids]
+    results = [g.result() for g in gens]
+    wall = time.perf_counter() - t_start
+    peak_vram = peak.stop()
+    eng.close()
+    r0 = results[0]
+    out = {
+        "model": Path(args.model).stem, "strategy": args.strategy, "plan": plan.name,
+        "budget_gb": args.budget, "prompt": r0.prompt_tokens, "ctx": args.ctx, "sessions": n,
+        "n_ubatch": plan.n_ubatch, "flash_attn": plan.flash_attn, "pinned": plan.pinned_host,
+        "copy_min_batch": plan.copy_compute_min_batch if plan.op_offload else None,
+        "gpu_tensors": len(plan.gpu_tensors), "gpu_layers": plan.gpu_layers,
+        "ttft_s": round(r0.ttft_s, 3), "decode_tps": round(r0.decode_tps, 2),
+        "total_tps": round(sum(r.completion_tokens for r in results) / wall, 2),
+        "peak_vram_gb": round(peak_vram / GB, 3),
+        "planned_vram_gb": round(vram.get("total", 0) / GB, 3) if vram else 0.0,
+        "plan_s": round(plan_s, 2),
+    }
+    if n == 1:
+        out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
+        out["pred_decode_tps"] = round(decode_tps(inv, plan, prof, r0.prompt_tokens
+                                                  + args.gen // 2), 2)
+    else:
+        out["pred_total_tps"] = round(decode_tps(inv, plan, prof, prompt + args.gen // 2, n), 2)
+    return out
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--models", default="llama3-8b")
+    ap.add_argument("--workdir", default="/tmp/igi-bench")
+    ap.add_argument("--budgets", default="2,4,8", help="total VRAM budgets in GB (10^9 bytes)")
+    ap.add_argument("--cases", default="1024:4096", help="prompt:ctx pairs")
+    ap.add_argument("--strategies", default="ours,P0,P1,full,cpu")
+    ap.add_argument("--sessions", type=int, default=1)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--threads", type=int, default=os.cpu_count() or 4)
+    ap.add_argument("--profile", help="profile JSON (default: measure with --fast, cached)")
+    ap.add_argument("--json", help="append results to this JSON list")
+    ap.add_argument("--timeout", type=int, default=300)
+    # child mode
+    ap.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    ap.add_argument("--model", help=argparse.SUPPRESS)
+    ap.add_argument("--strategy", help=argparse.SUPPRESS)
+    ap.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
+    ap.add_argument("--prompt", type=int, default=1024, help=argparse.SUPPRESS)
+    ap.add_argument("--ctx", type=int, default=4096, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.child:
+        print("RESULT " + json.dumps(child(args)), flush=True)
+        return 0
+    profile_path = args.profile or _profile(args)
+    results = json.loads(Path(args.json).read_text()) if args.json and Path(
+        args.json).exists() else []
+    for preset in args.models.split(","):
+        model = _model(args.workdir, preset)
+        for case in args.cases.split(","):
+            prompt, ctx = (int(x) for x in case.split(":"))
+            for strategy in args.strategies.split(","):
+                budgets = [0.0] if strategy in ("full", "cpu") else [
+                    float(b) for b in args.budgets.split(",")]
+                for budget in budgets:
+                    r = _run_child(args, model, profile_path, strategy, budget, prompt, ctx)
+                    if r is not None:
+                        results.append(r)
+                        if args.json:
+                            Path(args.json).write_text(json.dumps(results, indent=1))
+    print_table(results)
+    return 0
+
+
+def _profile(args: argparse.Namespace) -> str:
+    from igi_sdk.profile.measure import load_or_measure
+
+    t0 = time.perf_counter()
+    prof = load_or_measure(threads=args.threads, fast=True)
+    path = Path(args.workdir) / "profile.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(prof.model_dump_json(indent=1))
+    print(f"profile {prof.key} ready in {time.perf_counter() - t0:.1f} s -> {path}", flush=True)
+    return str(path)
+
+
+def _model(workdir: str, preset: str) -> str:
+    from igi_sdk.model import write_synthetic_gguf
+
+    path = Path(workdir) / f"{preset}.gguf"
+    if not path.exists():
+        t0 = time.perf_counter()
+        write_synthetic_gguf(path, preset)
+        print(f"wrote {path.name} ({path.stat().st_size / GIB:.2f} GiB) in "
+              f"{time.perf_counter() - t0:.1f} s", flush=True)
+    return str(path)
+
+
+def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str, budget: float,
+               prompt: int, ctx: int) -> dict | None:
+    cmd = [sys.executable, __file__, "--child", "--model", model, "--profile", profile,
+           "--strategy", strategy, "--budget", str(budget), "--prompt", str(prompt),
+           "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
+           "--sessions", str(args.sessions)]
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+    except subprocess.TimeoutExpired:
+        print(f"{strategy} {budget} GB {prompt}/{ctx}: timed out", flush=True)
+        return None
+    line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("RESULT ")), None)
+    if line is None:
+        tail = " | ".join(proc.stderr.strip().splitlines()[-4:])
+        print(f"{strategy} {budget} GB {prompt}/{ctx}: failed rc={proc.returncode}: {tail}",
+              flush=True)
+        return None
+    r = json.loads(line[7:])
+    print(json.dumps(r), flush=True)
+    return r
+
+
+def print_table(results: list[dict]) -> None:
+    print("\nmodel        case        budget strategy plan                 peakVRAM  TTFT s "
+          "(pred)     decode t/s (pred)   total t/s")
+    for r in results:
+        case = f"{r['prompt']}/{r['ctx']}" + (f" x{r['sessions']}" if r["sessions"] > 1 else "")
+        print(f"{r['model']:<12} {case:<11} {r['budget_gb']:>5}  {r['strategy']:<8} "
+              f"{r['plan']:<20} {r['peak_vram_gb']:>7.2f}  {r['ttft_s']:6.2f} "
+              f"({r.get('pred_ttft_s', 0):5.2f})  {r['decode_tps']:8.1f} "
+              f"({r.get('pred_decode_tps', 0):6.1f})  {r['total_tps']:8.1f}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
