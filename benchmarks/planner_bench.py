@@ -65,7 +65,7 @@ class PeakVram:
         return self.peak
 
 
-def _plan(args: argparse.Namespace, inv, prof, wl):  # noqa: ANN001, ANN202
+def _plan(args: argparse.Namespace, inv, prof, wl):
     from igi_sdk.planner import Plan, plan_for
     from igi_sdk.planner.planner import peer_plan
     from igi_sdk.runtime.autoplan import measured_vram, plan_checked
