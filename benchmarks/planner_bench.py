@@ -137,6 +137,8 @@ def child(args: argparse.Namespace) -> dict:
         "peak_vram_gb": round(peak_vram / GB, 3),
         "planned_vram_gb": round(vram.get("total", 0) / GB, 3) if vram else 0.0,
         "plan_s": round(plan_s, 2),
+        "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
+                                             and peak_vram <= args.budget * GB),
     }
     if n == 1:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)

@@ -36,7 +36,7 @@ from igi_sdk.profile import Profile
 
 MIB = 1024 * 1024
 UBATCHES = (512, 1024, 2048)
-_MARGIN_BYTES = 64 * MIB  # llama.cpp's small buffers (output, sched copies) and fragmentation
+_MARGIN_BYTES = 128 * MIB  # llama.cpp's small buffers, the CUDA pool for temporaries, fragmentation
 _MARGIN_FRACTION = 0.05
 
 

@@ -88,14 +88,15 @@ def measure_profile(
     k: int = 4096,
     n: int = 4096,
     progress: Callable[[float, str], None] | None = None,
+    scale_down: bool = False,
 ) -> Profile:
-    """Run the micro-benchmarks; a few seconds on a GPU machine with ``fast``."""
+    """Run the micro-benchmarks (``scale_down``: tiny graphs, for tests)."""
     threads = threads or default_threads()
     devices = list_devices()
     cpu = next(d for d in devices if d.kind == "cpu")
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
-    reps = 1 if fast else 3
+    reps = 2 if fast else 3
     steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (2 if gpu else 0)
     done = 0
 
@@ -105,25 +106,37 @@ def measure_profile(
         if progress:
             progress(done / steps, what)
 
-    def device_rates(index: int, n_threads: int, label: str) -> dict[str, dict[int, float]]:
+    def device_rates(
+        index: int, n_threads: int, label: str, budget: dict[int, int]
+    ) -> dict[str, dict[int, float]]:
         rates: dict[str, dict[int, float]] = {}
         with ggml_bench.backend(index, n_threads) as be:
             for t in TYPES:
                 rates[t] = {}
                 for tok in tokens:
-                    s = ggml_bench.matmul_seconds(be, t, k, n, tok, reps=reps)
-                    bytes_w = _weight_bytes(t, k, n)
-                    rates[t][tok] = bytes_w / s
+                    s = ggml_bench.matmul_seconds(be, t, k, n, tok, reps=reps,
+                                                  total_bytes=budget[tok])
+                    rates[t][tok] = ggml_bench.ggml_weight_bytes(t, k, n) / s
                     tick(f"{label} {t} x{tok}")
         return rates
 
+    # weight bytes per timed graph: beyond the CPU's caches for the memory-bound small batches,
+    # enough work to hide launch overhead on a GPU, little for the compute-bound large batches
+    mib = 1024 * 1024
+    cpu_bytes = {1: 512 * mib, 64: 128 * mib, 512: 32 * mib, 2048: 16 * mib}
+    gpu_bytes = {1: 1024 * mib, 64: 1024 * mib, 512: 512 * mib, 2048: 256 * mib}
+    if gpu is not None:  # never take more than a quarter of what is free
+        gpu_bytes = {t: min(b, gpu.free_bytes // 4) for t, b in gpu_bytes.items()}
+    if scale_down:
+        cpu_bytes = {t: b // 64 for t, b in cpu_bytes.items()}
+
     cpu_prof = DeviceProfile(name=cpu.description or cpu.name, kind="cpu", threads=threads,
                              total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes,
-                             matmul_rate=device_rates(cpu.index, threads, "cpu"))
+                             matmul_rate=device_rates(cpu.index, threads, "cpu", cpu_bytes))
     prof = Profile(fingerprint=fingerprint(threads), cpu=cpu_prof)
     if gpu is None:
         return prof
-    gpu_rates = device_rates(gpu.index, 1, "gpu")
+    gpu_rates = device_rates(gpu.index, 1, "gpu", gpu_bytes)
     size = 256 * 1024 * 1024 if not fast else 128 * 1024 * 1024
     pinned = size / ggml_bench.h2d_seconds(gpu.index, size, pinned=True)
     tick("h2d pinned")
@@ -138,13 +151,6 @@ def measure_profile(
     prof.pcie = _nvml_facts().get("pcie", "")
     prof.gpu_fixed_bytes = _nvml_own_vram()
     return prof
-
-
-def _weight_bytes(ggml_type: str, k: int, n: int) -> int:
-    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
-
-    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
-    return k * n // block * size
 
 
 def load_or_measure(

@@ -105,28 +105,46 @@ def _fill(tensor: int, rng: np.random.Generator, ggml_type: str) -> None:
 
 
 def matmul_seconds(
-    be: int, ggml_type: str, k: int, n: int, tokens: int, *, reps: int = 3, seed: int = 0
+    be: int, ggml_type: str, k: int, n: int, tokens: int, *, reps: int = 3, seed: int = 0,
+    total_bytes: int = 0,
 ) -> float:
-    """Median seconds of (K×N weight of ``ggml_type``) × (K×T activations) on backend ``be``."""
+    """Median seconds of one (K×N weight of ``ggml_type``) × (K×T activations) on ``be``.
+
+    The graph multiplies the same activations by several distinct weights whose sizes add up to
+    ``total_bytes``: one small matmul would run from the CPU's cache (overstating its bandwidth)
+    or be dominated by launch and synchronisation overhead on a GPU. The time is divided back
+    to one weight."""
+    one = ggml_weight_bytes(ggml_type, k, n)
+    m = max(1, min(64, total_bytes // one)) if total_bytes else 1
     ctx = ggml.ggml_init(_InitParams(64 * 1024 * 1024, None, True))
     buf = None
     try:
-        w = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES[ggml_type], k, n)
         x = ggml.ggml_new_tensor_2d(ctx, _F32, k, tokens)
-        y = ggml.ggml_mul_mat(ctx, w, x)
         graph = ggml.ggml_new_graph(ctx)
-        ggml.ggml_build_forward_expand(graph, y)
+        weights = []
+        for _ in range(m):
+            w = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES[ggml_type], k, n)
+            weights.append(w)
+            ggml.ggml_build_forward_expand(graph, ggml.ggml_mul_mat(ctx, w, x))
         buf = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
         if not buf:
             raise MemoryError("not enough device memory for the matmul benchmark")
         rng = np.random.default_rng(seed)
-        _fill(w, rng, ggml_type)
+        for w in weights:
+            _fill(w, rng, ggml_type)
         _fill(x, rng, "F32")
-        return _median_time(lambda: _compute(be, graph), reps)
+        return _median_time(lambda: _compute(be, graph), reps) / m
     finally:
         if buf:
             ggml.ggml_backend_buffer_free(buf)
         ggml.ggml_free(ctx)
+
+
+def ggml_weight_bytes(ggml_type: str, k: int, n: int) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    return k * n // block * size
 
 
 def _compute(be: int, graph: int) -> None:
