@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
-#   bash benchmarks/gpu_run.sh OUTDIR [part]      part: placement | planner-a | planner-b | all
+#   bash benchmarks/gpu_run.sh OUTDIR [part]
+#   part: placement | planner-a | planner-b | final | all   (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
 part=${2:-all}
@@ -32,4 +33,11 @@ if [ "$part" = planner-b ] || [ "$part" = all ]; then
       --sessions "$n" --gen 64 --strategies ours,P0,P1 --threads "$t" \
       --json "$out/planner.json" 2>&1 | grep -v "^{"
   done
+fi
+if [ "$part" = final ]; then
+  /usr/bin/time -v python3 -m igi_sdk.cli profile --fast --threads "$t" > "$out/profile.txt" 2>&1
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 4,8 --cases 1024:4096 \
+    --strategies ours,P2,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 1024:4096 \
+    --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi

@@ -117,7 +117,7 @@ def child(args: argparse.Namespace) -> dict:
     sid = eng.open_session(sampling=greedy)
     eng.chat(sid, "hello " * 32, max_tokens=4, ignore_eos=True).result()  # warm-up
     eng.close_session(sid)
-    text = "the " * (prompt - 16)
+    text = diverse_prompt(eng, prompt - 24)
     sids = [eng.open_session(sampling=greedy) for _ in range(n)]
     t_start = time.perf_counter()
     gens = [eng.chat(s, text, max_tokens=args.gen, ignore_eos=True) for s in sids]
@@ -147,6 +147,25 @@ def child(args: argparse.Namespace) -> dict:
     else:
         out["pred_total_tps"] = round(decode_tps(inv, plan, prof, prompt + args.gen // 2, n), 2)
     return out
+
+
+def diverse_prompt(eng, n_tokens: int, seed: int = 0) -> str:
+    """Random words of about ``n_tokens`` tokens. A repeated word would send every token of a
+    MoE prompt to the same few experts and make expert streaming look free."""
+    import random
+
+    rng = random.Random(seed)
+    letters = "abcdefghijklmnopqrstuvwxyz"
+    words: list[str] = []
+    while True:
+        words += ["".join(rng.choice(letters) for _ in range(rng.randint(2, 7)))
+                  for _ in range(max(8, n_tokens // 4))]
+        toks = len(eng.tokenize(" ".join(words)))
+        if toks >= n_tokens:
+            break
+    # trim to the target by the observed tokens-per-word ratio
+    keep = max(1, int(len(words) * n_tokens / toks))
+    return " ".join(words[:keep])
 
 
 def main() -> int:

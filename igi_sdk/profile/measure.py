@@ -107,16 +107,17 @@ def measure_profile(
             progress(done / steps, what)
 
     def device_rates(
-        index: int, n_threads: int, label: str, budget: dict[int, int]
+        index: int, n_threads: int, label: str, budget: dict[int, int],
+        shape: tuple[int, int] = (k, n),
     ) -> dict[str, dict[int, float]]:
         rates: dict[str, dict[int, float]] = {}
         with ggml_bench.backend(index, n_threads) as be:
             for t in TYPES:
                 rates[t] = {}
                 for tok in tokens:
-                    s = ggml_bench.matmul_seconds(be, t, k, n, tok, reps=reps,
+                    s = ggml_bench.matmul_seconds(be, t, *shape, tok, reps=reps,
                                                   total_bytes=budget[tok])
-                    rates[t][tok] = ggml_bench.ggml_weight_bytes(t, k, n) / s
+                    rates[t][tok] = ggml_bench.ggml_weight_bytes(t, *shape) / s
                     tick(f"{label} {t} x{tok}")
         return rates
 
@@ -136,7 +137,8 @@ def measure_profile(
     prof = Profile(fingerprint=fingerprint(threads), cpu=cpu_prof)
     if gpu is None:
         return prof
-    gpu_rates = device_rates(gpu.index, 1, "gpu", gpu_bytes)
+    # larger weights on the GPU: fewer kernel launches per byte, as in a real decode step
+    gpu_rates = device_rates(gpu.index, 1, "gpu", gpu_bytes, shape=(2 * k, 2 * n))
     size = 256 * 1024 * 1024 if not fast else 128 * 1024 * 1024
     pinned = size / ggml_bench.h2d_seconds(gpu.index, size, pinned=True)
     tick("h2d pinned")

@@ -197,6 +197,10 @@ class Engine:
         return self._call(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
                                                    grammar, ignore_eos))
 
+    def tokenize(self, text: str) -> list[int]:
+        """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
+        return self._call(lambda: self._vocab.tokenize(text, add_special=False))  # type: ignore[union-attr]
+
     def snapshot(self, session_id: str) -> bytes:
         """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
         return self._call(lambda: self._snapshot(session_id))
