@@ -2,7 +2,7 @@
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | all   (each fits one 10-minute device call)
+#   part: placement | planner-a | planner-b | final | final2 | all  (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
 part=${2:-all}
@@ -40,4 +40,13 @@ if [ "$part" = final ]; then
     --strategies ours,P2,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 1024:4096 \
     --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
+fi
+if [ "$part" = final2 ]; then
+  /usr/bin/time -v python3 -m igi_sdk.cli profile --fast --threads "$t" > "$out/profile.txt" 2>&1
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 1024:4096 \
+    --strategies ours,P0,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 4096:16384 \
+    --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 --sessions 4 \
+    --gen 64 --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
