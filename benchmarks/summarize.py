@@ -35,8 +35,8 @@ def ratios(rows: list[dict], peer: str) -> list[str]:
                      f"| {o['decode_tps']:.1f} vs {r['decode_tps']:.1f} | "
                      f"**{o['decode_tps'] / r['decode_tps']:.2f}×**")
         fits = "" if r.get("fits_budget", True) else " (peer over budget)"
-        out.append(f"| {o['model']} | {case} | {o['budget_gb']:.0f} GB | {peer} | {cells} | "
-                   f"{o['peak_vram_gb']:.2f} / {r['peak_vram_gb']:.2f}{fits} |")
+        out.append(f"| {o['run'][-2:]} | {o['model']} | {case} | {o['budget_gb']:.0f} GB | "
+                   f"{peer} | {cells} | {o['peak_vram_gb']:.2f} / {r['peak_vram_gb']:.2f}{fits} |")
     return out
 
 
@@ -63,7 +63,7 @@ def plots(rows: list[dict], outdir: Path) -> list[Path]:
 
     outdir.mkdir(parents=True, exist_ok=True)
     made = []
-    for model, prompt, run in (("llama3-8b", 1004, "profile-v2"), ("qwen3-30b-a3b", 1004,
+    for model, prompt, run in (("llama3-8b", 1004, "profile-v3"), ("qwen3-30b-a3b", 1004,
                                                                     "profile-v2")):
         sel = [r for r in rows if r["model"] == model and r["prompt"] == prompt
                and r["run"] == run and r["sessions"] == 1 and r["budget_gb"] > 0]
@@ -96,11 +96,11 @@ def main() -> int:
     outdir = Path(sys.argv[2]) if len(sys.argv) > 2 else Path("docs/img")
     for peer in ("P0", "P1", "P2"):
         print(f"\n### ours vs {peer}\n")
-        print("| model | prompt/ctx | budget | peer | TTFT s ours vs peer | TTFT gain | "
+        print("| run | model | prompt/ctx | budget | peer | TTFT s ours vs peer | TTFT gain | "
               "decode tok/s ours vs peer | decode gain | peak VRAM GB ours / peer |")
-        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+        print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(ratios(rows, peer)))
-    for run in ("profile-v2", "profile-v1"):
+    for run in ("profile-v3", "profile-v2", "profile-v1"):
         mt, md, lines = errors(rows, run)
         print(f"\n### cost model, {run}: median error TTFT {mt:.0%}, decode {md:.0%}\n")
         print("| model | prompt/ctx | budget GB | strategy | TTFT s | predicted | error | "
