@@ -149,3 +149,37 @@ def test_plan_json_round_trip_into_the_runtime(tiny_llama, tmp_path) -> None:
         assert set(placed) == {t.name for t in inv.tensors}
         for name, where in placed.items():
             assert where == (loaded.role_of(name) if e.gpu is not None else "cpu"), name
+
+
+def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
+    """A real (tiny) measurement through ggml on this machine, saved and found again."""
+    from igi_sdk.profile.measure import fingerprint, measure_profile
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    prof = measure_profile(threads=2, fast=True, k=256, n=256, scale_down=True)
+    for table in prof.cpu.matmul_rate.values():
+        assert all(r > 0 for r in table.values())
+    assert prof.cpu.rate("Q4_0", 1) > prof.cpu.rate("Q4_0", 2048)  # bandwidth vs compute bound
+    prof.save()
+    again = Profile.cached(fingerprint(2))
+    assert again is not None and again.key == prof.key
+    assert again.cpu.matmul_rate == prof.cpu.matmul_rate
+
+
+def test_cli_plan_prints_the_choice_and_writes_json(tiny_llama, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    profile = tmp_path / "gpu-profile.json"
+    profile.write_text(GPU_PROFILE.model_dump_json())
+    out = tmp_path / "plan.json"
+    r = subprocess.run([sys.executable, "-m", "igi_sdk.cli", "plan", str(tiny_llama), "--vram",
+                        "1GiB", "--ctx", "1024", "--profile", str(profile), "--json", str(out)],
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "chosen:" in r.stdout and "why:" in r.stdout and "layer-offload" in r.stdout
+    assert Plan.load(out).gpu_tensors
+    r = subprocess.run([sys.executable, "-m", "igi_sdk.cli", "plan", str(tiny_llama), "--vram",
+                        "1MiB", "--profile", str(profile)], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 2 and "budget_too_small" in r.stderr and "minimum" in r.stderr

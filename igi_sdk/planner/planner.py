@@ -79,9 +79,13 @@ class PlanResult:
         if len(fit) < 2:
             return f"'{self.best.name}' is the only plan that fits"
         a, b = fit[0], fit[1]
-        return (f"'{a.plan.name}' predicts {a.score:.2f} s per turn "
+
+        def label(c: Candidate) -> str:
+            return f"'{c.plan.name}' (n_ubatch {c.plan.n_ubatch})"
+
+        return (f"{label(a)} predicts {a.score:.2f} s per turn "
                 f"(TTFT {a.ttft_s:.2f} s, {a.decode_tps:.1f} tok/s) vs {b.score:.2f} s for the "
-                f"runner-up '{b.plan.name}'")
+                f"runner-up {label(b)}")
 
 
 # --- VRAM accounting ------------------------------------------------------------------------------
