@@ -80,7 +80,7 @@ def ubatch_cost(
     n_seqs: int = 1,
 ) -> UbatchCost:
     """Time of one llama_decode of ``tokens`` tokens whose sequences already hold ``ctx_pos``."""
-    gpu_set = set(plan.gpu_tensors) if prof.gpu is not None else set()
+    gpu_set = plan.gpu_set if prof.gpu is not None else frozenset()
     copy = uses_copy_compute(plan, prof, tokens)
     out_tok = tokens if output_tokens is None else output_tokens
     g = c = cp = 0.0
@@ -120,7 +120,7 @@ def layer_attention_seconds(
     return max(flops / dev.flops(), kv_bytes / dev.bandwidth())
 
 
-def count_splits(inv: ModelInventory, gpu_set: set[str]) -> int:
+def count_splits(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> int:
     """CPU<->GPU hand-overs along the layer sequence (attention block, then FFN block)."""
     seq: list[bool] = []
     for layer in range(inv.arch.n_layers):

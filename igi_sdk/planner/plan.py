@@ -52,11 +52,12 @@ class Plan(BaseModel):
     # --- placement queries ------------------------------------------------------------------
 
     def role_of(self, tensor_name: str) -> Role:
-        return "gpu" if tensor_name in self._gpu_set else "cpu"
+        """Where one tensor goes (for many tensors, take :attr:`gpu_set` once)."""
+        return "gpu" if tensor_name in self.gpu_tensors else "cpu"
 
     @property
-    def _gpu_set(self) -> frozenset[str]:
-        # frozen model: cache on the instance dict is not allowed, a frozenset build is cheap
+    def gpu_set(self) -> frozenset[str]:
+        # not cached: model_copy(update=...) would carry a stale cache into the copy
         return frozenset(self.gpu_tensors)
 
     def uses_gpu(self) -> bool:

@@ -105,7 +105,7 @@ def compute_buffer_estimate(inv: ModelInventory, plan: Plan, wl: Workload) -> in
         act += a.n_head * ub * wl.n_ctx * 4
     staging = 0
     if plan.op_offload:
-        gpu = set(plan.gpu_tensors)
+        gpu = plan.gpu_set
         cpu_sizes = [t.n_bytes for t in inv.tensors if t.name not in gpu
                      and t.group != "token_embd"]
         staging = max(cpu_sizes, default=0)
@@ -118,7 +118,7 @@ def vram_by_category(
 ) -> dict[str, int]:
     if prof.gpu is None:
         return {"fixed": 0, "weights": 0, "kv": 0, "compute": 0, "margin": 0, "total": 0}
-    gpu = set(plan.gpu_tensors)
+    gpu = plan.gpu_set
     weights = sum(t.n_bytes for t in inv.tensors if t.name in gpu)
     layers = kv_gpu_layers(inv, plan, True)
     kv_all = inv.kv_bytes(wl.n_ctx, plan.type_k, plan.type_v, swa_full=True)
