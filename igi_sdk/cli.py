@@ -287,6 +287,62 @@ def cmd_plan(args: argparse.Namespace) -> int:
     return 0
 
 
+# --- sidecar ---------------------------------------------------------------------------------
+
+
+def cmd_serve(args: argparse.Namespace) -> int:
+    import logging
+
+    from igi_sdk.bridge import Server, ServerConfig
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    model_dir = Path(args.model_dir) if args.model_dir else None
+    model = args.model
+    if model_dir is None:
+        # default: serve the embedded model's directory, with that model loaded
+        from igi_sdk.model import default_model_path
+
+        default = default_model_path()
+        model_dir, model = default.parent, model or default.name
+    cfg = ServerConfig(
+        endpoint=args.endpoint, model_dir=model_dir,
+        save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
+        max_sessions=args.max_sessions, n_threads=args.threads, game_pid=args.game_pid,
+        curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
+        curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
+    )
+    try:
+        server = Server(cfg)
+    except ValueError as e:
+        raise IgiError(str(e)) from None
+    print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir})",
+          file=sys.stderr, flush=True)
+    server.serve_forever()
+    return 0
+
+
+def cmd_keys(args: argparse.Namespace) -> int:
+    import zmq.auth
+
+    out = Path(args.dir)
+    (out / "clients").mkdir(parents=True, exist_ok=True)
+    pub, sec = zmq.auth.create_certificates(str(out), "server")
+    cpub, csec = zmq.auth.create_certificates(str(out), args.client)
+    Path(cpub).replace(out / "clients" / Path(cpub).name)
+    print(f"server key pair: {sec} (keep secret), public: {pub}")
+    client_pub = out / "clients" / Path(cpub).name
+    print(f"client key pair: {csec} (give to the game), public: {client_pub}")
+    print(f"serve with: igi-sdk serve --endpoint tcp://0.0.0.0:5599 --curve-secret {sec} "
+          f"--curve-clients {out / 'clients'}")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from igi_sdk.bridge.demo import run_demo
+
+    return run_demo(endpoint=args.endpoint, max_tokens=args.max_tokens)
+
+
 # --- entry point ---------------------------------------------------------------------------------
 
 
@@ -333,6 +389,31 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--profile", help="a profile JSON (default: this machine's, measured once)")
     pl.add_argument("--json", help="write the chosen plan here")
     pl.set_defaults(fn=cmd_plan)
+
+    sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")
+    sv.add_argument("--endpoint", default="tcp://127.0.0.1:5599",
+                    help="tcp://127.0.0.1:PORT or ipc://PATH; other hosts need --curve-*")
+    sv.add_argument("--model-dir", help="the only directory load_model may read "
+                                        "(default: the embedded model's)")
+    sv.add_argument("--model", help="model to load at start, inside --model-dir")
+    sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
+    sv.add_argument("--ctx", type=int, default=4096)
+    sv.add_argument("--max-sessions", type=int, default=8)
+    sv.add_argument("--threads", type=int, default=0)
+    sv.add_argument("--game-pid", type=int, help="exit when this process ends")
+    sv.add_argument("--curve-secret", help="server certificate (secret) from `igi-sdk keys`")
+    sv.add_argument("--curve-clients", help="directory of allowed client public certificates")
+    sv.set_defaults(fn=cmd_serve)
+
+    k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")
+    k.add_argument("dir")
+    k.add_argument("--client", default="game")
+    k.set_defaults(fn=cmd_keys)
+
+    dm = sub.add_parser("demo", help="start a sidecar and play a short NPC scene over it")
+    dm.add_argument("--endpoint", default="")
+    dm.add_argument("--max-tokens", type=int, default=48)
+    dm.set_defaults(fn=cmd_demo)
 
     d = sub.add_parser("doctor", help="llama.cpp build, devices, NVML, default model")
     d.set_defaults(fn=cmd_doctor)

@@ -185,8 +185,12 @@ class Engine:
         grammar: str | None = None,
         json_schema: str | dict | None = None,
         ignore_eos: bool = False,
+        listener: Callable[[str, object], None] | None = None,
     ) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
+
+        ``listener(kind, payload)`` is called on the engine thread for each event of the reply
+        ("text", "done", "error"); it must be quick and must not call the engine.
 
         ``ignore_eos`` keeps generating past end-of-turn tokens (benchmarks want exact lengths)."""
         if max_tokens < 1:
@@ -195,7 +199,7 @@ class Engine:
             grammar = json_schema_grammar(json_schema)
         stops = tuple(s for s in stop if s)
         return self._call(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
-                                                   grammar, ignore_eos))
+                                                   grammar, ignore_eos, listener))
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
@@ -342,6 +346,7 @@ class Engine:
         stop: tuple[str, ...],
         grammar: str | None,
         ignore_eos: bool = False,
+        listener: Callable[[str, object], None] | None = None,
     ) -> Generation:
         s = self._get(sid)
         if s.turn is not None:
@@ -369,7 +374,7 @@ class Engine:
             raise PromptTooLongError(
                 f"this line is {len(feed)} tokens; the limit is {self.config.max_prompt_tokens}"
             )
-        handle = Generation(sid)
+        handle = Generation(sid, listener=listener)
         self._turn_counter += 1
         turn = _Turn(
             session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=len(feed),

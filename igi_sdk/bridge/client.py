@@ -1,0 +1,291 @@
+"""Python client of the sidecar (a DEALER socket), blocking and asyncio flavours.
+
+A client may be used from several threads: every socket operation holds one lock, and waiting
+for a reply polls in short slices so that ``ChatStream.cancel()`` from another thread gets in.
+ZeroMQ reconnects by itself (with back-off) when the sidecar restarts; the client notices a dead
+sidecar by its missing heartbeats, raises :class:`SidecarUnavailable`, and says hello again on
+the next request once a sidecar answers.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import threading
+import time
+from collections import defaultdict, deque
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import zmq
+import zmq.asyncio
+import zmq.auth
+
+from igi_sdk.bridge import protocol as P
+
+
+class BridgeError(Exception):
+    """The sidecar refused a request: ``code``, ``message``, ``retryable`` as on the wire."""
+
+    def __init__(self, code: str, message: str, retryable: bool = False) -> None:
+        super().__init__(f"[{code}] {message}")
+        self.code, self.message, self.retryable = code, message, retryable
+
+
+class SidecarUnavailable(BridgeError, TimeoutError):
+    """No answer (and no heartbeat) from the sidecar in time: it is down or restarting."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("unavailable", message, True)
+
+
+def _configure(sock: zmq.Socket, curve: dict[str, bytes] | None) -> None:
+    sock.setsockopt(zmq.LINGER, 0)
+    sock.setsockopt(zmq.RECONNECT_IVL, 100)
+    sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # exponential back-off up to 2 s
+    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
+    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    if curve:
+        sock.curve_serverkey = curve["server_public"]
+        sock.curve_publickey = curve["public"]
+        sock.curve_secretkey = curve["secret"]
+
+
+def curve_keys(client_secret_file: str | Path, server_public_file: str | Path) -> dict[str, bytes]:
+    """Keys for a CurveZMQ connection, from `igi-sdk keys` certificate files."""
+    public, secret = zmq.auth.load_certificate(str(client_secret_file))
+    server_public, _ = zmq.auth.load_certificate(str(server_public_file))
+    if secret is None:
+        raise ValueError(f"{client_secret_file} holds no secret key")
+    return {"public": public, "secret": secret, "server_public": server_public}
+
+
+class Client:
+    """Blocking client. ``timeout`` bounds every wait for the sidecar, in seconds."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
+                 engine: str = "python", game_pid: int | None = None,
+                 curve: dict[str, bytes] | None = None) -> None:
+        self.endpoint, self.timeout = endpoint, timeout
+        self._hello_body = {"protocol": P.PROTOCOL_VERSION, "engine": engine,
+                            "game_pid": game_pid, "client_name": f"pid{os.getpid()}"}
+        self._ids = itertools.count(1)
+        self._lock = threading.RLock()
+        self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
+        self._ctx = zmq.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock, curve)
+        self._sock.connect(endpoint)
+        self._last_heard = time.monotonic()
+        self._greeted = False
+
+    # --- plumbing ------------------------------------------------------------------------------
+
+    def close(self) -> None:
+        with self._lock:
+            self._sock.close(0)
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def send(self, msg_type: str, body: dict[str, Any] | None = None) -> int:
+        """Send a request; returns its id (replies come through :meth:`next_event`)."""
+        msg_id = next(self._ids)
+        with self._lock:
+            self._sock.send(P.encode(msg_id, msg_type, body or {}))
+        return msg_id
+
+    def next_event(self, msg_id: int, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
+        """The next (type, body) for request ``msg_id``; raises SidecarUnavailable on silence."""
+        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+        self._last_heard = time.monotonic()
+        while True:
+            with self._lock:
+                q = self._inbox.get(msg_id)
+                if q:
+                    return q.popleft()
+                if self._sock.poll(50, zmq.POLLIN):
+                    rid, rtype, body = P.decode_reply(self._sock.recv())
+                    self._last_heard = time.monotonic()
+                    if rtype != "heartbeat":
+                        self._inbox[rid].append((rtype, body))
+                    continue
+            now = time.monotonic()
+            if now > deadline or now - self._last_heard > max(3.0, min(self.timeout, 5.0)):
+                self._greeted = False  # a restarted sidecar will want a hello
+                raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
+
+    def request(self, msg_type: str, body: dict[str, Any] | None = None, *,
+                timeout: float | None = None) -> dict[str, Any]:
+        """Send and wait for the ``ok`` reply; raises BridgeError for an ``error`` reply."""
+        if msg_type != "hello" and not self._greeted:
+            self.hello()
+        for attempt in (0, 1):
+            msg_id = self.send(msg_type, body)
+            rtype, rbody = self.next_event(msg_id, timeout)
+            self._inbox.pop(msg_id, None)
+            if rtype == "ok":
+                return rbody
+            if rbody.get("code") == "hello_required" and attempt == 0 and msg_type != "hello":
+                self.hello()  # the sidecar restarted under us: greet it and retry once
+                continue
+            raise BridgeError(rbody.get("code", "error"), rbody.get("message", ""),
+                              bool(rbody.get("retryable")))
+        raise AssertionError("unreachable")
+
+    # --- API -----------------------------------------------------------------------------------
+
+    def hello(self) -> dict[str, Any]:
+        reply = self.request("hello", {k: v for k, v in self._hello_body.items()
+                                       if v is not None})
+        self._greeted = True
+        return reply
+
+    def wait_ready(self, timeout: float = 60.0) -> dict[str, Any]:
+        """Poll ``stats`` until a model is loaded (the sidecar may still be starting)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                st = self.request("stats", timeout=min(2.0, self.timeout))
+                if st.get("model") and not st.get("loading"):
+                    return st
+            except SidecarUnavailable:
+                pass
+            if time.monotonic() > deadline:
+                raise SidecarUnavailable("the sidecar did not become ready in time")
+            time.sleep(0.1)
+
+    def load_model(self, path: str, **options: Any) -> dict[str, Any]:
+        return self.request("load_model", {"path": path, **options}, timeout=max(self.timeout,
+                                                                                 300.0))
+
+    def open_session(self, system_prompt: str = "", **options: Any) -> str:
+        return self.request("open_session", {"system_prompt": system_prompt, **options})[
+            "session"]
+
+    def close_session(self, session: str) -> None:
+        self.request("close_session", {"session": session})
+
+    def save_session(self, session: str, name: str) -> dict[str, Any]:
+        return self.request("save_session", {"session": session, "name": name})
+
+    def restore_session(self, name: str) -> str:
+        return self.request("restore_session", {"name": name})["session"]
+
+    def frame(self, frame: int, frame_time_ms: float, **extra: Any) -> dict[str, Any]:
+        return self.request("frame", {"frame": frame, "frame_time_ms": frame_time_ms, **extra})
+
+    def reserve_vram(self, nbytes: int, deadline_frames: int) -> dict[str, Any]:
+        return self.request("reserve_vram", {"bytes": nbytes, "deadline_frames": deadline_frames})
+
+    def stats(self) -> dict[str, Any]:
+        return self.request("stats")
+
+    def shutdown(self) -> None:
+        self.request("shutdown")
+
+    def chat(self, session: str, text: str, **options: Any) -> ChatStream:
+        if not self._greeted:
+            self.hello()
+        msg_id = self.send("chat", {"session": session, "text": text, **options})
+        return ChatStream(self, msg_id)
+
+
+class ChatStream:
+    """Iterate for text pieces; ``done`` holds the final body; errors raise BridgeError."""
+
+    def __init__(self, client: Client, msg_id: int) -> None:
+        self.client, self.id = client, msg_id
+        self.done: dict[str, Any] | None = None
+        self.pieces: list[str] = []
+
+    def __iter__(self) -> Iterator[str]:
+        while self.done is None:
+            rtype, body = self.client.next_event(self.id)
+            if rtype == "token":
+                self.pieces.append(body["text"])
+                yield body["text"]
+            elif rtype == "done":
+                self.done = body
+            elif rtype == "error":
+                self.client._inbox.pop(self.id, None)
+                raise BridgeError(body.get("code", "error"), body.get("message", ""),
+                                  bool(body.get("retryable")))
+        self.client._inbox.pop(self.id, None)
+
+    def result(self) -> dict[str, Any]:
+        for _ in self:
+            pass
+        assert self.done is not None
+        return self.done
+
+    def cancel(self) -> bool:
+        """Ask the sidecar to stop this reply (the stream still ends with ``done``)."""
+        return bool(self.client.request("cancel", {"request": self.id}).get("cancelled"))
+
+
+class AsyncClient:
+    """asyncio client: ``await request(...)``; ``chat`` is an async iterator of text pieces."""
+
+    def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
+                 engine: str = "python-asyncio", curve: dict[str, bytes] | None = None) -> None:
+        self.endpoint, self.timeout = endpoint, timeout
+        self._ctx = zmq.asyncio.Context.instance()
+        self._sock = self._ctx.socket(zmq.DEALER)
+        _configure(self._sock, curve)
+        self._sock.connect(endpoint)
+        self._ids = itertools.count(1)
+        self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
+        self._engine = engine
+        self._greeted = False
+
+    def close(self) -> None:
+        self._sock.close(0)
+
+    async def _next(self, msg_id: int) -> tuple[str, dict[str, Any]]:
+        deadline = time.monotonic() + self.timeout
+        while not self._inbox.get(msg_id):
+            left = deadline - time.monotonic()
+            if left <= 0 or not await self._sock.poll(int(left * 1000), zmq.POLLIN):
+                self._greeted = False
+                raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
+            rid, rtype, body = P.decode_reply(await self._sock.recv())
+            if rtype != "heartbeat":
+                self._inbox[rid].append((rtype, body))
+            deadline = time.monotonic() + self.timeout
+        return self._inbox[msg_id].popleft()
+
+    async def request(self, msg_type: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        if msg_type != "hello" and not self._greeted:
+            await self.request("hello", {"protocol": P.PROTOCOL_VERSION, "engine": self._engine})
+            self._greeted = True
+        msg_id = next(self._ids)
+        await self._sock.send(P.encode(msg_id, msg_type, body or {}))
+        rtype, rbody = await self._next(msg_id)
+        self._inbox.pop(msg_id, None)
+        if rtype != "ok":
+            raise BridgeError(rbody.get("code", "error"), rbody.get("message", ""),
+                              bool(rbody.get("retryable")))
+        return rbody
+
+    async def chat(self, session: str, text: str, **options: Any):
+        if not self._greeted:
+            await self.request("ping")
+        msg_id = next(self._ids)
+        await self._sock.send(P.encode(msg_id, "chat", {"session": session, "text": text,
+                                                       **options}))
+        while True:
+            rtype, body = await self._next(msg_id)
+            if rtype == "token":
+                yield body["text"]
+            elif rtype == "done":
+                self._inbox.pop(msg_id, None)
+                return
+            elif rtype == "error":
+                self._inbox.pop(msg_id, None)
+                raise BridgeError(body.get("code", "error"), body.get("message", ""),
+                                  bool(body.get("retryable")))

@@ -1,0 +1,223 @@
+"""The sidecar's wire protocol: message schemas, framing and typed errors.
+
+Every message is ONE ZeroMQ frame holding a msgpack map ``{v, id, type, body}`` (a ROUTER adds
+the peer's identity frame, which clients never see). Requests carry a client-chosen ``id``;
+every reply and stream event carries the ``id`` of the request it answers. Bodies are validated
+by the pydantic models below (unknown fields are rejected); ``bridge/schema/`` is exported from
+them and ``bridge/PROTOCOL.md`` is the normative description.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+PROTOCOL_VERSION = 1
+
+# Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
+MAX_MESSAGE_BYTES = 1 << 20
+MAX_TEXT_CHARS = 32_000
+MAX_ID = 2**53  # JSON-safe integers for engines whose scripting languages use doubles
+MAX_TOKENS = 4096
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
+Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+# --- request bodies ------------------------------------------------------------------------------
+
+
+class Hello(Strict):
+    protocol: int = Field(ge=1)
+    engine: Annotated[str, Field(max_length=64)] = "unknown"
+    game_pid: int | None = Field(None, ge=1, le=2**31)
+    client_name: Annotated[str, Field(max_length=64)] = ""
+
+
+class LoadModel(Strict):
+    path: Annotated[str, Field(min_length=1, max_length=1024)]  # relative to the model directory
+    vram_budget: int | None = Field(None, ge=0, le=2**50)
+    n_ctx: int = Field(4096, ge=256, le=131_072)
+    max_sessions: int = Field(8, ge=1, le=64)
+
+
+class Sampling(Strict):
+    temperature: float = Field(0.7, ge=0.0, le=5.0, allow_inf_nan=False)
+    top_p: float = Field(0.95, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int = Field(40, ge=0, le=100_000)
+    min_p: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False)
+    repeat_penalty: float = Field(1.1, ge=0.5, le=3.0, allow_inf_nan=False)
+    seed: int = Field(0, ge=0, le=2**32 - 1)
+
+
+class OpenSession(Strict):
+    system_prompt: Text = ""
+    persona: Annotated[str, Field(max_length=128)] = ""
+    sampling: Sampling = Sampling()
+    priority: int = Field(0, ge=-100, le=100)
+
+
+class Chat(Strict):
+    session: Name
+    text: Text
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=8)
+    grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    json_schema: dict[str, Any] | None = None
+
+
+class Cancel(Strict):
+    request: int = Field(ge=0, le=MAX_ID)  # the id of the chat to stop
+
+
+class SessionRef(Strict):
+    session: Name
+
+
+class SaveSession(Strict):
+    session: Name
+    name: Name  # file name inside the sidecar's save directory
+
+
+class RestoreSession(Strict):
+    name: Name
+
+
+class Frame(Strict):
+    frame: int = Field(ge=0)
+    frame_time_ms: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
+    target_frame_time_ms: float | None = Field(None, gt=0.0, le=1000.0, allow_inf_nan=False)
+    vram_used: int | None = Field(None, ge=0, le=2**50)
+    vram_budget: int | None = Field(None, ge=0, le=2**50)
+
+
+class ReserveVram(Strict):
+    bytes: int = Field(ge=0, le=2**50)
+    deadline_frames: int = Field(ge=0, le=100_000)
+
+
+class Empty(Strict):
+    pass
+
+
+REQUESTS: dict[str, type[Strict]] = {
+    "hello": Hello,
+    "ping": Empty,
+    "load_model": LoadModel,
+    "open_session": OpenSession,
+    "chat": Chat,
+    "cancel": Cancel,
+    "save_session": SaveSession,
+    "restore_session": RestoreSession,
+    "close_session": SessionRef,
+    "frame": Frame,
+    "reserve_vram": ReserveVram,
+    "stats": Empty,
+    "shutdown": Empty,
+}
+
+# Replies / events the sidecar sends (type -> meaning); bodies are plain maps documented in
+# PROTOCOL.md: "ok" (a request's result), "token" (one streamed piece), "done" (end of a
+# stream), "error" (typed failure), "heartbeat" (liveness, id 0).
+REPLY_TYPES = ("ok", "token", "done", "error", "heartbeat")
+
+
+# --- errors --------------------------------------------------------------------------------------
+
+
+class ProtocolError(Exception):
+    """A request the sidecar refuses; becomes an ``error`` reply with these fields."""
+
+    def __init__(self, code: str, message: str, *, retryable: bool = False) -> None:
+        super().__init__(message)
+        self.code, self.message, self.retryable = code, message, retryable
+
+    def body(self) -> dict[str, Any]:
+        return {"code": self.code, "message": self.message, "retryable": self.retryable}
+
+
+# --- framing -------------------------------------------------------------------------------------
+
+
+def encode(msg_id: int, msg_type: str, body: dict[str, Any] | None = None) -> bytes:
+    return msgpack.packb(
+        {"v": PROTOCOL_VERSION, "id": msg_id, "type": msg_type, "body": body or {}},
+        use_bin_type=True,
+    )
+
+
+def decode_envelope(frame: bytes) -> tuple[int, str, dict[str, Any]]:
+    """(id, type, raw body) of a request, or ProtocolError. The id is returned as soon as it is
+    known, so even a malformed body can be answered against the right request (see
+    :func:`parse_request`)."""
+    try:
+        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES,
+                              max_str_len=MAX_MESSAGE_BYTES, max_array_len=4096, max_map_len=256)
+    except Exception as e:  # noqa: BLE001 - msgpack raises many types for garbage input
+        raise ProtocolError("malformed", f"not a msgpack message: {type(e).__name__}") from None
+    if not isinstance(msg, dict):
+        raise ProtocolError("malformed", "a message must be a msgpack map {v, id, type, body}")
+    msg_id = msg.get("id")
+    if not isinstance(msg_id, int) or isinstance(msg_id, bool) or not 0 <= msg_id <= MAX_ID:
+        raise ProtocolError("malformed", "'id' must be an integer from 0 to 2^53")
+    extra = set(msg) - {"v", "id", "type", "body"}
+    if extra:
+        raise ProtocolError("malformed", f"unknown envelope fields: {sorted(extra)}")
+    if msg.get("v") != PROTOCOL_VERSION:
+        raise ProtocolError("unsupported_version",
+                            f"protocol version {msg.get('v')!r} is not supported; "
+                            f"this sidecar speaks {PROTOCOL_VERSION}")
+    msg_type = msg.get("type")
+    if not isinstance(msg_type, str) or msg_type not in REQUESTS:
+        raise ProtocolError("unknown_type", f"unknown message type {msg_type!r}; expected one of "
+                                            f"{sorted(REQUESTS)}")
+    body = msg.get("body", {})
+    if not isinstance(body, dict):
+        raise ProtocolError("malformed", "'body' must be a map")
+    return msg_id, msg_type, body
+
+
+class EnvelopeError(ProtocolError):
+    """A ProtocolError that knows which request id it answers (0 if unknown)."""
+
+    def __init__(self, msg_id: int, err: ProtocolError) -> None:
+        super().__init__(err.code, err.message, retryable=err.retryable)
+        self.msg_id = msg_id
+
+
+def parse_request(frame: bytes) -> tuple[int, str, Strict]:
+    """Validate a request frame; raises EnvelopeError carrying the id to answer."""
+    try:
+        msg_id, msg_type, body = decode_envelope(frame)
+    except ProtocolError as e:
+        raise EnvelopeError(_best_effort_id(frame), e) from None
+    try:
+        return msg_id, msg_type, REQUESTS[msg_type].model_validate(body)
+    except ValidationError as e:
+        parts = [f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}"
+                 for err in e.errors()[:5]]
+        raise EnvelopeError(msg_id, ProtocolError(
+            "invalid_body", f"invalid '{msg_type}' body: " + "; ".join(parts))) from None
+
+
+def _best_effort_id(frame: bytes) -> int:
+    try:
+        msg = msgpack.unpackb(frame, raw=False, max_array_len=16, max_map_len=16)
+        i = msg.get("id") if isinstance(msg, dict) else None
+        return i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID else 0
+    except Exception:  # noqa: BLE001 - garbage: no id to answer
+        return 0
+
+
+def decode_reply(frame: bytes) -> tuple[int, str, dict[str, Any]]:
+    """Client side: (id, type, body) of a sidecar message."""
+    msg = msgpack.unpackb(frame, raw=False)
+    return int(msg["id"]), str(msg["type"]), dict(msg.get("body") or {})

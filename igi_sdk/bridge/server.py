@@ -1,0 +1,496 @@
+"""The sidecar: a ZeroMQ ROUTER that serves the protocol over an Engine.
+
+One socket thread owns the ROUTER and answers every request at once; generation runs on the
+engine thread, whose events come back through an ``inproc`` PULL socket (each producing thread
+pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe). Loading a model
+runs on a worker thread, so ``stats`` and the heartbeats keep flowing meanwhile.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import threading
+import time
+import uuid
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import zmq
+import zmq.auth
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.errors import IgiError
+
+log = logging.getLogger("igi_sdk.bridge")
+
+_EVENTS = "inproc://igi-events"
+_SESSION_SUFFIX = ".igisession"
+
+
+@dataclass
+class ServerConfig:
+    endpoint: str = "tcp://127.0.0.1:5599"
+    model_dir: Path = field(default_factory=Path.cwd)
+    save_dir: Path | None = None  # default: <model_dir>/sessions
+    model: str | None = None  # loaded at start (relative to model_dir or absolute inside it)
+    n_ctx: int = 4096
+    max_sessions: int = 8
+    n_threads: int = 0
+    max_sessions_per_client: int = 8
+    max_streams_per_client: int = 4
+    heartbeat_s: float = 1.0
+    game_pid: int | None = None
+    curve_secret_file: Path | None = None  # server key pair (zmq.auth certificate)
+    curve_clients_dir: Path | None = None  # allowed client public certificates
+
+
+def is_loopback(endpoint: str) -> bool:
+    """ipc:// and inproc:// never leave the machine; tcp:// only to 127.0.0.0/8 or ::1."""
+    if endpoint.startswith(("ipc://", "inproc://")):
+        return True
+    host = urlparse(endpoint).hostname or ""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+@dataclass
+class _Client:
+    identity: bytes
+    name: str = ""
+    engine: str = ""
+    sessions: set[str] = field(default_factory=set)
+    streams: dict[int, Any] = field(default_factory=dict)  # chat request id -> Generation
+    last_seen: float = field(default_factory=time.monotonic)
+
+
+class Server:
+    def __init__(self, config: ServerConfig) -> None:
+        self.cfg = config
+        self.model_dir = config.model_dir.resolve()
+        self.save_dir = (config.save_dir or self.model_dir / "sessions").resolve()
+        self.ctx = zmq.Context.instance()
+        self.engine: Any = None
+        self.model_name: str | None = None
+        self.loading = False
+        self.clients: dict[bytes, _Client] = {}
+        self.stopping = threading.Event()
+        self.stats: dict[str, Any] = {"requests": 0, "errors": 0, "started": time.time()}
+        self.last_frame: dict[str, Any] | None = None
+        self.reservations: list[dict[str, Any]] = []
+        self._local = threading.local()
+        self._streams_lock = threading.Lock()
+        self._auth: Any = None
+        self.router = self._bind()
+        self.events = self.ctx.socket(zmq.PULL)
+        self.events.bind(_EVENTS + uuid.uuid4().hex)
+        self._events_addr = self.events.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.bound = self.router.getsockopt_string(zmq.LAST_ENDPOINT)
+
+    # --- setup -------------------------------------------------------------------------------
+
+    def _bind(self) -> zmq.Socket:
+        cfg = self.cfg
+        secure = cfg.curve_secret_file is not None
+        if not is_loopback(cfg.endpoint) and not secure:
+            raise ValueError(f"refusing to bind {cfg.endpoint}: a non-loopback endpoint needs "
+                             "CurveZMQ keys (--curve-secret and --curve-clients; see "
+                             "`igi-sdk keys`)")
+        sock = self.ctx.socket(zmq.ROUTER)
+        sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
+        sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not raise here
+        sock.setsockopt(zmq.SNDHWM, 10_000)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.heartbeat_s * 1000))
+        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.heartbeat_s * 5000))
+        if secure:
+            self._auth = _start_auth(self.ctx, cfg.curve_clients_dir)
+            public, secret = zmq.auth.load_certificate(str(cfg.curve_secret_file))
+            if secret is None:
+                raise ValueError(f"{cfg.curve_secret_file} holds no secret key")
+            sock.curve_secretkey = secret
+            sock.curve_publickey = public
+            sock.curve_server = True
+        sock.bind(cfg.endpoint)
+        return sock
+
+    # --- main loop ---------------------------------------------------------------------------
+
+    def serve_forever(self) -> None:
+        if self.cfg.model:
+            self._start_load(None, 0, P.LoadModel(path=self.cfg.model, n_ctx=self.cfg.n_ctx,
+                                                  max_sessions=self.cfg.max_sessions))
+        if self.cfg.game_pid:
+            threading.Thread(target=self._watch_pid, args=(self.cfg.game_pid,), daemon=True,
+                             name="igi-pid-watch").start()
+        poller = zmq.Poller()
+        poller.register(self.router, zmq.POLLIN)
+        poller.register(self.events, zmq.POLLIN)
+        next_beat = time.monotonic() + self.cfg.heartbeat_s
+        try:
+            while not self.stopping.is_set():
+                timeout = max(0.0, next_beat - time.monotonic())
+                ready = dict(poller.poll(timeout * 1000))
+                if self.events in ready:
+                    self._drain_events()
+                if self.router in ready:
+                    self._drain_requests()
+                if time.monotonic() >= next_beat:
+                    self._heartbeat()
+                    next_beat = time.monotonic() + self.cfg.heartbeat_s
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        self.stopping.set()
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            try:
+                eng.close()
+            except Exception:
+                log.exception("engine close failed")
+        self.router.close(0)
+        self.events.close(0)
+        if self._auth is not None:
+            self._auth.stop()
+
+    def _drain_requests(self) -> None:
+        while True:
+            try:
+                frames = self.router.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if len(frames) != 2:
+                continue  # not a DEALER peer speaking one frame per message: nothing to answer
+            identity, frame = frames
+            self._handle(identity, frame)
+
+    def _drain_events(self) -> None:
+        while True:
+            try:
+                identity, frame = self.events.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            if identity == b"":  # internal control message
+                if frame == b"stop":
+                    self.stopping.set()
+                continue
+            self.router.send_multipart([identity, frame])
+
+    def _heartbeat(self) -> None:
+        now = time.monotonic()
+        for ident, c in list(self.clients.items()):
+            if now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams:
+                del self.clients[ident]  # silent for 30 beats: forget the connection, not
+                continue                 # its sessions (they stay until closed)
+            self.router.send_multipart([ident, P.encode(0, "heartbeat", {"t": time.time()})])
+
+    # --- requests ------------------------------------------------------------------------------
+
+    def _handle(self, identity: bytes, frame: bytes) -> None:
+        self.stats["requests"] += 1
+        try:
+            msg_id, msg_type, body = P.parse_request(frame)
+        except P.EnvelopeError as e:
+            self._error(identity, e.msg_id, e)
+            return
+        client = self.clients.get(identity)
+        if client is not None:
+            client.last_seen = time.monotonic()
+        try:
+            if msg_type == "hello":
+                reply = self._hello(identity, body)  # type: ignore[arg-type]
+            elif client is None:
+                raise P.ProtocolError("hello_required", "say hello first (protocol version)",
+                                      retryable=True)
+            else:
+                handler = getattr(self, f"_on_{msg_type}")
+                reply = handler(client, msg_id, body)
+        except P.ProtocolError as e:
+            self._error(identity, msg_id, e)
+            return
+        except IgiError as e:
+            self._error(identity, msg_id, P.ProtocolError(e.code, e.message,
+                                                          retryable=e.retryable))
+            return
+        except Exception as e:
+            log.exception("request %s failed", msg_type)
+            self._error(identity, msg_id, P.ProtocolError("internal", f"internal error: {e}"))
+            return
+        if reply is not None:
+            self.router.send_multipart([identity, P.encode(msg_id, "ok", reply)])
+
+    def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None:
+        self.stats["errors"] += 1
+        self.router.send_multipart([identity, P.encode(msg_id, "error", e.body())])
+
+    def _hello(self, identity: bytes, body: P.Hello) -> dict[str, Any]:
+        if body.protocol != P.PROTOCOL_VERSION:
+            raise P.ProtocolError("unsupported_version",
+                                  f"this sidecar speaks protocol {P.PROTOCOL_VERSION}, "
+                                  f"the client {body.protocol}")
+        c = self.clients.setdefault(identity, _Client(identity))
+        c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
+        if body.game_pid and not self.cfg.game_pid:
+            self.cfg.game_pid = body.game_pid
+            threading.Thread(target=self._watch_pid, args=(body.game_pid,), daemon=True,
+                             name="igi-pid-watch").start()
+        return {"protocol": P.PROTOCOL_VERSION, "model": self.model_name,
+                "loading": self.loading, "limits": {
+                    "max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
+                    "max_tokens": P.MAX_TOKENS,
+                    "max_sessions_per_client": self.cfg.max_sessions_per_client,
+                    "max_streams_per_client": self.cfg.max_streams_per_client}}
+
+    def _on_ping(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+        return {"t": time.time()}
+
+    def _need_engine(self) -> Any:
+        if self.engine is None:
+            if self.loading:
+                raise P.ProtocolError("loading", "the model is still loading", retryable=True)
+            raise P.ProtocolError("no_model", "no model is loaded; send load_model first")
+        return self.engine
+
+    def _resolve_model(self, path: str) -> Path:
+        candidate = (self.model_dir / path).resolve()
+        if not candidate.is_relative_to(self.model_dir):
+            raise P.ProtocolError("forbidden_path", f"'{path}' is outside the model directory")
+        if not candidate.is_file():
+            raise P.ProtocolError("model_not_found", f"no model file '{path}' in the model "
+                                                     "directory")
+        return candidate
+
+    def _on_load_model(self, c: _Client, msg_id: int, body: P.LoadModel) -> None:
+        if self.loading:
+            raise P.ProtocolError("loading", "a model is already loading", retryable=True)
+        self._resolve_model(body.path)  # refuse bad paths synchronously
+        self._start_load(c.identity, msg_id, body)
+        return None  # answered when the load finishes
+
+    def _start_load(self, identity: bytes | None, msg_id: int, body: P.LoadModel) -> None:
+        path = self._resolve_model(body.path)
+        self.loading = True
+        threading.Thread(target=self._load, args=(identity, msg_id, body, path), daemon=True,
+                         name="igi-load").start()
+
+    def _load(self, identity: bytes | None, msg_id: int, body: P.LoadModel, path: Path) -> None:
+        from igi_sdk.planner import Plan
+        from igi_sdk.runtime import Engine, EngineConfig
+
+        try:
+            old, self.engine = self.engine, None
+            if old is not None:
+                old.close()
+                for c in self.clients.values():
+                    c.sessions.clear()
+            cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
+                               n_threads=self.cfg.n_threads)
+            self.engine = Engine(path, Plan.all_cpu() if body.vram_budget is None else
+                                 _planned(path, body, cfg), cfg)
+            self.model_name = path.name
+            reply = P.encode(msg_id, "ok", {"model": path.name,
+                                            "memory": self.engine.memory()})
+        except IgiError as e:
+            reply = P.encode(msg_id, "error", P.ProtocolError(e.code, e.message,
+                                                              retryable=e.retryable).body())
+        except Exception as e:
+            log.exception("load failed")
+            reply = P.encode(msg_id, "error", {"code": "model_load_failed", "message": str(e),
+                                                "retryable": False})
+        finally:
+            self.loading = False
+        if identity is not None:
+            self._push(identity, reply)
+
+    def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> dict[str, Any]:
+        from igi_sdk.runtime import SamplingParams
+
+        eng = self._need_engine()
+        if len(c.sessions) >= self.cfg.max_sessions_per_client:
+            raise P.ProtocolError("too_many_sessions", f"this client already has "
+                                  f"{len(c.sessions)} sessions; close one first", retryable=True)
+        s = body.sampling
+        sid = eng.open_session(body.system_prompt or None, priority=body.priority,
+                               sampling=SamplingParams(**s.model_dump(), repeat_last_n=64))
+        c.sessions.add(sid)
+        return {"session": sid}
+
+    def _owned(self, c: _Client, sid: str) -> str:
+        if sid not in c.sessions:
+            raise P.ProtocolError("unknown_session", f"no session '{sid}' for this client")
+        return sid
+
+    def _on_chat(self, c: _Client, msg_id: int, body: P.Chat) -> None:
+        eng = self._need_engine()
+        sid = self._owned(c, body.session)
+        if msg_id in c.streams:
+            raise P.ProtocolError("duplicate_id", f"request id {msg_id} is already streaming")
+        if len(c.streams) >= self.cfg.max_streams_per_client:
+            raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
+                                  "this client; wait for one to finish", retryable=True)
+        identity = c.identity
+        seq = [0]
+        lock = self._streams_lock
+
+        def listener(kind: str, payload: object) -> None:  # runs on the engine thread
+            if kind == "text":
+                seq[0] += 1
+                self._push(identity, P.encode(msg_id, "token", {"text": payload, "i": seq[0]}))
+                return
+            with lock:
+                c.streams.pop(msg_id, None)
+            if kind == "done":
+                r = payload
+                self._push(identity, P.encode(msg_id, "done", {
+                    "text": r.text, "finish_reason": r.finish_reason,  # type: ignore[attr-defined]
+                    "usage": {"prompt_tokens": r.prompt_tokens,  # type: ignore[attr-defined]
+                              "completion_tokens": r.completion_tokens},  # type: ignore[attr-defined]
+                    "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}}))  # type: ignore[attr-defined]
+            else:
+                err = payload
+                code = getattr(err, "code", "inference_failed")
+                self._push(identity, P.encode(msg_id, "error", {
+                    "code": code, "message": str(err),
+                    "retryable": bool(getattr(err, "retryable", False))}))
+
+        with lock:  # reserve the slot first: a reply can finish before chat() returns
+            c.streams[msg_id] = None
+        try:
+            gen = eng.chat(sid, body.text, max_tokens=body.max_tokens, stop=body.stop,
+                           grammar=body.grammar, json_schema=body.json_schema, listener=listener)
+        except BaseException:
+            with lock:
+                c.streams.pop(msg_id, None)
+            raise
+        with lock:
+            if msg_id in c.streams:
+                c.streams[msg_id] = gen
+        return None  # the stream answers
+
+    def _on_cancel(self, c: _Client, msg_id: int, body: P.Cancel) -> dict[str, Any]:
+        gen = c.streams.get(body.request)
+        if gen is not None:
+            gen.cancel()
+        return {"cancelled": gen is not None}
+
+    def _on_close_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
+        self._need_engine().close_session(self._owned(c, body.session))
+        c.sessions.discard(body.session)
+        return {}
+
+    def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> dict[str, Any]:
+        eng = self._need_engine()
+        self.save_dir.mkdir(parents=True, exist_ok=True)
+        path = self.save_dir / (body.name + _SESSION_SUFFIX)
+        eng.save_session(self._owned(c, body.session), path)
+        return {"name": body.name, "bytes": path.stat().st_size}
+
+    def _on_restore_session(self, c: _Client, msg_id: int,
+                            body: P.RestoreSession) -> dict[str, Any]:
+        eng = self._need_engine()
+        if len(c.sessions) >= self.cfg.max_sessions_per_client:
+            raise P.ProtocolError("too_many_sessions", "close a session first", retryable=True)
+        path = self.save_dir / (body.name + _SESSION_SUFFIX)
+        if not path.is_file():
+            raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'")
+        sid = eng.load_session(path)
+        c.sessions.add(sid)
+        return {"session": sid}
+
+    def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
+        self.last_frame = body.model_dump()
+        return {}
+
+    def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> dict[str, Any]:
+        self.reservations.append(body.model_dump())
+        del self.reservations[:-16]
+        return {"recorded": True}
+
+    def _on_stats(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+        eng = self.engine
+        out: dict[str, Any] = {
+            "model": self.model_name, "loading": self.loading, "clients": len(self.clients),
+            "uptime_s": time.time() - self.stats["started"], "requests": self.stats["requests"],
+            "errors": self.stats["errors"], "last_frame": self.last_frame,
+            "reservations": self.reservations[-4:],
+        }
+        if eng is not None:
+            out.update(sessions=len(eng.sessions()), plan=eng.plan.name, memory=eng.memory(),
+                       reshards=eng.reshard_count)
+        return out
+
+    def _on_shutdown(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+        self._push(b"", b"stop")  # after the reply below is sent
+        return {}
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _push(self, identity: bytes, frame: bytes) -> None:
+        """Queue a message for the socket thread (any thread may call this)."""
+        sock = getattr(self._local, "push", None)
+        if sock is None:
+            sock = self.ctx.socket(zmq.PUSH)
+            sock.setsockopt(zmq.LINGER, 1000)
+            sock.connect(self._events_addr)
+            self._local.push = sock
+        sock.send_multipart([identity, frame])
+
+    def _watch_pid(self, pid: int) -> None:
+        """The sidecar must not outlive the game: exit within 2 s of its process ending."""
+        while not self.stopping.is_set():
+            if not _alive(pid):
+                log.warning("game process %d is gone; shutting down", pid)
+                self._push(b"", b"stop")
+                return
+            time.sleep(0.25)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    # a zombie (exited, not yet reaped by its parent) is gone as far as the game goes
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _planned(path: Path, body: P.LoadModel, cfg: Any) -> Any:
+    from igi_sdk.model import read_inventory
+    from igi_sdk.planner import Plan, Workload
+    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.runtime import list_devices
+    from igi_sdk.runtime.autoplan import plan_checked
+    from igi_sdk.runtime.loader import ContextSettings
+
+    if not any(d.is_gpu for d in list_devices()):
+        return Plan.all_cpu()
+    inv = read_inventory(path)
+    prof = load_or_measure(fast=True)
+    wl = Workload(n_ctx=body.n_ctx, prompt_tokens=max(64, body.n_ctx // 4))
+    settings = ContextSettings(body.n_ctx, body.max_sessions, 512, cfg.n_threads)
+    return plan_checked(path, inv, prof, body.vram_budget, wl, settings).best
+
+
+def _start_auth(ctx: zmq.Context, clients_dir: Path | None) -> Any:
+    from zmq.auth.thread import ThreadAuthenticator
+
+    if clients_dir is None:
+        raise ValueError("CurveZMQ needs --curve-clients: a directory of allowed client keys")
+    auth = ThreadAuthenticator(ctx)
+    auth.start()
+    auth.configure_curve(domain="*", location=str(clients_dir))
+    return auth
