@@ -124,9 +124,17 @@ class Server:
     # --- main loop ---------------------------------------------------------------------------
 
     def serve_forever(self) -> None:
-        if self.cfg.model:
-            self._start_load(None, 0, P.LoadModel(path=self.cfg.model, n_ctx=self.cfg.n_ctx,
-                                                  max_sessions=self.cfg.max_sessions))
+        if self.cfg.model:  # fail fast: a sidecar started with a model it cannot load exits
+            body = P.LoadModel(path=self.cfg.model, n_ctx=self.cfg.n_ctx,
+                               max_sessions=self.cfg.max_sessions)
+            try:
+                self._open_engine(self._resolve_model(body.path), body)
+            except P.ProtocolError as e:
+                self.close()
+                raise IgiError(e.message) from None
+            except BaseException:
+                self.close()
+                raise
         if self.cfg.game_pid:
             threading.Thread(target=self._watch_pid, args=(self.cfg.game_pid,), daemon=True,
                              name="igi-pid-watch").start()
@@ -282,20 +290,8 @@ class Server:
                          name="igi-load").start()
 
     def _load(self, identity: bytes | None, msg_id: int, body: P.LoadModel, path: Path) -> None:
-        from igi_sdk.planner import Plan
-        from igi_sdk.runtime import Engine, EngineConfig
-
         try:
-            old, self.engine = self.engine, None
-            if old is not None:
-                old.close()
-                for c in self.clients.values():
-                    c.sessions.clear()
-            cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
-                               n_threads=self.cfg.n_threads)
-            self.engine = Engine(path, Plan.all_cpu() if body.vram_budget is None else
-                                 _planned(path, body, cfg), cfg)
-            self.model_name = path.name
+            self._open_engine(path, body)
             reply = P.encode(msg_id, "ok", {"model": path.name,
                                             "memory": self.engine.memory()})
         except IgiError as e:
@@ -309,6 +305,21 @@ class Server:
             self.loading = False
         if identity is not None:
             self._push(identity, reply)
+
+    def _open_engine(self, path: Path, body: P.LoadModel) -> None:
+        from igi_sdk.planner import Plan
+        from igi_sdk.runtime import Engine, EngineConfig
+
+        old, self.engine = self.engine, None
+        if old is not None:  # a new model: the old sessions cannot follow it
+            old.close()
+            for c in self.clients.values():
+                c.sessions.clear()
+        cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
+                           n_threads=self.cfg.n_threads)
+        plan = Plan.all_cpu() if body.vram_budget is None else _planned(path, body, cfg)
+        self.engine = Engine(path, plan, cfg)
+        self.model_name = path.name
 
     def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> dict[str, Any]:
         from igi_sdk.runtime import SamplingParams

@@ -1,0 +1,382 @@
+"""The real sidecar on loopback (a child process) and the Python client talking to it."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import msgpack
+import pytest
+import zmq
+
+from igi_sdk.bridge import BridgeError, Client, SidecarUnavailable
+from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.server import is_loopback
+
+GREEDY = {"temperature": 0.0, "seed": 1}
+
+
+def start_sidecar(model_dir: Path, endpoint: str, *extra: str) -> subprocess.Popen:
+    cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
+           "--model-dir", str(model_dir), "--ctx", "2048", "--threads", "2", *extra]
+    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory, default_model, tiny_llama) -> Path:
+    d = tmp_path_factory.mktemp("models")
+    shutil.copy(default_model, d / "smol.gguf")  # a symlink out of the directory is refused
+    os.symlink(default_model, d / "escape.gguf")
+    shutil.copy(tiny_llama, d / "tiny.gguf")
+    (d / "notes.txt").write_text("not a model")
+    return d
+
+
+@pytest.fixture(scope="module")
+def sidecar(model_dir, tmp_path_factory):
+    endpoint = f"ipc://{tmp_path_factory.mktemp('ipc') / 's.sock'}"
+    proc = start_sidecar(model_dir, endpoint, "--model", "smol.gguf")
+    client = Client(endpoint, timeout=60)
+    client.wait_ready(60)
+    yield endpoint, proc
+    client.close()
+    stop(proc)
+
+
+@pytest.fixture
+def client(sidecar):
+    c = Client(sidecar[0], timeout=60)
+    yield c
+    c.close()
+
+
+def test_every_request_type_round_trips(client, sidecar) -> None:
+    hello = client.hello()
+    assert hello["protocol"] == P.PROTOCOL_VERSION and hello["model"] == "smol.gguf"
+    assert client.request("ping")["t"] > 0
+    sid = client.open_session("You are a guard.", sampling=GREEDY, priority=2)
+    done = client.chat(sid, "Halt! Who goes there?", max_tokens=12).result()
+    assert done["usage"]["completion_tokens"] > 0 and done["text"]
+    assert client.frame(1, 16.6, vram_used=10**9, vram_budget=4 * 10**9) == {}
+    assert client.reserve_vram(10**9, 30)["recorded"] is True
+    assert client.save_session(sid, "guard")["bytes"] > 1000
+    restored = client.restore_session("guard")
+    assert restored != sid
+    stats = client.stats()
+    assert stats["sessions"] >= 2 and stats["last_frame"]["frame"] == 1 and stats["model"]
+    assert client.request("cancel", {"request": 999})["cancelled"] is False
+    client.close_session(sid)
+    client.close_session(restored)
+
+
+def test_stream_order_and_text(client) -> None:
+    sid = client.open_session("You are a bard.", sampling=GREEDY)
+    msg_id = client.send("chat", {"session": sid, "text": "Sing me a short song.",
+                                  "max_tokens": 24})
+    seen, text = [], []
+    while True:
+        rtype, body = client.next_event(msg_id)
+        if rtype == "token":
+            seen.append(body["i"])
+            text.append(body["text"])
+        else:
+            assert rtype == "done"
+            break
+    assert seen == list(range(1, len(seen) + 1))  # in order, none lost or repeated
+    assert "".join(text) == body["text"]
+    client.close_session(sid)
+
+
+def test_cancel_mid_stream(client) -> None:
+    sid = client.open_session("You are a storyteller.", sampling={"seed": 3})
+    stream = client.chat(sid, "Tell me a very long tale.", max_tokens=400)
+    for n, _ in enumerate(stream):
+        if n == 3:
+            assert stream.cancel() is True
+    assert stream.done["finish_reason"] == "cancelled"
+    assert stream.done["usage"]["completion_tokens"] < 400
+    client.close_session(sid)
+
+
+def test_two_clients_sessions_are_isolated(sidecar) -> None:
+    a, b = Client(sidecar[0], timeout=60), Client(sidecar[0], timeout=60)
+    try:
+        sid = a.open_session("x", sampling=GREEDY)
+        with pytest.raises(BridgeError) as e:
+            b.chat(sid, "hello").result()
+        assert e.value.code == "unknown_session"
+        with pytest.raises(BridgeError):
+            b.close_session(sid)
+        assert a.chat(sid, "hello", max_tokens=4).result()["usage"]["completion_tokens"] > 0
+        a.close_session(sid)
+    finally:
+        a.close()
+        b.close()
+
+
+def test_typed_errors_and_unsafe_paths(client) -> None:
+    for path in ("../../etc/passwd", "/etc/passwd", "sub/../../x.gguf", "escape.gguf"):
+        with pytest.raises(BridgeError) as e:
+            client.load_model(path)
+        assert e.value.code == "forbidden_path"
+    with pytest.raises(BridgeError) as e:
+        client.load_model("missing.gguf")
+    assert e.value.code == "model_not_found"
+    with pytest.raises(BridgeError) as e:
+        client.request("chat", {"session": "nope", "text": "hi"})
+    assert e.value.code == "unknown_session"
+    with pytest.raises(BridgeError) as e:
+        client.request("open_session", {"sampling": {"temperature": -1}})
+    assert e.value.code == "invalid_body" and "temperature" in e.value.message
+    with pytest.raises(BridgeError) as e:
+        client.request("frame", {"frame": -1, "frame_time_ms": 16})
+    assert e.value.code == "invalid_body"
+    with pytest.raises(BridgeError) as e:
+        client.request("reserve_vram", {"bytes": "lots", "deadline_frames": 2})
+    assert e.value.code == "invalid_body"
+    with pytest.raises(BridgeError) as e:
+        client.request("stats", {"unknown_field": 1})
+    assert e.value.code == "invalid_body"
+    sid = client.open_session("x")
+    with pytest.raises(BridgeError) as e:
+        client.chat(sid, "word " * 5000).result()
+    assert e.value.code == "prompt_too_long"
+    client.close_session(sid)
+
+
+def test_out_of_order_before_hello(sidecar) -> None:
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.connect(sidecar[0])
+    s.send(P.encode(5, "stats"))
+    assert s.poll(10_000)
+    rid, rtype, body = P.decode_reply(s.recv())
+    assert (rid, rtype, body["code"], body["retryable"]) == (5, "error", "hello_required", True)
+    s.close(0)
+
+
+# a well-formed shutdown would (rightly) stop the sidecar mid-test
+FUZZ_TYPES = [t for t in P.REQUESTS if t != "shutdown"]
+
+
+def _fuzz_frames(n: int, rng: random.Random) -> list[bytes]:
+    types = [*FUZZ_TYPES, "bogus", "", None, 7]
+    values = [None, True, -1, 0, 2**63, 3.5, float("nan"), "x" * 40, "", [], {}, [1, 2],
+              {"a": 1}, b"\x00\xff"]
+    frames = []
+    for i in range(n):
+        kind = i % 6
+        if kind == 0:  # random bytes
+            frames.append(rng.randbytes(rng.randint(0, 64)))
+        elif kind == 1:  # truncated valid message
+            good = P.encode(i, rng.choice(FUZZ_TYPES), {"session": "s", "text": "hi"})
+            frames.append(good[: rng.randint(0, len(good) - 1)])
+        elif kind == 2:  # wrong-typed envelope
+            frames.append(msgpack.packb({"v": rng.choice([1, 2, "1", None]),
+                                         "id": rng.choice(values), "type": rng.choice(types),
+                                         "body": rng.choice(values)}))
+        elif kind == 3:  # right envelope, random body fields and values
+            body = {rng.choice(["session", "text", "bytes", "frame", "path", "x", "max_tokens",
+                                "sampling", "request", "name"]): rng.choice(values)
+                    for _ in range(rng.randint(0, 4))}
+            frames.append(P.encode(i, rng.choice(FUZZ_TYPES), body))
+        elif kind == 4:  # not a map at all
+            frames.append(msgpack.packb(rng.choice(values)))
+        else:  # deep nesting / odd containers
+            frames.append(msgpack.packb({"v": 1, "id": i, "type": "chat",
+                                         "body": {"session": [[[[["x"]]]]], "text": {"a": []}}}))
+    return frames
+
+
+def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
+    """Every malformed message gets a typed error; the sidecar keeps serving. Its own sidecar:
+    the fuzzer's valid open_session requests hold slots (up to the per-client cap)."""
+    endpoint = f"ipc://{tmp_path / 'f.sock'}"
+    proc = start_sidecar(model_dir, endpoint, "--model", "tiny.gguf", "--max-sessions", "16",
+                         "--max-sessions-per-client", "8")
+    Client(endpoint, timeout=60).wait_ready(60)
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    s.send(P.encode(1, "hello", {"protocol": 1}))
+    assert s.poll(10_000)
+    s.recv()
+    frames = _fuzz_frames(10_000, random.Random(1234))
+    answered = errors = 0
+    window = 200  # bounded in flight: back-pressure, not a flood
+    sent = 0
+    deadline = time.monotonic() + 240
+    while answered < len(frames) and time.monotonic() < deadline:
+        while sent < len(frames) and sent - answered < window:
+            s.send(frames[sent])
+            sent += 1
+        if s.poll(5000):
+            _rid, rtype, body = P.decode_reply(s.recv())
+            if rtype == "heartbeat":
+                continue
+            answered += 1
+            if rtype == "error":
+                errors += 1
+                assert set(body) == {"code", "message", "retryable"}
+                assert isinstance(body["code"], str) and body["message"]
+        else:
+            break
+    s.close(0)
+    assert proc.poll() is None  # 0 crashes
+    # every frame was answered; a handful of random bodies are valid requests (ok replies) and
+    # oversized ones never reach the sidecar (ZMQ_MAXMSGSIZE is not hit by these sizes)
+    assert answered == len(frames), (answered, errors)
+    assert errors >= 0.95 * len(frames)
+    c = Client(endpoint, timeout=60)  # a normal chat still works
+    sid = c.open_session("x", sampling=GREEDY)
+    assert c.chat(sid, "Hello!", max_tokens=4).result()["usage"]["completion_tokens"] > 0
+    c.close_session(sid)
+    c.close()
+    stop(proc)
+
+
+def test_oversized_message_is_dropped_not_fatal(sidecar) -> None:
+    endpoint, proc = sidecar
+    ctx = zmq.Context.instance()
+    s = ctx.socket(zmq.DEALER)
+    s.setsockopt(zmq.LINGER, 0)
+    s.connect(endpoint)
+    s.send(P.encode(1, "chat", {"session": "s", "text": "x" * (2 * P.MAX_MESSAGE_BYTES)}))
+    time.sleep(0.5)
+    s.close(0)
+    assert proc.poll() is None
+    c = Client(endpoint, timeout=30)
+    assert c.stats()["model"]
+    c.close()
+
+
+def test_sidecar_killed_mid_stream_then_reconnect(model_dir, tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path / 'k.sock'}"
+    proc = start_sidecar(model_dir, endpoint, "--model", "tiny.gguf")
+    c = Client(endpoint, timeout=30)
+    try:
+        c.wait_ready(60)
+        sid = c.open_session("x", sampling={"seed": 2})
+        stream = c.chat(sid, "go on forever", max_tokens=4000, stop=[])
+        with pytest.raises(SidecarUnavailable):
+            for n, _ in enumerate(stream):
+                if n == 2:
+                    proc.send_signal(signal.SIGKILL)
+        proc.wait(10)
+        proc = start_sidecar(model_dir, endpoint, "--model", "tiny.gguf")
+        c.wait_ready(60)  # same client object: reconnects and greets the new sidecar
+        sid = c.open_session("x")
+        assert c.chat(sid, "hi", max_tokens=3).result()["usage"]["completion_tokens"] > 0
+    finally:
+        c.close()
+        stop(proc)
+
+
+def test_sidecar_exits_when_the_game_dies(model_dir, tmp_path) -> None:
+    game = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    endpoint = f"ipc://{tmp_path / 'g.sock'}"
+    proc = start_sidecar(model_dir, endpoint, "--game-pid", str(game.pid))
+    try:
+        c = Client(endpoint, timeout=30)
+        c.hello()
+        c.close()
+        game.kill()
+        game.wait()
+        t0 = time.monotonic()
+        proc.wait(5)
+        assert time.monotonic() - t0 < 2.0
+    finally:
+        game.kill()
+        stop(proc)
+
+
+def test_curve_keys_required_and_enforced(model_dir, tmp_path) -> None:
+    r = subprocess.run([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+                        "tcp://0.0.0.0:0", "--model-dir", str(model_dir)],
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2 and "CurveZMQ" in r.stderr  # no non-loopback bind without keys
+    keys = tmp_path / "keys"
+    subprocess.run([sys.executable, "-m", "igi_sdk.cli", "keys", str(keys)], check=True,
+                   capture_output=True, timeout=60)
+    port = _free_port()
+    proc = start_sidecar(model_dir, f"tcp://127.0.0.1:{port}", "--curve-secret",
+                         str(keys / "server.key_secret"), "--curve-clients", str(keys / "clients"))
+    try:
+        from igi_sdk.bridge.client import curve_keys
+
+        good = Client(f"tcp://127.0.0.1:{port}", timeout=20,
+                      curve=curve_keys(keys / "game.key_secret", keys / "server.key"))
+        assert good.hello()["protocol"] == 1
+        good.close()
+        import zmq.auth
+
+        _stranger_pub, stranger_sec = zmq.auth.create_certificates(str(tmp_path), "stranger")
+        bad = Client(f"tcp://127.0.0.1:{port}", timeout=3,
+                     curve=curve_keys(stranger_sec, keys / "server.key"))
+        with pytest.raises(SidecarUnavailable):
+            bad.hello()
+        bad.close()
+        plain = Client(f"tcp://127.0.0.1:{port}", timeout=3)
+        with pytest.raises(SidecarUnavailable):
+            plain.hello()
+        plain.close()
+    finally:
+        stop(proc)
+
+
+def test_loopback_detection() -> None:
+    assert is_loopback("tcp://127.0.0.1:5599") and is_loopback("tcp://[::1]:1")
+    assert is_loopback("ipc:///tmp/x") and is_loopback("tcp://localhost:1")
+    assert not is_loopback("tcp://0.0.0.0:1") and not is_loopback("tcp://192.168.1.4:1")
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_async_client(sidecar) -> None:
+    import asyncio
+
+    from igi_sdk.bridge import AsyncClient
+
+    async def main() -> str:
+        c = AsyncClient(sidecar[0], timeout=60)
+        sid = (await c.request("open_session", {"sampling": GREEDY}))["session"]
+        text = "".join([p async for p in c.chat(sid, "Hello!", max_tokens=6)])
+        await c.request("close_session", {"session": sid})
+        c.close()
+        return text
+
+    assert asyncio.run(main())
+
+
+def test_thread_cancel_while_iterating(client) -> None:
+    sid = client.open_session("x", sampling={"seed": 9})
+    stream = client.chat(sid, "Tell me a long story.", max_tokens=400)
+    it = iter(stream)
+    next(it)
+    t = threading.Thread(target=stream.cancel)
+    t.start()
+    for _ in it:
+        pass
+    t.join()
+    assert stream.done["finish_reason"] == "cancelled"
+    client.close_session(sid)
