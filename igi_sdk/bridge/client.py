@@ -119,6 +119,21 @@ class Client:
                 self._greeted = False  # a restarted sidecar will want a hello
                 raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
 
+    def drain(self, seconds: float = 0.1) -> None:
+        """Read whatever the sidecar has sent in the next ``seconds`` into the inbox."""
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            with self._lock:
+                if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
+                    return
+                rid, rtype, body = P.decode_reply(self._sock.recv())
+                if rtype != "heartbeat":
+                    self._inbox[rid].append((rtype, body))
+
+    def pending(self, msg_id: int) -> int:
+        """Events received for ``msg_id`` and not read yet."""
+        return len(self._inbox.get(msg_id, ()))
+
     def request(self, msg_type: str, body: dict[str, Any] | None = None, *,
                 timeout: float | None = None) -> dict[str, Any]:
         """Send and wait for the ``ok`` reply; raises BridgeError for an ``error`` reply."""
