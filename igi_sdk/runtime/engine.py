@@ -123,6 +123,8 @@ class Engine:
         self._progress = progress
         self._model: Any = None
         self._loaded: loader.Loaded | None = None
+        self._batch: Any = None
+        self._batch_cap = 0
         self._ctx: Any = None
         self._vocab: Vocab | None = None
         self._sessions: dict[str, _Session] = {}
@@ -293,8 +295,14 @@ class Engine:
         self.report, self.gpu, self.plan = self._loaded.report, self._loaded.gpu, plan
         self._vocab = Vocab(self._model)
         self._mem = llama_cpp.llama_get_memory(self._ctx)
+        # one batch for the engine's life: allocating per decode step is waste on the hot path
+        self._batch_cap = max(self.config.n_batch, plan.n_ubatch)
+        self._batch = llama_cpp.llama_batch_init(self._batch_cap, 0, 1)
 
     def _unload(self) -> None:
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
         if self._loaded is not None:
             loader.free(self._loaded)
             self._loaded = None
@@ -411,50 +419,53 @@ class Engine:
         turns = [t for t in turns if t.session.turn is t]
         if not turns:
             return
-        cap = max(self.config.n_batch, self.plan.n_ubatch)
-        batch = llama_cpp.llama_batch_init(cap, 0, 1)
-        try:
-            plan: list[tuple[_Turn, int, int]] = []  # (turn, n tokens fed, logits index or -1)
-            n = 0
-            for t in turns:
-                if n >= cap:
-                    break
-                take = min(len(t.feed), cap - n)
-                if take == 0:
-                    continue
-                pos0 = len(t.session.tokens)
-                for i in range(take):
-                    batch.token[n + i] = t.feed[i]
-                    batch.pos[n + i] = pos0 + i
-                    batch.n_seq_id[n + i] = 1
-                    batch.seq_id[n + i][0] = t.session.seq
-                    batch.logits[n + i] = 0
-                wants_logits = take == len(t.feed)
-                if wants_logits:
-                    batch.logits[n + take - 1] = 1
-                plan.append((t, take, n + take - 1 if wants_logits else -1))
-                n += take
-            batch.n_tokens = n
-            rc = llama_cpp.llama_decode(self._ctx, batch)
-            if rc == 1:
-                # no room in the KV cache: the lowest-priority reply gives way
-                victim = plan[-1][0]
-                self._rollback(victim)
-                self._end_turn(victim, error=ContextFullError(
-                    "the shared context is full; close idle sessions or raise n_ctx"))
-                return
-            if rc != 0:
-                for t, _, _ in plan:
-                    self._rollback(t)
-                    self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
-                return
-            for t, take, idx in plan:
-                t.session.tokens.extend(t.feed[:take])
-                del t.feed[:take]
-                if idx >= 0:
-                    self._sample(t, idx)
-        finally:
-            llama_cpp.llama_batch_free(batch)
+        fed = self._fill_batch(turns)
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc == 1:
+            # no room in the KV cache: the lowest-priority reply gives way
+            victim = fed[-1][0]
+            self._rollback(victim)
+            self._end_turn(victim, error=ContextFullError(
+                "the shared context is full; close idle sessions or raise n_ctx"))
+            return
+        if rc != 0:
+            for t, _, _ in fed:
+                self._rollback(t)
+                self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
+            return
+        for t, take, idx in fed:
+            t.session.tokens.extend(t.feed[:take])
+            del t.feed[:take]
+            if idx >= 0:
+                self._sample(t, idx)
+
+    def _fill_batch(self, turns: list[_Turn]) -> list[tuple[_Turn, int, int]]:
+        """Put up to the batch capacity of pending tokens in the (reused) llama_batch.
+
+        Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
+        batch, cap = self._batch, self._batch_cap
+        fed: list[tuple[_Turn, int, int]] = []
+        n = 0
+        for t in turns:
+            if n >= cap:
+                break
+            take = min(len(t.feed), cap - n)
+            if take == 0:
+                continue
+            pos0, seq = len(t.session.tokens), t.session.seq
+            for i in range(take):
+                batch.token[n + i] = t.feed[i]
+                batch.pos[n + i] = pos0 + i
+                batch.n_seq_id[n + i] = 1
+                batch.seq_id[n + i][0] = seq
+                batch.logits[n + i] = 0
+            wants_logits = take == len(t.feed)  # the prompt is complete: sample after it
+            if wants_logits:
+                batch.logits[n + take - 1] = 1
+            fed.append((t, take, n + take - 1 if wants_logits else -1))
+            n += take
+        batch.n_tokens = n
+        return fed
 
     def _sample(self, t: _Turn, idx: int) -> None:
         assert self._vocab is not None and t.chain is not None
