@@ -41,6 +41,9 @@ class SidecarUnavailable(BridgeError, TimeoutError):
 
 
 def _configure(sock: zmq.Socket, curve: dict[str, bytes] | None) -> None:
+    # a fixed routing id: after a reconnect the sidecar (ROUTER_HANDOVER) hands this client its
+    # sessions back instead of treating it as a stranger
+    sock.setsockopt(zmq.ROUTING_ID, b"igi-" + os.urandom(12).hex().encode())
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # exponential back-off up to 2 s

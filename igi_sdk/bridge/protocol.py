@@ -19,12 +19,13 @@ PROTOCOL_VERSION = 1
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 MAX_MESSAGE_BYTES = 1 << 20
 MAX_TEXT_CHARS = 32_000
-MAX_ID = 2**53  # JSON-safe integers for engines whose scripting languages use doubles
+MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # strict: "123" is not an int and true is not a number; the wire types are the contract
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
@@ -35,9 +36,9 @@ Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_
 
 
 class Hello(Strict):
-    protocol: int = Field(ge=1)
+    protocol: int = Field(ge=0, le=2**31)  # any other version is answered unsupported_version
     engine: Annotated[str, Field(max_length=64)] = "unknown"
-    game_pid: int | None = Field(None, ge=1, le=2**31)
+    game_pid: int | None = Field(None, ge=1, le=2**32 - 1)  # Windows DWORD pids included
     client_name: Annotated[str, Field(max_length=64)] = ""
 
 
@@ -92,7 +93,7 @@ class RestoreSession(Strict):
 
 
 class Frame(Strict):
-    frame: int = Field(ge=0)
+    frame: int = Field(ge=0, le=MAX_ID)
     frame_time_ms: float = Field(ge=0.0, le=10_000.0, allow_inf_nan=False)
     target_frame_time_ms: float | None = Field(None, gt=0.0, le=1000.0, allow_inf_nan=False)
     vram_used: int | None = Field(None, ge=0, le=2**50)
@@ -159,21 +160,21 @@ def decode_envelope(frame: bytes) -> tuple[int, str, dict[str, Any]]:
     known, so even a malformed body can be answered against the right request (see
     :func:`parse_request`)."""
     try:
-        msg = msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES,
-                              max_str_len=MAX_MESSAGE_BYTES, max_array_len=4096, max_map_len=256)
+        msg = _unpack(frame)
     except Exception as e:  # noqa: BLE001 - msgpack raises many types for garbage input
         raise ProtocolError("malformed", f"not a msgpack message: {type(e).__name__}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("malformed", "a message must be a msgpack map {v, id, type, body}")
     msg_id = msg.get("id")
     if not isinstance(msg_id, int) or isinstance(msg_id, bool) or not 0 <= msg_id <= MAX_ID:
-        raise ProtocolError("malformed", "'id' must be an integer from 0 to 2^53")
+        raise ProtocolError("malformed", "'id' must be an integer from 0 to 2^53 - 1")
     extra = set(msg) - {"v", "id", "type", "body"}
     if extra:
         raise ProtocolError("malformed", f"unknown envelope fields: {sorted(extra)}")
-    if msg.get("v") != PROTOCOL_VERSION:
+    v = msg.get("v")
+    if not isinstance(v, int) or isinstance(v, bool) or v != PROTOCOL_VERSION:
         raise ProtocolError("unsupported_version",
-                            f"protocol version {msg.get('v')!r} is not supported; "
+                            f"protocol version {v!r} is not supported; "
                             f"this sidecar speaks {PROTOCOL_VERSION}")
     msg_type = msg.get("type")
     if not isinstance(msg_type, str) or msg_type not in REQUESTS:
@@ -208,9 +209,14 @@ def parse_request(frame: bytes) -> tuple[int, str, Strict]:
             "invalid_body", f"invalid '{msg_type}' body: " + "; ".join(parts))) from None
 
 
+def _unpack(frame: bytes) -> Any:
+    return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES,
+                           max_str_len=MAX_MESSAGE_BYTES, max_array_len=4096, max_map_len=256)
+
+
 def _best_effort_id(frame: bytes) -> int:
     try:
-        msg = msgpack.unpackb(frame, raw=False, max_array_len=16, max_map_len=16)
+        msg = _unpack(frame)
         i = msg.get("id") if isinstance(msg, dict) else None
         return i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID else 0
     except Exception:  # noqa: BLE001 - garbage: no id to answer

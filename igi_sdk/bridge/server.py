@@ -106,6 +106,8 @@ class Server:
         sock = self.ctx.socket(zmq.ROUTER)
         sock.setsockopt(zmq.MAXMSGSIZE, P.MAX_MESSAGE_BYTES)
         sock.setsockopt(zmq.ROUTER_MANDATORY, 0)  # a vanished client must not raise here
+        # a client that reconnects with its routing id takes its old identity (and sessions) over
+        sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 0)
         sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.heartbeat_s * 1000))
@@ -195,9 +197,9 @@ class Server:
     def _heartbeat(self) -> None:
         now = time.monotonic()
         for ident, c in list(self.clients.items()):
-            if now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams:
-                del self.clients[ident]  # silent for 30 beats: forget the connection, not
-                continue                 # its sessions (they stay until closed)
+            if now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams and not c.sessions:
+                del self.clients[ident]  # silent, holding nothing: forget the connection
+                continue
             self.router.send_multipart([ident, P.encode(0, "heartbeat", {"t": time.time()})])
 
     # --- requests ------------------------------------------------------------------------------
@@ -268,7 +270,10 @@ class Server:
         return self.engine
 
     def _resolve_model(self, path: str) -> Path:
-        candidate = (self.model_dir / path).resolve()
+        try:
+            candidate = (self.model_dir / path).resolve()
+        except (ValueError, OSError):  # NUL bytes, loops: not a path we will open
+            raise P.ProtocolError("forbidden_path", "not a valid model path") from None
         if not candidate.is_relative_to(self.model_dir):
             raise P.ProtocolError("forbidden_path", f"'{path}' is outside the model directory")
         if not candidate.is_file():
@@ -295,6 +300,7 @@ class Server:
             reply = P.encode(msg_id, "ok", {"model": path.name,
                                             "memory": self.engine.memory()})
         except IgiError as e:
+            self.model_name = None
             reply = P.encode(msg_id, "error", P.ProtocolError(e.code, e.message,
                                                               retryable=e.retryable).body())
         except Exception as e:
@@ -311,10 +317,12 @@ class Server:
         from igi_sdk.runtime import Engine, EngineConfig
 
         old, self.engine = self.engine, None
+        self.model_name = None
         if old is not None:  # a new model: the old sessions cannot follow it
             old.close()
-            for c in self.clients.values():
-                c.sessions.clear()
+            with self._streams_lock:
+                for c in list(self.clients.values()):
+                    c.sessions.clear()
         cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
                            n_threads=self.cfg.n_threads)
         plan = Plan.all_cpu() if body.vram_budget is None else _planned(path, body, cfg)
@@ -370,7 +378,7 @@ class Server:
                 code = getattr(err, "code", "inference_failed")
                 self._push(identity, P.encode(msg_id, "error", {
                     "code": code, "message": str(err),
-                    "retryable": bool(getattr(err, "retryable", False))}))
+                    "retryable": bool(getattr(err, "retryable", True))}))
 
         with lock:  # reserve the slot first: a reply can finish before chat() returns
             c.streams[msg_id] = None
@@ -465,6 +473,8 @@ class Server:
 
 
 def _alive(pid: int) -> bool:
+    if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT on Windows
+        return _alive_windows(pid)
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -477,6 +487,20 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def _alive_windows(pid: int) -> bool:
+    import ctypes
+
+    synchronize, wait_timeout = 0x00100000, 0x00000102
+    k32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
+    handle = k32.OpenProcess(synchronize, False, pid)
+    if not handle:
+        return False
+    try:
+        return k32.WaitForSingleObject(handle, 0) == wait_timeout
+    finally:
+        k32.CloseHandle(handle)
 
 
 def _planned(path: Path, body: P.LoadModel, cfg: Any) -> Any:

@@ -1,0 +1,533 @@
+"""The protocol's machine-readable contract: JSON Schemas and golden vectors.
+
+``bridge/PROTOCOL.md`` is the normative text; this module exports what a client in another
+language can test against:
+
+* ``bridge/schema/<type>.json``: the body of every request type (from ``protocol.REQUESTS``),
+  ``envelope.json`` (the ``{v, id, type, body}`` map) and ``replies.json`` (the bodies of
+  ``ok`` per request type, ``token``, ``done``, ``error``, ``heartbeat``, and the error codes);
+* ``bridge/vectors/<name>.msgpack`` + ``<name>.json``: one message per file and its readable
+  twin, with the outcome the sidecar gives each request.
+
+Regenerate both after changing the protocol: ``python -m igi_sdk.bridge.contract``
+(``tests/test_protocol_contract.py`` fails until the committed files match).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import msgpack
+from pydantic import BaseModel, ConfigDict, Field
+
+from igi_sdk.bridge import protocol as P
+
+ROOT = Path(__file__).resolve().parents[2]
+SCHEMA_DIR = ROOT / "bridge" / "schema"
+VECTORS_DIR = ROOT / "bridge" / "vectors"
+JSON_SCHEMA_DIALECT = "https://json-schema.org/draft/2020-12/schema"
+REGENERATE = "python -m igi_sdk.bridge.contract"
+
+
+# --- reply bodies ---------------------------------------------------------------------------------
+# Requests are strict (unknown fields are refused); replies may grow fields in a compatible
+# version, so clients must ignore fields they do not know: these models allow extras.
+
+
+class Reply(BaseModel):
+    model_config = ConfigDict(extra="allow", frozen=True)
+
+
+class Limits(Reply):
+    max_message_bytes: int
+    max_text_chars: int
+    max_tokens: int
+    max_sessions_per_client: int
+    max_streams_per_client: int
+
+
+class HelloOk(Reply):
+    protocol: int
+    model: str | None = Field(description="file name of the loaded model; null if none")
+    loading: bool = Field(description="a load_model is in progress")
+    limits: Limits
+
+
+class PingOk(Reply):
+    t: float = Field(description="the sidecar's wall clock, seconds since the Unix epoch")
+
+
+Memory = dict[str, dict[str, int]]  # {"gpu"|"cpu": {"weights"|"kv"|"compute": bytes}}
+
+
+class LoadModelOk(Reply):
+    model: str = Field(description="file name of the model now loaded")
+    memory: Memory = Field(description="bytes by device ('gpu', 'cpu') and category "
+                                       "('weights', 'kv', 'compute')")
+
+
+class SessionOk(Reply):
+    session: str = Field(description="the new session's id (a Name); owned by this connection")
+
+
+class CancelOk(Reply):
+    cancelled: bool = Field(description="true if a stream of this client with that id was "
+                                        "running and was asked to stop")
+
+
+class SaveSessionOk(Reply):
+    name: str
+    bytes: int = Field(description="size of the saved snapshot")
+
+
+class EmptyOk(Reply):
+    pass
+
+
+class ReserveVramOk(Reply):
+    recorded: bool = Field(description="always true: the reservation is recorded, not acted on")
+
+
+class StatsOk(Reply):
+    model: str | None
+    loading: bool
+    clients: int = Field(description="connections that said hello and are not yet forgotten")
+    uptime_s: float
+    requests: int = Field(description="frames received, valid or not")
+    errors: int = Field(description="error replies sent (not counting stream errors)")
+    last_frame: P.Frame | None = Field(description="body of the last frame request (all fields)")
+    reservations: list[P.ReserveVram] = Field(description="the last 4 reserve_vram bodies")
+    # present only while a model is loaded:
+    sessions: int | None = Field(None, description="open sessions of all clients")
+    plan: str | None = Field(None, description="name of the placement plan in use")
+    memory: Memory | None = None
+    reshards: int | None = None
+
+
+# the body of the ``ok`` answering each request type; ``chat`` is answered by a stream instead
+OK_REPLIES: dict[str, type[Reply] | None] = {
+    "hello": HelloOk,
+    "ping": PingOk,
+    "load_model": LoadModelOk,
+    "open_session": SessionOk,
+    "chat": None,
+    "cancel": CancelOk,
+    "save_session": SaveSessionOk,
+    "restore_session": SessionOk,
+    "close_session": EmptyOk,
+    "frame": EmptyOk,
+    "reserve_vram": ReserveVramOk,
+    "stats": StatsOk,
+    "shutdown": EmptyOk,
+}
+
+
+class Token(Reply):
+    text: str = Field(description="the next piece of visible text (never empty)")
+    i: int = Field(ge=1, description="1, 2, 3, ... within this stream")
+
+
+class Usage(Reply):
+    prompt_tokens: int = Field(description="tokens fed for this turn (template included)")
+    completion_tokens: int = Field(description="tokens sampled for this reply")
+
+
+class Timings(Reply):
+    ttft_s: float = Field(description="request accepted -> first token sampled")
+    total_s: float
+
+
+class Done(Reply):
+    text: str = Field(description="the whole visible reply: the token texts joined")
+    finish_reason: Literal["stop", "stop_string", "length", "cancelled"]
+    usage: Usage
+    timings: Timings
+
+
+class ErrorBody(Reply):
+    code: str = Field(description="a stable code; see error_codes")
+    message: str = Field(description="human-readable; do not parse")
+    retryable: bool = Field(description="the same request may succeed later")
+
+
+class Heartbeat(Reply):
+    t: float = Field(description="the sidecar's wall clock, seconds since the Unix epoch")
+
+
+EVENTS: dict[str, type[Reply]] = {"token": Token, "done": Done, "error": ErrorBody,
+                                  "heartbeat": Heartbeat}
+
+
+@dataclass(frozen=True)
+class ErrorCode:
+    retryable: bool
+    meaning: str
+
+
+# Every code the sidecar can send: protocol.py / server.py literals and igi_sdk.errors classes.
+ERROR_CODES: dict[str, ErrorCode] = {
+    # envelope and body validation (protocol.parse_request)
+    "malformed": ErrorCode(False, "not a msgpack map, bad or missing id, unknown envelope "
+                                  "field, or body not a map"),
+    "unsupported_version": ErrorCode(False, "envelope v or hello.protocol is not "
+                                            f"{P.PROTOCOL_VERSION}"),
+    "unknown_type": ErrorCode(False, "type is not a request type"),
+    "invalid_body": ErrorCode(False, "the body breaks its schema (missing, unknown, wrong-typed "
+                                     "or out-of-range field)"),
+    # connection and sidecar state
+    "hello_required": ErrorCode(True, "this connection has not said hello (or was forgotten); "
+                                      "send hello, then the request again"),
+    "loading": ErrorCode(True, "a model is loading; retry when it is loaded"),
+    "no_model": ErrorCode(False, "no model is loaded; send load_model"),
+    "busy": ErrorCode(True, "this client already has max_streams_per_client streams running"),
+    "duplicate_id": ErrorCode(False, "a chat with this id is still streaming for this client"),
+    "internal": ErrorCode(False, "a bug in the sidecar; the message says what failed"),
+    # model files and loading
+    "forbidden_path": ErrorCode(False, "load_model path resolves outside the model directory"),
+    "model_not_found": ErrorCode(False, "no such model file in the model directory"),
+    "model_error": ErrorCode(False, "the model file cannot be read (corrupt, permissions)"),
+    "not_gguf": ErrorCode(False, "the file is not a GGUF model"),
+    "truncated_model": ErrorCode(False, "the GGUF file is cut short"),
+    "unsupported_architecture": ErrorCode(False, "llama.cpp cannot run this architecture"),
+    "model_load_failed": ErrorCode(False, "llama.cpp refused the model (memory, tensors)"),
+    "invalid_plan": ErrorCode(False, "no valid placement plan for this model"),
+    "budget_too_small": ErrorCode(False, "vram_budget is below what the model needs"),
+    # sessions and generation
+    "session_error": ErrorCode(False, "a session operation failed (generic)"),
+    "unknown_session": ErrorCode(False, "no such session for this connection"),
+    "too_many_sessions": ErrorCode(True, "max_sessions_per_client reached, or every session "
+                                         "slot of the model is taken; close one and retry"),
+    "session_busy": ErrorCode(True, "the session is replying (chat, save_session); wait for "
+                                    "done or cancel"),
+    "unknown_save": ErrorCode(False, "restore_session: no saved session by that name"),
+    "invalid_state": ErrorCode(False, "restore_session: the snapshot is damaged, too long for "
+                                      "the context, or from another model"),
+    "prompt_too_long": ErrorCode(False, "the line does not fit the session's context; shorten "
+                                        "it or open a new session"),
+    "context_full": ErrorCode(False, "stream error: the shared KV cache is full; close idle "
+                                     "sessions"),
+    "invalid_grammar": ErrorCode(False, "grammar or json_schema cannot be compiled"),
+    "invalid_sampling": ErrorCode(False, "sampling values refused by the runtime (the body "
+                                         "schema normally catches them first: invalid_body)"),
+    "cancelled": ErrorCode(False, "stream error: the session was closed while it replied"),
+    "engine_closed": ErrorCode(False, "stream error: the model was unloaded or replaced, or the "
+                                      "sidecar is stopping"),
+    "inference_failed": ErrorCode(True, "stream error: llama.cpp failed while decoding; the "
+                                        "session is as before the request"),
+}
+
+
+# --- schemas ----------------------------------------------------------------------------------
+
+
+def request_schema(msg_type: str) -> dict[str, Any]:
+    model = P.REQUESTS[msg_type]
+    schema = model.model_json_schema()
+    schema["$schema"] = JSON_SCHEMA_DIALECT
+    schema["$comment"] = (f"body of the '{msg_type}' request; generated from "
+                          f"igi_sdk.bridge.protocol.{model.__name__} by `{REGENERATE}`")
+    return schema
+
+
+def envelope_schema() -> dict[str, Any]:
+    def envelope(types: list[str], required: list[str], what: str) -> dict[str, Any]:
+        return {
+            "type": "object",
+            "description": what,
+            "properties": {
+                "v": {"const": P.PROTOCOL_VERSION, "description": "protocol version"},
+                "id": {"type": "integer", "minimum": 0, "maximum": P.MAX_ID},
+                "type": {"enum": types},
+                "body": {"type": "object"},
+            },
+            "required": required,
+            "additionalProperties": False,
+        }
+
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$comment": f"hand-written in igi_sdk/bridge/contract.py; regenerate with `{REGENERATE}`",
+        "title": "Envelope",
+        "description": "Every message is one ZeroMQ frame holding one msgpack map. The body of "
+                       "a request is described by schema/<type>.json, the body of a reply by "
+                       "replies.json.",
+        "oneOf": [{"$ref": "#/$defs/request"}, {"$ref": "#/$defs/reply"}],
+        "$defs": {
+            "request": envelope(sorted(P.REQUESTS), ["v", "id", "type"],
+                                "client -> sidecar; id chosen by the client; a missing body "
+                                "is an empty map"),
+            "reply": envelope(list(P.REPLY_TYPES), ["v", "id", "type", "body"],
+                              "sidecar -> client; id is the id of the request answered "
+                              "(0 for heartbeat, and for an error answering a message whose "
+                              "id could not be read)"),
+        },
+    }
+
+
+def replies_schema() -> dict[str, Any]:
+    def schema(model: type[BaseModel]) -> dict[str, Any]:
+        return model.model_json_schema()
+
+    return {
+        "$schema": JSON_SCHEMA_DIALECT,
+        "$comment": f"generated from igi_sdk/bridge/contract.py by `{REGENERATE}`",
+        "title": "Replies",
+        "description": "Bodies of the messages the sidecar sends. 'ok' answers one request and "
+                       "its body depends on the request type (ok_by_request; chat is answered "
+                       "by a stream of token events ended by one done or error instead). "
+                       "Clients must ignore fields they do not know.",
+        "ok_by_request": {t: schema(m) for t, m in OK_REPLIES.items() if m is not None},
+        "events": {t: schema(m) for t, m in EVENTS.items()},
+        "error_codes": {code: {"retryable": e.retryable, "meaning": e.meaning}
+                        for code, e in sorted(ERROR_CODES.items())},
+    }
+
+
+def _dump_json(obj: Any) -> str:
+    return json.dumps(obj, indent=2, sort_keys=True, ensure_ascii=False) + "\n"
+
+
+def schema_files() -> dict[str, str]:
+    """File name -> content of every file in ``bridge/schema/``."""
+    files = {f"{t}.json": _dump_json(request_schema(t)) for t in sorted(P.REQUESTS)}
+    files["envelope.json"] = _dump_json(envelope_schema())
+    files["replies.json"] = _dump_json(replies_schema())
+    return dict(sorted(files.items()))
+
+
+def export_schemas(out_dir: str | Path = SCHEMA_DIR) -> list[Path]:
+    """Write the JSON Schemas into ``out_dir`` (stale ``*.json`` there are removed)."""
+    return _write_dir(Path(out_dir), {n: c.encode() for n, c in schema_files().items()},
+                      ("*.json",))
+
+
+# --- golden vectors ------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Vector:
+    name: str
+    direction: Literal["request", "reply"]
+    note: str
+    frame: bytes
+    message: Any  # the decoded map (None when ``frame`` is not msgpack a JSON twin can show)
+    expect: dict[str, Any] | None = None
+
+
+def _req(name: str, msg_id: int, msg_type: str, body: dict[str, Any], note: str) -> Vector:
+    reply = "stream" if msg_type == "chat" else "ok"
+    return Vector(name, "request", note, P.encode(msg_id, msg_type, body),
+                  {"v": P.PROTOCOL_VERSION, "id": msg_id, "type": msg_type, "body": body},
+                  {"type": "ok", "reply": reply})
+
+
+def _bad(name: str, message: Any, code: str, answer_id: int, note: str) -> Vector:
+    return Vector(name, "request", note, msgpack.packb(message, use_bin_type=True), message,
+                  {"type": "error", "code": code, "id": answer_id})
+
+
+def _bad_raw(name: str, frame: bytes, code: str, note: str) -> Vector:
+    return Vector(name, "request", note, frame, None, {"type": "error", "code": code, "id": 0})
+
+
+def _rep(name: str, msg_id: int, msg_type: str, body: dict[str, Any], note: str) -> Vector:
+    return Vector(name, "reply", note, P.encode(msg_id, msg_type, body),
+                  {"v": P.PROTOCOL_VERSION, "id": msg_id, "type": msg_type, "body": body})
+
+
+def _env(msg_id: Any, msg_type: Any, body: Any = None, **extra: Any) -> dict[str, Any]:
+    msg = {"v": P.PROTOCOL_VERSION, "id": msg_id, "type": msg_type, "body": body or {}}
+    msg.update(extra)
+    return msg
+
+
+SID = "3f2a9c0d81be"  # a session id as the sidecar makes them (12 hex digits)
+MEMORY = {"cpu": {"compute": 8_650_752, "kv": 25_165_824, "weights": 90_177_536},
+          "gpu": {"compute": 0, "kv": 0, "weights": 0}}
+
+
+def vectors() -> list[Vector]:
+    """The golden cases, in a fixed order (one session's ids run 1, 2, 3, ...)."""
+    hello = {"protocol": P.PROTOCOL_VERSION, "engine": "unity", "game_pid": 4242,
+             "client_name": "npc-plugin"}
+    sampling = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05,
+                "repeat_penalty": 1.1, "seed": 7}
+    limits = {"max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
+              "max_tokens": P.MAX_TOKENS, "max_sessions_per_client": 8,
+              "max_streams_per_client": 4}
+    chat_body = {"session": SID, "text": "Greetings, smith! What can you offer me?",
+                 "max_tokens": 64, "stop": ["\nPlayer:"]}
+    return [
+        # --- valid requests (one per type, plus variants) ---
+        _req("request_hello", 1, "hello", hello, "first message of every connection"),
+        _req("request_hello_minimal", 1, "hello", {"protocol": P.PROTOCOL_VERSION},
+             "only protocol is required"),
+        _req("request_ping", 2, "ping", {}, "liveness round trip"),
+        _req("request_load_model", 3, "load_model",
+             {"path": "smol.gguf", "vram_budget": 2 * 2**30, "n_ctx": 4096, "max_sessions": 8},
+             "path is relative to the sidecar's model directory; the ok comes after the load"),
+        _req("request_open_session", 4, "open_session",
+             {"system_prompt": "You are Brom, the blacksmith of Oakvale.", "persona": "brom",
+              "sampling": sampling, "priority": 1}, "answered with the new session id"),
+        _req("request_open_session_defaults", 4, "open_session", {},
+             "every open_session field has a default"),
+        _req("request_chat", 5, "chat", chat_body, "answered by token events and one done"),
+        _req("request_chat_json_schema", 5, "chat",
+             {"session": SID, "text": "Your price?", "json_schema": {
+                 "type": "object", "properties": {"price": {"type": "integer"}},
+                 "required": ["price"]}}, "constrained reply (json_schema wins over grammar)"),
+        _req("request_cancel", 6, "cancel", {"request": 5}, "stop the chat whose id is 5"),
+        _req("request_save_session", 7, "save_session", {"session": SID, "name": "brom-day1"},
+             "a name, not a path"),
+        _req("request_restore_session", 8, "restore_session", {"name": "brom-day1"},
+             "answered with a new session id"),
+        _req("request_close_session", 9, "close_session", {"session": SID}, ""),
+        _req("request_frame", 10, "frame",
+             {"frame": 1200, "frame_time_ms": 16.6, "target_frame_time_ms": 16.6,
+              "vram_used": 5 * 2**30, "vram_budget": 8 * 2**30}, "recorded (VRAM arbiter)"),
+        _req("request_reserve_vram", 11, "reserve_vram",
+             {"bytes": 2**30, "deadline_frames": 30}, "recorded (VRAM arbiter)"),
+        _req("request_stats", 12, "stats", {}, ""),
+        _req("request_shutdown", 13, "shutdown", {}, "the sidecar replies ok, then exits"),
+        _req("request_id_max", P.MAX_ID, "ping", {}, "the largest id: 2^53"),
+        # --- invalid requests: the error the sidecar answers (with that id) ---
+        _bad_raw("invalid_not_msgpack", b"\xc1hello", "malformed",
+                 "0xc1 is never valid msgpack; no id can be read, so the error has id 0"),
+        _bad_raw("invalid_non_string_key", msgpack.packb({1: "x", "id": 3}), "malformed",
+                 "map keys must be strings"),
+        _bad("invalid_not_a_map", [1, 1, "ping", {}], "malformed", 0, "an array, not a map"),
+        _bad("invalid_id_missing", {"v": 1, "type": "ping", "body": {}}, "malformed", 0,
+             "id is required"),
+        _bad("invalid_id_negative", _env(-1, "ping"), "malformed", 0, "ids are 0..2^53"),
+        _bad("invalid_id_too_large", _env(P.MAX_ID + 2, "ping"), "malformed", 0,
+             "ids are 0..2^53"),
+        _bad("invalid_id_float", _env(1.5, "ping"), "malformed", 0, "ids are integers"),
+        _bad("invalid_envelope_field", _env(20, "ping", extra=1), "malformed", 20,
+             "the envelope has exactly v, id, type, body"),
+        _bad("invalid_version", {"v": 2, "id": 21, "type": "ping", "body": {}},
+             "unsupported_version", 21, "v must be the sidecar's PROTOCOL_VERSION"),
+        _bad("invalid_version_missing", {"id": 22, "type": "ping", "body": {}},
+             "unsupported_version", 22, "v is required"),
+        _bad("invalid_unknown_type", _env(23, "summon_dragon"), "unknown_type", 23, ""),
+        _bad("invalid_body_not_a_map", _env(24, "stats", [1]), "malformed", 24, ""),
+        _bad("invalid_body_unknown_field", _env(25, "stats", {"unknown_field": 1}),
+             "invalid_body", 25, "request bodies refuse unknown fields"),
+        _bad("invalid_chat_missing_text", _env(26, "chat", {"session": SID}), "invalid_body", 26,
+             ""),
+        _bad("invalid_chat_text_too_long",
+             _env(27, "chat", {"session": SID, "text": "a" * (P.MAX_TEXT_CHARS + 1)}),
+             "invalid_body", 27, f"text is at most {P.MAX_TEXT_CHARS} characters"),
+        _bad("invalid_chat_max_tokens", _env(28, "chat", {"session": SID, "text": "hi",
+                                                          "max_tokens": P.MAX_TOKENS + 1}),
+             "invalid_body", 28, f"max_tokens is 1..{P.MAX_TOKENS}"),
+        _bad("invalid_session_name", _env(29, "close_session", {"session": "../etc"}),
+             "invalid_body", 29, "names are [A-Za-z0-9_.-]{1,128}"),
+        _bad("invalid_save_name_path", _env(30, "save_session", {"session": SID,
+                                                                 "name": "saves/brom"}),
+             "invalid_body", 30, "saved sessions are names, not paths"),
+        _bad("invalid_sampling_range", _env(31, "open_session", {"sampling": {
+            "temperature": -1.0}}), "invalid_body", 31, "temperature is 0..5"),
+        _bad("invalid_frame_negative", _env(32, "frame", {"frame": -1, "frame_time_ms": 16.6}),
+             "invalid_body", 32, ""),
+        _bad("invalid_hello_protocol_missing", _env(33, "hello", {"engine": "unity"}),
+             "invalid_body", 33, "hello.protocol is required"),
+        # --- replies and events ---
+        _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION, "model": "smol.gguf",
+                                          "loading": False, "limits": limits}, ""),
+        _rep("reply_ok_ping", 2, "ok", {"t": 1_700_000_000.25}, ""),
+        _rep("reply_ok_load_model", 3, "ok", {"model": "smol.gguf", "memory": MEMORY}, ""),
+        _rep("reply_ok_open_session", 4, "ok", {"session": SID}, ""),
+        _rep("event_token_1", 5, "token", {"text": "Swords", "i": 1}, "first piece of chat 5"),
+        _rep("event_token_2", 5, "token", {"text": ", traveller.", "i": 2}, ""),
+        _rep("event_done", 5, "done", {
+            "text": "Swords, traveller.", "finish_reason": "stop",
+            "usage": {"prompt_tokens": 41, "completion_tokens": 5},
+            "timings": {"ttft_s": 0.042, "total_s": 0.118}}, "the text is the tokens joined"),
+        _rep("event_done_cancelled", 5, "done", {
+            "text": "Swords", "finish_reason": "cancelled",
+            "usage": {"prompt_tokens": 41, "completion_tokens": 2},
+            "timings": {"ttft_s": 0.042, "total_s": 0.07}},
+             "a cancelled stream still ends with done"),
+        _rep("reply_ok_cancel", 6, "ok", {"cancelled": True}, ""),
+        _rep("reply_ok_save_session", 7, "ok", {"name": "brom-day1", "bytes": 1_203_456}, ""),
+        _rep("reply_ok_restore_session", 8, "ok", {"session": "a07c55e3d2f1"}, ""),
+        _rep("reply_ok_close_session", 9, "ok", {}, ""),
+        _rep("reply_ok_frame", 10, "ok", {}, ""),
+        _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True}, ""),
+        _rep("reply_ok_stats", 12, "ok", {
+            "model": "smol.gguf", "loading": False, "clients": 1, "uptime_s": 12.5,
+            "requests": 12, "errors": 0,
+            "last_frame": {"frame": 1200, "frame_time_ms": 16.6, "target_frame_time_ms": 16.6,
+                           "vram_used": 5 * 2**30, "vram_budget": 8 * 2**30},
+            "reservations": [{"bytes": 2**30, "deadline_frames": 30}],
+            "sessions": 2, "plan": "all-cpu", "memory": MEMORY, "reshards": 0}, ""),
+        _rep("reply_ok_shutdown", 13, "ok", {}, ""),
+        _rep("reply_error_hello_required", 2, "error", {
+            "code": "hello_required", "message": "say hello first (protocol version)",
+            "retryable": True}, "any request before hello"),
+        _rep("reply_error_busy", 14, "error", {
+            "code": "busy", "message": "4 replies are already streaming for this client; wait "
+                                       "for one to finish", "retryable": True}, "back-pressure"),
+        _rep("reply_error_malformed", 0, "error", {
+            "code": "malformed", "message": "not a msgpack message: FormatError",
+            "retryable": False}, "id 0: the request's id could not be read"),
+        _rep("event_error_stream", 5, "error", {
+            "code": "context_full", "message": "the shared context is full; close idle "
+                                               "sessions or raise n_ctx",
+            "retryable": False}, "a stream can end with error instead of done"),
+        _rep("event_heartbeat", 0, "heartbeat", {"t": 1_700_000_001.0},
+             "every second, id 0; not an answer to anything"),
+    ]
+
+
+def vector_files() -> dict[str, bytes]:
+    """File name -> bytes of every file in ``bridge/vectors/``."""
+    files: dict[str, bytes] = {}
+    for v in vectors():
+        twin: dict[str, Any] = {"name": v.name, "direction": v.direction, "note": v.note,
+                                "message": v.message}
+        if v.message is None:
+            twin["msgpack_hex"] = v.frame.hex()
+        if v.expect is not None:
+            twin["expect"] = v.expect
+        files[f"{v.name}.msgpack"] = v.frame
+        files[f"{v.name}.json"] = _dump_json(twin).encode()
+    return dict(sorted(files.items()))
+
+
+def write_vectors(out_dir: str | Path = VECTORS_DIR) -> list[Path]:
+    """Write the golden vectors into ``out_dir`` (stale vectors there are removed)."""
+    return _write_dir(Path(out_dir), vector_files(), ("*.json", "*.msgpack"))
+
+
+def _write_dir(out: Path, files: dict[str, bytes], owned: tuple[str, ...]) -> list[Path]:
+    out.mkdir(parents=True, exist_ok=True)
+    for pattern in owned:
+        for stale in out.glob(pattern):
+            if stale.name not in files:
+                stale.unlink()
+    written = []
+    for name, data in files.items():
+        path = out / name
+        if not path.is_file() or path.read_bytes() != data:
+            path.write_bytes(data)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    root = Path(args[0]) if args else ROOT
+    schemas = export_schemas(root / "bridge" / "schema")
+    vecs = write_vectors(root / "bridge" / "vectors")
+    print(f"wrote {len(schemas)} schema files to {root / 'bridge' / 'schema'} and "
+          f"{len(vecs)} vector files to {root / 'bridge' / 'vectors'}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
