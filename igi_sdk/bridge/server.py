@@ -2,8 +2,10 @@
 
 One socket thread owns the ROUTER and answers every request at once; generation runs on the
 engine thread, whose events come back through an ``inproc`` PULL socket (each producing thread
-pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe). Loading a model
-runs on a worker thread, so ``stats`` and the heartbeats keep flowing meanwhile.
+pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe). A ``load_model``
+request runs on a worker thread, so ``stats`` and the heartbeats keep flowing meanwhile; a model
+named on the command line is loaded before the socket serves, so a sidecar that cannot load it
+fails at once instead of serving without a model.
 """
 
 from __future__ import annotations
