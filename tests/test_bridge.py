@@ -201,6 +201,7 @@ def _fuzz_frames(n: int, rng: random.Random) -> list[bytes]:
     return frames
 
 
+@pytest.mark.slow
 def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
     """Every malformed message gets a typed error; the sidecar keeps serving. Its own sidecar:
     the fuzzer's valid open_session requests hold slots (up to the per-client cap)."""
@@ -264,6 +265,7 @@ def test_oversized_message_is_dropped_not_fatal(sidecar) -> None:
     c.close()
 
 
+@pytest.mark.slow
 def test_sidecar_killed_mid_stream_then_reconnect(model_dir, tmp_path) -> None:
     endpoint = f"ipc://{tmp_path / 'k.sock'}"
     proc = start_sidecar(model_dir, endpoint, "--model", "tiny.gguf")
@@ -286,6 +288,7 @@ def test_sidecar_killed_mid_stream_then_reconnect(model_dir, tmp_path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_sidecar_exits_when_the_game_dies(model_dir, tmp_path) -> None:
     game = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     endpoint = f"ipc://{tmp_path / 'g.sock'}"
@@ -304,6 +307,7 @@ def test_sidecar_exits_when_the_game_dies(model_dir, tmp_path) -> None:
         stop(proc)
 
 
+@pytest.mark.slow
 def test_curve_keys_required_and_enforced(model_dir, tmp_path) -> None:
     r = subprocess.run([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
                         "tcp://0.0.0.0:0", "--model-dir", str(model_dir)],

@@ -116,6 +116,7 @@ def test_stop_string_is_not_shown(engine) -> None:
     engine.close_session(sid)
 
 
+@pytest.mark.slow
 def test_four_sessions_batched_equal_one_by_one(engine) -> None:
     alone = []
     for line in LINES:
@@ -183,6 +184,7 @@ def test_errors_are_typed_and_other_sessions_keep_their_state(engine) -> None:
     engine.close_session(bystander)
 
 
+@pytest.mark.slow
 def test_reshard_mid_generation_is_lossless(default_model) -> None:
     cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2)
     inv = read_inventory(default_model)

@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
+@pytest.mark.slow
 def test_64_clients_x_10_chats(tiny_llama, tmp_path) -> None:
     shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
     out = tmp_path / "stress.json"
