@@ -1,0 +1,128 @@
+"""Budget policy: from VRAM readings to "stay", "shrink now" or "grow" — pure and testable.
+
+    budget = min(cap, total − others − headroom − reserved)
+
+* **Shrink at once** when the budget falls below the current plan's VRAM: to the best rung that
+  fits. When the game needs the VRAM *now* (a reservation due this frame, or nothing but the CPU
+  rung fits), go to the CPU rung first — it frees the most, fastest — then climb back to the best
+  fitting rung on the next decision.
+* **Grow only after the budget has stayed above the next rung + margin for ``grow_hold_s``**, so
+  a budget that oscillates does not make the model thrash between plans.
+* A reservation is **acknowledged only once the VRAM is actually free** on the device, and keeps
+  counting against the budget until the game has taken it (its use rose by the reserved amount)
+  or ``reservation_hold_s`` passed — so the model does not grow back into it in between.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from igi_sdk.arbiter.ladder import PlanLadder, Rung
+from igi_sdk.arbiter.sources import VramReading
+
+
+@dataclass(frozen=True)
+class PolicyConfig:
+    cap: int | None = None  # never take more than this, whatever is free
+    headroom: int = 256 * 1024 * 1024  # left free for the game's spikes and the driver
+    grow_margin: int = 128 * 1024 * 1024  # the next rung must fit with this much to spare
+    grow_hold_s: float = 2.0  # ... continuously for this long
+    reservation_hold_s: float = 10.0  # an acknowledged reservation the game never took expires
+
+
+@dataclass
+class Reservation:
+    nbytes: int
+    due_frame: int  # the frame by which the game wants the VRAM
+    requested_frame: int
+    others_before: int  # the others' use when it was requested
+    acknowledged: bool = False
+    acked_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Decision:
+    action: str  # "stay" | "shrink" | "fast_shrink" | "grow"
+    target: Rung
+    budget: int
+    reason: str
+    reading: VramReading | None = None
+
+
+@dataclass
+class BudgetPolicy:
+    ladder: PlanLadder
+    config: PolicyConfig = field(default_factory=PolicyConfig)
+    current: Rung | None = None
+    reservations: list[Reservation] = field(default_factory=list)
+    _grow_since: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.current is None:
+            self.current = self.ladder.cpu
+
+    def budget(self, r: VramReading) -> int:
+        reserved = sum(x.nbytes for x in self.reservations)
+        b = r.total - r.others - self.config.headroom - reserved
+        if self.config.cap is not None:
+            b = min(b, self.config.cap)
+        return max(0, b)
+
+    def reserve(self, nbytes: int, deadline_frames: int, frame: int,
+                r: VramReading) -> Reservation:
+        res = Reservation(nbytes, frame + deadline_frames, frame, r.others)
+        self.reservations.append(res)
+        return res
+
+    def decide(self, r: VramReading, frame: int, now: float) -> Decision:
+        """What to run next, given a fresh reading (``now`` in monotonic seconds)."""
+        assert self.current is not None
+        self._acknowledge(r, now)
+        budget = self.budget(r)
+        best = self.ladder.best_within(budget)
+        cur = self.current
+        if cur.vram > budget:
+            self._grow_since = None
+            urgent = any(not x.acknowledged and x.due_frame <= frame + 1
+                         for x in self.reservations)
+            if (urgent or best is self.ladder.cpu) and cur is not self.ladder.cpu:
+                return Decision("fast_shrink", self.ladder.cpu, budget,
+                                f"budget {budget >> 20} MiB below the plan's {cur.vram >> 20} "
+                                "MiB and the game needs it now: CPU plan first", r)
+            return Decision("shrink", best, budget,
+                            f"budget {budget >> 20} MiB below the plan's {cur.vram >> 20} MiB", r)
+        if best.vram > cur.vram and best.turn_s < cur.turn_s:
+            i = self.ladder.index(cur)
+            nxt = self.ladder.rungs[i + 1] if i + 1 < len(self.ladder.rungs) else best
+            if budget >= nxt.vram + self.config.grow_margin:
+                if self._grow_since is None:
+                    self._grow_since = now
+                if now - self._grow_since >= self.config.grow_hold_s:
+                    self._grow_since = None
+                    target = self.ladder.best_within(budget - self.config.grow_margin)
+                    return Decision("grow", target, budget,
+                                    f"budget {budget >> 20} MiB held for "
+                                    f"{self.config.grow_hold_s:.1f} s", r)
+                return Decision("stay", cur, budget, "waiting for the budget to hold", r)
+        self._grow_since = None
+        return Decision("stay", cur, budget, "plan fits", r)
+
+    def applied(self, rung: Rung) -> None:
+        """Call after the runtime has resharded to ``rung``."""
+        self.current = rung
+
+    def _acknowledge(self, r: VramReading, now: float) -> None:
+        free = r.total - r.used
+        for res in self.reservations:
+            if not res.acknowledged and free >= res.nbytes:
+                res.acknowledged, res.acked_at = True, now
+        # a reservation stops counting once the game has taken the memory (it shows in
+        # `others` then) or it was never taken within the hold time
+        self.reservations = [
+            x for x in self.reservations
+            if not (x.acknowledged and (r.others >= x.others_before + 0.9 * x.nbytes
+                                        or now - (x.acked_at or now)
+                                        > self.config.reservation_hold_s))]
+
+    def acknowledged(self) -> list[Reservation]:
+        return [x for x in self.reservations if x.acknowledged]

@@ -1,0 +1,157 @@
+"""Arbiter policy and plan ladder on scripted VRAM traces (pure, fixed profiles)."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from igi_sdk.arbiter import (
+    BudgetPolicy,
+    PlanLadder,
+    PolicyConfig,
+    ScriptedTrace,
+    VramReading,
+)
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Workload
+from tests.test_planner import GPU_PROFILE
+
+GIB = 1024**3
+MIB = 1024**2
+WL = Workload(n_ctx=2048, prompt_tokens=512, gen_tokens=64)
+
+
+@pytest.fixture(scope="module")
+def ladder(tmp_path_factory):
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+
+    # big enough that the ladder has several rungs between CPU-only and all-GPU
+    spec = spec_with("tiny-llama", n_layers=8, n_embd=1024, n_ff=4096, n_vocab=4096)
+    inv = read_inventory(write_synthetic_gguf(tmp_path_factory.mktemp("m") / "m.gguf", spec))
+    return PlanLadder.build(inv, GPU_PROFILE, WL, step=16 * MIB)
+
+
+class Device:
+    """A GPU whose other user follows a trace; our use is the current rung's VRAM."""
+
+    def __init__(self, total: int, game: list[tuple[float, int]], policy: BudgetPolicy):
+        self.t = 0.0
+        self.policy = policy
+        self.trace = ScriptedTrace(total, game, own=lambda: policy.current.vram,
+                                   clock=lambda: self.t)
+
+    def read(self) -> VramReading:
+        return self.trace.read()
+
+
+def run(policy: BudgetPolicy, dev: Device, seconds: float, dt: float = 0.1):
+    log = []
+    frame = 0
+    while dev.t <= seconds:
+        d = policy.decide(dev.read(), frame, dev.t)
+        if d.action != "stay":
+            policy.applied(d.target)
+            log.append((round(dev.t, 2), d.action, d.target.vram))
+        dev.t += dt
+        frame += 1
+    return log
+
+
+def test_ladder_is_sorted_and_each_rung_is_faster(ladder) -> None:
+    assert len(ladder.rungs) >= 3
+    assert ladder.cpu.plan.name == "all-cpu"
+    vram = [r.vram for r in ladder.rungs]
+    turns = [r.turn_s for r in ladder.rungs]
+    assert vram == sorted(vram)
+    assert all(b < a for a, b in itertools.pairwise(turns))
+    top = ladder.rungs[-1]
+    assert ladder.best_within(top.vram + GIB) is top
+    assert ladder.best_within(0) is ladder.cpu
+
+
+def test_shrinks_at_once_when_the_game_needs_memory(ladder) -> None:
+    top = ladder.rungs[-1]
+    total = top.vram + 2 * GIB
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB), current=top)
+    # the game jumps from 0.5 GiB to leaving only room for about half the model
+    mid = ladder.rungs[len(ladder.rungs) // 2]
+    game_hi = total - mid.vram - 64 * MIB - 1
+    dev = Device(total, [(0.0, GIB // 2), (1.0, game_hi)], policy)
+    log = run(policy, dev, 1.5)
+    # the first decision after the game's jump shrinks (decisions every 0.1 s)
+    assert log and abs(log[0][0] - 1.0) <= 0.11 and log[0][1] in ("shrink", "fast_shrink")
+    assert policy.current.vram + game_hi + 64 * MIB <= total
+
+
+def test_grows_only_after_the_budget_holds(ladder) -> None:
+    top = ladder.rungs[-1]
+    total = top.vram + 2 * GIB
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB, grow_hold_s=2.0),
+                          current=ladder.cpu)
+    dev = Device(total, [(0.0, total - ladder.cpu.vram), (1.0, GIB // 4)], policy)
+    log = run(policy, dev, 5.0)
+    grows = [e for e in log if e[1] == "grow"]
+    assert grows and grows[0][0] >= 3.0 - 1e-9  # freed at t=1, held for 2 s
+    assert policy.current is not ladder.cpu
+
+
+def test_oscillating_budget_does_not_thrash(ladder) -> None:
+    top = ladder.rungs[-1]
+    total = top.vram + 2 * GIB
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB, grow_hold_s=2.0),
+                          current=ladder.cpu)
+    # free for 1 s, busy for 1 s, ten times: never free long enough to grow
+    busy = total - ladder.cpu.vram
+    points = [(float(i), GIB // 4 if i % 2 == 0 else busy) for i in range(20)]
+    log = run(policy, Device(total, points, policy), 19.5)
+    assert [e for e in log if e[1] == "grow"] == []
+
+
+def test_reservation_acknowledged_only_after_release_and_not_grown_back_into(ladder) -> None:
+    top = ladder.rungs[-1]
+    game = GIB // 2
+    total = top.vram + game + 64 * MIB + 16 * MIB  # the model fits with 16 MiB to spare
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB, grow_hold_s=0.5),
+                          current=top)
+    dev = Device(total, [(0.0, game)], policy)
+    want = top.vram // 2
+    res = policy.reserve(want, deadline_frames=3, frame=0, r=dev.read())
+    assert not res.acknowledged
+    d = policy.decide(dev.read(), 0, 0.0)  # not free yet: shrink, no ack
+    assert d.action in ("shrink", "fast_shrink") and not res.acknowledged
+    policy.applied(d.target)
+    policy.decide(dev.read(), 1, 0.1)  # now free on the device: acknowledged
+    assert res.acknowledged
+    assert dev.read().total - dev.read().used >= want
+    # before the game allocates, the budget still holds the reservation: no growing back
+    for k in range(2, 12):
+        assert policy.decide(dev.read(), k, 0.1 * k).action == "stay"
+    # the game takes it: the reservation retires, the memory now shows as the game's
+    dev.trace = ScriptedTrace(total, [(0.0, game + want)], own=lambda: policy.current.vram,
+                              clock=lambda: dev.t)
+    policy.decide(dev.read(), 20, 2.0)
+    assert policy.reservations == []
+    assert policy.current.vram + game + want <= total
+
+
+def test_urgent_reservation_fast_shrinks_to_cpu(ladder) -> None:
+    top = ladder.rungs[-1]
+    total = top.vram + GIB // 2 + 64 * MIB + 16 * MIB
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB), current=top)
+    dev = Device(total, [(0.0, GIB // 2)], policy)
+    policy.reserve(top.vram // 3, deadline_frames=0, frame=5, r=dev.read())
+    d = policy.decide(dev.read(), 5, 0.0)
+    assert d.action == "fast_shrink" and d.target is ladder.cpu
+
+
+def test_trace_file_round_trip(tmp_path) -> None:
+    import json
+
+    p = tmp_path / "trace.json"
+    p.write_text(json.dumps({"total": 8 * GIB, "points": [{"t": 0, "game": GIB},
+                                                          {"t": 2.5, "game": 3 * GIB}]}))
+    t = ScriptedTrace.load(p)
+    assert t.game_at(0.0) == GIB and t.game_at(2.4) == GIB and t.game_at(2.5) == 3 * GIB
+    with pytest.raises(ValueError):
+        ScriptedTrace(GIB, [(1.0, 0), (0.5, 0)])
