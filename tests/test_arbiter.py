@@ -155,3 +155,90 @@ def test_trace_file_round_trip(tmp_path) -> None:
     assert t.game_at(0.0) == GIB and t.game_at(2.4) == GIB and t.game_at(2.5) == 3 * GIB
     with pytest.raises(ValueError):
         ScriptedTrace(GIB, [(1.0, 0), (0.5, 0)])
+
+
+# --- the arbiter loop over a real engine (CPU here: GPU plans resolve to the CPU, but every
+# --- reshard is a real unload/reload with the KV cache carried across) ------------------------
+
+
+def _engine_setup(tmp_path):
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+    from igi_sdk.runtime import Engine, EngineConfig
+
+    spec = spec_with("tiny-llama", n_layers=4, n_embd=256, n_ff=1024)
+    path = write_synthetic_gguf(tmp_path / "m.gguf", spec)
+    inv = read_inventory(path)
+    ladder = PlanLadder.build(inv, GPU_PROFILE, WL, step=8 * MIB)
+    eng = Engine(path, ladder.cpu.plan, EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2))
+    return eng, ladder
+
+
+def test_three_reshards_during_one_stream_are_bit_exact(tmp_path) -> None:
+    from igi_sdk.arbiter import Arbiter
+    from igi_sdk.runtime import SamplingParams
+
+    eng, ladder = _engine_setup(tmp_path)
+    sampling = SamplingParams(temperature=0.9, seed=21)
+    try:
+        sid = eng.open_session("npc", sampling=sampling)
+        ref = eng.chat(sid, "Tell me about the forest.", max_tokens=200,
+                       ignore_eos=True).result(60)
+        eng.close_session(sid)
+
+        top = ladder.rungs[-1]
+        total = top.vram + 64 * MIB + 256 * MIB  # room for the top rung + the grow margin
+        t = [0.0]
+        # the game: idle, a level-load spike that leaves only the CPU rung, then idle again
+        trace = ScriptedTrace(total, [(0.0, 0), (1.0, total), (2.0, 0)],
+                              own=lambda: arb.policy.current.vram, clock=lambda: t[0])
+        arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=64 * MIB,
+                                                                grow_hold_s=0.5),
+                      clock=lambda: t[0])
+        sid = eng.open_session("npc", sampling=sampling)
+        gen = eng.chat(sid, "Tell me about the forest.", max_tokens=200, ignore_eos=True)
+        # arbiter ticks while the reply streams: grow (budget held 0.5 s), the spike (back to
+        # the CPU), idle again (grow once more after the hold)
+        ticks = {2: 0.0, 10: 0.6, 15: 1.0, 20: 1.5, 30: 2.2, 40: 2.8}
+        for i, _ in enumerate(gen):
+            if i in ticks:
+                t[0] = ticks[i]
+                arb.tick()
+        res = gen.result(60)
+        actions = [r.action for r in arb.reshards]
+        assert len(actions) >= 3 and "grow" in actions and actions.count("grow") >= 2, actions
+        assert any(a in ("shrink", "fast_shrink") for a in actions)
+        assert res.tokens == ref.tokens  # bit-exact across every reshard
+    finally:
+        eng.close()
+
+
+def test_failed_reshard_falls_back_to_cpu_and_keeps_serving(tmp_path, monkeypatch) -> None:
+    from igi_sdk.arbiter import Arbiter
+    from igi_sdk.errors import ModelLoadError
+    from igi_sdk.runtime import SamplingParams, loader
+
+    eng, ladder = _engine_setup(tmp_path)
+    real_load = loader.load
+
+    def flaky(path, inv, plan, settings, **kw):  # injected failure for any GPU plan
+        if plan.gpu_tensors:
+            raise ModelLoadError("injected: out of VRAM")
+        return real_load(path, inv, plan, settings, **kw)
+
+    monkeypatch.setattr(loader, "load", flaky)
+    try:
+        sid = eng.open_session("npc", sampling=SamplingParams(temperature=0.0))
+        top = ladder.rungs[-1]
+        t = [0.0]
+        trace = ScriptedTrace(top.vram * 4, [(0.0, 0)], own=lambda: 0, clock=lambda: t[0])
+        arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=0, grow_hold_s=0.0),
+                      clock=lambda: t[0])
+        arb.tick()
+        t[0] = 1.0
+        arb.tick()
+        rec = list(arb.reshards)
+        assert rec and not rec[-1].ok
+        assert arb.policy.current is ladder.cpu and eng.plan == ladder.cpu.plan
+        assert eng.chat(sid, "still there?", max_tokens=4).result(30).completion_tokens > 0
+    finally:
+        eng.close()

@@ -1,5 +1,6 @@
 """VRAM arbiter: the game's live VRAM use → a budget → the plan to run, resharded between frames."""
 
+from igi_sdk.arbiter.arbiter import Arbiter, ReshardRecord
 from igi_sdk.arbiter.ladder import PlanLadder, Rung
 from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reservation
 from igi_sdk.arbiter.sources import (
@@ -11,6 +12,7 @@ from igi_sdk.arbiter.sources import (
 )
 
 __all__ = [
+    "Arbiter",
     "BudgetPolicy",
     "Decision",
     "EngineReportSource",
@@ -18,6 +20,7 @@ __all__ = [
     "PlanLadder",
     "PolicyConfig",
     "Reservation",
+    "ReshardRecord",
     "Rung",
     "ScriptedTrace",
     "VramReading",

@@ -81,6 +81,9 @@ class BudgetPolicy:
         budget = self.budget(r)
         best = self.ladder.best_within(budget)
         cur = self.current
+        if cur.vram > budget and cur is self.ladder.cpu:
+            self._grow_since = None  # nothing left to give back but the GPU's fixed share
+            return Decision("stay", cur, budget, "already on the CPU plan", r)
         if cur.vram > budget:
             self._grow_since = None
             urgent = any(not x.acknowledged and x.due_frame <= frame + 1
