@@ -311,6 +311,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_sessions_per_client=args.max_sessions_per_client or args.max_sessions,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
+        arbiter=not args.no_arbiter,
+        vram_trace=Path(args.vram_trace) if args.vram_trace else None,
+        profile=Path(args.profile) if args.profile else None,
+        grow_hold_s=args.grow_hold,
     )
     try:
         server = Server(cfg)
@@ -406,6 +410,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--game-pid", type=int, help="exit when this process ends")
     sv.add_argument("--curve-secret", help="server certificate (secret) from `igi-sdk keys`")
     sv.add_argument("--curve-clients", help="directory of allowed client public certificates")
+    sv.add_argument("--no-arbiter", action="store_true",
+                    help="keep the plan fixed (no VRAM arbitration)")
+    sv.add_argument("--vram-trace", help="simulate the game's VRAM with a JSON trace")
+    sv.add_argument("--profile", help="machine profile JSON for the arbiter's plan ladder")
+    sv.add_argument("--grow-hold", type=float, default=2.0,
+                    help="seconds the budget must hold before the model grows")
     sv.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")

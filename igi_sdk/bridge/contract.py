@@ -89,7 +89,9 @@ class EmptyOk(Reply):
 
 
 class ReserveVramOk(Reply):
-    recorded: bool = Field(description="always true: the reservation is recorded, not acted on")
+    recorded: bool = Field(description="always true")
+    acknowledged: bool = Field(description="true: the VRAM is free now (this reply waits until "
+                                           "it is)")
 
 
 class StatsOk(Reply):
@@ -457,7 +459,7 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_restore_session", 8, "ok", {"session": "a07c55e3d2f1"}, ""),
         _rep("reply_ok_close_session", 9, "ok", {}, ""),
         _rep("reply_ok_frame", 10, "ok", {}, ""),
-        _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True}, ""),
+        _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True, "acknowledged": True}, ""),
         _rep("reply_ok_stats", 12, "ok", {
             "model": "smol.gguf", "loading": False, "clients": 1, "uptime_s": 12.5,
             "requests": 12, "errors": 0,

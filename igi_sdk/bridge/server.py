@@ -48,6 +48,12 @@ class ServerConfig:
     game_pid: int | None = None
     curve_secret_file: Path | None = None  # server key pair (zmq.auth certificate)
     curve_clients_dir: Path | None = None  # allowed client public certificates
+    # VRAM arbiter: on by default with an NVIDIA GPU; a scripted trace (and a profile) simulate
+    # one for tests and samples
+    arbiter: bool = True
+    vram_trace: Path | None = None
+    profile: Path | None = None
+    grow_hold_s: float = 2.0
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -80,6 +86,7 @@ class Server:
         self.save_dir = (config.save_dir or self.model_dir / "sessions").resolve()
         self.ctx = zmq.Context.instance()
         self.engine: Any = None
+        self.arbiter: Any = None
         self.model_name: str | None = None
         self.loading = False
         self.clients: dict[bytes, _Client] = {}
@@ -162,6 +169,7 @@ class Server:
 
     def close(self) -> None:
         self.stopping.set()
+        self._stop_arbiter()
         eng, self.engine = self.engine, None
         if eng is not None:
             try:
@@ -318,6 +326,7 @@ class Server:
         from igi_sdk.planner import Plan
         from igi_sdk.runtime import Engine, EngineConfig
 
+        self._stop_arbiter()
         old, self.engine = self.engine, None
         self.model_name = None
         if old is not None:  # a new model: the old sessions cannot follow it
@@ -327,9 +336,75 @@ class Server:
                     c.sessions.clear()
         cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
                            n_threads=self.cfg.n_threads)
-        plan = Plan.all_cpu() if body.vram_budget is None else _planned(path, body, cfg)
+        arbiter_setup = self._arbiter_setup(path, body) if body.vram_budget is None else None
+        if arbiter_setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
+            plan = arbiter_setup[0].cpu.plan
+        elif body.vram_budget is not None:
+            plan = _planned(path, body, cfg)
+        else:
+            plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg)
         self.model_name = path.name
+        if arbiter_setup is not None:
+            self._start_arbiter(*arbiter_setup)
+
+    def _arbiter_setup(self, path: Path, body: P.LoadModel) -> tuple[Any, Any] | None:
+        """(plan ladder, trace or None) when this sidecar should arbitrate VRAM, else None."""
+        from igi_sdk.arbiter import PlanLadder, ScriptedTrace
+        from igi_sdk.model import read_inventory
+        from igi_sdk.planner import Workload
+        from igi_sdk.profile import Profile
+        from igi_sdk.runtime.nvml import nvml
+
+        cfg = self.cfg
+        has_nvml = nvml() is not None
+        if not cfg.arbiter or not (has_nvml or cfg.vram_trace):
+            return None
+        if cfg.profile is not None:
+            prof = Profile.load(cfg.profile)
+        else:
+            from igi_sdk.profile.measure import load_or_measure
+
+            prof = load_or_measure(fast=True)
+        if prof.gpu is None:
+            return None
+        wl = Workload(n_ctx=body.n_ctx, prompt_tokens=max(64, min(1024, body.n_ctx // 4)))
+        ladder = PlanLadder.build(read_inventory(path), prof, wl)
+        trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
+        return ladder, trace
+
+    def _start_arbiter(self, ladder: Any, trace: Any) -> None:
+        from igi_sdk.arbiter import Arbiter, EngineReportSource, NvmlSource, PolicyConfig
+
+        holder: list[Any] = []
+
+        def own() -> int:  # the arbiter's own accounting of what this process holds
+            return holder[0].policy.current.vram if holder else 0
+
+        sources: list[Any] = []
+        total = 0
+        if trace is not None:
+            trace.own = own
+            sources.append(trace)
+            total = trace.total
+        else:
+            nv = NvmlSource(own_fallback=own)
+            if nv.nv is not None:
+                sources.append(nv)
+                reading = nv.read()
+                total = reading.total if reading else 0
+        self.engine_reports = EngineReportSource(total, own)
+        sources.append(self.engine_reports)
+        arb = Arbiter(self.engine, ladder, sources,
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s))
+        holder.append(arb)
+        self.arbiter = arb
+        arb.start()
+
+    def _stop_arbiter(self) -> None:
+        arb, self.arbiter = self.arbiter, None
+        if arb is not None:
+            arb.stop()
 
     def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> dict[str, Any]:
         from igi_sdk.runtime import SamplingParams
@@ -428,12 +503,24 @@ class Server:
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()
+        if self.arbiter is not None:
+            self.arbiter.on_frame(body.frame, body.vram_used, body.vram_budget)
         return {}
 
-    def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> dict[str, Any]:
+    def _on_reserve_vram(self, c: _Client, msg_id: int,
+                         body: P.ReserveVram) -> dict[str, Any] | None:
         self.reservations.append(body.model_dump())
         del self.reservations[:-16]
-        return {"recorded": True}
+        if self.arbiter is None:  # no VRAM of ours to give back: it is free already
+            return {"recorded": True, "acknowledged": True}
+        identity = c.identity
+
+        def on_ack(res: Any) -> None:  # on the arbiter thread, once the VRAM is free
+            self._push(identity, P.encode(msg_id, "ok", {"recorded": True,
+                                                         "acknowledged": True}))
+
+        self.arbiter.reserve(body.bytes, body.deadline_frames, on_ack)
+        return None  # answered when acknowledged
 
     def _on_stats(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         eng = self.engine
@@ -446,6 +533,8 @@ class Server:
         if eng is not None:
             out.update(sessions=len(eng.sessions()), plan=eng.plan.name, memory=eng.memory(),
                        reshards=eng.reshard_count)
+        if self.arbiter is not None:
+            out["arbiter"] = self.arbiter.stats()
         return out
 
     def _on_shutdown(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:

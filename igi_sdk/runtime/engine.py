@@ -360,7 +360,8 @@ class Engine:
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
         assert self._vocab is not None
-        messages = [*s.messages, {"role": "user", "content": user_text}]
+        # the chat template is C text: a NUL would cut the message short
+        messages = [*s.messages, {"role": "user", "content": user_text.replace("\0", "")}]
         full = self._vocab.apply_template(messages, add_assistant=True)
         reset = not full.startswith(s.committed_text)
         if reset:  # the template re-rendered history differently: re-read it all
@@ -530,8 +531,11 @@ class Engine:
             if visible_end is None:
                 visible_end, _ = _stop_scan(t.raw, t.emitted, t.stop, final=True)
                 self._emit_upto(t, visible_end)
-            s.messages.append({"role": "assistant", "content": t.raw})
-            s.committed_text = t.prompt_text + t.raw
+            # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
+            # template: leave them out of both sides so the next turn's prefix still matches
+            said = t.raw.replace("\0", "")
+            s.messages.append({"role": "assistant", "content": said})
+            s.committed_text = t.prompt_text + said
         now = time.perf_counter()
         if error is not None:
             t.handle._fail(error)
