@@ -242,3 +242,39 @@ def test_failed_reshard_falls_back_to_cpu_and_keeps_serving(tmp_path, monkeypatc
         assert eng.chat(sid, "still there?", max_tokens=4).result(30).completion_tokens > 0
     finally:
         eng.close()
+
+
+def test_pacer_backs_off_fast_and_relaxes_slowly() -> None:
+    from igi_sdk.arbiter.pacing import FramePacer, PacingConfig
+
+    p = FramePacer(PacingConfig(step_s=0.002, max_delay_s=0.1))
+    assert p.update(10.0, None) == 0.0
+    delays = [p.update(20.0, 16.7) for _ in range(8)]  # frames over the target
+    assert delays[0] == 0.002 and delays == sorted(delays) and delays[-1] == 0.1
+    assert p.update(16.0, 16.7) == 0.1  # near the target: hold
+    relaxed = [p.update(8.0, 16.7) for _ in range(60)]  # menus: give the time back
+    assert relaxed[0] == pytest.approx(0.098) and relaxed[-1] == 0.0
+
+
+def test_engine_pacing_slows_steps_and_keeps_the_player_first(tmp_path) -> None:
+    import time
+
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+    path = write_synthetic_gguf(tmp_path / "m.gguf", spec_with("tiny-llama", n_layers=2))
+    with Engine(path, None, EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2)) as eng:
+        g = SamplingParams(temperature=0.0)
+        player = eng.open_session("p", sampling=g, priority=1)
+        npc = eng.open_session("n", sampling=g, priority=0)
+        eng.set_pacing(0.02)
+        t0 = time.monotonic()
+        a = eng.chat(player, "hi", max_tokens=30, ignore_eos=True)
+        b = eng.chat(npc, "hi", max_tokens=30, ignore_eos=True)
+        ra = a.result(60)
+        elapsed = time.monotonic() - t0
+        assert ra.completion_tokens == 30
+        assert elapsed >= 30 * 0.02 * 0.9  # every step waited ~20 ms
+        # the NPC was decoded every other step: it finished after the player
+        assert b.result(60).total_s > ra.total_s
+        eng.set_pacing(0.0)

@@ -87,6 +87,9 @@ class Server:
         self.ctx = zmq.Context.instance()
         self.engine: Any = None
         self.arbiter: Any = None
+        from igi_sdk.arbiter.pacing import FramePacer
+
+        self.pacer = FramePacer()
         self.model_name: str | None = None
         self.loading = False
         self.clients: dict[bytes, _Client] = {}
@@ -503,6 +506,9 @@ class Server:
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()
+        if self.engine is not None and body.target_frame_time_ms is not None:
+            self.engine.set_pacing(self.pacer.update(body.frame_time_ms,
+                                                     body.target_frame_time_ms))
         if self.arbiter is not None:
             self.arbiter.on_frame(body.frame, body.vram_used, body.vram_budget)
         return {}
@@ -529,6 +535,7 @@ class Server:
             "uptime_s": time.time() - self.stats["started"], "requests": self.stats["requests"],
             "errors": self.stats["errors"], "last_frame": self.last_frame,
             "reservations": self.reservations[-4:],
+            "pacing_delay_s": self.pacer.delay_s,
         }
         if eng is not None:
             out.update(sessions=len(eng.sessions()), plan=eng.plan.name, memory=eng.memory(),

@@ -132,6 +132,8 @@ class Engine:
         self._turn_counter = 0
         self._commands: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
         self._closed = False
+        self._pace_s = 0.0
+        self._steps = 0
         _native.init_backend(self.plan.copy_compute_min_batch)
         ready: Future = Future()
         self._thread = threading.Thread(
@@ -207,6 +209,11 @@ class Engine:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
         return self._call(lambda: self._vocab.tokenize(text, add_special=False))  # type: ignore[union-attr]
 
+    def set_pacing(self, step_delay_s: float) -> None:
+        """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
+        sessions of priority <= 0 are decoded every other step; player-facing ones every step."""
+        self._pace_s = max(0.0, float(step_delay_s))
+
     def snapshot(self, session_id: str) -> bytes:
         """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
         return self._call(lambda: self._snapshot(session_id))
@@ -260,9 +267,14 @@ class Engine:
         ready.set_result(None)
         running = True
         while running:
-            block = not self._active_turns()
+            active = bool(self._active_turns())
             try:
-                item = self._commands.get(block=block, timeout=None if block else 0)
+                if not active:
+                    item = self._commands.get()
+                elif self._pace_s > 0:  # paced: wait, but answer commands meanwhile
+                    item = self._commands.get(timeout=self._pace_s)
+                else:
+                    item = self._commands.get_nowait()
             except queue.Empty:
                 item = None
             while item is not None:
@@ -418,6 +430,9 @@ class Engine:
             if t.handle.cancelled:
                 self._end_turn(t, reason="cancelled")
         turns = [t for t in turns if t.session.turn is t]
+        self._steps += 1
+        if self._pace_s > 0 and self._steps % 2:  # paced: background NPCs every other step
+            turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
         fed = self._fill_batch(turns)
