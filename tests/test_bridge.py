@@ -80,6 +80,9 @@ def test_every_request_type_round_trips(client, sidecar) -> None:
     assert client.request("cancel", {"request": 999})["cancelled"] is False
     client.close_session(sid)
     client.close_session(restored)
+    named = client.open_session(persona="Brom", sampling=GREEDY)  # a name alone is enough
+    assert client.chat(named, "Hello!", max_tokens=4).result()["usage"]["completion_tokens"] > 0
+    client.close_session(named)
 
 
 def test_stream_order_and_text(client) -> None:
@@ -150,6 +153,10 @@ def test_typed_errors_and_unsafe_paths(client) -> None:
     with pytest.raises(BridgeError) as e:
         client.request("stats", {"unknown_field": 1})
     assert e.value.code == "invalid_body"
+    with pytest.raises(BridgeError) as e:
+        client.request("chat", {"session": "s1", "text": "hi", "grammar": "root ::= \"a\"",
+                                "json_schema": {"type": "object"}})
+    assert e.value.code == "invalid_body" and "not both" in e.value.message
     sid = client.open_session("x")
     with pytest.raises(BridgeError) as e:
         client.chat(sid, "word " * 5000).result()

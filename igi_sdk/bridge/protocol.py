@@ -12,7 +12,7 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 PROTOCOL_VERSION = 1
 
@@ -66,6 +66,8 @@ class OpenSession(Strict):
 
 
 class Chat(Strict):
+    """``grammar`` (GBNF) and ``json_schema`` constrain the reply; give at most one."""
+
     session: Name
     text: Text
     max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
@@ -73,6 +75,12 @@ class Chat(Strict):
         default_factory=list, max_length=8)
     grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
     json_schema: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Chat:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either grammar or json_schema, not both")
+        return self
 
 
 class Cancel(Strict):

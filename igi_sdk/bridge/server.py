@@ -417,7 +417,9 @@ class Server:
             raise P.ProtocolError("too_many_sessions", f"this client already has "
                                   f"{len(c.sessions)} sessions; close one first", retryable=True)
         s = body.sampling
-        sid = eng.open_session(body.system_prompt or None, priority=body.priority,
+        # a persona name alone still gives the NPC an identity
+        system = body.system_prompt or (f"You are {body.persona}." if body.persona else None)
+        sid = eng.open_session(system, priority=body.priority,
                                sampling=SamplingParams(**s.model_dump(), repeat_last_n=64))
         c.sessions.add(sid)
         return {"session": sid}
