@@ -233,6 +233,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         for ty, table in dev.matmul_rate.items():
             cells = "  ".join(f"x{t}: {r / 1e9:8.1f}" for t, r in sorted(table.items()))
             print(f"  {ty:<5} {cells}")
+        if dev.attn_flops:
+            print(f"  flash attention: {dev.attn_flops / 1e12:.2f} TFLOP/s (prefill), "
+                  f"{dev.attn_kv_bps / 1e9:.1f} GB/s of KV (decode)")
     if prof.gpu is not None:
         print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
               f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s, link {prof.pcie or '?'}; "

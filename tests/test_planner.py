@@ -123,6 +123,22 @@ def test_copy_compute_threshold_splits_the_token_tiers(dense) -> None:
     assert 1 < copy.copy_compute_min_batch <= 512  # decode on the CPU, prefill streamed
 
 
+def test_measured_attention_rates_drive_the_attention_cost(dense) -> None:
+    from igi_sdk.planner.cost import layer_attention_seconds
+
+    plan = Plan.all_cpu()
+    slow = CPU_PROFILE.model_copy(deep=True)
+    slow.cpu.attn_flops, slow.cpu.attn_kv_bps = 1e9, 1e8
+    fast = CPU_PROFILE.model_copy(deep=True)
+    fast.cpu.attn_flops, fast.cpu.attn_kv_bps = 1e13, 1e12
+    args = (dense, plan)
+    t_slow = layer_attention_seconds(*args, slow, 0, 512, 1024, 1, on_gpu=False)
+    t_fast = layer_attention_seconds(*args, fast, 0, 512, 1024, 1, on_gpu=False)
+    assert t_slow > 100 * t_fast
+    # unmeasured (0) falls back to the matmul-derived rates
+    assert CPU_PROFILE.cpu.attention_flops() == CPU_PROFILE.cpu.flops()
+
+
 def test_profile_rate_interpolates_in_log_space() -> None:
     dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 1.0}})
     assert dev.rate("Q4_0", 1) == 100.0 and dev.rate("Q4_0", 64) == 1.0
@@ -160,6 +176,7 @@ def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
     for table in prof.cpu.matmul_rate.values():
         assert all(r > 0 for r in table.values())
     assert prof.cpu.rate("Q4_0", 1) > prof.cpu.rate("Q4_0", 2048)  # bandwidth vs compute bound
+    assert prof.cpu.attn_flops > 0 and prof.cpu.attn_kv_bps > 0  # flash attention measured
     prof.save()
     again = Profile.cached(fingerprint(2))
     assert again is not None and again.key == prof.key

@@ -117,7 +117,7 @@ def layer_attention_seconds(
     flops = 4.0 * a.n_head * a.head_dim_k * tokens * (ctx_pos + per_seq / 2)
     kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
     kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
-    return max(flops / dev.flops(), kv_bytes / dev.bandwidth())
+    return max(flops / dev.attention_flops(), kv_bytes / dev.attention_kv_bps())
 
 
 def count_splits(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> int:

@@ -42,6 +42,10 @@ class DeviceProfile(BaseModel):
     total_bytes: int = 0
     # ggml type -> token count -> weight bytes per second of a matmul
     matmul_rate: dict[str, dict[int, float]]
+    # flash attention over an f16 KV cache: FLOP/s for a prefill-sized batch of queries, and KV
+    # bytes read per second for one query (decode); 0 = not measured (the matmul rates stand in)
+    attn_flops: float = 0.0
+    attn_kv_bps: float = 0.0
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:
@@ -69,6 +73,12 @@ class DeviceProfile(BaseModel):
                 f = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
                 return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
         return pts[-1][1]
+
+    def attention_flops(self) -> float:
+        return self.attn_flops or self.flops()
+
+    def attention_kv_bps(self) -> float:
+        return self.attn_kv_bps or self.bandwidth()
 
     def bandwidth(self) -> float:
         """Bytes/s when reading weights once (the 1-token F16 matmul rate)."""

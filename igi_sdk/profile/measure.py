@@ -134,9 +134,20 @@ def measure_profile(
     if scale_down:
         cpu_bytes = {t: b // 64 for t, b in cpu_bytes.items()}
 
+    n_kv, n_q = (512, 64) if scale_down else (4096, 512)
+
+    def attention(index: int, n_threads: int) -> tuple[float, float]:
+        """(FLOP/s of a prefill batch, KV bytes/s of one decode query) of flash attention."""
+        heads, kv_heads, dim = 32, 8, 128
+        with ggml_bench.backend(index, n_threads) as be:
+            prefill = ggml_bench.attention_seconds(be, n_q, n_kv, reps=reps)
+            decode = ggml_bench.attention_seconds(be, 1, n_kv, reps=reps)
+        return (4.0 * heads * dim * n_q * n_kv / prefill, n_kv * kv_heads * dim * 2 * 2 / decode)
+
     cpu_prof = DeviceProfile(name=cpu.description or cpu.name, kind="cpu", threads=threads,
                              total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes,
                              matmul_rate=device_rates(cpu.index, threads, "cpu", cpu_bytes))
+    cpu_prof.attn_flops, cpu_prof.attn_kv_bps = attention(cpu.index, threads)
     prof = Profile(fingerprint=fingerprint(threads), cpu=cpu_prof)
     if gpu is None:
         return prof
@@ -151,6 +162,7 @@ def measure_profile(
     prof.gpu = DeviceProfile(name=gpu.description or gpu.name, kind="gpu",
                              total_bytes=fresh.total_bytes, free_bytes=fresh.free_bytes,
                              matmul_rate=gpu_rates)
+    prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
     prof.h2d_pinned_bps = pinned
     prof.h2d_pageable_bps = pageable
     prof.pcie = _nvml_facts().get("pcie", "")

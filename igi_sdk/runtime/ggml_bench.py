@@ -35,6 +35,10 @@ def _declare(name: str, restype: object, *argtypes: object) -> None:
 _declare("ggml_init", _vp, _InitParams)
 _declare("ggml_free", None, _vp)
 _declare("ggml_new_tensor_2d", _vp, _vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64)
+_declare("ggml_new_tensor_3d", _vp, _vp, ctypes.c_int, ctypes.c_int64, ctypes.c_int64,
+         ctypes.c_int64)
+_declare("ggml_flash_attn_ext", _vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_float, ctypes.c_float,
+         ctypes.c_float)
 _declare("ggml_mul_mat", _vp, _vp, _vp, _vp)
 _declare("ggml_new_graph", _vp, _vp)
 _declare("ggml_build_forward_expand", None, _vp, _vp)
@@ -146,6 +150,40 @@ def matmul_seconds(
             _compute(be, graph)
 
         return _median_time(run, reps) / (m * inner)
+    finally:
+        if buf:
+            ggml.ggml_backend_buffer_free(buf)
+        ggml.ggml_free(ctx)
+
+
+def attention_seconds(
+    be: int, n_q: int, n_kv: int, *, n_head: int = 32, n_head_kv: int = 8, head_dim: int = 128,
+    reps: int = 3, seed: int = 0,
+) -> float:
+    """Median seconds of one flash-attention op (the kernel llama.cpp runs with flash attention
+    on): ``n_q`` query tokens over ``n_kv`` cached tokens with an f16 KV cache."""
+    ctx = ggml.ggml_init(_InitParams(16 * 1024 * 1024, None, True))
+    buf = None
+    try:
+        q = ggml.ggml_new_tensor_3d(ctx, _F32, head_dim, n_q, n_head)
+        k = ggml.ggml_new_tensor_3d(ctx, GGML_TYPES["F16"], head_dim, n_kv, n_head_kv)
+        v = ggml.ggml_new_tensor_3d(ctx, GGML_TYPES["F16"], head_dim, n_kv, n_head_kv)
+        out = ggml.ggml_flash_attn_ext(ctx, q, k, v, None, head_dim**-0.5, 0.0, 0.0)
+        graph = ggml.ggml_new_graph(ctx)
+        ggml.ggml_build_forward_expand(graph, out)
+        buf = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
+        if not buf:
+            raise MemoryError("not enough device memory for the attention benchmark")
+        rng = np.random.default_rng(seed)
+        for t, ty in ((q, "F32"), (k, "F16"), (v, "F16")):
+            _fill(t, rng, ty)
+        inner = 8 if n_q <= 16 else 1
+        def run() -> None:
+            for _ in range(inner - 1):
+                ggml.ggml_backend_graph_compute_async(be, graph)
+            _compute(be, graph)
+
+        return _median_time(run, reps) / inner
     finally:
         if buf:
             ggml.ggml_backend_buffer_free(buf)
