@@ -307,6 +307,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
         default = default_model_path()
         model_dir, model = default.parent, model or default.name
+        if not args.save_dir:  # never write saved sessions into the installed package
+            import os
+
+            data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+            args.save_dir = str(Path(data) / "igi-sdk" / "sessions")
     cfg = ServerConfig(
         endpoint=args.endpoint, model_dir=model_dir,
         save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
