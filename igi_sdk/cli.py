@@ -55,23 +55,13 @@ def parse_size(text: str) -> int:
 
 def _auto_plan(args: argparse.Namespace, path: Path, inventory: object) -> object:
     """The planner's plan for --vram (default: half the GPU's free memory), or all-CPU."""
-    from igi_sdk.planner import Plan, Workload
-    from igi_sdk.profile.measure import load_or_measure
-    from igi_sdk.runtime import list_devices
-    from igi_sdk.runtime.autoplan import plan_checked
-    from igi_sdk.runtime.loader import ContextSettings
+    from igi_sdk.runtime.autoplan import plan_for_model
 
-    gpu = next((d for d in list_devices() if d.is_gpu), None)
-    if gpu is None:
-        return Plan.all_cpu()
-    budget = parse_size(args.vram) if args.vram else gpu.free_bytes // 2
-    prof = load_or_measure(threads=args.threads or None, fast=True)
-    wl = Workload(n_ctx=args.ctx, n_seqs=1, prompt_tokens=max(64, args.ctx // 4),
-                  gen_tokens=args.max_tokens)
-    settings = ContextSettings(args.ctx, 2, 512, args.threads)
-    result = plan_checked(path, inventory, prof, budget, wl, settings)  # type: ignore[arg-type]
-    print(f"[plan '{result.best.name}' for {budget / 2**30:.2f} GiB: {result.why()}]",
-          file=sys.stderr)
+    budget = parse_size(args.vram) if args.vram else None
+    result = plan_for_model(path, inventory, budget=budget, n_ctx=args.ctx,  # type: ignore[arg-type]
+                            max_sessions=2, n_threads=args.threads, gen_tokens=args.max_tokens)
+    if result.best.uses_gpu():
+        print(f"[plan '{result.best.name}': {result.why()}]", file=sys.stderr)
     return result.best
 
 

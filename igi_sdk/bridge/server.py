@@ -605,19 +605,10 @@ def _alive_windows(pid: int) -> bool:
 
 def _planned(path: Path, body: P.LoadModel, cfg: Any) -> Any:
     from igi_sdk.model import read_inventory
-    from igi_sdk.planner import Plan, Workload
-    from igi_sdk.profile.measure import load_or_measure
-    from igi_sdk.runtime import list_devices
-    from igi_sdk.runtime.autoplan import plan_checked
-    from igi_sdk.runtime.loader import ContextSettings
+    from igi_sdk.runtime.autoplan import plan_for_model
 
-    if not any(d.is_gpu for d in list_devices()):
-        return Plan.all_cpu()
-    inv = read_inventory(path)
-    prof = load_or_measure(fast=True)
-    wl = Workload(n_ctx=body.n_ctx, prompt_tokens=max(64, body.n_ctx // 4))
-    settings = ContextSettings(body.n_ctx, body.max_sessions, 512, cfg.n_threads)
-    return plan_checked(path, inv, prof, body.vram_budget, wl, settings).best
+    return plan_for_model(path, read_inventory(path), budget=body.vram_budget, n_ctx=body.n_ctx,
+                          max_sessions=body.max_sessions, n_threads=cfg.n_threads).best
 
 
 def _start_auth(ctx: zmq.Context, clients_dir: Path | None) -> Any:

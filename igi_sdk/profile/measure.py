@@ -11,6 +11,7 @@ import llama_cpp
 from igi_sdk.profile.data import DeviceProfile, Profile
 from igi_sdk.runtime import ggml_bench
 from igi_sdk.runtime.devices import list_devices
+from igi_sdk.runtime.loader import default_threads
 from igi_sdk.runtime.nvml import nvml
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
@@ -28,11 +29,6 @@ def _cpu_model() -> str:
     except OSError:
         pass
     return platform.processor() or platform.machine()
-
-
-def default_threads() -> int:
-    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, n or 1)
 
 
 def _nvml_facts() -> dict[str, str]:

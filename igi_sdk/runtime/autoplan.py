@@ -55,3 +55,30 @@ def plan_checked(
         wl = dataclasses.replace(wl, compute_scale=scale)
         result = plan_for(inv, prof, budget, wl)
     return result
+
+
+def plan_for_model(
+    path: Path,
+    inv: ModelInventory,
+    *,
+    budget: int | None,
+    n_ctx: int,
+    max_sessions: int,
+    n_threads: int = 0,
+    gen_tokens: int = 128,
+) -> PlanResult:
+    """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
+    planner for ``budget`` (default: half the GPU's free memory) from the cached profile."""
+    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.runtime.devices import first_gpu
+
+    gpu = first_gpu()
+    wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
+                  gen_tokens=gen_tokens)
+    if gpu is None:  # nothing to plan: no profile needs measuring either
+        return PlanResult(Plan.all_cpu(), [], budget, 0)
+    prof = load_or_measure(threads=n_threads or None, fast=True)
+    if budget is None:
+        budget = gpu.free_bytes // 2
+    settings = ContextSettings(n_ctx, max_sessions, 512, n_threads)
+    return plan_checked(path, inv, prof, budget, wl, settings)
