@@ -77,7 +77,7 @@ class BudgetPolicy:
     def decide(self, r: VramReading, frame: int, now: float) -> Decision:
         """What to run next, given a fresh reading (``now`` in monotonic seconds)."""
         assert self.current is not None
-        self._acknowledge(r, now)
+        self.acknowledge(r, now)
         budget = self.budget(r)
         best = self.ladder.best_within(budget)
         cur = self.current
@@ -114,7 +114,8 @@ class BudgetPolicy:
         """Call after the runtime has resharded to ``rung``."""
         self.current = rung
 
-    def _acknowledge(self, r: VramReading, now: float) -> None:
+    def acknowledge(self, r: VramReading, now: float) -> None:
+        """Mark reservations whose VRAM is free now; drop those the game has taken."""
         free = r.total - r.used
         for res in self.reservations:
             if not res.acknowledged and free >= res.nbytes:

@@ -68,7 +68,8 @@ class NvmlSource:
 class EngineReportSource:
     """What the game engine reports in ``frame`` messages (e.g. DXGI's budget/usage on Windows,
     Unity's graphics-memory counters). ``vram_used`` is the *game's* use, so the device use is
-    game + own."""
+    game + own; ``vram_budget`` is what the game and the model may use together (the device
+    total if the engine does not say). ``total`` = 0 means no driver figure: reports alone."""
 
     def __init__(self, total: int, own: Callable[[], int]) -> None:
         self.total, self.own = total, own
@@ -89,8 +90,11 @@ class EngineReportSource:
         with self._lock:
             if self._game_used is None:
                 return None
-            total = self.total if self._game_budget is None else min(self.total,
-                                                                      self._game_budget)
+            total = self.total if self._game_budget is None else self._game_budget
+            if self.total and self._game_budget is not None:
+                total = min(self.total, self._game_budget)
+            if not total:  # no device total known and none reported: nothing to go on
+                return None
             own = self.own()
             return VramReading(total, self._game_used + own, own, "engine", self._at)
 

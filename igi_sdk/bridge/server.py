@@ -361,7 +361,9 @@ class Server:
 
         cfg = self.cfg
         has_nvml = nvml() is not None
-        if not cfg.arbiter or not (has_nvml or cfg.vram_trace):
+        # without NVML (a non-NVIDIA GPU) the engine's own frame reports drive the arbiter;
+        # that needs the machine's profile given explicitly, since none can be measured here
+        if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
         if cfg.profile is not None:
             prof = Profile.load(cfg.profile)
