@@ -238,7 +238,7 @@ def greet(client: Client, timeout: float = 60.0) -> None:
         try:
             client.hello()
             return
-        except Exception:  # noqa: BLE001 - not listening yet
+        except Exception:  # not listening yet
             if time.monotonic() > end:
                 raise
             time.sleep(0.2)
@@ -533,7 +533,7 @@ def analyse(trace: dict, statics: dict[str, dict], reference: dict) -> dict:
     base = trace["base_used"]
 
     def model_at(i: int) -> int:
-        t, used, alloc = samples[i]
+        _, used, alloc = samples[i]
         return used - base - alloc
 
     def first_time(after: float, pred) -> float | None:
@@ -645,6 +645,8 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--threads", type=int, default=max(1, (os.cpu_count() or 4) * 3 // 4))
     ap.add_argument("--max-tokens", type=int, default=48)
+    ap.add_argument("--reference-chats", type=int, default=30,
+                    help="chats replayed on the static plan for the text comparison")
     ap.add_argument("--json")
     ap.add_argument("--sim", action="store_true", help="no GPU: a simulated device")
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
@@ -696,9 +698,14 @@ def main() -> int:
         trace = trace_run(args, dev, tmp)
         if args.sim:
             poll_stop.set()
-        n = len(trace["chats"])
+        n = min(len(trace["chats"]), args.reference_chats)
         statics: dict[str, dict] = {}
         reference: dict = {"chats": []}
+        if args.json:  # what the trace gave, in case the static runs do not finish
+            a = analyse(trace, statics, reference)
+            Path(args.json).write_text(json.dumps({"summary": a, "events": trace["events"],
+                                                   "stats": trace["stats"]}, indent=1,
+                                                  default=str))
         for name, b in (("menu", args.high_gb), ("level load", args.low_gb),
                         ("reserved", args.high_gb - args.reserve_gb)):
             budget = int(b * GB)

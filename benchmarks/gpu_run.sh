@@ -2,7 +2,8 @@
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | all  (each fits one 10-minute device call)
+#   part: placement | planner-a | planner-b | final | final2 | arbiter | dense-moe | revalidate | all
+#   (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
 part=${2:-all}
@@ -49,4 +50,24 @@ if [ "$part" = final2 ]; then
     --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 --sessions 4 \
     --gen 64 --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
+fi
+if [ "$part" = arbiter ] || [ "$part" = all ]; then
+  # the sidecar gets 12 of the 16 cores: the game's render thread needs CPU time too
+  timeout 420 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
+    --phase-s 6 --frame-s 8 --max-tokens 32 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
+  cp /tmp/igi-bench/profile.json "$out/profile-12t.json"
+  python3 -m igi_sdk.cli plan /tmp/igi-bench/llama3-8b.gguf --vram 4GB --ctx 4096 \
+    --profile /tmp/igi-bench/profile.json > "$out/plan-4gb.txt" 2>&1
+fi
+if [ "$part" = dense-moe ] || [ "$part" = all ]; then
+  python3 benchmarks/planner_bench.py --models minitron-8b --budgets 4,8 --cases 1024:4096 \
+    --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
+    --strategies ours,P2,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
+fi
+if [ "$part" = revalidate ] || [ "$part" = all ]; then
+  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 1024:4096,4096:16384 \
+    --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 4 --cases 1024:4096 \
+    --strategies ours,full,cpu --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi

@@ -97,3 +97,35 @@ def test_reservation_is_answered_once_the_vram_is_free(setup) -> None:
         c.close()
     finally:
         stop(proc)
+
+
+def test_engine_reports_alone_drive_the_arbiter(setup) -> None:
+    """No NVML and no trace (a non-NVIDIA GPU): the game's `frame` reports are the source."""
+    d, ladder = setup
+    top = ladder.rungs[-1]
+    pool = top.vram + 256 * MIB + 256 * MIB  # what the game and the model share
+    proc = start_sidecar(d, f"ipc://{d / 'eng.sock'}", "--model", "m.gguf",
+                         "--profile", str(d / "profile.json"), "--grow-hold", "0.2")
+    try:
+        c = Client(f"ipc://{d / 'eng.sock'}", timeout=60)
+        c.wait_ready(60)
+
+        def run_until(game_used: int, want, seconds: float = 15.0) -> dict:
+            end, frame = time.monotonic() + seconds, 0
+            while time.monotonic() < end:
+                c.frame(frame, 10.0, vram_used=game_used, vram_budget=pool)
+                arb = c.stats()["arbiter"]
+                if want(arb):
+                    return arb
+                frame += 1
+                time.sleep(0.05)
+            raise AssertionError(f"the arbiter never got there: {arb}")
+
+        grown = run_until(0, lambda a: a["plan_vram"] == top.vram)  # the game uses nothing
+        assert grown["budget"] <= pool
+        # the game takes all but the CPU plan's share: the model gives its VRAM back
+        shrunk = run_until(pool - ladder.cpu.vram, lambda a: a["plan"] == ladder.cpu.plan.name)
+        assert shrunk["reshards"] >= 2
+        c.close()
+    finally:
+        stop(proc)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import itertools
+
 import pytest
 
 from igi_sdk.errors import BudgetTooSmallError
@@ -139,12 +141,22 @@ def test_measured_attention_rates_drive_the_attention_cost(dense) -> None:
     assert CPU_PROFILE.cpu.attention_flops() == CPU_PROFILE.cpu.flops()
 
 
-def test_profile_rate_interpolates_in_log_space() -> None:
-    dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 1.0}})
-    assert dev.rate("Q4_0", 1) == 100.0 and dev.rate("Q4_0", 64) == 1.0
-    assert dev.rate("Q4_0", 8) == pytest.approx(10 ** (2 - 2 * 0.5), rel=1e-9)
-    assert dev.rate("Q4_0", 10_000) == 1.0  # clamped past the last measurement
+def test_profile_rate_follows_a_roofline_between_measurements() -> None:
+    # 1 token: 0.01 s per weight byte (bandwidth-bound); 64 tokens: 0.5 s (compute-bound)
+    dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 2.0}})
+    assert dev.rate("Q4_0", 1) == 100.0 and dev.rate("Q4_0", 64) == 2.0
+    # 1.2 tokens of arithmetic (0.5/64 s each) take less than reading the weight: bandwidth
+    assert dev.rate("Q4_0", 1.2) == 100.0
+    # 8 tokens: the arithmetic binds, 8 × 0.5/64 s per byte
+    assert dev.rate("Q4_0", 8) == pytest.approx(16.0, rel=1e-9)
+    # past the last measurement the batch time keeps growing with the token count
+    assert dev.rate("Q4_0", 128) == pytest.approx(1.0, rel=1e-9)
     assert dev.rate("Q4_1", 1) == 100.0  # borrows the Q4_0 kernel family
+    # measurements that grow faster than linearly still give a continuous, rising curve
+    steep = DeviceProfile(name="y", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 1.0}})
+    for d in (dev, steep):
+        times = [1 / d.rate("Q4_0", n / 10) for n in range(10, 2000)]
+        assert all(0 <= b - a < 0.02 for a, b in itertools.pairwise(times))
 
 
 def test_plan_json_round_trip_into_the_runtime(tiny_llama, tmp_path) -> None:

@@ -343,7 +343,7 @@ class Server:
         if arbiter_setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
             plan = arbiter_setup[0].cpu.plan
         elif body.vram_budget is not None:
-            plan = _planned(path, body, cfg)
+            plan = _planned(path, body, cfg, self.cfg.profile)
         else:
             plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg)
@@ -605,12 +605,15 @@ def _alive_windows(pid: int) -> bool:
         k32.CloseHandle(handle)
 
 
-def _planned(path: Path, body: P.LoadModel, cfg: Any) -> Any:
+def _planned(path: Path, body: P.LoadModel, cfg: Any, profile: Path | None) -> Any:
     from igi_sdk.model import read_inventory
+    from igi_sdk.profile import Profile
     from igi_sdk.runtime.autoplan import plan_for_model
 
+    prof = Profile.load(profile) if profile is not None else None
     return plan_for_model(path, read_inventory(path), budget=body.vram_budget, n_ctx=body.n_ctx,
-                          max_sessions=body.max_sessions, n_threads=cfg.n_threads).best
+                          max_sessions=body.max_sessions, n_threads=cfg.n_threads,
+                          profile=prof).best
 
 
 def _start_auth(ctx: zmq.Context, clients_dir: Path | None) -> Any:

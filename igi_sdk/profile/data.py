@@ -4,7 +4,7 @@ Throughput is stored as *weight bytes per second* of a matrix multiplication, pe
 per token count: at 1 token a matmul is bound by reading its weight once, so the rate is close
 to memory bandwidth; at thousands of tokens it is bound by arithmetic and the rate grows with
 the token count. The cost of any weight at any batch size is then ``bytes / rate(type, tokens)``
-with the rate interpolated in log-log space between measured token counts.
+with a roofline between measured token counts (see ``_rate``).
 """
 
 from __future__ import annotations
@@ -12,7 +12,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
-import math
 import os
 from pathlib import Path
 from typing import Literal
@@ -49,7 +48,7 @@ class DeviceProfile(BaseModel):
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:
-        """Weight bytes per second for ``tokens`` tokens (log-log interpolation, clamped)."""
+        """Weight bytes per second for a batch of ``tokens`` tokens (roofline interpolation)."""
         key = (ggml_type, tokens)
         if key not in self._memo:
             self._memo[key] = self._rate(ggml_type, tokens)
@@ -61,18 +60,23 @@ class DeviceProfile(BaseModel):
         )
         if not table:
             table = next(iter(self.matmul_rate.values()))
-        pts = sorted((int(t), r) for t, r in table.items())
-        tokens = max(1.0, tokens)
-        if tokens <= pts[0][0]:
-            return pts[0][1]
-        if tokens >= pts[-1][0]:
-            # past the largest measured batch the rate is compute-bound: flat
-            return pts[-1][1]
-        for (t0, r0), (t1, r1) in itertools.pairwise(pts):
-            if t0 <= tokens <= t1:
-                f = (math.log(tokens) - math.log(t0)) / (math.log(t1) - math.log(t0))
-                return math.exp(math.log(r0) + f * (math.log(r1) - math.log(r0)))
-        return pts[-1][1]
+        # seconds per weight byte for a batch of n tokens, at the measured token counts
+        pts = sorted((int(t), 1.0 / r) for t, r in table.items())
+        n = max(1.0, tokens)
+        if n <= pts[0][0]:
+            return 1.0 / pts[0][1]
+        # Roofline between neighbours: the batch costs at least the lower neighbour's time (the
+        # weight must be read however few tokens there are) and at least the upper neighbour's
+        # time per token times n (the arithmetic); whichever binds. Past the last measurement
+        # the batch is compute-bound: time grows with n.
+        for (n0, t0), (n1, t1) in itertools.pairwise(pts):
+            if n <= n1:
+                # per-token slope: the upper neighbour's; steeper where the measurements grow
+                # faster than linearly, so the curve still meets the lower one
+                slope = max(t1 / n1, (t1 - t0) / (n1 - n0))
+                return 1.0 / max(t0, t1 - (n1 - n) * slope)
+        n1, t1 = pts[-1]
+        return 1.0 / (t1 * n / n1)
 
     def attention_flops(self) -> float:
         return self.attn_flops or self.flops()
@@ -88,7 +92,7 @@ class DeviceProfile(BaseModel):
         """Dense arithmetic rate: an F16 matmul does 2 FLOP per weight element per token."""
         table = self.matmul_rate.get("F16") or next(iter(self.matmul_rate.values()))
         t_max = max(int(t) for t in table)
-        return self.rate("F16", t_max) * t_max  # bytes/s × tokens × (2 FLOP / 2 bytes)
+        return table[t_max] * t_max  # bytes/s × tokens × (2 FLOP / 2 bytes)
 
 
 class Profile(BaseModel):

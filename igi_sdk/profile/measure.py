@@ -15,9 +15,9 @@ from igi_sdk.runtime.loader import default_threads
 from igi_sdk.runtime.nvml import nvml
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
-TOKENS = (1, 8, 64, 512, 2048)
+TOKENS = (1, 2, 4, 8, 16, 64, 512, 2048)
 # the small batches matter most: they decide the token tier where copy-compute starts to pay
-FAST_TOKENS = (1, 16, 512, 2048)
+FAST_TOKENS = (1, 4, 16, 64, 512, 2048)
 
 
 def _cpu_model() -> str:
@@ -121,10 +121,10 @@ def measure_profile(
     # weight bytes per timed graph: beyond the CPU's caches for the memory-bound small batches,
     # enough work to hide launch overhead on a GPU, little for the compute-bound large batches
     mib = 1024 * 1024
-    cpu_bytes = {1: 512 * mib, 8: 256 * mib, 16: 256 * mib, 64: 128 * mib, 512: 32 * mib,
-                 2048: 16 * mib}
-    gpu_bytes = {1: 1024 * mib, 8: 1024 * mib, 16: 1024 * mib, 64: 1024 * mib, 512: 512 * mib,
-                 2048: 256 * mib}
+    cpu_bytes = {1: 512 * mib, 2: 512 * mib, 4: 384 * mib, 8: 256 * mib, 16: 256 * mib,
+                 64: 128 * mib, 512: 32 * mib, 2048: 16 * mib}
+    gpu_bytes = {1: 1024 * mib, 2: 1024 * mib, 4: 1024 * mib, 8: 1024 * mib, 16: 1024 * mib,
+                 64: 1024 * mib, 512: 512 * mib, 2048: 256 * mib}
     if gpu is not None:  # never take more than a quarter of what is free
         gpu_bytes = {t: min(b, gpu.free_bytes // 4) for t, b in gpu_bytes.items()}
     if scale_down:

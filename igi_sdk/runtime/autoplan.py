@@ -66,9 +66,11 @@ def plan_for_model(
     max_sessions: int,
     n_threads: int = 0,
     gen_tokens: int = 128,
+    profile: Profile | None = None,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
-    planner for ``budget`` (default: half the GPU's free memory) from the cached profile."""
+    planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
+    one."""
     from igi_sdk.profile.measure import load_or_measure
     from igi_sdk.runtime.devices import first_gpu
 
@@ -77,7 +79,7 @@ def plan_for_model(
                   gen_tokens=gen_tokens)
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
-    prof = load_or_measure(threads=n_threads or None, fast=True)
+    prof = profile or load_or_measure(threads=n_threads or None, fast=True)
     if budget is None:
         budget = gpu.free_bytes // 2
     settings = ContextSettings(n_ctx, max_sessions, 512, n_threads)

@@ -627,7 +627,10 @@ class Engine:
 
     def _reshard(self, plan: Plan) -> float:
         t0 = time.perf_counter()
-        saved = {sid: self._seq_state(s.seq) for sid, s in self._sessions.items()}
+        # the whole context's state, not one sequence at a time: llama.cpp puts it back cell for
+        # cell in the same order, so attention sums over the same layout and the replies come
+        # out bit for bit as if nothing had happened (per-sequence restores regroup the cells)
+        saved = self._ctx_state()
         for s in self._sessions.values():
             if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
                 s.turn.chain.close()
@@ -645,13 +648,22 @@ class Engine:
         self.last_reshard_s = time.perf_counter() - t0
         return self.last_reshard_s
 
-    def _restore_all(self, saved: dict[str, bytes]) -> None:
-        for sid, kv in saved.items():
-            s = self._sessions[sid]
-            if not self._set_seq_state(s.seq, kv):
-                raise InferenceError(f"could not restore session '{sid}' after a reshard")
+    def _restore_all(self, saved: bytes) -> None:
+        if not self._set_ctx_state(saved):
+            raise InferenceError("could not restore the sessions after a reshard")
+        for s in self._sessions.values():
             if s.turn is not None:
                 s.turn.chain = self._make_chain(s.turn)
+
+    def _ctx_state(self) -> bytes:
+        size = llama_cpp.llama_state_get_size(self._ctx)
+        buf = (ctypes.c_uint8 * max(size, 1))()
+        n = llama_cpp.llama_state_get_data(self._ctx, buf, size)
+        return bytes(buf[:n])
+
+    def _set_ctx_state(self, data: bytes) -> bool:
+        buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
+        return llama_cpp.llama_state_set_data(self._ctx, buf, len(data)) == len(data)
 
 
 def _stop_scan(
