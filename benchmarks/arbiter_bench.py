@@ -35,7 +35,10 @@ import threading
 import time
 from pathlib import Path
 
-import igi_sdk  # noqa: F401  (native import order: llama_cpp before numpy)
+# the game and the NPCs only talk to the sidecar: no llama.cpp in these processes (the game
+# runs CuPy, whose CUDA libraries must not meet llama.cpp's in one process)
+os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
+
 from igi_sdk.bridge import BridgeError, Client
 
 GB = 10**9
@@ -227,8 +230,14 @@ def start_sidecar(args: argparse.Namespace, endpoint: str, *, arbiter: bool):
            "--game-pid", str(os.getpid())]
     if not arbiter:
         cmd.append("--no-arbiter")
-    proc = subprocess.Popen(cmd, stderr=open(Path(args.workdir) / "sidecar.log", "a"))
+    proc = subprocess.Popen(cmd, stderr=open(Path(args.workdir) / "sidecar.log", "a"),
+                            env=native_env())
     return proc
+
+
+def native_env() -> dict[str, str]:
+    """The environment for a process that runs llama.cpp (the sidecar, the profiler)."""
+    return {k: v for k, v in os.environ.items() if k != "IGI_SDK_CLIENT_ONLY"}
 
 
 def greet(client: Client, timeout: float = 60.0) -> None:
@@ -664,12 +673,11 @@ def main() -> int:
         args.model = str(work / "llama3-8b.gguf")
         if not Path(args.model).exists():
             write_synthetic_gguf(args.model, "llama3-8b")
-    if args.profile is None:
-        from igi_sdk.profile.measure import load_or_measure
-
-        prof = load_or_measure(threads=args.threads, fast=True)
+    if args.profile is None:  # measured in its own process: it runs llama.cpp
         args.profile = str(work / "profile.json")
-        Path(args.profile).write_text(prof.model_dump_json(indent=1))
+        subprocess.run([sys.executable, "-m", "igi_sdk.cli", "profile", "--fast", "--threads",
+                        str(args.threads), "--json", args.profile], check=True, env=native_env(),
+                       stdout=subprocess.DEVNULL)
 
     model_vram = [0]
     dev = SimDevice(int(args.pool_gb * GB), lambda: model_vram[0]) if args.sim else CudaDevice()

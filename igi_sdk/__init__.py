@@ -9,8 +9,13 @@ entry point of the SDK in one place.
 from __future__ import annotations
 
 import importlib.util
+import os
 
-if importlib.util.find_spec("llama_cpp") is not None:  # pure modules still work without it
+# A process that only talks to a sidecar (a game's tools, a harness that runs its own CUDA
+# work) sets IGI_SDK_CLIENT_ONLY=1 and never maps llama.cpp's native libraries: two CUDA
+# runtimes in one process (llama.cpp's and, say, CuPy's) are asking for a crash.
+_client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
+if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
     import llama_cpp  # noqa: F401  (must precede numpy; see above)
 
 __version__ = "0.1.0"

@@ -216,6 +216,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     prof = load_or_measure(threads=args.threads or None, fast=args.fast, refresh=True,
                            progress=lambda p, _what: bar(p))
     print(f"profile {prof.key} ({', '.join(f'{k}={v}' for k, v in prof.fingerprint.items())})")
+    if args.json:
+        Path(args.json).write_text(prof.model_dump_json(indent=1))
+        print(f"wrote {args.json}")
     for dev in (prof.cpu, prof.gpu):
         if dev is None:
             continue
@@ -379,6 +382,7 @@ def build_parser() -> argparse.ArgumentParser:
     pr = sub.add_parser("profile", help="measure this machine (cached per machine fingerprint)")
     pr.add_argument("--fast", action="store_true", help="fewer points, one repetition")
     pr.add_argument("--threads", type=int, default=0)
+    pr.add_argument("--json", help="also write the profile here (e.g. for `serve --profile`)")
     pr.set_defaults(fn=cmd_profile)
 
     pl = sub.add_parser("plan", help="choose tensor placement for a VRAM budget")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -64,3 +65,16 @@ def test_engine_rejects_bad_files_with_typed_errors(tmp_path) -> None:
     bad.write_bytes(b"\x00" * 64)
     with pytest.raises(NotAGGUFError):
         Engine(bad)
+
+
+def test_client_only_processes_never_load_llama_cpp() -> None:
+    """A game's tools (or a harness running its own CUDA work) talk to the sidecar without
+    mapping llama.cpp's native libraries."""
+    code = ("import sys, igi_sdk.bridge; "
+            "assert 'llama_cpp' not in sys.modules, 'llama_cpp was imported'; "
+            "print(igi_sdk.bridge.Client.__name__)")
+    env = {**os.environ, "IGI_SDK_CLIENT_ONLY": "1"}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "Client"
