@@ -53,8 +53,8 @@ if [ "$part" = final2 ]; then
 fi
 if [ "$part" = arbiter ] || [ "$part" = all ]; then
   # the sidecar gets 12 of the 16 cores: the game's render thread needs CPU time too
-  timeout 420 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
-    --phase-s 6 --frame-s 8 --max-tokens 32 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
+  timeout 330 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
+    --phase-s 5 --frame-s 6 --max-tokens 32 --reference-chats 20 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
   cp /tmp/igi-bench/profile.json "$out/profile-12t.json"
   python3 -m igi_sdk.cli plan /tmp/igi-bench/llama3-8b.gguf --vram 4GB --ctx 4096 \
     --profile /tmp/igi-bench/profile.json > "$out/plan-4gb.txt" 2>&1
