@@ -84,9 +84,12 @@ class CudaDevice:
         return self.cp.cuda.Memory(nbytes)  # a plain cudaMalloc, no pool: freed on release
 
     def calibrate(self, render_ms: float) -> float:
-        self.iters = 4
-        one = self.render() / 4
-        self.iters = max(1, round(render_ms / one))
+        self.iters = 8
+        for _ in range(5):  # warm up (cuBLAS handles, clocks) before timing anything
+            self.render()
+        for _ in range(3):  # converge: the clocks settle as the load grows
+            one = statistics.median(self.render() for _ in range(5)) / self.iters
+            self.iters = max(1, round(render_ms / one))
         return statistics.median(self.render() for _ in range(20))
 
     def render(self) -> float:
@@ -224,15 +227,15 @@ def stop_npcs(proc, out: Path) -> list[dict]:
 
 
 def start_sidecar(args: argparse.Namespace, endpoint: str, *, arbiter: bool):
-    cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "igi_sdk.cli", "serve",
+           "--endpoint", endpoint,
            "--model-dir", str(Path(args.model).parent), "--threads", str(args.threads),
            "--profile", args.profile, "--grow-hold", str(args.grow_hold),
            "--game-pid", str(os.getpid())]
     if not arbiter:
         cmd.append("--no-arbiter")
-    proc = subprocess.Popen(cmd, stderr=open(Path(args.workdir) / "sidecar.log", "a"),
-                            env=native_env())
-    return proc
+    log = open(Path(args.workdir) / "sidecar.log", "a")
+    return subprocess.Popen(cmd, stdout=log, stderr=log, env=native_env())
 
 
 def native_env() -> dict[str, str]:
@@ -240,10 +243,12 @@ def native_env() -> dict[str, str]:
     return {k: v for k, v in os.environ.items() if k != "IGI_SDK_CLIENT_ONLY"}
 
 
-def greet(client: Client, timeout: float = 60.0) -> None:
+def greet(client: Client, side, timeout: float = 60.0) -> None:
     """Say hello once the sidecar listens (it takes a moment to start)."""
     end = time.monotonic() + timeout
     while True:
+        if side.poll() is not None:
+            raise RuntimeError(f"the sidecar exited with code {side.returncode}; see sidecar.log")
         try:
             client.hello()
             return
@@ -391,7 +396,7 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     base = dev.used()
     side = start_sidecar(args, endpoint, arbiter=True)
     client = Client(endpoint, timeout=120, engine="arbiter-bench-game", game_pid=os.getpid())
-    greet(client)
+    greet(client, side)
     g = Game(args, dev, client, pool)
     g.base_used = base
     client.load_model(Path(args.model).name, n_ctx=args.ctx, max_sessions=4)
@@ -499,7 +504,7 @@ def static_run(args: argparse.Namespace, dev, tmp: Path, budget: int, chats: int
     endpoint = f"ipc://{tmp / f'static{budget}.sock'}"
     side = start_sidecar(args, endpoint, arbiter=False)
     client = Client(endpoint, timeout=120, engine="arbiter-bench-static", game_pid=os.getpid())
-    greet(client)
+    greet(client, side)
     client.load_model(Path(args.model).name, n_ctx=args.ctx, max_sessions=4,
                       vram_budget=budget)
     plan = client.stats().get("plan")
