@@ -16,6 +16,9 @@ import os
 # runtimes in one process (llama.cpp's and, say, CuPy's) are asking for a crash.
 _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
+    # pyzmq too must be loaded before llama.cpp's CUDA build, or its first send segfaults
+    # (seen on the H200 host); it has no native dependency that clashes the other way round
+    import zmq  # noqa: F401
     import llama_cpp  # noqa: F401  (must precede numpy; see above)
 
 __version__ = "0.1.0"
