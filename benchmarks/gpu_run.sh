@@ -52,9 +52,11 @@ if [ "$part" = final2 ]; then
     --gen 64 --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = arbiter ] || [ "$part" = all ]; then
+  python3 benchmarks/native_order_probe.py --json "$out/native_order.json" --fix-out /tmp/fix.sh 2>&1 | tee "$out/native_order.txt"
+  . /tmp/fix.sh
   # the sidecar gets 12 of the 16 cores: the game's render thread needs CPU time too
-  timeout 330 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
-    --phase-s 5 --frame-s 6 --max-tokens 32 --reference-chats 20 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
+  timeout 290 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
+    --phase-s 5 --frame-s 5 --max-tokens 32 --reference-chats 12 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
   cp /tmp/igi-bench/profile.json "$out/profile-12t.json"
   python3 -m igi_sdk.cli plan /tmp/igi-bench/llama3-8b.gguf --vram 4GB --ctx 4096 \
     --profile /tmp/igi-bench/profile.json > "$out/plan-4gb.txt" 2>&1
