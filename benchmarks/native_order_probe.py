@@ -124,6 +124,8 @@ def main() -> int:
         line = " ".join(f"export {k}='{v}';" for k, v in env.items())
         if prefix:
             line += " ulimit -s 262144;"
+        if not fixed:
+            line = "echo 'no mitigation fixes every load order'; return 3"
         with open(args.fix_out, "w") as f:
             f.write(line + "\n")
     return 0
