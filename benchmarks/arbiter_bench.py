@@ -415,10 +415,10 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     g.ws_target = ws_menu
     g.grow_ws()
     g.mark("menu", budget=phase_budget(ws_menu))
+    wait_settled(g, 60)  # the model climbs from the CPU plan to the best that fits
     npc_out = tmp / "npcs-trace.json"
     npcs = start_npcs(args, endpoint, npc_out)
     t = time.time()
-    wait_settled(g, 60)
     g.run_frames(args.phase_s, "menu", each=Game.grow_ws)
     phases["menu"] = (t, time.time())
 
@@ -483,6 +483,7 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     g.run_frames(2.0, "warm")
     g.run_frames(args.frame_s, "frames: chatting, unpaced")
     g.target_ms = 1000 / FPS
+    g.run_frames(4.0, "pacing: settling")  # frames over target: the model leaves the GPU
     g.run_frames(args.frame_s, "frames: chatting, paced")
     g.target_ms = None
     frame_chats = stop_npcs(npcs2, tmp / "npcs-frames.json")
@@ -575,8 +576,8 @@ def analyse(trace: dict, statics: dict[str, dict], reference: dict) -> dict:
             "budget": need,
             "time_to_free_s": freed,
             "time_to_best_s": (max(d["at"] for d in later) - t0) if later else None,
-            "reshards": [(d["action"], d["plan"], d["vram"], round(d["seconds"], 3))
-                         for d in later],
+            "reshards": [(d["action"], d["plan"], d["vram"], round(d["seconds"], 3),
+                          d.get("released_s") and round(d["released_s"], 3)) for d in later],
         })
     ack = next((x for x in ev if x["event"] == "reserve acknowledged"), None)
     out["phases"]["reserved"]["ack_wait_ms"] = ack and ack.get("wait_ms")

@@ -2,7 +2,8 @@
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | arbiter | dense-moe | revalidate | all
+#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | dense-moe |
+#         revalidate | all
 #   (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
@@ -51,12 +52,13 @@ if [ "$part" = final2 ]; then
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 --sessions 4 \
     --gen 64 --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
+if [ "$part" = native-order ] || [ "$part" = all ]; then
+  python3 benchmarks/native_order_probe.py --json "$out/native_order.json" 2>&1 | tee "$out/native_order.txt"
+fi
 if [ "$part" = arbiter ] || [ "$part" = all ]; then
-  python3 benchmarks/native_order_probe.py --json "$out/native_order.json" --fix-out /tmp/fix.sh 2>&1 | tee "$out/native_order.txt"
-  . /tmp/fix.sh
   # the sidecar gets 12 of the 16 cores: the game's render thread needs CPU time too
-  timeout 290 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
-    --phase-s 5 --frame-s 5 --max-tokens 32 --reference-chats 12 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
+  timeout 300 python3 benchmarks/arbiter_bench.py --workdir /tmp/igi-bench --threads 12 \
+    --phase-s 5 --frame-s 5 --max-tokens 32 --reference-chats 16 --json "$out/arbiter.json" 2>&1 | tee "$out/arbiter.txt"
   cp /tmp/igi-bench/profile.json "$out/profile-12t.json"
   python3 -m igi_sdk.cli plan /tmp/igi-bench/llama3-8b.gguf --vram 4GB --ctx 4096 \
     --profile /tmp/igi-bench/profile.json > "$out/plan-4gb.txt" 2>&1

@@ -3,7 +3,8 @@
 Import order matters: with the CUDA build of llama.cpp, importing numpy before ``llama_cpp``
 makes ``llama_model_load_from_file`` crash (seen on an H200 host; see docs/architecture.md).
 Importing ``llama_cpp`` here, before any submodule pulls in numpy, fixes the order for every
-entry point of the SDK in one place.
+entry point of the SDK in one place. pyzmq clashes with it in either order; the ``igi-sdk``
+command preloads pyzmq's libraries for that (see ``igi_sdk.cli``).
 """
 
 from __future__ import annotations
@@ -16,9 +17,6 @@ import os
 # runtimes in one process (llama.cpp's and, say, CuPy's) are asking for a crash.
 _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
-    # pyzmq too must be loaded before llama.cpp's CUDA build, or its first send segfaults
-    # (seen on the H200 host); it has no native dependency that clashes the other way round
-    import zmq  # noqa: F401
     import llama_cpp  # noqa: F401  (must precede numpy; see above)
 
 __version__ = "0.1.0"

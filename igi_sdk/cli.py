@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import glob
+import importlib.util
+import os
 import sys
 from pathlib import Path
 
@@ -435,7 +438,34 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _reexec_with_native_preload() -> None:
+    """Run this command again with pyzmq's bundled libzmq and libsodium loaded at start.
+
+    With llama.cpp's CUDA build on the H200 host, whichever of llama.cpp and pyzmq (or numpy)
+    is loaded second crashes the process: a SIGSEGV on the first message sent, or inside the
+    model load. Import order cannot fix both; preloading pyzmq's libraries fixes every order
+    (``benchmarks/native_order_probe.py`` shows each case). Linux only, once per process.
+    """
+    if sys.platform != "linux" or os.environ.get("IGI_SDK_PRELOADED") == "1":
+        return
+    spec = importlib.util.find_spec("zmq")
+    if spec is None or spec.origin is None:
+        return
+    libs = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), os.pardir,
+                                         "pyzmq.libs", "*.so*")))
+    if not libs:  # pyzmq built against the system libzmq: nothing bundled to preload
+        return
+    preload = ":".join([os.path.realpath(p) for p in libs]
+                       + ([os.environ["LD_PRELOAD"]] if os.environ.get("LD_PRELOAD") else []))
+    env = {**os.environ, "LD_PRELOAD": preload, "IGI_SDK_PRELOADED": "1"}
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execve(sys.executable, [sys.executable, "-m", "igi_sdk.cli", *sys.argv[1:]], env)
+
+
 def main(argv: list[str] | None = None) -> int:
+    if argv is None:  # a real command line (not a call from Python): make native loads safe
+        _reexec_with_native_preload()
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))

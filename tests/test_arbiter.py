@@ -278,3 +278,81 @@ def test_engine_pacing_slows_steps_and_keeps_the_player_first(tmp_path) -> None:
         # the NPC was decoded every other step: it finished after the player
         assert b.result(60).total_s > ra.total_s
         eng.set_pacing(0.0)
+
+
+def test_a_plan_barely_over_the_budget_stays(ladder) -> None:
+    """NVML and the engine's reports differ by page rounding; a reload costs seconds."""
+    top = ladder.rungs[-1]
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=0), current=top)
+    r = VramReading(total=top.vram + 1000, used=2000 + top.vram, own=top.vram, source="t", at=0)
+    assert policy.budget(r) == top.vram - 1000  # 1000 bytes short
+    assert policy.decide(r, 0, 0.0).action == "stay"
+    far = VramReading(top.vram, top.vram + 64 * MIB, top.vram, "t", 0)  # 64 MiB short
+    assert policy.decide(far, 0, 0.0).action in ("shrink", "fast_shrink")
+
+
+def test_paced_frames_over_target_leave_the_gpu_to_the_game(ladder) -> None:
+    top = ladder.rungs[-1]
+    cfg = PolicyConfig(headroom=0, grow_hold_s=0.5, pressure_frames=3, pressure_window=10,
+                       yield_hold_s=2.0)
+    policy = BudgetPolicy(ladder, cfg, current=top)
+    idle = VramReading(top.vram * 4, top.vram, top.vram, "t", 0)  # VRAM is no problem
+    t = 0.0
+    for _ in range(10):  # frames under target, and frames with no target: nothing happens
+        policy.note_frame(15.0, 16.7, t)
+        policy.note_frame(40.0, None, t)
+    assert policy.decide(idle, 0, t).action == "stay"
+    for _ in range(3):  # three paced frames over target: the model yields the GPU
+        policy.note_frame(20.0, 16.7, t)
+    d = policy.decide(idle, 0, t)
+    assert d.action == "yield" and d.target is ladder.cpu
+    policy.applied(d.target)
+    assert policy.decide(idle, 0, t + 1.9).action == "stay"  # held for yield_hold_s ...
+    grew = [policy.decide(idle, 0, t + x / 10) for x in range(20, 40)]
+    assert any(g.action == "grow" for g in grew)  # ... then grows back once the budget holds
+    policy.applied(ladder.rungs[-1])
+    # yielding again soon after doubles the hold: the game is GPU-bound in this scene
+    t2 = t + 4.0
+    for _ in range(3):
+        policy.note_frame(20.0, 16.7, t2)
+    assert policy.decide(idle, 0, t2).action == "yield"
+    policy.applied(ladder.cpu)
+    assert policy.decide(idle, 0, t2 + 3.9).action == "stay"
+    assert policy.yielding(t2 + 3.9) and not policy.yielding(t2 + 4.1)
+
+
+def test_reservation_is_acknowledged_as_soon_as_the_old_plan_is_gone(tmp_path) -> None:
+    """The game waits for the VRAM, not for the model to finish loading its next plan."""
+    from igi_sdk.arbiter import Arbiter
+    from igi_sdk.runtime import loader
+
+    eng, ladder = _engine_setup(tmp_path)
+    top = ladder.rungs[-1]
+    t = [0.0]
+    total = top.vram + 64 * MIB + 256 * MIB
+    # what the device shows for us: nothing while the engine holds no model (mid-reshard)
+    trace = ScriptedTrace(total, [(0.0, 0)], clock=lambda: t[0],
+                          own=lambda: 0 if eng._loaded is None else arb.policy.current.vram)
+    arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=64 * MIB, grow_hold_s=0.0),
+                  clock=lambda: t[0])
+    events: list[str] = []
+    real_load = loader.load
+
+    def logged_load(*a, **kw):
+        events.append("load")
+        return real_load(*a, **kw)
+
+    try:
+        arb.tick()
+        t[0] = 0.1
+        arb.tick()  # grown to the top rung
+        assert arb.policy.current is top
+        loader.load = logged_load
+        need = total - ladder.cpu.vram - 64 * MIB - 1  # only the CPU plan leaves this much
+        assert need > total - top.vram  # not free now
+        arb.reserve(need, 0, lambda res: events.append("ack"))
+        arb.tick()
+        assert "ack" in events and events.index("ack") < events.index("load"), events
+    finally:
+        loader.load = real_load
+        eng.close()

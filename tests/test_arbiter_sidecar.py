@@ -8,9 +8,9 @@ import time
 import pytest
 
 from igi_sdk.arbiter import PlanLadder
+from igi_sdk.arbiter.ladder import arbiter_workload
 from igi_sdk.bridge import Client
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
-from igi_sdk.planner import Workload
 from tests.test_bridge import start_sidecar, stop
 from tests.test_planner import GPU_PROFILE
 
@@ -24,7 +24,7 @@ def setup(tmp_path_factory):
     path = write_synthetic_gguf(d / "m.gguf", spec)
     (d / "profile.json").write_text(GPU_PROFILE.model_dump_json())
     # the sidecar builds the same ladder (same inventory, profile, workload for n_ctx 2048)
-    wl = Workload(n_ctx=2048, prompt_tokens=512)
+    wl = arbiter_workload(2048)
     ladder = PlanLadder.build(read_inventory(path), GPU_PROFILE, wl)
     return d, ladder
 

@@ -32,6 +32,7 @@ class ReshardRecord:
     seconds: float
     reason: str
     ok: bool
+    released_s: float | None = None  # when the old plan's memory was free (from the start)
 
 
 class Arbiter:
@@ -68,8 +69,12 @@ class Arbiter:
     # --- inputs (any thread) ------------------------------------------------------------------
 
     def on_frame(self, frame: int, vram_used: int | None = None,
-                 vram_budget: int | None = None) -> None:
+                 vram_budget: int | None = None, frame_time_ms: float | None = None,
+                 target_ms: float | None = None) -> None:
         self.frame = max(self.frame, frame)
+        if frame_time_ms is not None:
+            with self._lock:
+                self.policy.note_frame(frame_time_ms, target_ms, self.clock())
         for s in self.sources:
             if isinstance(s, EngineReportSource):
                 s.report(vram_used, vram_budget)
@@ -142,8 +147,18 @@ class Arbiter:
     def _apply(self, d: Decision) -> None:
         t0 = self.clock()
         ok = True
+        released: list[float] = []
+
+        def on_released() -> None:  # the old plan's VRAM is free: the game may take it now
+            released.append(self.clock() - t0)
+            reading = self._reading()
+            if reading is not None:
+                with self._lock:
+                    self.policy.acknowledge(reading, self.clock())
+                self._notify_acks()
+
         try:
-            self.engine.reshard(d.target.plan)
+            self.engine.reshard(d.target.plan, on_released=on_released)
             self.policy.applied(d.target)
         except IgiError as e:
             ok = False
@@ -152,12 +167,14 @@ class Arbiter:
             self.engine.reshard(self.ladder.cpu.plan)
             self.policy.applied(self.ladder.cpu)
         rec = ReshardRecord(time.time(), d.action, d.target.plan.name, d.target.vram,
-                            self.clock() - t0, d.reason, ok)
+                            self.clock() - t0, d.reason, ok,
+                            released[0] if released else None)
         self.reshards.append(rec)
         self.decisions.append({"at": rec.at, "action": d.action, "budget": d.budget,
                                "plan": rec.plan, "vram": rec.vram, "reason": d.reason,
                                "source": d.reading.source if d.reading else None,
-                               "seconds": rec.seconds, "ok": ok})
+                               "seconds": rec.seconds, "released_s": rec.released_s,
+                               "ok": ok})
         log.info("%s -> %s (%d MiB) in %.3f s: %s", d.action, rec.plan, rec.vram >> 20,
                  rec.seconds, d.reason)
 
@@ -179,5 +196,6 @@ class Arbiter:
             "reshard_seconds": [round(r.seconds, 4) for r in list(self.reshards)[-16:]],
             "pending_reservations": sum(1 for r in self.policy.reservations
                                         if not r.acknowledged),
+            "yielding_gpu": self.policy.yielding(self.clock()),
             "decisions": list(self.decisions)[-8:],
         }

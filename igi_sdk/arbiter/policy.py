@@ -28,6 +28,17 @@ class PolicyConfig:
     grow_margin: int = 128 * 1024 * 1024  # the next rung must fit with this much to spare
     grow_hold_s: float = 2.0  # ... continuously for this long
     reservation_hold_s: float = 10.0  # an acknowledged reservation the game never took expires
+    # a plan over the budget by less than this stays: NVML and the engine's reports differ by
+    # page rounding, and a reload costs seconds (the headroom above covers the difference)
+    shrink_tolerance: int = 32 * 1024 * 1024
+    # frame pacing by placement: when this many of the last ``pressure_window`` paced frames run
+    # over their target while the model computes on the GPU, the model moves to the CPU plan and
+    # leaves the GPU to the game for ``yield_hold_s`` (doubling each time it has to yield again
+    # soon after, up to ``yield_hold_max_s``)
+    pressure_frames: int = 6
+    pressure_window: int = 30
+    yield_hold_s: float = 5.0
+    yield_hold_max_s: float = 120.0
 
 
 @dataclass
@@ -42,7 +53,7 @@ class Reservation:
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "stay" | "shrink" | "fast_shrink" | "grow"
+    action: str  # "stay" | "shrink" | "fast_shrink" | "grow" | "yield"
     target: Rung
     budget: int
     reason: str
@@ -56,10 +67,33 @@ class BudgetPolicy:
     current: Rung | None = None
     reservations: list[Reservation] = field(default_factory=list)
     _grow_since: float | None = None
+    _recent: list[bool] = field(default_factory=list)  # paced frames: over their target?
+    _yield_until: float | None = None
+    _yield_hold: float = 0.0
 
     def __post_init__(self) -> None:
         if self.current is None:
             self.current = self.ladder.cpu
+        self._yield_hold = self.config.yield_hold_s
+
+    def note_frame(self, frame_time_ms: float, target_ms: float | None, now: float) -> None:
+        """A frame the game rendered; frames with a target feed pacing by placement."""
+        c = self.config
+        if not target_ms:
+            return
+        self._recent = [*self._recent[-(c.pressure_window - 1):], frame_time_ms > target_ms]
+        on_gpu = self.current is not self.ladder.cpu
+        if on_gpu and sum(self._recent) >= c.pressure_frames and not self.yielding(now):
+            ended = self._yield_until
+            if ended is not None and now - ended < 2 * self._yield_hold:
+                self._yield_hold = min(c.yield_hold_max_s, self._yield_hold * 2)
+            else:
+                self._yield_hold = c.yield_hold_s
+            self._yield_until = now + self._yield_hold
+            self._recent = []
+
+    def yielding(self, now: float) -> bool:
+        return self._yield_until is not None and now < self._yield_until
 
     def budget(self, r: VramReading) -> int:
         reserved = sum(x.nbytes for x in self.reservations)
@@ -84,7 +118,15 @@ class BudgetPolicy:
         if cur.vram > budget and cur is self.ladder.cpu:
             self._grow_since = None  # nothing left to give back but the GPU's fixed share
             return Decision("stay", cur, budget, "already on the CPU plan", r)
-        if cur.vram > budget:
+        if self.yielding(now):
+            self._grow_since = None
+            if cur is not self.ladder.cpu:
+                return Decision("yield", self.ladder.cpu, budget,
+                                f"paced frames over target: the GPU is the game's for "
+                                f"{self._yield_hold:.0f} s", r)
+            return Decision("stay", cur, budget, "leaving the GPU to the game", r)
+        pending = any(not x.acknowledged for x in self.reservations)
+        if cur.vram > budget + (0 if pending else self.config.shrink_tolerance):
             self._grow_since = None
             urgent = any(not x.acknowledged and x.due_frame <= frame + 1
                          for x in self.reservations)

@@ -354,8 +354,8 @@ class Server:
     def _arbiter_setup(self, path: Path, body: P.LoadModel) -> tuple[Any, Any] | None:
         """(plan ladder, trace or None) when this sidecar should arbitrate VRAM, else None."""
         from igi_sdk.arbiter import PlanLadder, ScriptedTrace
+        from igi_sdk.arbiter.ladder import arbiter_workload
         from igi_sdk.model import read_inventory
-        from igi_sdk.planner import Workload
         from igi_sdk.profile import Profile
         from igi_sdk.runtime.nvml import nvml
 
@@ -373,8 +373,7 @@ class Server:
             prof = load_or_measure(fast=True)
         if prof.gpu is None:
             return None
-        wl = Workload(n_ctx=body.n_ctx, prompt_tokens=max(64, min(1024, body.n_ctx // 4)))
-        ladder = PlanLadder.build(read_inventory(path), prof, wl)
+        ladder = PlanLadder.build(read_inventory(path), prof, arbiter_workload(body.n_ctx))
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
         return ladder, trace
 
@@ -514,7 +513,8 @@ class Server:
             self.engine.set_pacing(self.pacer.update(body.frame_time_ms,
                                                      body.target_frame_time_ms))
         if self.arbiter is not None:
-            self.arbiter.on_frame(body.frame, body.vram_used, body.vram_budget)
+            self.arbiter.on_frame(body.frame, body.vram_used, body.vram_budget,
+                                  body.frame_time_ms, body.target_frame_time_ms)
         return {}
 
     def _on_reserve_vram(self, c: _Client, msg_id: int,

@@ -51,6 +51,10 @@ class Workload:
     prompt_tokens: int = 1024
     gen_tokens: int = 128
     compute_scale: float = 1.0
+    # False: CPU-resident weights stay memory-mapped instead of being copied into pinned memory.
+    # Copy-compute then streams at pageable speed, but a reload (a reshard) costs far less:
+    # pinning 4 GB of host memory took 3-4 s per reload on the H200 host, mapping it nothing.
+    pin_host: bool = True
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
@@ -279,14 +283,16 @@ def _best_prefix(
 def _attn_first(
     inv: ModelInventory, prof: Profile, wl: Workload, budget: int, ubatch: int, copy: bool
 ) -> Plan:
+    pinned = copy and wl.pin_host
     base = Plan(name="attn-first-copy" if copy else "attn-first-static", flash_attn="on",
-                n_ubatch=ubatch, op_offload=copy, pinned_host=copy, gpu_layers=0)
+                n_ubatch=ubatch, op_offload=copy, pinned_host=pinned, gpu_layers=0)
     if copy:
-        base = base.model_copy(update={"copy_compute_min_batch": _copy_threshold(inv, prof)})
+        base = base.model_copy(update={"copy_compute_min_batch":
+                                       _copy_threshold(inv, prof, pinned)})
     return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv))
 
 
-def _copy_threshold(inv: ModelInventory, prof: Profile) -> int:
+def _copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> int:
     """Smallest batch from which streaming CPU-resident weights to the GPU beats computing them
     on the CPU (the token tier split). Judged on the whole model, so it does not depend on the
     budget."""
@@ -294,10 +300,10 @@ def _copy_threshold(inv: ModelInventory, prof: Profile) -> int:
         streamed = computed = 0.0
         for t in inv.tensors:
             g, _, x = tensor_seconds(t, inv, prof, tokens, on_gpu=False, copy_compute=True,
-                                     pinned=True)
+                                     pinned=pinned)
             streamed += g + x
             computed += tensor_seconds(t, inv, prof, tokens, on_gpu=False, copy_compute=False,
-                                       pinned=True)[1]
+                                       pinned=pinned)[1]
         if streamed < computed:
             return tokens
     return 4096
@@ -312,7 +318,7 @@ def _layer_offload(
         name="layer-offload-tuned" if tuned else "layer-offload",
         flash_attn="on" if tuned else "off",
         n_ubatch=2048 if tuned else 512,
-        pinned_host=tuned,
+        pinned_host=tuned and wl.pin_host,
         op_offload=True,
         gpu_layers=0,
     )

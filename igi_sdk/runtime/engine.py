@@ -12,6 +12,7 @@ from __future__ import annotations
 import codecs
 import ctypes
 import json
+import logging
 import queue
 import struct
 import threading
@@ -48,6 +49,7 @@ from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, json_schema_g
 from igi_sdk.runtime.text import Vocab
 
 T = TypeVar("T")
+log = logging.getLogger("igi_sdk.runtime")
 
 _SNAPSHOT_MAGIC = b"IGISESS1"
 
@@ -231,10 +233,12 @@ class Engine:
             raise InvalidStateError(f"no saved session at {p}")
         return self.restore(p.read_bytes(), session_id=session_id)
 
-    def reshard(self, plan: Plan) -> float:
+    def reshard(self, plan: Plan, on_released: Callable[[], None] | None = None) -> float:
         """Reload the model with another placement, keeping every session (and active replies)
-        exactly where they were. Returns the seconds it took."""
-        return self._call(lambda: self._reshard(plan))
+        exactly where they were. Returns the seconds it took. ``on_released`` runs (on the
+        engine thread) once the old placement's memory is freed, before the new one loads: a
+        game waiting for VRAM can have it then, not after the reload."""
+        return self._call(lambda: self._reshard(plan, on_released))
 
     def close(self) -> None:
         if self._closed:
@@ -625,7 +629,7 @@ class Engine:
         s.n_sampled = int(meta["n_sampled"])
         return new_id
 
-    def _reshard(self, plan: Plan) -> float:
+    def _reshard(self, plan: Plan, on_released: Callable[[], None] | None = None) -> float:
         t0 = time.perf_counter()
         # the whole context's state, not one sequence at a time: llama.cpp puts it back cell for
         # cell in the same order, so attention sums over the same layout and the replies come
@@ -637,6 +641,11 @@ class Engine:
                 s.turn.chain = None
         old = self.plan
         self._unload()
+        if on_released is not None:
+            try:
+                on_released()
+            except Exception:
+                log.exception("on_released callback failed")
         try:
             self._load(plan)
         except IgiError:

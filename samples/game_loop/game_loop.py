@@ -56,8 +56,8 @@ def main() -> int:
     args = ap.parse_args()
 
     from igi_sdk.arbiter import PlanLadder
+    from igi_sdk.arbiter.ladder import arbiter_workload
     from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
-    from igi_sdk.planner import Workload
     from igi_sdk.profile import Profile
 
     with tempfile.TemporaryDirectory(prefix="igi-game-") as tmp:
@@ -67,7 +67,7 @@ def main() -> int:
             "tiny-llama", n_layers=8, n_embd=512, n_ff=2048, n_vocab=4096))
         profile = HERE / "profile.json"
         ladder = PlanLadder.build(read_inventory(model), Profile.load(profile),
-                                  Workload(n_ctx=2048, prompt_tokens=512))
+                                  arbiter_workload(2048))
         top = ladder.rungs[-1].vram
         total = top + 1024 * MIB
         timeline = phases(args.seconds, total, ladder)
