@@ -460,7 +460,7 @@ def _reexec_with_native_preload() -> None:
     env = {**os.environ, "LD_PRELOAD": preload, "IGI_SDK_PRELOADED": "1"}
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, [sys.executable, "-m", "igi_sdk.cli", *sys.argv[1:]], env)
+    os.execve(sys.executable, sys.orig_argv, env)  # the same command, interpreter flags too
 
 
 def main(argv: list[str] | None = None) -> int:
