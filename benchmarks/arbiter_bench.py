@@ -475,6 +475,7 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     # frame pacing, at the top plan: NPCs idle, chatting unpaced, chatting paced
     g.ws_target = ws_menu
     g.shrink_ws()
+    g.mark("back: game frees", budget=phase_budget(ws_menu))
     g.phase = "back"
     wait_settled(g, 60)
     chats = stop_npcs(npcs, npc_out)

@@ -35,8 +35,10 @@ class PolicyConfig:
     # over their target while the model computes on the GPU, the model moves to the CPU plan and
     # leaves the GPU to the game for ``yield_hold_s`` (doubling each time it has to yield again
     # soon after, up to ``yield_hold_max_s``)
-    pressure_frames: int = 6
-    pressure_window: int = 30
+    # (3 of 60: on the H200 host, decode on the GPU pushed 10% of a 12 ms render's frames past
+    # 16.7 ms and its p99 from 12.3 to 23.6 ms; one over-target frame in 20 already costs p99)
+    pressure_frames: int = 3
+    pressure_window: int = 60
     yield_hold_s: float = 5.0
     yield_hold_max_s: float = 120.0
 
