@@ -499,6 +499,46 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
             "ballast": sum(b.size for b in g.ballast)}
 
 
+def frames_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
+    """Frame pacing alone: no ballast (VRAM is plenty), the model on its all-GPU plan; frames
+    with the NPCs idle, chatting unpaced, and chatting paced (the arbiter may yield the GPU)."""
+    endpoint = f"ipc://{tmp / 'frames.sock'}"
+    side = start_sidecar(args, endpoint, arbiter=True)
+    client = Client(endpoint, timeout=120, engine="arbiter-bench-game", game_pid=os.getpid())
+    greet(client, side)
+    g = Game(args, dev, client, 0)
+    client.load_model(Path(args.model).name, n_ctx=args.ctx, max_sessions=4)
+    g.phase = "climb"
+    wait_settled(g, 60, quiet_s=2.0)
+    g.mark("settled", plan=client.stats()["arbiter"]["plan"])
+    g.run_frames(args.frame_s, "frames: idle")
+    out = tmp / "npcs-frames.json"
+    npcs = start_npcs(args, endpoint, out)
+    g.run_frames(2.0, "warm")
+    g.run_frames(args.frame_s, "frames: chatting, unpaced")
+    g.target_ms = 1000 / FPS
+    g.run_frames(4.0, "pacing: settling")
+    arb = client.stats()["arbiter"]
+    g.mark("paced", plan=arb["plan"], yielding=arb.get("yielding_gpu"))
+    g.run_frames(args.frame_s, "frames: chatting, paced")
+    arb = client.stats()["arbiter"]
+    g.mark("paced end", plan=arb["plan"], yielding=arb.get("yielding_gpu"))
+    chats = stop_npcs(npcs, out)
+    client.shutdown()
+    client.close()
+    side.wait(timeout=60)
+    frames = {}
+    for ph in ("frames: idle", "frames: chatting, unpaced", "frames: chatting, paced"):
+        fs = [f for f in g.frames if f["phase"] == ph]
+        span = (min(f["t"] for f in fs), max(f["t"] for f in fs))
+        frames[ph] = {"n": len(fs), "frame_p50_ms": pct([f["frame_ms"] for f in fs], 0.5),
+                      "frame_p99_ms": pct([f["frame_ms"] for f in fs], 0.99),
+                      "gpu_p99_ms": pct([f["gpu_ms"] for f in fs], 0.99),
+                      "over_16_7_ms": sum(f["frame_ms"] > 1000 / FPS for f in fs) / len(fs),
+                      "npc_tokens_per_s": tokens_per_s(chats, *span)}
+    return {"frames": frames, "events": g.events, "stats": arb}
+
+
 def static_run(args: argparse.Namespace, dev, tmp: Path, budget: int, chats: int,
                seconds: float) -> dict:
     """A fixed plan for ``budget``, the same chatter (the first ``chats`` chats, or ``seconds``)
@@ -665,6 +705,7 @@ def main() -> int:
                     help="chats replayed on the static plan for the text comparison")
     ap.add_argument("--json")
     ap.add_argument("--sim", action="store_true", help="no GPU: a simulated device")
+    ap.add_argument("--only", choices=["frames"], help="run only the frame-pacing part")
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)
     ap.add_argument("--chats", type=int, default=0, help=argparse.SUPPRESS)
@@ -709,6 +750,16 @@ def main() -> int:
                     time.sleep(0.02)
 
             threading.Thread(target=poll, daemon=True).start()
+        if args.only == "frames":
+            print("== frames run (arbiter on, VRAM plenty) ==", flush=True)
+            res = frames_run(args, dev, tmp)
+            res["render_idle_gpu_ms"] = idle_gpu
+            for ph, f in res["frames"].items():
+                print(f"  {ph:28s} " + " ".join(f"{k}={v:.2f}" if isinstance(v, float)
+                                                else f"{k}={v}" for k, v in f.items()))
+            if args.json:
+                Path(args.json).write_text(json.dumps(res, indent=1, default=str))
+            return 0
         print("== trace run (arbiter on) ==", flush=True)
         trace = trace_run(args, dev, tmp)
         if args.sim:
