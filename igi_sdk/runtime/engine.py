@@ -595,7 +595,7 @@ class Engine:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         buf = (ctypes.c_uint8 * max(size, 1))()
         n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return bytes(buf[:n])
+        return ctypes.string_at(buf, n)  # one memcpy; slicing a ctypes array builds a list
 
     def _set_seq_state(self, seq: int, kv: bytes) -> bool:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
@@ -668,7 +668,7 @@ class Engine:
         size = llama_cpp.llama_state_get_size(self._ctx)
         buf = (ctypes.c_uint8 * max(size, 1))()
         n = llama_cpp.llama_state_get_data(self._ctx, buf, size)
-        return bytes(buf[:n])
+        return ctypes.string_at(buf, n)  # one memcpy; slicing a ctypes array builds a list
 
     def _set_ctx_state(self, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
