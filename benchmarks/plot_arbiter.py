@@ -1,7 +1,9 @@
 """Plot an arbiter benchmark run: the model's VRAM plan against the game's budget over time,
 with each reshard's duration, and the frame times of the render stand-in.
 
-    python benchmarks/plot_arbiter.py benchmarks/results/h200-arbiter.json docs/img/arbiter-h200.png
+    python benchmarks/plot_arbiter.py RUN.json OUT.png [FRAMES.json]
+
+FRAMES.json: an ``arbiter_bench.py --only frames`` run, for the frame-time panel.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from pathlib import Path
 GB = 1e9
 
 
-def main(src: str, out: str) -> int:
+def main(src: str, out: str, frames_src: str | None = None) -> int:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -56,15 +58,17 @@ def main(src: str, out: str) -> int:
     ax.legend(loc="lower right", fontsize=8)
 
     names = ["frames: idle", "frames: chatting, unpaced", "frames: chatting, paced"]
-    frames = [s["frames"][n] for n in names if n in s["frames"]]
-    labels = [n.split(": ")[1] for n in names if n in s["frames"]]
+    table = json.loads(Path(frames_src).read_text())["frames"] if frames_src else s["frames"]
+    frames = [table[n] for n in names if n in table]
+    labels = [n.split(": ")[1] for n in names if n in table]
     x = range(len(frames))
     bx.bar([i - 0.2 for i in x], [f["frame_p50_ms"] for f in frames], 0.4, label="p50")
     bx.bar([i + 0.2 for i in x], [f["frame_p99_ms"] for f in frames], 0.4, label="p99")
     bx.axhline(1000 / 60, color="gray", ls="--", lw=1)
     bx.set_xticks(list(x), labels)
     bx.set_ylabel("frame time, ms (GPU-bound render stand-in)")
-    bx.set_title("frame times, NPCs on the all-GPU plan")
+    bx.set_title("render stand-in frame times" + (" (paced: model yields the GPU)"
+                                                   if frames_src else ""))
     bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
@@ -73,4 +77,4 @@ def main(src: str, out: str) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(*sys.argv[1:3]))
+    sys.exit(main(*sys.argv[1:4]))
