@@ -67,8 +67,7 @@ def main(src: str, out: str, frames_src: str | None = None) -> int:
     bx.axhline(1000 / 60, color="gray", ls="--", lw=1)
     bx.set_xticks(list(x), labels)
     bx.set_ylabel("frame time, ms (GPU-bound render stand-in)")
-    bx.set_title("render stand-in frame times" + (" (paced: model yields the GPU)"
-                                                   if frames_src else ""))
+    bx.set_title("frame times" + (" (paced: the model yields)" if frames_src else ""))
     bx.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
