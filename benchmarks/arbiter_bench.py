@@ -52,6 +52,17 @@ CHUNK = 256 * MIB  # the game allocates its working set in pieces, as a streamin
 # ------------------------------------------------------------------------------ the device
 
 
+def calibrate(dev, render_ms: float) -> float:
+    """Size the device's render loop to ``render_ms`` per frame; returns the median frame."""
+    dev.iters = 8
+    for _ in range(5):  # warm up (cuBLAS handles, clocks) before timing anything
+        dev.render()
+    for _ in range(3):  # converge: the clocks settle as the load grows
+        one = statistics.median(dev.render() for _ in range(5)) / dev.iters
+        dev.iters = max(1, round(render_ms / one))
+    return statistics.median(dev.render() for _ in range(20))
+
+
 class CudaDevice:
     """Real device memory and a GPU-bound render stand-in (CuPy), device figures from NVML."""
 
@@ -82,15 +93,6 @@ class CudaDevice:
 
     def alloc(self, nbytes: int):
         return self.cp.cuda.Memory(nbytes)  # a plain cudaMalloc, no pool: freed on release
-
-    def calibrate(self, render_ms: float) -> float:
-        self.iters = 8
-        for _ in range(5):  # warm up (cuBLAS handles, clocks) before timing anything
-            self.render()
-        for _ in range(3):  # converge: the clocks settle as the load grows
-            one = statistics.median(self.render() for _ in range(5)) / self.iters
-            self.iters = max(1, round(render_ms / one))
-        return statistics.median(self.render() for _ in range(20))
 
     def render(self) -> float:
         """One frame of GPU work; returns its GPU time in ms (CUDA events)."""
@@ -143,12 +145,6 @@ class SimDevice:
                 dev.allocated -= self.size
 
         return Block()
-
-    def calibrate(self, render_ms: float) -> float:
-        self.iters = 4
-        one = self.render() / 4
-        self.iters = max(1, round(render_ms / one))
-        return statistics.median(self.render() for _ in range(10))
 
     def render(self) -> float:
         t0 = time.perf_counter()
@@ -296,9 +292,6 @@ class Game:
         (the target, not what it holds yet: it announces before it allocates)."""
         return self.base_used + sum(b.size for b in self.ballast) + self.ws_target
 
-    def model_used(self, used: int) -> int:
-        return used - self.base_used - self.allocated()
-
     def grow_ws(self) -> None:
         """Take more of the working set, a chunk at a time, only from VRAM that is free — the
         game never over-allocates (no OOM), it waits for the model to let go."""
@@ -422,26 +415,24 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     g.run_frames(args.phase_s, "menu", each=Game.grow_ws)
     phases["menu"] = (t, time.time())
 
+    def settle_and_play(name: str, t: float) -> None:
+        """Render until the model has settled, then the phase itself; record its span."""
+        g.phase = name
+        st = wait_settled(g, 60)
+        g.mark(f"{name} settled", plan=st.get("plan"), plan_vram=st.get("plan_vram"))
+        g.run_frames(args.phase_s, name, each=Game.grow_ws)
+        phases[name] = (t, time.time())
+
     # level load: the game announces its new use, then allocates as the model lets go
     g.ws_target = ws_level
-    t = time.time()
     g.mark("level load: game grows", budget=phase_budget(ws_level))
-    g.phase = "level load"
-    st = wait_settled(g, 60)
-    g.mark("level load settled", plan=st.get("plan"), plan_vram=st.get("plan_vram"))
-    g.run_frames(args.phase_s, "level load", each=Game.grow_ws)
-    phases["level load"] = (t, time.time())
+    settle_and_play("level load", g.events[-1]["t"])
 
     # gameplay: the game frees it; the model grows back after the budget holds
     g.ws_target = ws_menu
     g.shrink_ws()
-    t = time.time()
     g.mark("gameplay: game frees", budget=phase_budget(ws_menu))
-    g.phase = "gameplay"
-    st = wait_settled(g, 60)
-    g.mark("gameplay settled", plan=st.get("plan"), plan_vram=st.get("plan_vram"))
-    g.run_frames(args.phase_s, "gameplay", each=Game.grow_ws)
-    phases["gameplay"] = (t, time.time())
+    settle_and_play("gameplay", g.events[-1]["t"])
 
     # a sudden reservation, due next frame; the game allocates once it is acknowledged
     reserve = int(args.reserve_gb * GB)
@@ -467,10 +458,7 @@ def trace_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
         g.run_frames(FRAME_S, "reserved")
     g.mark("reserve acknowledged", wait_ms=round(acked.get("wait_s", 0) * 1000, 1))
     g.ws_target = ws_menu + reserve
-    st = wait_settled(g, 60)
-    g.mark("reserved settled", plan=st.get("plan"), plan_vram=st.get("plan_vram"))
-    g.run_frames(args.phase_s, "reserved", each=Game.grow_ws)
-    phases["reserved"] = (t, time.time())
+    settle_and_play("reserved", t)
 
     # frame pacing, at the top plan: NPCs idle, chatting unpaced, chatting paced
     g.ws_target = ws_menu
@@ -527,15 +515,7 @@ def frames_run(args: argparse.Namespace, dev, tmp: Path) -> dict:
     client.shutdown()
     client.close()
     side.wait(timeout=60)
-    frames = {}
-    for ph in ("frames: idle", "frames: chatting, unpaced", "frames: chatting, paced"):
-        fs = [f for f in g.frames if f["phase"] == ph]
-        span = (min(f["t"] for f in fs), max(f["t"] for f in fs))
-        frames[ph] = {"n": len(fs), "frame_p50_ms": pct([f["frame_ms"] for f in fs], 0.5),
-                      "frame_p99_ms": pct([f["frame_ms"] for f in fs], 0.99),
-                      "gpu_p99_ms": pct([f["gpu_ms"] for f in fs], 0.99),
-                      "over_16_7_ms": sum(f["frame_ms"] > 1000 / FPS for f in fs) / len(fs),
-                      "npc_tokens_per_s": tokens_per_s(chats, *span)}
+    frames = frame_stats(g.frames, FRAME_PHASES, chats)
     return {"frames": frames, "events": g.events, "stats": arb}
 
 
@@ -576,6 +556,28 @@ def steady_tps(chats: list[dict]) -> float:
     if len(times) < 2:
         return 0.0
     return (len(times) - 1) / (times[-1] - times[0])
+
+
+FRAME_PHASES = ("frames: idle", "frames: chatting, unpaced", "frames: chatting, paced")
+TRACE_PHASES = ("menu", "level load", "gameplay", "reserved")
+
+
+def frame_stats(frames: list[dict], phases, chats: list[dict]) -> dict[str, dict]:
+    """Frame-time percentiles per phase, and the NPCs' tokens/s over each phase's span."""
+    out = {}
+    for ph in phases:
+        fs = [f for f in frames if f["phase"] == ph]
+        if not fs:
+            continue
+        span = (min(f["t"] for f in fs), max(f["t"] for f in fs))
+        out[ph] = {"n": len(fs),
+                   "frame_p50_ms": pct([f["frame_ms"] for f in fs], 0.5),
+                   "frame_p99_ms": pct([f["frame_ms"] for f in fs], 0.99),
+                   "gpu_p50_ms": pct([f["gpu_ms"] for f in fs], 0.5),
+                   "gpu_p99_ms": pct([f["gpu_ms"] for f in fs], 0.99),
+                   "over_16_7_ms": sum(f["frame_ms"] > 1000 / FPS for f in fs) / len(fs),
+                   "npc_tokens_per_s": tokens_per_s(chats, *span)}
+    return out
 
 
 def pct(xs: list[float], q: float) -> float:
@@ -648,24 +650,12 @@ def analyse(trace: dict, statics: dict[str, dict], reference: dict) -> dict:
     out["text_differs_at"] = sorted(set(compared) - set(same))
     out["static"] = {k: {"budget": v["budget"], "plan": v["plan"],
                          "tokens_per_s": steady_tps(v["chats"])} for k, v in statics.items()}
-    frames = {}
-    for ph in ("frames: idle", "frames: chatting, unpaced", "frames: chatting, paced",
-               "menu", "level load", "gameplay", "reserved"):
-        fs = [f for f in trace["frames"] if f["phase"] == ph]
-        if fs:
-            frames[ph] = {"n": len(fs),
-                          "frame_p50_ms": pct([f["frame_ms"] for f in fs], 0.5),
-                          "frame_p99_ms": pct([f["frame_ms"] for f in fs], 0.99),
-                          "gpu_p50_ms": pct([f["gpu_ms"] for f in fs], 0.5),
-                          "gpu_p99_ms": pct([f["gpu_ms"] for f in fs], 0.99),
-                          "over_16_7_ms": sum(f["frame_ms"] > 1000 / FPS for f in fs) / len(fs)}
+    frames = frame_stats(trace["frames"], (*FRAME_PHASES, *TRACE_PHASES), trace["frame_chats"])
+    out["frame_chat_tps"] = {ph: f.pop("npc_tokens_per_s") for ph, f in frames.items()
+                             if ph in FRAME_PHASES[1:]}
+    for f in frames.values():
+        f.pop("npc_tokens_per_s", None)
     out["frames"] = frames
-    fc = trace["frame_chats"]
-    out["frame_chat_tps"] = {ph: tokens_per_s(fc, *span) for ph, span in (
-        (ph, (min(f["t"] for f in trace["frames"] if f["phase"] == ph),
-              max(f["t"] for f in trace["frames"] if f["phase"] == ph)))
-        for ph in ("frames: chatting, unpaced", "frames: chatting, paced")
-        if any(f["phase"] == ph for f in trace["frames"]))}
     return out
 
 
@@ -729,7 +719,7 @@ def main() -> int:
 
     model_vram = [0]
     dev = SimDevice(int(args.pool_gb * GB), lambda: model_vram[0]) if args.sim else CudaDevice()
-    idle_gpu = dev.calibrate(args.render_ms)
+    idle_gpu = calibrate(dev, args.render_ms)
     print(f"render stand-in: {dev.iters} products, {idle_gpu:.2f} ms of GPU time idle",
           flush=True)
     with tempfile.TemporaryDirectory(prefix="igi-arb-") as tmpd:

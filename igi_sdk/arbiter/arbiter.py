@@ -129,14 +129,10 @@ class Arbiter:
             decision = self.policy.decide(reading, self.frame, self.clock())
         self.last_budget = decision.budget
         if decision.action != "stay":
-            self._apply(decision)
-            again = self._reading()  # what the device shows now that the old plan is gone
-            if again is not None:
-                with self._lock:
-                    self.policy.acknowledge(again, self.clock())
-                # the game need not wait for the climb back: it can take its VRAM now
-                self._notify_acks()
-                if decision.action == "fast_shrink":  # then straight to the best rung that fits
+            self._apply(decision)  # acknowledges reservations as soon as the old plan is freed
+            if decision.action == "fast_shrink":  # then straight to the best rung that fits
+                again = self._reading()
+                if again is not None:
                     with self._lock:
                         follow = self.policy.decide(again, self.frame, self.clock())
                     if follow.action != "stay":
