@@ -82,12 +82,13 @@ def _plan(args: argparse.Namespace, inv, prof, wl):
     if args.strategy == "ours":
         res = plan_checked(path, inv, prof, budget, wl, settings)
         return res.best, res.best.vram_bytes
-    # peers: the largest placement that fits, checked the same way (a dry run)
-    target = budget
+    # peers: the largest placement that fits, checked the same way (a dry run); ``peer_slack``
+    # is what a first run of this peer measured over the budget (NVML peak), taken off again
+    target = budget - args.peer_slack
     for _ in range(6):
         plan = peer_plan(inv, prof, wl, target, args.strategy)
         vram, _ = measured_vram(path, inv, plan, prof, wl, settings)
-        if vram["total"] <= budget:
+        if vram["total"] <= budget - args.peer_slack:
             return plan, vram
         target -= vram["total"] - budget + 32 * 1024 * 1024
     _ = plan_for  # the planner's own check raises for budgets under the minimum
@@ -136,7 +137,7 @@ def child(args: argparse.Namespace) -> dict:
         "total_tps": round(sum(r.completion_tokens for r in results) / wall, 2),
         "peak_vram_gb": round(peak_vram / GB, 3),
         "planned_vram_gb": round(vram.get("total", 0) / GB, 3) if vram else 0.0,
-        "plan_s": round(plan_s, 2),
+        "plan_s": round(plan_s, 2), "peer_slack_gb": round(args.peer_slack / GB, 3),
         "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
                                              and peak_vram <= args.budget * GB),
     }
@@ -188,6 +189,7 @@ def main() -> int:
     ap.add_argument("--budget", type=float, default=0.0, help=argparse.SUPPRESS)
     ap.add_argument("--prompt", type=int, default=1024, help=argparse.SUPPRESS)
     ap.add_argument("--ctx", type=int, default=4096, help=argparse.SUPPRESS)
+    ap.add_argument("--peer-slack", type=int, default=0, help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -204,6 +206,13 @@ def main() -> int:
                     float(b) for b in args.budgets.split(",")]
                 for budget in budgets:
                     r = _run_child(args, model, profile_path, strategy, budget, prompt, ctx)
+                    if r is not None and strategy in ("P0", "P1", "P2") and not r["fits_budget"]:
+                        # a peer the dry run let through but NVML saw over budget: record it,
+                        # then give it a placement smaller by what it overshot, as a user would
+                        results.append(r)
+                        over = int(r["peak_vram_gb"] * GB - budget * GB) + 64 * 1024 * 1024
+                        r = _run_child(args, model, profile_path, strategy, budget, prompt, ctx,
+                                       slack=max(over, 64 * 1024 * 1024))
                     if r is not None:
                         results.append(r)
                         if args.json:
@@ -237,11 +246,11 @@ def _model(workdir: str, preset: str) -> str:
 
 
 def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str, budget: float,
-               prompt: int, ctx: int) -> dict | None:
+               prompt: int, ctx: int, slack: int = 0) -> dict | None:
     cmd = [sys.executable, __file__, "--child", "--model", model, "--profile", profile,
            "--strategy", strategy, "--budget", str(budget), "--prompt", str(prompt),
            "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
-           "--sessions", str(args.sessions)]
+           "--sessions", str(args.sessions), "--peer-slack", str(slack)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:

@@ -141,6 +141,24 @@ def test_measured_attention_rates_drive_the_attention_cost(dense) -> None:
     assert CPU_PROFILE.cpu.attention_flops() == CPU_PROFILE.cpu.flops()
 
 
+def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense) -> None:
+    # llama.cpp's scheduler extends the offloaded projections' GPU assignment to the attention
+    # op: a prefill batch attends on the GPU and pays for copying the layer's used KV cells
+    from igi_sdk.planner.cost import layer_attention_seconds
+
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.cpu.attn_flops, prof.cpu.attn_kv_bps = 1e10, 1e10
+    prof.gpu.attn_flops, prof.gpu.attn_kv_bps = 1e15, 1e13
+    plan, ctx = Plan.all_cpu(), 4096
+    on_cpu = layer_attention_seconds(dense, plan, prof, 0, 512, ctx, 1, on_gpu=False)
+    streamed = layer_attention_seconds(dense, plan, prof, 0, 512, ctx, 1, on_gpu=False,
+                                       copy_compute=True)
+    on_gpu = layer_attention_seconds(dense, plan, prof, 0, 512, ctx, 1, on_gpu=True)
+    kv_copy = dense.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=0) * (ctx + 512)
+    assert streamed == pytest.approx(on_gpu + kv_copy / prof.h2d_pageable_bps)
+    assert on_gpu < streamed < on_cpu
+
+
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:
     # 1 token: 0.01 s per weight byte (bandwidth-bound); 64 tokens: 0.5 s (compute-bound)
     dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 2.0}})

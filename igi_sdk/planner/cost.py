@@ -8,7 +8,10 @@ Per tensor, from the machine profile:
   stream, so the two add up rather than overlap;
 * routed experts only cost the experts the batch's tokens actually pick (expected fraction);
 * attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
-  the device that holds that layer's KV;
+  the device that holds that layer's KV — except that a batch under copy-compute runs the
+  attention of a CPU-KV layer on the GPU too: the scheduler extends the GPU assignment of the
+  offloaded projections to the attention op and copies the layer's used KV cells over PCIe
+  (the KV buffer is ordinary, pageable host memory);
 * every hand-over between CPU and GPU inside the graph costs a fixed latency.
 The ops run one after another (llama.cpp's scheduler does not overlap CPU and GPU splits), so
 the ubatch time is the sum.
@@ -91,7 +94,7 @@ def ubatch_cost(
         g, c, cp = g + dg, c + dc, cp + dcp
     on_gpu = kv_gpu_layers(inv, plan, prof.gpu is not None)
     attn = sum(layer_attention_seconds(inv, plan, prof, layer, tokens, ctx_pos, n_seqs,
-                                       on_gpu=layer in on_gpu)
+                                       on_gpu=layer in on_gpu, copy_compute=copy)
                for layer in range(inv.arch.n_layers))
     splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
     return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s)
@@ -108,16 +111,21 @@ def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:
 
 def layer_attention_seconds(
     inv: ModelInventory, plan: Plan, prof: Profile, layer: int, tokens: int, ctx_pos: int,
-    n_seqs: int, *, on_gpu: bool,
+    n_seqs: int, *, on_gpu: bool, copy_compute: bool = False,
 ) -> float:
-    """Attention over the KV cache for one layer, on the device holding that layer's KV."""
+    """Attention over the KV cache for one layer: on the device holding that layer's KV, or on
+    the GPU with the used KV cells copied there when the batch is under copy-compute."""
     a = inv.arch
-    dev = prof.gpu if on_gpu and prof.gpu is not None else prof.cpu
+    streamed = not on_gpu and copy_compute and prof.gpu is not None
+    dev = prof.gpu if (on_gpu or streamed) and prof.gpu is not None else prof.cpu
     per_seq = tokens / max(1, n_seqs)
     flops = 4.0 * a.n_head * a.head_dim_k * tokens * (ctx_pos + per_seq / 2)
     kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
     kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
-    return max(flops / dev.attention_flops(), kv_bytes / dev.attention_kv_bps())
+    seconds = max(flops / dev.attention_flops(), kv_bytes / dev.attention_kv_bps())
+    if streamed:
+        seconds += kv_bytes / (prof.h2d_bps(pinned=False) or 1.0)
+    return seconds
 
 
 def count_splits(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> int:

@@ -208,14 +208,15 @@ def _best_prefix(
                                  pinned=base.pinned_host)
         return (g + c + x) * st.weight
 
-    def attn_cost(layer: int, st: _Step, on_gpu: bool) -> float:
+    def attn_cost(layer: int, st: _Step, cp: bool, on_gpu: bool) -> float:
         return layer_attention_seconds(inv, base, prof, layer, st.tokens, st.ctx_pos, st.n_seqs,
-                                       on_gpu=on_gpu) * st.weight
+                                       on_gpu=on_gpu, copy_compute=cp) * st.weight
 
     n = inv.arch.n_layers
     score = sum(tensor_cost(t, st, cp, False) for t in inv.tensors
                 for st, cp in zip(schedule, copy, strict=True))
-    score += sum(attn_cost(layer, st, False) for layer in range(n) for st in schedule)
+    score += sum(attn_cost(layer, st, cp, False) for layer in range(n)
+                 for st, cp in zip(schedule, copy, strict=True))
     split_weight = sum(st.weight for st, cp in zip(schedule, copy, strict=True) if not cp)
     # per-layer placement flags for counting hand-overs (majority of the block's tensors)
     attn_n = {i: 0 for i in range(n)}
@@ -269,8 +270,8 @@ def _best_prefix(
                 ffn_n[t.layer] += 1
         if kv_add:
             layer = n - 1 - kv_layers
-            score += sum(attn_cost(layer, st, True) - attn_cost(layer, st, False)
-                         for st in schedule)
+            score += sum(attn_cost(layer, st, cp, True) - attn_cost(layer, st, cp, False)
+                         for st, cp in zip(schedule, copy, strict=True))
             kv_layers += kv_add
         total = score + splits() * prof.split_latency_s * split_weight
         if longest or total < best_score - 1e-12:
