@@ -232,6 +232,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if dev.attn_flops:
             print(f"  flash attention: {dev.attn_flops / 1e12:.2f} TFLOP/s (prefill), "
                   f"{dev.attn_kv_bps / 1e9:.1f} GB/s of KV (decode)")
+        if dev.layer_overhead_s or dev.step_overhead_s:
+            print(f"  decode step overhead: {dev.layer_overhead_s * 1e6:.1f} us per layer, "
+                  f"{dev.step_overhead_s * 1e6:.1f} us per step")
     if prof.gpu is not None:
         print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
               f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s, link {prof.pcie or '?'}; "

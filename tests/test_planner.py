@@ -159,6 +159,41 @@ def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense)
     assert on_gpu < streamed < on_cpu
 
 
+def test_step_overheads_add_per_block_on_the_device_that_runs_it(dense) -> None:
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.gpu.layer_overhead_s, prof.gpu.step_overhead_s = 40e-6, 300e-6
+    prof.cpu.layer_overhead_s, prof.cpu.step_overhead_s = 20e-6, 100e-6
+    n = dense.arch.n_layers
+    gpu_plan = Plan.all_gpu(dense)
+    base = 1 / decode_tps(dense, gpu_plan, GPU_PROFILE, 256)
+    assert 1 / decode_tps(dense, gpu_plan, prof, 256) == pytest.approx(base + n * 40e-6 + 300e-6)
+    cpu_plan = Plan.all_cpu()
+    base = 1 / decode_tps(dense, cpu_plan, GPU_PROFILE, 256)
+    assert 1 / decode_tps(dense, cpu_plan, prof, 256) == pytest.approx(base + n * 20e-6 + 100e-6)
+
+
+def test_prefix_search_prices_plans_as_the_cost_model_does(dense) -> None:
+    # the planner scores prefixes from running sums; its pick must score the same when the
+    # cost model prices the finished plan from scratch (overheads and hand-overs included)
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.gpu.layer_overhead_s, prof.gpu.step_overhead_s = 40e-6, 300e-6
+    prof.cpu.layer_overhead_s, prof.cpu.step_overhead_s = 20e-6, 100e-6
+    from igi_sdk.planner.cost import ubatch_cost
+    from igi_sdk.planner.planner import _attn_first, _schedule
+
+    lo = plan_for(dense, prof, 10**12, WL).minimum_bytes
+    for extra in (1, 4, 16):
+        plan = _attn_first(dense, prof, WL, lo + extra * MIB, 512, copy=False)
+        direct = sum(ubatch_cost(dense, plan, prof, st.tokens, st.ctx_pos,
+                                 output_tokens=st.out_tokens, n_seqs=st.n_seqs).total * st.weight
+                     for st in _schedule(WL, plan.n_ubatch))
+        res = plan_for(dense, prof, lo + extra * MIB, WL)
+        assert direct > 0 and res.best.predicted["turn_s"] > 0
+        cand = next(c for c in res.candidates if c.plan.name == plan.name
+                    and c.plan.n_ubatch == 512)
+        assert cand.score == pytest.approx(direct, rel=0.02)
+
+
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:
     # 1 token: 0.01 s per weight byte (bandwidth-bound); 64 tokens: 0.5 s (compute-bound)
     dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 2.0}})
@@ -207,6 +242,8 @@ def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
         assert all(r > 0 for r in table.values())
     assert prof.cpu.rate("Q4_0", 1) > prof.cpu.rate("Q4_0", 2048)  # bandwidth vs compute bound
     assert prof.cpu.attn_flops > 0 and prof.cpu.attn_kv_bps > 0  # flash attention measured
+    # a real decode's per-layer cost beyond its weights: tens of microseconds, not seconds
+    assert 0 < prof.cpu.layer_overhead_s < 0.01 and 0 <= prof.cpu.step_overhead_s < 0.1
     prof.save()
     again = Profile.cached(fingerprint(2))
     assert again is not None and again.key == prof.key

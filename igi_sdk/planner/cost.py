@@ -12,7 +12,9 @@ Per tensor, from the machine profile:
   attention of a CPU-KV layer on the GPU too: the scheduler extends the GPU assignment of the
   offloaded projections to the attention op and copies the layer's used KV cells over PCIe
   (the KV buffer is ordinary, pageable host memory);
-* every hand-over between CPU and GPU inside the graph costs a fixed latency.
+* every hand-over between CPU and GPU inside the graph costs a fixed latency;
+* every layer block (attention, FFN) costs half the measured per-layer overhead of the device it
+  runs on (kernel launches, thread-pool barriers), and every ubatch one per-step overhead.
 The ops run one after another (llama.cpp's scheduler does not overlap CPU and GPU splits), so
 the ubatch time is the sum.
 """
@@ -36,10 +38,11 @@ class UbatchCost:
     copy_s: float
     attn_s: float
     split_s: float
+    overhead_s: float = 0.0
 
     @property
     def total(self) -> float:
-        return self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s
+        return self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s + self.overhead_s
 
 
 def _active(t: TensorInfo, inv: ModelInventory, tokens: int) -> tuple[float, float]:
@@ -97,7 +100,37 @@ def ubatch_cost(
                                        on_gpu=layer in on_gpu, copy_compute=copy)
                for layer in range(inv.arch.n_layers))
     splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
-    return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s)
+    return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s,
+                      overhead_seconds(prof, block_placement(inv, gpu_set), copy))
+
+
+def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:
+    """Per layer block (attention, then FFN), whether it runs on the GPU: the majority of its
+    weights are there."""
+    seq: list[bool] = []
+    for layer in range(inv.arch.n_layers):
+        blocks: dict[str, list[bool]] = {"attn": [], "ffn": []}
+        for t in inv.layer_tensors(layer):
+            if t.group == "attn":
+                blocks["attn"].append(t.name in gpu_set)
+            elif t.group.startswith("ffn"):
+                blocks["ffn"].append(t.name in gpu_set)
+        for flags in blocks.values():
+            if flags:
+                seq.append(sum(flags) * 2 >= len(flags))
+    return seq
+
+
+def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool) -> float:
+    """Fixed per-block and per-step cost of one ubatch (every block on the GPU under
+    copy-compute)."""
+    if prof.gpu is None:
+        return len(blocks) / 2 * prof.cpu.layer_overhead_s + prof.cpu.step_overhead_s
+    on_gpu = len(blocks) if copy_compute else sum(blocks)
+    per_block = (on_gpu * prof.gpu.layer_overhead_s
+                 + (len(blocks) - on_gpu) * prof.cpu.layer_overhead_s) / 2
+    step = prof.gpu.step_overhead_s if on_gpu else prof.cpu.step_overhead_s
+    return per_block + step
 
 
 def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:
@@ -130,17 +163,7 @@ def layer_attention_seconds(
 
 def count_splits(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> int:
     """CPU<->GPU hand-overs along the layer sequence (attention block, then FFN block)."""
-    seq: list[bool] = []
-    for layer in range(inv.arch.n_layers):
-        blocks: dict[str, list[bool]] = {"attn": [], "ffn": []}
-        for t in inv.layer_tensors(layer):
-            if t.group == "attn":
-                blocks["attn"].append(t.name in gpu_set)
-            elif t.group.startswith("ffn"):
-                blocks["ffn"].append(t.name in gpu_set)
-        for flags in blocks.values():
-            if flags:
-                seq.append(sum(flags) * 2 >= len(flags))
+    seq = block_placement(inv, gpu_set)
     return sum(1 for x, y in itertools.pairwise(seq) if x != y)
 
 

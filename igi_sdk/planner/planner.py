@@ -27,6 +27,7 @@ from igi_sdk.planner.cost import (
     decode_tps,
     kv_gpu_layers,
     layer_attention_seconds,
+    overhead_seconds,
     tensor_seconds,
     ttft_seconds,
     uses_copy_compute,
@@ -225,14 +226,22 @@ def _best_prefix(
     ffn_tot = {i: sum(1 for t in inv.layer_tensors(i) if t.group.startswith("ffn"))
                for i in range(n)}
 
-    def splits() -> int:
+    def blocks() -> list[bool]:
         seq: list[bool] = []
         for i in range(n):
             if attn_tot[i]:
                 seq.append(attn_n[i] * 2 >= attn_tot[i])
             if ffn_tot[i]:
                 seq.append(ffn_n[i] * 2 >= ffn_tot[i])
-        return sum(1 for x, y in itertools.pairwise(seq) if x != y)
+        return seq
+
+    def fixed_costs() -> float:
+        """Hand-overs and per-block/per-step overheads of the current prefix, over the turn."""
+        seq = blocks()
+        splits = sum(1 for x, y in itertools.pairwise(seq) if x != y)
+        over = sum(overhead_seconds(prof, seq, cp) * st.weight
+                   for st, cp in zip(schedule, copy, strict=True))
+        return splits * prof.split_latency_s * split_weight + over
 
     # VRAM of each prefix: weights and KV grow, the copy-compute staging buffer is the largest
     # weight still on the CPU (a suffix maximum)
@@ -253,7 +262,7 @@ def _best_prefix(
         return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
 
     weights = kv_layers = 0
-    best_k, best_score = 0, score + splits() * prof.split_latency_s * split_weight
+    best_k, best_score = 0, score + fixed_costs()
     if vram(0, 0, 0) > budget:
         return base
     for k, (tensors, kv_add) in enumerate(items, start=1):
@@ -273,7 +282,7 @@ def _best_prefix(
             score += sum(attn_cost(layer, st, cp, True) - attn_cost(layer, st, cp, False)
                          for st, cp in zip(schedule, copy, strict=True))
             kv_layers += kv_add
-        total = score + splits() * prof.split_latency_s * split_weight
+        total = score + fixed_costs()
         if longest or total < best_score - 1e-12:
             best_k, best_score = k, total
     chosen = [t.name for tensors, _ in items[:best_k] for t in tensors]

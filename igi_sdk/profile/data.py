@@ -45,6 +45,10 @@ class DeviceProfile(BaseModel):
     # bytes read per second for one query (decode); 0 = not measured (the matmul rates stand in)
     attn_flops: float = 0.0
     attn_kv_bps: float = 0.0
+    # fixed cost of a decode step beyond its weights and attention: per layer (kernel launches or
+    # thread-pool barriers, a few dozen per layer) and per llama_decode; 0 = not measured
+    layer_overhead_s: float = 0.0
+    step_overhead_s: float = 0.0
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:

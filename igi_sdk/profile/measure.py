@@ -9,7 +9,7 @@ from collections.abc import Callable
 import llama_cpp
 
 from igi_sdk.profile.data import DeviceProfile, Profile
-from igi_sdk.runtime import ggml_bench
+from igi_sdk.runtime import ggml_bench, step_bench
 from igi_sdk.runtime.devices import list_devices
 from igi_sdk.runtime.loader import default_threads
 from igi_sdk.runtime.nvml import nvml
@@ -94,7 +94,7 @@ def measure_profile(
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
     reps = 2 if fast else 3
-    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (2 if gpu else 0)
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (4 if gpu else 1)
     done = 0
 
     def tick(what: str) -> None:
@@ -144,6 +144,8 @@ def measure_profile(
                              total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes,
                              matmul_rate=device_rates(cpu.index, threads, "cpu", cpu_bytes))
     cpu_prof.attn_flops, cpu_prof.attn_kv_bps = attention(cpu.index, threads)
+    _add_step_overhead(cpu_prof, gpu=False, threads=threads)
+    tick("cpu step overhead")
     prof = Profile(fingerprint=fingerprint(threads), cpu=cpu_prof)
     if gpu is None:
         return prof
@@ -159,11 +161,21 @@ def measure_profile(
                              total_bytes=fresh.total_bytes, free_bytes=fresh.free_bytes,
                              matmul_rate=gpu_rates)
     prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
+    _add_step_overhead(prof.gpu, gpu=True, threads=threads)
+    tick("gpu step overhead")
     prof.h2d_pinned_bps = pinned
     prof.h2d_pageable_bps = pageable
     prof.pcie = _nvml_facts().get("pcie", "")
     prof.gpu_fixed_bytes = _nvml_own_vram()
     return prof
+
+
+def _add_step_overhead(dev: DeviceProfile, *, gpu: bool, threads: int) -> None:
+    """Per-layer and per-step decode overhead, net of the tiny layers' own weight reads."""
+    o = step_bench.step_overhead(gpu=gpu, threads=threads)
+    weights_s = sum(b / dev.rate(t, 1) for t, b in o.layer_weight_bytes.items())
+    dev.layer_overhead_s = max(0.0, o.layer_s - weights_s)
+    dev.step_overhead_s = o.step_s
 
 
 def load_or_measure(
