@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | dense-moe |
-#         revalidate | v4-a | v4-b | all
+#         revalidate | matrix-a | matrix-b | all
 #   (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
@@ -52,12 +52,16 @@ if [ "$part" = final2 ]; then
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 --sessions 4 \
     --gen 64 --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
-if [ "$part" = v4-a ]; then
+if [ "$part" = matrix-a ]; then
+  # the planner matrix, part a: Llama-3-8B 1K prompts at 2/4/8 GB and full; Minitron-8B F16
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4,8 --cases 1024:4096 \
     --strategies ours,P0,P1,full --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
   cp /tmp/igi-bench/profile.json "$out/profile.json"
+  python3 benchmarks/planner_bench.py --models minitron-8b --budgets 4,8 --cases 1024:4096 \
+    --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
-if [ "$part" = v4-b ]; then
+if [ "$part" = matrix-b ]; then
+  # part b: 4K prompts in a 16K context, batched sessions, the MoE at 2 and 4 GB and full
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 4096:16384 \
     --strategies ours,P0,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
   for n in 4 16; do
@@ -65,6 +69,8 @@ if [ "$part" = v4-b ]; then
       --sessions "$n" --gen 64 --strategies ours,P0,P1 --threads "$t" --timeout 90 \
       --json "$out/planner.json" 2>&1 | grep -v "^{"
   done
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2,4 --cases 1024:4096 \
+    --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = native-order ] || [ "$part" = all ]; then
   python3 benchmarks/native_order_probe.py --json "$out/native_order.json" 2>&1 | tee "$out/native_order.txt"

@@ -206,7 +206,8 @@ def main() -> int:
                     float(b) for b in args.budgets.split(",")]
                 for budget in budgets:
                     r = _run_child(args, model, profile_path, strategy, budget, prompt, ctx)
-                    if r is not None and strategy in ("P0", "P1", "P2") and not r["fits_budget"]:
+                    if (r is not None and strategy in ("P0", "P1", "P2") and not r["fits_budget"]
+                            and r["gpu_tensors"] > 0):
                         # a peer the dry run let through but NVML saw over budget: record it,
                         # then give it a placement smaller by what it overshot, as a user would
                         results.append(r)
