@@ -61,15 +61,16 @@ if [ "$part" = matrix-a ]; then
     --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = matrix-b ]; then
-  # part b: 4K prompts in a 16K context, batched sessions, the MoE at 2 and 4 GB and full
+  # part b: 4K prompts in a 16K context, batched sessions, the MoE at 2 GB and full
   python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 4096:16384 \
     --strategies ours,P0,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
+  cp /tmp/igi-bench/profile.json "$out/profile.json"
   for n in 4 16; do
     python3 benchmarks/planner_bench.py --models llama3-8b --budgets 4 --cases 64:4096 \
       --sessions "$n" --gen 64 --strategies ours,P0,P1 --threads "$t" --timeout 90 \
       --json "$out/planner.json" 2>&1 | grep -v "^{"
   done
-  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2,4 --cases 1024:4096 \
+  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = native-order ] || [ "$part" = all ]; then

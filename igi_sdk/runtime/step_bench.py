@@ -65,7 +65,8 @@ def step_overhead(*, gpu: bool, threads: int, steps: int = 48) -> StepOverhead:
     with tempfile.TemporaryDirectory(prefix="igi-step-") as tmp:
         seconds, layer_bytes = {}, {}
         for n_layers in _LAYERS:
-            spec = spec_with("tiny-llama", n_layers=n_layers, n_embd=64, n_head=2, n_head_kv=1,
+            # heads of 64: the GPU's flash-attention kernels take them, as in real models
+            spec = spec_with("tiny-llama", n_layers=n_layers, n_embd=128, n_head=2, n_head_kv=1,
                              n_ff=128)
             path = write_synthetic_gguf(Path(tmp) / f"step-{n_layers}.gguf", spec)
             inv = read_inventory(path)
