@@ -35,7 +35,9 @@ def ratios(rows: list[dict], peer: str) -> list[str]:
                      f"| {o['decode_tps']:.1f} vs {r['decode_tps']:.1f} | "
                      f"**{o['decode_tps'] / r['decode_tps']:.2f}×**")
         fits = "" if r.get("fits_budget", True) else " (peer over budget)"
-        out.append(f"| {o['run'][-2:]} | {o['model']} | {case} | {o['budget_gb']:.0f} GB | "
+        if r.get("peer_slack_gb"):
+            fits += f" (retry, target {r['peer_slack_gb']:.2f} GB lower)"
+        out.append(f"| {o['run'][8:]} | {o['model']} | {case} | {o['budget_gb']:.0f} GB | "
                    f"{peer} | {cells} | {o['peak_vram_gb']:.2f} / {r['peak_vram_gb']:.2f}{fits} |")
     return out
 
@@ -43,7 +45,7 @@ def ratios(rows: list[dict], peer: str) -> list[str]:
 def errors(rows: list[dict], run: str) -> tuple[float, float, list[str]]:
     et, ed, lines = [], [], []
     for r in rows:
-        if r["run"] != run or r["sessions"] > 1 or "pred_ttft_s" not in r:
+        if not r["run"].startswith(run) or r["sessions"] > 1 or "pred_ttft_s" not in r:
             continue
         e1 = abs(r["pred_ttft_s"] - r["ttft_s"]) / r["ttft_s"]
         e2 = abs(r["pred_decode_tps"] - r["decode_tps"]) / r["decode_tps"]
@@ -63,8 +65,9 @@ def plots(rows: list[dict], outdir: Path) -> list[Path]:
 
     outdir.mkdir(parents=True, exist_ok=True)
     made = []
-    for model, prompt, run in (("llama3-8b", 1004, "profile-v3"), ("qwen3-30b-a3b", 1004,
-                                                                    "profile-v2")):
+    for model, prompt, run in (("llama3-8b", 1004, "profile-v4"), ("minitron-8b", 1004,
+                                                                    "profile-v4"),
+                               ("qwen3-30b-a3b", 1004, "profile-v2")):
         sel = [r for r in rows if r["model"] == model and r["prompt"] == prompt
                and r["run"] == run and r["sessions"] == 1 and r["budget_gb"] > 0]
         if not sel:
@@ -77,9 +80,9 @@ def plots(rows: list[dict], outdir: Path) -> list[Path]:
             axes[0].plot(xs, [p[1] for p in pts], marker="o", label=strat)
             axes[1].plot(xs, [p[2] for p in pts], marker="o", label=strat)
         axes[0].set(title=f"{model}: TTFT, {prompt}-token prompt", xlabel="VRAM budget (GB)",
-                    ylabel="seconds (lower is better)")
+                    ylabel="seconds (lower is better)", yscale="log")
         axes[1].set(title=f"{model}: decode", xlabel="VRAM budget (GB)",
-                    ylabel="tokens/s (higher is better)")
+                    ylabel="tokens/s (higher is better)", yscale="log")
         for ax in axes:
             ax.grid(alpha=0.3)
             ax.legend()
@@ -100,7 +103,7 @@ def main() -> int:
               "decode tok/s ours vs peer | decode gain | peak VRAM GB ours / peer |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(ratios(rows, peer)))
-    for run in ("profile-v3", "profile-v2", "profile-v1"):
+    for run in ("profile-v5", "profile-v4", "profile-v3", "profile-v2", "profile-v1"):
         mt, md, lines = errors(rows, run)
         print(f"\n### cost model, {run}: median error TTFT {mt:.0%}, decode {md:.0%}\n")
         print("| model | prompt/ctx | budget GB | strategy | TTFT s | predicted | error | "
