@@ -237,7 +237,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
                   f"{dev.step_overhead_s * 1e6:.1f} us per step")
     if prof.gpu is not None:
         print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
-              f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s, link {prof.pcie or '?'}; "
+              f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s (copy-compute streams "
+              f"{prof.stream_bps(True) / 1e9:.1f} / {prof.stream_bps(False) / 1e9:.1f} GB/s), "
+              f"link {prof.pcie or '?'}; "
               f"fixed VRAM {_fmt_bytes(prof.gpu_fixed_bytes)}")
     return 0
 

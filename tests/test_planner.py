@@ -194,6 +194,20 @@ def test_prefix_search_prices_plans_as_the_cost_model_does(dense) -> None:
         assert cand.score == pytest.approx(direct, rel=0.02)
 
 
+def test_copy_compute_streams_at_the_measured_prefill_rate(dense) -> None:
+    from igi_sdk.planner.cost import tensor_seconds
+
+    t = max((t for t in dense.tensors if t.group.startswith("ffn")), key=lambda t: t.n_bytes)
+    raw = tensor_seconds(t, dense, GPU_PROFILE, 512, on_gpu=False, copy_compute=True,
+                         pinned=True)[2]
+    assert raw == pytest.approx(t.n_bytes / GPU_PROFILE.h2d_pinned_bps)  # unmeasured: raw copy
+    prof = GPU_PROFILE.model_copy(update={"stream_pinned_bps": 25e9, "stream_mapped_bps": 2e9})
+    for pinned, rate in ((True, 25e9), (False, 2e9)):
+        copy = tensor_seconds(t, dense, prof, 512, on_gpu=False, copy_compute=True,
+                              pinned=pinned)[2]
+        assert copy == pytest.approx(t.n_bytes / rate)
+
+
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:
     # 1 token: 0.01 s per weight byte (bandwidth-bound); 64 tokens: 0.5 s (compute-bound)
     dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 2.0}})

@@ -4,8 +4,9 @@ Per tensor, from the machine profile:
 * a GPU-resident weight costs ``bytes / gpu_rate(type, tokens)``;
 * a CPU-resident weight costs ``bytes / cpu_rate(type, tokens)`` — unless the batch is at least
   the copy-compute threshold, in which case llama.cpp streams it to the GPU and computes it there:
-  ``bytes / h2d + bytes / gpu_rate``. Stock llama.cpp issues the copy and the matmul on one CUDA
-  stream, so the two add up rather than overlap;
+  ``bytes / stream rate + bytes / gpu_rate``. Stock llama.cpp issues the copy and the matmul on
+  one CUDA stream, so the two add up rather than overlap; the stream rate is measured on a real
+  prefill (``Profile.stream_bps``), since it falls short of a single large copy's;
 * routed experts only cost the experts the batch's tokens actually pick (expected fraction);
 * attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
   the device that holds that layer's KV — except that a batch under copy-compute runs the
@@ -67,7 +68,7 @@ def tensor_seconds(
         return nbytes / prof.gpu.rate(t.ggml_type, eff_tok), 0.0, 0.0  # type: ignore[union-attr]
     if copy_compute:
         g = nbytes / prof.gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
-        return g, 0.0, nbytes / (prof.h2d_bps(pinned) or 1.0)
+        return g, 0.0, nbytes / (prof.stream_bps(pinned) or 1.0)
     return 0.0, nbytes / prof.cpu.rate(t.ggml_type, eff_tok), 0.0
 
 

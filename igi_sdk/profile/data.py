@@ -109,6 +109,11 @@ class Profile(BaseModel):
     gpu: DeviceProfile | None = None
     h2d_pinned_bps: float = 0.0
     h2d_pageable_bps: float = 0.0
+    # weight bytes per second that copy-compute streams in a real prefill (each weight copied,
+    # then multiplied, on one stream), from pinned and from memory-mapped host weights;
+    # 0 = not measured (the raw copy rates stand in)
+    stream_pinned_bps: float = 0.0
+    stream_mapped_bps: float = 0.0
     pcie: str = ""
     # VRAM the process holds as soon as the GPU backend starts (CUDA context, cuBLAS handles):
     # part of the budget no plan can give back.
@@ -123,6 +128,11 @@ class Profile(BaseModel):
 
     def h2d_bps(self, pinned: bool) -> float:
         return self.h2d_pinned_bps if pinned else self.h2d_pageable_bps
+
+    def stream_bps(self, pinned: bool) -> float:
+        """Rate at which copy-compute streams CPU-resident weights to the GPU."""
+        measured = self.stream_pinned_bps if pinned else self.stream_mapped_bps
+        return measured or self.h2d_bps(pinned)
 
     def save(self, directory: Path | None = None) -> Path:
         d = directory or cache_dir()

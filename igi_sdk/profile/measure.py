@@ -94,7 +94,7 @@ def measure_profile(
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
     reps = 2 if fast else 3
-    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (4 if gpu else 1)
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (6 if gpu else 1)
     done = 0
 
     def tick(what: str) -> None:
@@ -163,6 +163,10 @@ def measure_profile(
     prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
     _add_step_overhead(prof.gpu, gpu=True, threads=threads)
     tick("gpu step overhead")
+    prof.stream_pinned_bps = _stream_rate(prof, pinned=True, threads=threads)
+    tick("copy-compute pinned")
+    prof.stream_mapped_bps = _stream_rate(prof, pinned=False, threads=threads)
+    tick("copy-compute mapped")
     prof.h2d_pinned_bps = pinned
     prof.h2d_pageable_bps = pageable
     prof.pcie = _nvml_facts().get("pcie", "")
@@ -176,6 +180,20 @@ def _add_step_overhead(dev: DeviceProfile, *, gpu: bool, threads: int) -> None:
     weights_s = sum(b / dev.rate(t, 1) for t, b in o.layer_weight_bytes.items())
     dev.layer_overhead_s = max(0.0, o.layer_s - weights_s)
     dev.step_overhead_s = o.step_s
+
+
+def _stream_rate(prof: Profile, *, pinned: bool, threads: int) -> float:
+    """Weight bytes per second streamed by copy-compute in a real prefill: the ubatch's time
+    less what the profile already prices (the GPU's matmuls and step overheads), never above a
+    single large pinned copy's rate."""
+    assert prof.gpu is not None
+    run = step_bench.copy_compute_seconds(pinned=pinned, threads=threads)
+    matmul_s = sum(b / prof.gpu.rate(t, run.tokens) for t, b in run.weight_bytes.items())
+    fixed_s = run.n_layers * prof.gpu.layer_overhead_s + prof.gpu.step_overhead_s
+    streamed = sum(run.weight_bytes.values())
+    copy_s = run.seconds - matmul_s - fixed_s
+    ceiling = prof.h2d_pinned_bps or float("inf")
+    return ceiling if copy_s <= 0 else min(ceiling, streamed / copy_s)
 
 
 def load_or_measure(

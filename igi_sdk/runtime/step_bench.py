@@ -1,12 +1,16 @@
-"""Per-layer step overhead of a real llama.cpp decode, measured on a tiny model.
+"""Costs of a real llama.cpp decode that micro-benchmarks of single ops miss, measured through
+llama.cpp on small synthetic models.
 
-A decode step costs more than its weights' bytes over the device's bandwidth: every layer
-launches a few dozen kernels (GPU) or synchronises the thread pool a few dozen times (CPU),
-whatever the layer's size. On a large model at one token that fixed cost is a third of a
-GPU step. It is measured here with llama.cpp itself: two synthetic Llama models whose weights
-are too small to matter, with 4 and 16 layers, decoded one token at a time on one device; the
-difference per added layer is the per-layer overhead, what remains of the 4-layer step the
-per-step (graph) overhead.
+* ``step_overhead``: a decode step costs more than its weights' bytes over the device's
+  bandwidth: every layer launches a few dozen kernels (GPU) or synchronises the thread pool a
+  few dozen times (CPU), whatever the layer's size. On a large model at one token that fixed
+  cost is a third of a GPU step. Two Llama models whose weights are too small to matter, with
+  4 and 16 layers, are decoded one token at a time on one device; the difference per added
+  layer is the per-layer overhead, what remains of the 4-layer step the per-step overhead.
+* ``copy_compute_seconds``: a prefill ubatch of a model whose weights all stay in host memory,
+  so llama.cpp streams every weight to the GPU and multiplies it there (copy-compute), copy and
+  matmul in turn on one stream. Its weights are real-sized (Llama-3-8B's layers), so the copies
+  run at the rate a real model's do, from pinned or memory-mapped host memory.
 """
 
 from __future__ import annotations
@@ -79,3 +83,53 @@ def step_overhead(*, gpu: bool, threads: int, steps: int = 48) -> StepOverhead:
     layer_s = max(0.0, (seconds[hi] - seconds[lo]) / (hi - lo))
     return StepOverhead(layer_s=layer_s, step_s=max(0.0, seconds[lo] - lo * layer_s),
                         layer_weight_bytes=layer_bytes)
+
+
+@dataclass(frozen=True)
+class CopyComputeRun:
+    seconds: float  # one prefill ubatch of ``tokens`` tokens, every weight streamed
+    tokens: int
+    weight_bytes: dict[str, int]  # ggml type -> bytes streamed (the token embedding excluded)
+    n_layers: int
+
+
+def copy_compute_seconds(*, pinned: bool, threads: int, tokens: int = 512,
+                         reps: int = 4) -> CopyComputeRun:
+    """Time of one ``tokens``-token prefill ubatch with every weight streamed to the GPU."""
+    spec = spec_with("llama3-8b", n_layers=2, n_vocab=2048)
+    with tempfile.TemporaryDirectory(prefix="igi-copy-") as tmp:
+        path = write_synthetic_gguf(Path(tmp) / "copy.gguf", spec)
+        inv = read_inventory(path)
+        plan = Plan(name="copy-probe", gpu_layers=0, kv_on_gpu=False, op_offload=True,
+                    copy_compute_min_batch=32, pinned_host=pinned, flash_attn="on",
+                    n_ubatch=tokens)
+        settings = loader.ContextSettings(n_ctx=tokens, n_seq_max=1, n_batch=tokens,
+                                          n_threads=threads)
+        loaded = loader.load(path, inv, plan, settings)
+        batch = llama_cpp.llama_batch_init(tokens, 0, 1)
+        mem = llama_cpp.llama_get_memory(loaded.ctx)
+        try:
+            times = []
+            for rep in range(reps + 1):  # the first run warms the allocator: not timed
+                llama_cpp.llama_memory_clear(mem, True)
+                batch.n_tokens = tokens
+                for i in range(tokens):
+                    batch.token[i] = 1 + (i * 7 + rep) % 2000
+                    batch.pos[i] = i
+                    batch.n_seq_id[i] = 1
+                    batch.seq_id[i][0] = 0
+                    batch.logits[i] = 1 if i == tokens - 1 else 0
+                t0 = time.perf_counter()
+                if llama_cpp.llama_decode(loaded.ctx, batch) != 0:
+                    raise RuntimeError("llama_decode failed while measuring copy-compute")
+                llama_cpp.llama_synchronize(loaded.ctx)
+                if rep:
+                    times.append(time.perf_counter() - t0)
+        finally:
+            llama_cpp.llama_batch_free(batch)
+            loader.free(loaded)
+    weights: dict[str, int] = {}
+    for t in inv.tensors:
+        if t.group != "token_embd":
+            weights[t.ggml_type] = weights.get(t.ggml_type, 0) + t.n_bytes
+    return CopyComputeRun(statistics.median(times), tokens, weights, inv.arch.n_layers)
