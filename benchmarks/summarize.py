@@ -103,7 +103,7 @@ def main() -> int:
               "decode tok/s ours vs peer | decode gain | peak VRAM GB ours / peer |")
         print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(ratios(rows, peer)))
-    for run in ("profile-v5", "profile-v4", "profile-v3", "profile-v2", "profile-v1"):
+    for run in ("profile-v6", "profile-v5", "profile-v4", "profile-v3", "profile-v2", "profile-v1"):
         mt, md, lines = errors(rows, run)
         print(f"\n### cost model, {run}: median error TTFT {mt:.0%}, decode {md:.0%}\n")
         print("| model | prompt/ctx | budget GB | strategy | TTFT s | predicted | error | "
