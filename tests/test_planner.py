@@ -208,6 +208,22 @@ def test_copy_compute_streams_at_the_measured_prefill_rate(dense) -> None:
         assert copy == pytest.approx(t.n_bytes / rate)
 
 
+def test_stream_rate_is_what_the_prefill_spends_beyond_its_matmuls() -> None:
+    from igi_sdk.profile.measure import stream_rate
+    from igi_sdk.runtime.step_bench import CopyComputeRun
+
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.gpu.layer_overhead_s, prof.gpu.step_overhead_s = 1e-4, 1e-3
+    weights = {"Q4_0": 2 * 10**9}
+    matmul_s = 2e9 / prof.gpu.rate("Q4_0", 512)
+    fixed_s = 2 * 1e-4 + 1e-3
+    run = CopyComputeRun(matmul_s + fixed_s + 0.1, 512, weights, 2)  # 0.1 s of copies
+    assert stream_rate(prof, run) == pytest.approx(20e9)
+    # a run faster than the priced matmuls cannot say more than the raw copy rate
+    fast = CopyComputeRun(matmul_s / 2, 512, weights, 2)
+    assert stream_rate(prof, fast) == prof.h2d_pinned_bps
+
+
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:
     # 1 token: 0.01 s per weight byte (bandwidth-bound); 64 tokens: 0.5 s (compute-bound)
     dev = DeviceProfile(name="x", kind="cpu", matmul_rate={"Q4_0": {1: 100.0, 64: 2.0}})

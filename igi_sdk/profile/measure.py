@@ -183,11 +183,14 @@ def _add_step_overhead(dev: DeviceProfile, *, gpu: bool, threads: int) -> None:
 
 
 def _stream_rate(prof: Profile, *, pinned: bool, threads: int) -> float:
+    return stream_rate(prof, step_bench.copy_compute_seconds(pinned=pinned, threads=threads))
+
+
+def stream_rate(prof: Profile, run: step_bench.CopyComputeRun) -> float:
     """Weight bytes per second streamed by copy-compute in a real prefill: the ubatch's time
     less what the profile already prices (the GPU's matmuls and step overheads), never above a
     single large pinned copy's rate."""
     assert prof.gpu is not None
-    run = step_bench.copy_compute_seconds(pinned=pinned, threads=threads)
     matmul_s = sum(b / prof.gpu.rate(t, run.tokens) for t, b in run.weight_bytes.items())
     fixed_s = run.n_layers * prof.gpu.layer_overhead_s + prof.gpu.step_overhead_s
     streamed = sum(run.weight_bytes.values())
