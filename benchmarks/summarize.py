@@ -67,7 +67,7 @@ def plots(rows: list[dict], outdir: Path) -> list[Path]:
     made = []
     for model, prompt, run in (("llama3-8b", 1004, "profile-v4"), ("minitron-8b", 1004,
                                                                     "profile-v4"),
-                               ("qwen3-30b-a3b", 1004, "profile-v2")):
+                               ("qwen3-30b-a3b", 1004, "profile-v6b")):
         sel = [r for r in rows if r["model"] == model and r["prompt"] == prompt
                and r["run"] == run and r["sessions"] == 1 and r["budget_gb"] > 0]
         if not sel:
