@@ -593,9 +593,8 @@ class Engine:
 
     def _seq_state(self, seq: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
-        buf = (ctypes.c_uint8 * max(size, 1))()
-        n = llama_cpp.llama_state_seq_get_data(self._ctx, buf, size, seq)
-        return ctypes.string_at(buf, n)  # one memcpy; slicing a ctypes array builds a list
+        return _copy_out(size, lambda buf: llama_cpp.llama_state_seq_get_data(
+            self._ctx, buf, size, seq))
 
     def _set_seq_state(self, seq: int, kv: bytes) -> bool:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
@@ -666,13 +665,17 @@ class Engine:
 
     def _ctx_state(self) -> bytes:
         size = llama_cpp.llama_state_get_size(self._ctx)
-        buf = (ctypes.c_uint8 * max(size, 1))()
-        n = llama_cpp.llama_state_get_data(self._ctx, buf, size)
-        return ctypes.string_at(buf, n)  # one memcpy; slicing a ctypes array builds a list
+        return _copy_out(size, lambda buf: llama_cpp.llama_state_get_data(self._ctx, buf, size))
 
     def _set_ctx_state(self, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
         return llama_cpp.llama_state_set_data(self._ctx, buf, len(data)) == len(data)
+
+
+def _copy_out(size: int, fill: Callable[[Any], int]) -> bytes:
+    """Bytes that ``fill`` writes into a fresh ``size``-byte buffer (returning how many)."""
+    buf = (ctypes.c_uint8 * max(size, 1))()
+    return ctypes.string_at(buf, fill(buf))  # one memcpy; slicing a ctypes array builds a list
 
 
 def _stop_scan(

@@ -18,12 +18,19 @@ from __future__ import annotations
 import statistics
 import tempfile
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
 import llama_cpp
 
-from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
+from igi_sdk.model import (
+    ModelInventory,
+    TensorInfo,
+    read_inventory,
+    spec_with,
+    write_synthetic_gguf,
+)
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import loader
 
@@ -37,31 +44,52 @@ class StepOverhead:
     layer_weight_bytes: dict[str, int]  # ggml type -> bytes of one tiny layer, to subtract
 
 
-def _decode_step_seconds(path: Path, plan: Plan, threads: int, steps: int) -> float:
-    inv = read_inventory(path)
-    settings = loader.ContextSettings(n_ctx=steps + 64, n_seq_max=1, n_batch=512,
+def _median_decode_seconds(
+    path: Path, inv: ModelInventory, plan: Plan, threads: int, *, n_tokens: int, runs: int,
+    warmup: int, restart: bool,
+) -> float:
+    """Median time of ``llama_decode`` of ``n_tokens`` tokens, over ``runs`` timed calls after
+    ``warmup`` untimed ones (CUDA graph capture, allocator growth). ``restart``: every call
+    decodes from position 0 in an emptied cache (a prefill); otherwise the calls continue one
+    sequence (decode steps)."""
+    total = warmup + runs
+    n_ctx = n_tokens if restart else n_tokens * total + 64
+    settings = loader.ContextSettings(n_ctx=n_ctx, n_seq_max=1, n_batch=max(n_tokens, 512),
                                       n_threads=threads)
     loaded = loader.load(path, inv, plan, settings)
-    batch = llama_cpp.llama_batch_init(1, 0, 1)
+    batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)
+    mem = llama_cpp.llama_get_memory(loaded.ctx)
     try:
-        times = []
-        for pos in range(steps + 4):  # the first steps build the CUDA graphs: not timed
-            batch.n_tokens = 1
-            batch.token[0] = 1 + pos % 100
-            batch.pos[0] = pos
-            batch.n_seq_id[0] = 1
-            batch.seq_id[0][0] = 0
-            batch.logits[0] = 1
+        times, pos = [], 0
+        for call in range(total):
+            if restart:
+                llama_cpp.llama_memory_clear(mem, True)
+                pos = 0
+            batch.n_tokens = n_tokens
+            for i in range(n_tokens):
+                batch.token[i] = 1 + (pos * 7 + call) % 100
+                batch.pos[i] = pos
+                batch.n_seq_id[i] = 1
+                batch.seq_id[i][0] = 0
+                batch.logits[i] = 1 if i == n_tokens - 1 else 0
+                pos += 1
             t0 = time.perf_counter()
             if llama_cpp.llama_decode(loaded.ctx, batch) != 0:
-                raise RuntimeError("llama_decode failed while measuring the step overhead")
+                raise RuntimeError(f"llama_decode failed while timing {path.name}")
             llama_cpp.llama_synchronize(loaded.ctx)
-            if pos >= 4:
+            if call >= warmup:
                 times.append(time.perf_counter() - t0)
         return statistics.median(times)
     finally:
         llama_cpp.llama_batch_free(batch)
         loader.free(loaded)
+
+
+def _bytes_by_type(tensors: Iterable[TensorInfo]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for t in tensors:
+        out[t.ggml_type] = out.get(t.ggml_type, 0) + t.n_bytes
+    return out
 
 
 def step_overhead(*, gpu: bool, threads: int, steps: int = 48) -> StepOverhead:
@@ -75,10 +103,9 @@ def step_overhead(*, gpu: bool, threads: int, steps: int = 48) -> StepOverhead:
             path = write_synthetic_gguf(Path(tmp) / f"step-{n_layers}.gguf", spec)
             inv = read_inventory(path)
             plan = Plan.all_gpu(inv) if gpu else Plan.all_cpu()
-            seconds[n_layers] = _decode_step_seconds(path, plan, threads, steps)
-            layer_bytes = {}
-            for t in inv.layer_tensors(0):
-                layer_bytes[t.ggml_type] = layer_bytes.get(t.ggml_type, 0) + t.n_bytes
+            seconds[n_layers] = _median_decode_seconds(path, inv, plan, threads, n_tokens=1,
+                                                       runs=steps, warmup=4, restart=False)
+            layer_bytes = _bytes_by_type(inv.layer_tensors(0))
     lo, hi = _LAYERS
     layer_s = max(0.0, (seconds[hi] - seconds[lo]) / (hi - lo))
     return StepOverhead(layer_s=layer_s, step_s=max(0.0, seconds[lo] - lo * layer_s),
@@ -103,33 +130,7 @@ def copy_compute_seconds(*, pinned: bool, threads: int, tokens: int = 512,
         plan = Plan(name="copy-probe", gpu_layers=0, kv_on_gpu=False, op_offload=True,
                     copy_compute_min_batch=32, pinned_host=pinned, flash_attn="on",
                     n_ubatch=tokens)
-        settings = loader.ContextSettings(n_ctx=tokens, n_seq_max=1, n_batch=tokens,
-                                          n_threads=threads)
-        loaded = loader.load(path, inv, plan, settings)
-        batch = llama_cpp.llama_batch_init(tokens, 0, 1)
-        mem = llama_cpp.llama_get_memory(loaded.ctx)
-        try:
-            times = []
-            for rep in range(reps + 1):  # the first run warms the allocator: not timed
-                llama_cpp.llama_memory_clear(mem, True)
-                batch.n_tokens = tokens
-                for i in range(tokens):
-                    batch.token[i] = 1 + (i * 7 + rep) % 2000
-                    batch.pos[i] = i
-                    batch.n_seq_id[i] = 1
-                    batch.seq_id[i][0] = 0
-                    batch.logits[i] = 1 if i == tokens - 1 else 0
-                t0 = time.perf_counter()
-                if llama_cpp.llama_decode(loaded.ctx, batch) != 0:
-                    raise RuntimeError("llama_decode failed while measuring copy-compute")
-                llama_cpp.llama_synchronize(loaded.ctx)
-                if rep:
-                    times.append(time.perf_counter() - t0)
-        finally:
-            llama_cpp.llama_batch_free(batch)
-            loader.free(loaded)
-    weights: dict[str, int] = {}
-    for t in inv.tensors:
-        if t.group != "token_embd":
-            weights[t.ggml_type] = weights.get(t.ggml_type, 0) + t.n_bytes
-    return CopyComputeRun(statistics.median(times), tokens, weights, inv.arch.n_layers)
+        seconds = _median_decode_seconds(path, inv, plan, threads, n_tokens=tokens, runs=reps,
+                                         warmup=1, restart=True)
+    weights = _bytes_by_type(t for t in inv.tensors if t.group != "token_embd")
+    return CopyComputeRun(seconds, tokens, weights, inv.arch.n_layers)
