@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | dense-moe |
-#         revalidate | matrix-a | matrix-b | matrix-c | all
+#         matrix-a | matrix-b | matrix-c | all
 #   (each fits one 10-minute device call)
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
@@ -100,10 +100,4 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
   python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
-fi
-if [ "$part" = revalidate ] || [ "$part" = all ]; then
-  python3 benchmarks/planner_bench.py --models llama3-8b --budgets 2,4 --cases 1024:4096,4096:16384 \
-    --strategies ours,P1 --threads "$t" --timeout 90 --json "$out/planner.json" 2>&1 | grep -v "^{"
-  python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 4 --cases 1024:4096 \
-    --strategies ours,full,cpu --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
