@@ -297,7 +297,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
-    from igi_sdk.bridge import Server, ServerConfig
+    from igi_sdk.sidecar import HostConfig, ServerConfig, build_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     model_dir = Path(args.model_dir) if args.model_dir else None
@@ -316,17 +316,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
     cfg = ServerConfig(
         endpoint=args.endpoint, model_dir=model_dir,
         save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
-        max_sessions=args.max_sessions, n_threads=args.threads, game_pid=args.game_pid,
+        max_sessions=args.max_sessions, game_pid=args.game_pid,
         max_sessions_per_client=args.max_sessions_per_client or args.max_sessions,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
-        arbiter=not args.no_arbiter,
+    )
+    host = HostConfig(
+        n_threads=args.threads, arbiter=not args.no_arbiter,
         vram_trace=Path(args.vram_trace) if args.vram_trace else None,
         profile=Path(args.profile) if args.profile else None,
-        grow_hold_s=args.grow_hold,
+        grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
     )
     try:
-        server = Server(cfg)
+        server = build_server(cfg, host)
     except ValueError as e:
         raise IgiError(str(e)) from None
     print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir})",
@@ -352,7 +354,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from igi_sdk.bridge.demo import run_demo
+    from igi_sdk.demo import run_demo
 
     return run_demo(endpoint=args.endpoint, max_tokens=args.max_tokens)
 
@@ -426,6 +428,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--profile", help="machine profile JSON for the arbiter's plan ladder")
     sv.add_argument("--grow-hold", type=float, default=2.0,
                     help="seconds the budget must hold before the model grows")
+    sv.add_argument("--max-step-ms", type=float, default=50.0,
+                    help="target duration of one engine step: long prompts are read in chunks "
+                         "of about this much work, so cancels and reshards wait at most that")
     sv.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")

@@ -120,6 +120,30 @@ class EngineClosedError(IgiError):
     code = "engine_closed"
 
 
+class EngineUnavailableError(IgiError):
+    """No placement of the model could be loaded (the GPU and host memory are taken); the
+    sessions are kept and the sidecar keeps trying to load the model again."""
+
+    code = "engine_unavailable"
+    retryable = True
+
+
+# --- VRAM reservations ---------------------------------------------------------------------------
+
+
+class CannotFreeError(IgiError):
+    """The model holds less VRAM than the game asked for: what is missing is held by others."""
+
+    code = "cannot_free"
+
+
+class DeadlineMissedError(IgiError):
+    """The VRAM a game reserved was not free in time."""
+
+    code = "deadline_missed"
+    retryable = True
+
+
 class InferenceError(IgiError):
     """llama.cpp failed while decoding (the session's state is kept)."""
 

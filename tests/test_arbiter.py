@@ -350,7 +350,7 @@ def test_reservation_is_acknowledged_as_soon_as_the_old_plan_is_gone(tmp_path) -
         loader.load = logged_load
         need = total - ladder.cpu.vram - 64 * MIB - 1  # only the CPU plan leaves this much
         assert need > total - top.vram  # not free now
-        arb.reserve(need, 0, lambda res: events.append("ack"))
+        arb.reserve(need, 0, lambda res, err: events.append("ack" if err is None else err.code))
         arb.tick()
         assert "ack" in events and events.index("ack") < events.index("load"), events
     finally:

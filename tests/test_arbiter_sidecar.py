@@ -9,7 +9,7 @@ import pytest
 
 from igi_sdk.arbiter import PlanLadder
 from igi_sdk.arbiter.ladder import arbiter_workload
-from igi_sdk.bridge import Client
+from igi_sdk.client import Client
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from tests.test_bridge import start_sidecar, stop
 from tests.test_planner import GPU_PROFILE
@@ -90,7 +90,7 @@ def test_reservation_is_answered_once_the_vram_is_free(setup) -> None:
         want = top.vram - ladder.cpu.vram  # all the model's VRAM
         t0 = time.monotonic()
         reply = c.request("reserve_vram", {"bytes": want, "deadline_frames": 2})
-        assert reply == {"recorded": True, "acknowledged": True}
+        assert reply == {"recorded": True, "acknowledged": True, "granted": True}
         st = c.stats()["arbiter"]
         assert st["plan_vram"] + want + 256 * MIB <= total  # actually given back before the ack
         assert time.monotonic() - t0 < 5

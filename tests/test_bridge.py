@@ -16,7 +16,7 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.bridge import BridgeError, Client, SidecarUnavailable
+from igi_sdk.client import BridgeError, Client, SidecarUnavailable
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.server import is_loopback
 
@@ -327,7 +327,7 @@ def test_curve_keys_required_and_enforced(model_dir, tmp_path) -> None:
     proc = start_sidecar(model_dir, f"tcp://127.0.0.1:{port}", "--curve-secret",
                          str(keys / "server.key_secret"), "--curve-clients", str(keys / "clients"))
     try:
-        from igi_sdk.bridge.client import curve_keys
+        from igi_sdk.client import curve_keys
 
         good = Client(f"tcp://127.0.0.1:{port}", timeout=20,
                       curve=curve_keys(keys / "game.key_secret", keys / "server.key"))
@@ -366,7 +366,7 @@ def _free_port() -> int:
 def test_async_client(sidecar) -> None:
     import asyncio
 
-    from igi_sdk.bridge import AsyncClient
+    from igi_sdk.client import AsyncClient
 
     async def main() -> str:
         c = AsyncClient(sidecar[0], timeout=60)

@@ -70,9 +70,9 @@ def test_engine_rejects_bad_files_with_typed_errors(tmp_path) -> None:
 def test_client_only_processes_never_load_llama_cpp() -> None:
     """A game's tools (or a harness running its own CUDA work) talk to the sidecar without
     mapping llama.cpp's native libraries."""
-    code = ("import sys, igi_sdk.bridge; "
+    code = ("import sys, igi_sdk.client; "
             "assert 'llama_cpp' not in sys.modules, 'llama_cpp was imported'; "
-            "print(igi_sdk.bridge.Client.__name__)")
+            "print(igi_sdk.client.Client.__name__)")
     env = {**os.environ, "IGI_SDK_CLIENT_ONLY": "1"}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                          timeout=60)

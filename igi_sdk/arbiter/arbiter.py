@@ -1,8 +1,11 @@
-"""The arbiter loop: read VRAM sources, ask the policy, reshard the engine at safe points.
+"""The arbiter loop: read VRAM sources, ask the policy, run the reshard state machine.
 
 It runs on its own thread so that neither the game's frame (the socket thread answering
-``frame``) nor the decode loop waits for a decision; the reshard itself happens on the engine
-thread between decode steps (``Engine.reshard``), so a stream only pauses for its duration.
+``frame``) nor the decode loop waits for a decision; the reshard itself
+(:class:`~igi_sdk.arbiter.reshard.ReshardMachine`) runs on the engine thread between decode
+steps, so a stream only pauses for its duration. Every reservation ends with a typed outcome:
+granted once the VRAM is free, :class:`CannotFreeError` when the model is on its CPU plan and the
+memory is still held by others, :class:`DeadlineMissedError` past its time limit.
 """
 
 from __future__ import annotations
@@ -12,33 +15,50 @@ import threading
 import time
 from collections import deque
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from igi_sdk.arbiter.ladder import PlanLadder
 from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reservation
+from igi_sdk.arbiter.reshard import ReshardMachine, ReshardOps, ReshardOutcome
 from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
-from igi_sdk.errors import IgiError
+from igi_sdk.errors import CannotFreeError, DeadlineMissedError, IgiError
 
 log = logging.getLogger("igi_sdk.arbiter")
+
+# what a reservation's waiter is told: None = granted, else the error that ended it
+ReservationDone = Callable[[Reservation, IgiError | None], None]
+
+
+class ReshardableEngine(Protocol):
+    """What the arbiter needs of the engine (``igi_sdk.runtime.Engine``)."""
+
+    plan: Any
+    state: str
+
+    def exclusive(self, procedure: Callable[[ReshardOps], Any]) -> Future: ...
 
 
 @dataclass(frozen=True)
 class ReshardRecord:
     at: float
     action: str
-    plan: str
+    plan: str  # the plan it landed on ("" when none could load)
     vram: int
     seconds: float
     reason: str
-    ok: bool
+    ok: bool  # landed on the target
     released_s: float | None = None  # when the old plan's memory was free (from the start)
+    target: str = ""
+    failures: tuple[tuple[str, str], ...] = ()
+    budget_after_release: int | None = None
 
 
 class Arbiter:
     def __init__(
         self,
-        engine: Any,
+        engine: ReshardableEngine,
         ladder: PlanLadder,
         sources: list[VramSource],
         *,
@@ -60,7 +80,10 @@ class Arbiter:
         self.decisions: deque[dict[str, Any]] = deque(maxlen=256)
         self.reshards: deque[ReshardRecord] = deque(maxlen=256)
         self.last_budget: int | None = None
-        self._waiters: list[tuple[Reservation, Callable[[Reservation], None]]] = []
+        self.unavailable = engine.state == "unavailable"
+        self._next_recovery = 0.0
+        self._recovery_wait = 0.5
+        self._waiters: list[tuple[Reservation, ReservationDone]] = []
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -80,16 +103,27 @@ class Arbiter:
                 s.report(vram_used, vram_budget)
         self._wake.set()
 
-    def reserve(self, nbytes: int, deadline_frames: int,
-                on_ack: Callable[[Reservation], None]) -> Reservation:
-        """Ask for VRAM for the game; ``on_ack`` runs (on the arbiter thread) once it is free."""
+    def reserve(self, nbytes: int, deadline_frames: int, on_done: ReservationDone) -> Reservation:
+        """Ask for VRAM for the game; ``on_done`` runs (on the arbiter thread) exactly once."""
         reading = self._reading()
         with self._lock:
             res = self.policy.reserve(nbytes, deadline_frames, self.frame,
-                                      reading or VramReading(0, 0, 0, "none", self.clock()))
-            self._waiters.append((res, on_ack))
+                                      reading or VramReading(0, 0, 0, "none", self.clock()),
+                                      self.clock())
+            self._waiters.append((res, on_done))
         self._wake.set()
         return res
+
+    def adopt(self, waiters: list[tuple[Reservation, ReservationDone]]) -> None:
+        """Take over reservations a previous arbiter had not settled (a new model loaded)."""
+        reading = self._reading()
+        with self._lock:
+            for res, cb in waiters:
+                fresh = self.policy.reserve(res.nbytes, 0, self.frame, reading or VramReading(
+                    0, 0, 0, "none", self.clock()), self.clock())
+                fresh.expires_at = res.expires_at
+                self._waiters.append((fresh, cb))
+        self._wake.set()
 
     # --- loop ---------------------------------------------------------------------------------
 
@@ -97,11 +131,15 @@ class Arbiter:
         self._thread = threading.Thread(target=self._run, name="igi-arbiter", daemon=True)
         self._thread.start()
 
-    def stop(self) -> None:
+    def stop(self) -> list[tuple[Reservation, ReservationDone]]:
+        """Stop the loop; returns the reservations still waiting (for :meth:`adopt`)."""
         self._stop.set()
         self._wake.set()
         if self._thread is not None:
             self._thread.join(timeout=60)
+        with self._lock:
+            left, self._waiters = self._waiters, []
+        return left
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -120,78 +158,116 @@ class Arbiter:
             return None
         return min(readings, key=self.policy.budget)
 
+    def _budget_now(self) -> int | None:
+        reading = self._reading()
+        return None if reading is None else self.policy.budget(reading)
+
     def tick(self) -> Decision | None:
         """One decision, executed at once; returns it (None without any reading)."""
         reading = self._reading()
         if reading is None:
+            self._settle(None)
+            return None
+        if self.unavailable or self.engine.state == "unavailable":
+            self._recover(reading)
+            self._settle(self._reading())
             return None
         with self._lock:
             decision = self.policy.decide(reading, self.frame, self.clock())
         self.last_budget = decision.budget
         if decision.action != "stay":
             self._apply(decision)  # acknowledges reservations as soon as the old plan is freed
-            if decision.action == "fast_shrink":  # then straight to the best rung that fits
-                again = self._reading()
+            if decision.action == "fast_shrink" and not self.unavailable:
+                again = self._reading()  # then straight to the best rung that fits
                 if again is not None:
                     with self._lock:
                         follow = self.policy.decide(again, self.frame, self.clock())
                     if follow.action != "stay":
                         self._apply(follow)
-        self._notify_acks()
+        self._settle(self._reading())
         return decision
 
+    def _recover(self, reading: VramReading) -> None:
+        """No placement is loaded: try again, from what fits now, with a growing pause."""
+        now = self.clock()
+        if now < self._next_recovery:
+            return
+        budget = self.policy.budget(reading)
+        target = self.ladder.best_within(budget)
+        d = Decision("recover", target, budget, "no placement is loaded", reading)
+        self._apply(d)
+        if self.unavailable:
+            self._recovery_wait = min(15.0, self._recovery_wait * 2)
+            self._next_recovery = self.clock() + self._recovery_wait
+        else:
+            self._recovery_wait = 0.5
+
     def _apply(self, d: Decision) -> None:
-        t0 = self.clock()
-        ok = True
-        released: list[float] = []
-
         def on_released() -> None:  # the old plan's VRAM is free: the game may take it now
-            released.append(self.clock() - t0)
-            reading = self._reading()
-            if reading is not None:
-                with self._lock:
-                    self.policy.acknowledge(reading, self.clock())
-                self._notify_acks()
+            self._settle(self._reading())
 
-        try:
-            self.engine.reshard(d.target.plan, on_released=on_released)
-            self.policy.applied(d.target)
-        except IgiError as e:
-            ok = False
-            log.warning("reshard to %s failed (%s); falling back to the CPU plan",
-                        d.target.plan.name, e)
-            self.engine.reshard(self.ladder.cpu.plan)
-            self.policy.applied(self.ladder.cpu)
-        rec = ReshardRecord(time.time(), d.action, d.target.plan.name, d.target.vram,
-                            self.clock() - t0, d.reason, ok,
-                            released[0] if released else None)
+        machine = ReshardMachine(self.ladder, d.target, self._budget_now, on_released,
+                                 clock=self.clock)
+        out: ReshardOutcome = self.engine.exclusive(machine).result()
+        self.unavailable = out.landed is None
+        # on no placement the model holds only what the CPU rung holds: the GPU's fixed share
+        self.policy.applied(out.landed or self.ladder.cpu)
+        rec = ReshardRecord(time.time(), d.action, out.landed.plan.name if out.landed else "",
+                            out.landed.vram if out.landed else 0, out.seconds, d.reason,
+                            out.landed is d.target, out.released_s, d.target.plan.name,
+                            tuple(out.failures), out.budget_after_release)
         self.reshards.append(rec)
         self.decisions.append({"at": rec.at, "action": d.action, "budget": d.budget,
-                               "plan": rec.plan, "vram": rec.vram, "reason": d.reason,
+                               "target": rec.target, "plan": rec.plan, "vram": rec.vram,
+                               "reason": d.reason,
                                "source": d.reading.source if d.reading else None,
                                "seconds": rec.seconds, "released_s": rec.released_s,
-                               "ok": ok})
-        log.info("%s -> %s (%d MiB) in %.3f s: %s", d.action, rec.plan, rec.vram >> 20,
-                 rec.seconds, d.reason)
+                               "ok": rec.ok, "failures": [f[0] for f in rec.failures]})
+        log.info("%s -> %s (%d MiB; target %s) in %.3f s: %s", d.action, rec.plan or "nothing",
+                 rec.vram >> 20, rec.target, rec.seconds, d.reason)
 
-    def _notify_acks(self) -> None:
+    def _settle(self, reading: VramReading | None) -> None:
+        """End every reservation that can end now: granted, cannot_free or deadline_missed."""
+        now = self.clock()
+        done: list[tuple[Reservation, ReservationDone, IgiError | None]] = []
         with self._lock:
-            done = [(r, cb) for r, cb in self._waiters if r.acknowledged]
-            self._waiters = [(r, cb) for r, cb in self._waiters if not r.acknowledged]
-        for res, cb in done:
-            cb(res)
+            if reading is not None:
+                self.policy.acknowledge(reading, now)
+            on_cpu = self.policy.current is self.ladder.cpu
+            keep = []
+            for res, cb in self._waiters:
+                if res.acknowledged:
+                    done.append((res, cb, None))
+                elif on_cpu and reading is not None and reading.total - reading.used < res.nbytes:
+                    self.policy.drop(res)
+                    done.append((res, cb, CannotFreeError(
+                        f"only {(reading.total - reading.used) >> 20} MiB can be free: the model "
+                        f"is on its CPU plan and the rest is held by other processes")))
+                elif res.expires_at is not None and now >= res.expires_at:
+                    self.policy.drop(res)
+                    done.append((res, cb, DeadlineMissedError(
+                        f"{res.nbytes >> 20} MiB were not free in time; ask again")))
+                else:
+                    keep.append((res, cb))
+            self._waiters = keep
+        for res, cb, err in done:
+            try:
+                cb(res, err)
+            except Exception:
+                log.exception("reservation callback failed")
 
     def stats(self) -> dict[str, Any]:
         cur = self.policy.current
         return {
             "budget": self.last_budget,
-            "plan": cur.plan.name if cur else None,
+            "plan": cur.plan.name if cur and not self.unavailable else None,
             "plan_vram": cur.vram if cur else None,
+            "unavailable": self.unavailable,
             "rungs": len(self.ladder.rungs),
             "reshards": len(self.reshards),
             "reshard_seconds": [round(r.seconds, 4) for r in list(self.reshards)[-16:]],
-            "pending_reservations": sum(1 for r in self.policy.reservations
-                                        if not r.acknowledged),
+            "pending_reservations": len(self._waiters),
             "yielding_gpu": self.policy.yielding(self.clock()),
             "decisions": list(self.decisions)[-8:],
         }
+

@@ -28,6 +28,9 @@ class PolicyConfig:
     grow_margin: int = 128 * 1024 * 1024  # the next rung must fit with this much to spare
     grow_hold_s: float = 2.0  # ... continuously for this long
     reservation_hold_s: float = 10.0  # an acknowledged reservation the game never took expires
+    # a reservation not granted within this long ends with deadline_missed: the game never
+    # waits forever (a reshard to the CPU plan takes well under this)
+    reservation_timeout_s: float = 5.0
     # a plan over the budget by less than this stays: NVML and the engine's reports differ by
     # page rounding, and a reload costs seconds (the headroom above covers the difference)
     shrink_tolerance: int = 32 * 1024 * 1024
@@ -51,11 +54,12 @@ class Reservation:
     others_before: int  # the others' use when it was requested
     acknowledged: bool = False
     acked_at: float | None = None
+    expires_at: float | None = None  # monotonic time after which it is not worth waiting
 
 
 @dataclass(frozen=True)
 class Decision:
-    action: str  # "stay" | "shrink" | "fast_shrink" | "grow" | "yield"
+    action: str  # "stay" | "shrink" | "fast_shrink" | "grow" | "yield" | "recover"
     target: Rung
     budget: int
     reason: str
@@ -105,10 +109,16 @@ class BudgetPolicy:
         return max(0, b)
 
     def reserve(self, nbytes: int, deadline_frames: int, frame: int,
-                r: VramReading) -> Reservation:
+                r: VramReading, now: float | None = None) -> Reservation:
         res = Reservation(nbytes, frame + deadline_frames, frame, r.others)
+        if now is not None:
+            res.expires_at = now + self.config.reservation_timeout_s
         self.reservations.append(res)
         return res
+
+    def drop(self, res: Reservation) -> None:
+        """Forget a reservation that ended without being granted."""
+        self.reservations = [x for x in self.reservations if x is not res]
 
     def decide(self, r: VramReading, frame: int, now: float) -> Decision:
         """What to run next, given a fresh reading (``now`` in monotonic seconds)."""

@@ -17,7 +17,10 @@ from bisect import bisect_right
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
+
+if TYPE_CHECKING:
+    from igi_sdk.runtime.devices import Device
 
 
 @dataclass(frozen=True)
@@ -38,16 +41,42 @@ class VramSource(Protocol):
 
 
 class NvmlSource:
-    """NVML device figures; this process's share from NVML where the driver reports it, else
-    from ``own_fallback`` (the engine's accounting of its buffers)."""
+    """NVML figures of llama.cpp's GPU; this process's share from NVML where the driver reports
+    it, else from ``own_fallback`` (the engine's accounting of its buffers) plus the CUDA context
+    measured when the backend started (which the engine's buffers do not include).
 
-    def __init__(self, device_index: int = 0, own_fallback: Callable[[], int] | None = None):
-        from igi_sdk.runtime.nvml import nvml
+    The NVML device is the one whose PCI bus id is ``device``'s (a ``Device`` or a bus id),
+    by default llama.cpp's first GPU; NVML's own numbering can differ from CUDA's (see
+    ``runtime.nvml``). ``device_index`` picks an NVML index directly, as before. ``nvml_lib``
+    and ``context_bytes`` stand in for pynvml and the measured context in tests."""
 
-        self.nv = nvml()
-        self.handle = self.nv.nvmlDeviceGetHandleByIndex(device_index) if self.nv else None
+    def __init__(self, device_index: int | None = None,
+                 own_fallback: Callable[[], int] | None = None, *,
+                 device: Device | str | None = None, nvml_lib: Any = None,
+                 context_bytes: Callable[[], int] | None = None) -> None:
+        from igi_sdk.runtime.nvml import handle_for_bus_id, nvml
+
+        self.nv = nvml_lib if nvml_lib is not None else nvml()
         self.own_fallback = own_fallback
         self.pid = os.getpid()
+        self.handle = None
+        if self.nv is not None:
+            if device_index is not None:
+                self.handle = self.nv.nvmlDeviceGetHandleByIndex(device_index)
+            else:
+                if device is None:
+                    from igi_sdk.runtime.devices import first_gpu
+
+                    device = first_gpu()
+                bus_id = device if isinstance(device, str) or device is None else device.pci_bus_id
+                self.handle = handle_for_bus_id(self.nv, bus_id)
+                if self.handle is None:  # a driver without devices: nothing to read
+                    self.nv = None
+        if context_bytes is None and self.nv is not None:
+            from igi_sdk.runtime._native import cuda_context_bytes
+
+            context_bytes = cuda_context_bytes
+        self.context_bytes = context_bytes or (lambda: 0)
 
     def read(self) -> VramReading | None:
         if self.nv is None:
@@ -61,7 +90,9 @@ class NvmlSource:
         except Exception:  # noqa: BLE001 - NVML_ERROR_NOT_SUPPORTED under WDDM and others
             own = None
         if own is None:
-            own = self.own_fallback() if self.own_fallback else 0
+            # no per-process figure (WDDM): the engine's buffers + the CUDA context, which no
+            # buffer accounts for and which would otherwise be counted as the game's
+            own = (self.own_fallback() if self.own_fallback else 0) + self.context_bytes()
         return VramReading(int(mem.total), int(mem.used), own, "nvml", time.monotonic())
 
 

@@ -1,17 +1,8 @@
-"""The sidecar's protocol (ZeroMQ + msgpack), its server and the Python client."""
+"""The sidecar's wire protocol (schemas, framing, typed errors) and its server.
 
-from igi_sdk.bridge.client import AsyncClient, BridgeError, ChatStream, Client, SidecarUnavailable
+Clients import :mod:`igi_sdk.client`; the server (:mod:`igi_sdk.bridge.server`) is assembled
+with a model host by :mod:`igi_sdk.sidecar`."""
+
 from igi_sdk.bridge.protocol import PROTOCOL_VERSION, ProtocolError
-from igi_sdk.bridge.server import Server, ServerConfig
 
-__all__ = [
-    "PROTOCOL_VERSION",
-    "AsyncClient",
-    "BridgeError",
-    "ChatStream",
-    "Client",
-    "ProtocolError",
-    "Server",
-    "ServerConfig",
-    "SidecarUnavailable",
-]
+__all__ = ["PROTOCOL_VERSION", "ProtocolError"]

@@ -92,6 +92,9 @@ class ReserveVramOk(Reply):
     recorded: bool = Field(description="always true")
     acknowledged: bool = Field(description="true: the VRAM is free now (this reply waits until "
                                            "it is)")
+    granted: bool = Field(description="true: the VRAM is free now. A reservation that cannot "
+                                      "be granted ends with error cannot_free or "
+                                      "deadline_missed instead; none waits longer than 5 s")
 
 
 class StatsOk(Reply):
@@ -220,6 +223,15 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                       "sidecar is stopping"),
     "inference_failed": ErrorCode(True, "stream error: llama.cpp failed while decoding; the "
                                         "session is as before the request"),
+    "engine_unavailable": ErrorCode(True, "no placement of the model fits the memory that is "
+                                          "free now (the game took it); sessions are kept and "
+                                          "the sidecar keeps trying — retry shortly"),
+    # reserve_vram (every reservation ends with ok/granted or one of these)
+    "cannot_free": ErrorCode(False, "the model cannot give back that much: it is on a fixed "
+                                    "GPU plan (no arbiter), or already on its CPU plan and the "
+                                    "rest is held by other processes"),
+    "deadline_missed": ErrorCode(True, "the VRAM was not free within the reservation's time "
+                                       "limit (5 s); ask again"),
 }
 
 
@@ -459,7 +471,8 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_restore_session", 8, "ok", {"session": "a07c55e3d2f1"}, ""),
         _rep("reply_ok_close_session", 9, "ok", {}, ""),
         _rep("reply_ok_frame", 10, "ok", {}, ""),
-        _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True, "acknowledged": True}, ""),
+        _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True, "acknowledged": True,
+                                                  "granted": True}, ""),
         _rep("reply_ok_stats", 12, "ok", {
             "model": "smol.gguf", "loading": False, "clients": 1, "uptime_s": 12.5,
             "requests": 12, "errors": 0,

@@ -1,11 +1,13 @@
-"""The sidecar: a ZeroMQ ROUTER that serves the protocol over an Engine.
+"""The sidecar's protocol server: a ZeroMQ ROUTER that speaks the protocol over a :class:`Backend`.
 
-One socket thread owns the ROUTER and answers every request at once; generation runs on the
-engine thread, whose events come back through an ``inproc`` PULL socket (each producing thread
-pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe). A ``load_model``
-request runs on a worker thread, so ``stats`` and the heartbeats keep flowing meanwhile; a model
-named on the command line is loaded before the socket serves, so a sidecar that cannot load it
-fails at once instead of serving without a model.
+One socket thread owns the ROUTER and never waits on the model: control messages (``ping``,
+``frame``, ``stats``, ``cancel``, ``reserve_vram``, heartbeats) are answered from state it holds;
+model work (``open_session``, ``chat``, ``save_session`` ...) is handed to the backend as futures,
+and their results come back through an ``inproc`` PULL socket together with stream events (each
+producing thread pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe).
+Completions run on the socket thread, so the per-client bookkeeping has one owner. A
+``load_model`` request runs on a worker thread; a model named on the command line is loaded
+before the socket serves, so a sidecar that cannot load it fails at once.
 """
 
 from __future__ import annotations
@@ -13,9 +15,12 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -25,6 +30,7 @@ import zmq
 import zmq.auth
 
 from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
 from igi_sdk.errors import IgiError
 
 log = logging.getLogger("igi_sdk.bridge")
@@ -41,19 +47,12 @@ class ServerConfig:
     model: str | None = None  # loaded at start (relative to model_dir or absolute inside it)
     n_ctx: int = 4096
     max_sessions: int = 8
-    n_threads: int = 0
     max_sessions_per_client: int = 8
     max_streams_per_client: int = 4
     heartbeat_s: float = 1.0
     game_pid: int | None = None
     curve_secret_file: Path | None = None  # server key pair (zmq.auth certificate)
     curve_clients_dir: Path | None = None  # allowed client public certificates
-    # VRAM arbiter: on by default with an NVIDIA GPU; a scripted trace (and a profile) simulate
-    # one for tests and samples
-    arbiter: bool = True
-    vram_trace: Path | None = None
-    profile: Path | None = None
-    grow_hold_s: float = 2.0
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -75,21 +74,18 @@ class _Client:
     name: str = ""
     engine: str = ""
     sessions: set[str] = field(default_factory=set)
-    streams: dict[int, Any] = field(default_factory=dict)  # chat request id -> Generation
+    opening: int = 0  # open/restore requests in flight (count against the session cap)
+    streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle
     last_seen: float = field(default_factory=time.monotonic)
 
 
 class Server:
-    def __init__(self, config: ServerConfig) -> None:
+    def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.cfg = config
+        self.backend = backend
         self.model_dir = config.model_dir.resolve()
         self.save_dir = (config.save_dir or self.model_dir / "sessions").resolve()
         self.ctx = zmq.Context.instance()
-        self.engine: Any = None
-        self.arbiter: Any = None
-        from igi_sdk.arbiter.pacing import FramePacer
-
-        self.pacer = FramePacer()
         self.model_name: str | None = None
         self.loading = False
         self.clients: dict[bytes, _Client] = {}
@@ -97,9 +93,12 @@ class Server:
         self.stats: dict[str, Any] = {"requests": 0, "errors": 0, "started": time.time()}
         self.last_frame: dict[str, Any] | None = None
         self.reservations: list[dict[str, Any]] = []
+        self.latency = _Latency()
+        # work that finished on another thread, to be finished here (socket thread)
+        self._completions: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._local = threading.local()
-        self._streams_lock = threading.Lock()
         self._auth: Any = None
+        self._pid_watch: int | None = None
         self.router = self._bind()
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(_EVENTS + uuid.uuid4().hex)
@@ -142,7 +141,8 @@ class Server:
             body = P.LoadModel(path=self.cfg.model, n_ctx=self.cfg.n_ctx,
                                max_sessions=self.cfg.max_sessions)
             try:
-                self._open_engine(self._resolve_model(body.path), body)
+                self.backend.load_model(self._resolve_model(body.path), body)
+                self.model_name = self.backend.model_name
             except P.ProtocolError as e:
                 self.close()
                 raise IgiError(e.message) from None
@@ -150,8 +150,7 @@ class Server:
                 self.close()
                 raise
         if self.cfg.game_pid:
-            threading.Thread(target=self._watch_pid, args=(self.cfg.game_pid,), daemon=True,
-                             name="igi-pid-watch").start()
+            self._watch(self.cfg.game_pid)
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.events, zmq.POLLIN)
@@ -172,13 +171,10 @@ class Server:
 
     def close(self) -> None:
         self.stopping.set()
-        self._stop_arbiter()
-        eng, self.engine = self.engine, None
-        if eng is not None:
-            try:
-                eng.close()
-            except Exception:
-                log.exception("engine close failed")
+        try:
+            self.backend.close()
+        except Exception:
+            log.exception("backend close failed")
         self.router.close(0)
         self.events.close(0)
         if self._auth is not None:
@@ -204,13 +200,32 @@ class Server:
             if identity == b"":  # internal control message
                 if frame == b"stop":
                     self.stopping.set()
+                elif frame == b"wake":
+                    self._run_completions()
                 continue
             self.router.send_multipart([identity, frame])
+
+    def _run_completions(self) -> None:
+        while True:
+            try:
+                finish = self._completions.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                finish()
+            except Exception:
+                log.exception("finishing a request failed")
+
+    def _later(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the socket thread soon (any thread may call this)."""
+        self._completions.put(fn)
+        self._push(b"", b"wake")
 
     def _heartbeat(self) -> None:
         now = time.monotonic()
         for ident, c in list(self.clients.items()):
-            if now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams and not c.sessions:
+            if (now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams
+                    and not c.sessions and not c.opening):
                 del self.clients[ident]  # silent, holding nothing: forget the connection
                 continue
             self.router.send_multipart([ident, P.encode(0, "heartbeat", {"t": time.time()})])
@@ -218,6 +233,7 @@ class Server:
     # --- requests ------------------------------------------------------------------------------
 
     def _handle(self, identity: bytes, frame: bytes) -> None:
+        t0 = time.perf_counter()
         self.stats["requests"] += 1
         try:
             msg_id, msg_type, body = P.parse_request(frame)
@@ -236,23 +252,33 @@ class Server:
             else:
                 handler = getattr(self, f"_on_{msg_type}")
                 reply = handler(client, msg_id, body)
-        except P.ProtocolError as e:
-            self._error(identity, msg_id, e)
-            return
-        except IgiError as e:
-            self._error(identity, msg_id, P.ProtocolError(e.code, e.message,
-                                                          retryable=e.retryable))
-            return
-        except Exception as e:
-            log.exception("request %s failed", msg_type)
-            self._error(identity, msg_id, P.ProtocolError("internal", f"internal error: {e}"))
+        except Exception as e:  # noqa: BLE001 - every failure is answered, typed
+            self._error(identity, msg_id, _typed(e, msg_type))
             return
         if reply is not None:
             self.router.send_multipart([identity, P.encode(msg_id, "ok", reply)])
+        self.latency.note(msg_type, time.perf_counter() - t0)
 
     def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None:
         self.stats["errors"] += 1
         self.router.send_multipart([identity, P.encode(msg_id, "error", e.body())])
+
+    def _answer(self, identity: bytes, msg_id: int, fut: Future, msg_type: str,
+                ok: Callable[[Any], dict[str, Any]],
+                failed: Callable[[], None] | None = None) -> None:
+        """Reply to ``msg_id`` when ``fut`` ends: ``ok(result)`` runs on the socket thread."""
+
+        def finish(f: Future) -> None:
+            try:
+                body = ok(f.result())
+            except Exception as e:  # noqa: BLE001 - every failure is answered, typed
+                if failed is not None:
+                    failed()
+                self._error(identity, msg_id, _typed(e, msg_type))
+                return
+            self.router.send_multipart([identity, P.encode(msg_id, "ok", body)])
+
+        fut.add_done_callback(lambda f: self._later(lambda: finish(f)))
 
     def _hello(self, identity: bytes, body: P.Hello) -> dict[str, Any]:
         if body.protocol != P.PROTOCOL_VERSION:
@@ -263,8 +289,7 @@ class Server:
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
         if body.game_pid and not self.cfg.game_pid:
             self.cfg.game_pid = body.game_pid
-            threading.Thread(target=self._watch_pid, args=(body.game_pid,), daemon=True,
-                             name="igi-pid-watch").start()
+            self._watch(body.game_pid)
         return {"protocol": P.PROTOCOL_VERSION, "model": self.model_name,
                 "loading": self.loading, "limits": {
                     "max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
@@ -275,12 +300,11 @@ class Server:
     def _on_ping(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         return {"t": time.time()}
 
-    def _need_engine(self) -> Any:
-        if self.engine is None:
+    def _need_model(self) -> None:
+        if self.model_name is None:
             if self.loading:
                 raise P.ProtocolError("loading", "the model is still loading", retryable=True)
             raise P.ProtocolError("no_model", "no model is loaded; send load_model first")
-        return self.engine
 
     def _resolve_model(self, path: str) -> Path:
         try:
@@ -297,133 +321,53 @@ class Server:
     def _on_load_model(self, c: _Client, msg_id: int, body: P.LoadModel) -> None:
         if self.loading:
             raise P.ProtocolError("loading", "a model is already loading", retryable=True)
-        self._resolve_model(body.path)  # refuse bad paths synchronously
-        self._start_load(c.identity, msg_id, body)
+        path = self._resolve_model(body.path)  # refuse bad paths synchronously
+        self.loading = True
+        self.model_name = None  # the old model goes away first
+        done: Future[dict[str, Any]] = Future()
+
+        def load() -> None:
+            try:
+                done.set_result(self.backend.load_model(path, body))
+            except BaseException as e:  # noqa: BLE001 - answered as a typed error
+                done.set_exception(e)
+
+        def loaded(reply: dict[str, Any]) -> dict[str, Any]:
+            self._model_changed()
+            return reply
+
+        self._answer(c.identity, msg_id, done, "load_model", loaded, failed=self._model_changed)
+        threading.Thread(target=load, daemon=True, name="igi-load").start()
         return None  # answered when the load finishes
 
-    def _start_load(self, identity: bytes | None, msg_id: int, body: P.LoadModel) -> None:
-        path = self._resolve_model(body.path)
-        self.loading = True
-        threading.Thread(target=self._load, args=(identity, msg_id, body, path), daemon=True,
-                         name="igi-load").start()
+    def _model_changed(self) -> None:
+        """A load ended (either way): the old model's sessions are gone with it."""
+        self.loading = False
+        self.model_name = self.backend.model_name
+        for c in self.clients.values():
+            c.sessions.clear()
 
-    def _load(self, identity: bytes | None, msg_id: int, body: P.LoadModel, path: Path) -> None:
-        try:
-            self._open_engine(path, body)
-            reply = P.encode(msg_id, "ok", {"model": path.name,
-                                            "memory": self.engine.memory()})
-        except IgiError as e:
-            self.model_name = None
-            reply = P.encode(msg_id, "error", P.ProtocolError(e.code, e.message,
-                                                              retryable=e.retryable).body())
-        except Exception as e:
-            log.exception("load failed")
-            reply = P.encode(msg_id, "error", {"code": "model_load_failed", "message": str(e),
-                                                "retryable": False})
-        finally:
-            self.loading = False
-        if identity is not None:
-            self._push(identity, reply)
-
-    def _open_engine(self, path: Path, body: P.LoadModel) -> None:
-        from igi_sdk.planner import Plan
-        from igi_sdk.runtime import Engine, EngineConfig
-
-        self._stop_arbiter()
-        old, self.engine = self.engine, None
-        self.model_name = None
-        if old is not None:  # a new model: the old sessions cannot follow it
-            old.close()
-            with self._streams_lock:
-                for c in list(self.clients.values()):
-                    c.sessions.clear()
-        cfg = EngineConfig(n_ctx=body.n_ctx, max_sessions=body.max_sessions,
-                           n_threads=self.cfg.n_threads)
-        arbiter_setup = self._arbiter_setup(path, body) if body.vram_budget is None else None
-        if arbiter_setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
-            plan = arbiter_setup[0].cpu.plan
-        elif body.vram_budget is not None:
-            plan = _planned(path, body, cfg, self.cfg.profile)
-        else:
-            plan = Plan.all_cpu()
-        self.engine = Engine(path, plan, cfg)
-        self.model_name = path.name
-        if arbiter_setup is not None:
-            self._start_arbiter(*arbiter_setup)
-
-    def _arbiter_setup(self, path: Path, body: P.LoadModel) -> tuple[Any, Any] | None:
-        """(plan ladder, trace or None) when this sidecar should arbitrate VRAM, else None."""
-        from igi_sdk.arbiter import PlanLadder, ScriptedTrace
-        from igi_sdk.arbiter.ladder import arbiter_workload
-        from igi_sdk.model import read_inventory
-        from igi_sdk.profile import Profile
-        from igi_sdk.runtime.nvml import nvml
-
-        cfg = self.cfg
-        has_nvml = nvml() is not None
-        # without NVML (a non-NVIDIA GPU) the engine's own frame reports drive the arbiter;
-        # that needs the machine's profile given explicitly, since none can be measured here
-        if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
-            return None
-        if cfg.profile is not None:
-            prof = Profile.load(cfg.profile)
-        else:
-            from igi_sdk.profile.measure import load_or_measure
-
-            prof = load_or_measure(fast=True)
-        if prof.gpu is None:
-            return None
-        ladder = PlanLadder.build(read_inventory(path), prof, arbiter_workload(body.n_ctx))
-        trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
-        return ladder, trace
-
-    def _start_arbiter(self, ladder: Any, trace: Any) -> None:
-        from igi_sdk.arbiter import Arbiter, EngineReportSource, NvmlSource, PolicyConfig
-
-        holder: list[Any] = []
-
-        def own() -> int:  # the arbiter's own accounting of what this process holds
-            return holder[0].policy.current.vram if holder else 0
-
-        sources: list[Any] = []
-        total = 0
-        if trace is not None:
-            trace.own = own
-            sources.append(trace)
-            total = trace.total
-        else:
-            nv = NvmlSource(own_fallback=own)
-            if nv.nv is not None:
-                sources.append(nv)
-                reading = nv.read()
-                total = reading.total if reading else 0
-        self.engine_reports = EngineReportSource(total, own)
-        sources.append(self.engine_reports)
-        arb = Arbiter(self.engine, ladder, sources,
-                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s))
-        holder.append(arb)
-        self.arbiter = arb
-        arb.start()
-
-    def _stop_arbiter(self) -> None:
-        arb, self.arbiter = self.arbiter, None
-        if arb is not None:
-            arb.stop()
-
-    def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> dict[str, Any]:
-        from igi_sdk.runtime import SamplingParams
-
-        eng = self._need_engine()
-        if len(c.sessions) >= self.cfg.max_sessions_per_client:
+    def _session_room(self, c: _Client) -> None:
+        if len(c.sessions) + c.opening >= self.cfg.max_sessions_per_client:
             raise P.ProtocolError("too_many_sessions", f"this client already has "
-                                  f"{len(c.sessions)} sessions; close one first", retryable=True)
-        s = body.sampling
-        # a persona name alone still gives the NPC an identity
-        system = body.system_prompt or (f"You are {body.persona}." if body.persona else None)
-        sid = eng.open_session(system, priority=body.priority,
-                               sampling=SamplingParams(**s.model_dump(), repeat_last_n=64))
-        c.sessions.add(sid)
-        return {"session": sid}
+                                  f"{len(c.sessions) + c.opening} sessions; close one first",
+                                  retryable=True)
+
+    def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> None:
+        self._need_model()
+        self._session_room(c)
+        c.opening += 1
+
+        def opened(sid: str) -> dict[str, Any]:
+            c.opening -= 1
+            c.sessions.add(sid)
+            return {"session": sid}
+
+        def failed() -> None:
+            c.opening -= 1
+
+        self._answer(c.identity, msg_id, self.backend.open_session(body), "open_session",
+                     opened, failed)
 
     def _owned(self, c: _Client, sid: str) -> str:
         if sid not in c.sessions:
@@ -431,8 +375,8 @@ class Server:
         return sid
 
     def _on_chat(self, c: _Client, msg_id: int, body: P.Chat) -> None:
-        eng = self._need_engine()
-        sid = self._owned(c, body.session)
+        self._need_model()
+        self._owned(c, body.session)
         if msg_id in c.streams:
             raise P.ProtocolError("duplicate_id", f"request id {msg_id} is already streaming")
         if len(c.streams) >= self.cfg.max_streams_per_client:
@@ -440,112 +384,128 @@ class Server:
                                   "this client; wait for one to finish", retryable=True)
         identity = c.identity
         seq = [0]
-        lock = self._streams_lock
+
+        def ended() -> None:  # on the socket thread
+            c.streams.pop(msg_id, None)
 
         def listener(kind: str, payload: object) -> None:  # runs on the engine thread
             if kind == "text":
                 seq[0] += 1
                 self._push(identity, P.encode(msg_id, "token", {"text": payload, "i": seq[0]}))
                 return
-            with lock:
-                c.streams.pop(msg_id, None)
             if kind == "done":
-                r = payload
-                self._push(identity, P.encode(msg_id, "done", {
-                    "text": r.text, "finish_reason": r.finish_reason,  # type: ignore[attr-defined]
-                    "usage": {"prompt_tokens": r.prompt_tokens,  # type: ignore[attr-defined]
-                              "completion_tokens": r.completion_tokens},  # type: ignore[attr-defined]
-                    "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}}))  # type: ignore[attr-defined]
+                r: ChatResult = payload  # type: ignore[assignment]
+                frame = P.encode(msg_id, "done", {
+                    "text": r.text, "finish_reason": r.finish_reason,
+                    "usage": {"prompt_tokens": r.prompt_tokens,
+                              "completion_tokens": r.completion_tokens},
+                    "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}})
             else:
-                err = payload
-                code = getattr(err, "code", "inference_failed")
-                self._push(identity, P.encode(msg_id, "error", {
-                    "code": code, "message": str(err),
-                    "retryable": bool(getattr(err, "retryable", True))}))
+                frame = P.encode(msg_id, "error", _typed(payload, "chat").body())
+            self._completions.put(ended)
+            self._push(identity, frame)
+            self._push(b"", b"wake")
 
-        with lock:  # reserve the slot first: a reply can finish before chat() returns
-            c.streams[msg_id] = None
-        try:
-            gen = eng.chat(sid, body.text, max_tokens=body.max_tokens, stop=body.stop,
-                           grammar=body.grammar, json_schema=body.json_schema, listener=listener)
-        except BaseException:
-            with lock:
+        c.streams[msg_id] = None  # reserved: the stream may end before the handle arrives
+
+        def started(f: Future) -> None:  # on the socket thread
+            try:
+                handle = f.result()
+            except Exception as e:  # noqa: BLE001 - answered, typed
                 c.streams.pop(msg_id, None)
-            raise
-        with lock:
+                self._error(identity, msg_id, _typed(e, "chat"))
+                return
             if msg_id in c.streams:
-                c.streams[msg_id] = gen
+                c.streams[msg_id] = handle
+
+        fut = self.backend.chat(body, listener)
+        fut.add_done_callback(lambda f: self._later(lambda: started(f)))
         return None  # the stream answers
 
     def _on_cancel(self, c: _Client, msg_id: int, body: P.Cancel) -> dict[str, Any]:
-        gen = c.streams.get(body.request)
-        if gen is not None:
-            gen.cancel()
-        return {"cancelled": gen is not None}
+        known = body.request in c.streams
+        handle = c.streams.get(body.request)
+        if handle is not None:
+            handle.cancel()
+        elif known:  # the reply has not started yet: cancel it as soon as it does
+            def cancel_when_started() -> None:
+                h = c.streams.get(body.request)
+                if h is not None:
+                    h.cancel()
+                elif body.request in c.streams:
+                    self._later(cancel_when_started)
 
-    def _on_close_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
-        self._need_engine().close_session(self._owned(c, body.session))
-        c.sessions.discard(body.session)
-        return {}
+            self._later(cancel_when_started)
+        return {"cancelled": known}
 
-    def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> dict[str, Any]:
-        eng = self._need_engine()
+    def _on_close_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> None:
+        self._need_model()
+        sid = self._owned(c, body.session)
+
+        def closed(_: None) -> dict[str, Any]:
+            c.sessions.discard(sid)
+            return {}
+
+        self._answer(c.identity, msg_id, self.backend.close_session(sid), "close_session",
+                     closed)
+
+    def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> None:
+        self._need_model()
+        sid = self._owned(c, body.session)
         self.save_dir.mkdir(parents=True, exist_ok=True)
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        eng.save_session(self._owned(c, body.session), path)
-        return {"name": body.name, "bytes": path.stat().st_size}
+        self._answer(c.identity, msg_id, self.backend.save_session(sid, path), "save_session",
+                     lambda n: {"name": body.name, "bytes": int(n)})
 
-    def _on_restore_session(self, c: _Client, msg_id: int,
-                            body: P.RestoreSession) -> dict[str, Any]:
-        eng = self._need_engine()
-        if len(c.sessions) >= self.cfg.max_sessions_per_client:
-            raise P.ProtocolError("too_many_sessions", "close a session first", retryable=True)
+    def _on_restore_session(self, c: _Client, msg_id: int, body: P.RestoreSession) -> None:
+        self._need_model()
+        self._session_room(c)
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
         if not path.is_file():
             raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'")
-        sid = eng.load_session(path)
-        c.sessions.add(sid)
-        return {"session": sid}
+        c.opening += 1
+
+        def restored(sid: str) -> dict[str, Any]:
+            c.opening -= 1
+            c.sessions.add(sid)
+            return {"session": sid}
+
+        def failed() -> None:
+            c.opening -= 1
+
+        self._answer(c.identity, msg_id, self.backend.restore_session(path), "restore_session",
+                     restored, failed)
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()
-        if self.engine is not None and body.target_frame_time_ms is not None:
-            self.engine.set_pacing(self.pacer.update(body.frame_time_ms,
-                                                     body.target_frame_time_ms))
-        if self.arbiter is not None:
-            self.arbiter.on_frame(body.frame, body.vram_used, body.vram_budget,
-                                  body.frame_time_ms, body.target_frame_time_ms)
+        self.backend.frame(body)
         return {}
 
-    def _on_reserve_vram(self, c: _Client, msg_id: int,
-                         body: P.ReserveVram) -> dict[str, Any] | None:
+    def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> None:
         self.reservations.append(body.model_dump())
         del self.reservations[:-16]
-        if self.arbiter is None:  # no VRAM of ours to give back: it is free already
-            return {"recorded": True, "acknowledged": True}
-        identity = c.identity
+        done: Future[None] = Future()
 
-        def on_ack(res: Any) -> None:  # on the arbiter thread, once the VRAM is free
-            self._push(identity, P.encode(msg_id, "ok", {"recorded": True,
-                                                         "acknowledged": True}))
+        def ended(error: Exception | None) -> None:  # any thread, exactly once
+            if error is None:
+                done.set_result(None)
+            else:
+                done.set_exception(error)
 
-        self.arbiter.reserve(body.bytes, body.deadline_frames, on_ack)
-        return None  # answered when acknowledged
+        self._answer(c.identity, msg_id, done, "reserve_vram",
+                     lambda _: {"recorded": True, "acknowledged": True, "granted": True})
+        self.backend.reserve_vram(body, ended)
+        return None  # answered when granted, or with cannot_free / deadline_missed
 
     def _on_stats(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
-        eng = self.engine
         out: dict[str, Any] = {
             "model": self.model_name, "loading": self.loading, "clients": len(self.clients),
             "uptime_s": time.time() - self.stats["started"], "requests": self.stats["requests"],
             "errors": self.stats["errors"], "last_frame": self.last_frame,
             "reservations": self.reservations[-4:],
-            "pacing_delay_s": self.pacer.delay_s,
+            "control_latency_ms": self.latency.summary(),
         }
-        if eng is not None:
-            out.update(sessions=len(eng.sessions()), plan=eng.plan.name, memory=eng.memory(),
-                       reshards=eng.reshard_count)
-        if self.arbiter is not None:
-            out["arbiter"] = self.arbiter.stats()
+        out.update(self.backend.status())
         return out
 
     def _on_shutdown(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
@@ -564,6 +524,13 @@ class Server:
             self._local.push = sock
         sock.send_multipart([identity, frame])
 
+    def _watch(self, pid: int) -> None:
+        if self._pid_watch is not None:
+            return
+        self._pid_watch = pid
+        threading.Thread(target=self._watch_pid, args=(pid,), daemon=True,
+                         name="igi-pid-watch").start()
+
     def _watch_pid(self, pid: int) -> None:
         """The sidecar must not outlive the game: exit within 2 s of its process ending."""
         while not self.stopping.is_set():
@@ -572,6 +539,40 @@ class Server:
                 self._push(b"", b"stop")
                 return
             time.sleep(0.25)
+
+
+class _Latency:
+    """How long the socket thread took to answer each request type (ms): p50, p99, max over
+    the last 2048 of each — the control plane's own measure of staying responsive."""
+
+    def __init__(self) -> None:
+        self._seen: dict[str, list[float]] = {}
+
+    def note(self, msg_type: str, seconds: float) -> None:
+        xs = self._seen.setdefault(msg_type, [])
+        xs.append(seconds * 1000)
+        if len(xs) > 2048:
+            del xs[:1024]
+
+    def summary(self) -> dict[str, dict[str, float]]:
+        out = {}
+        for k, xs in self._seen.items():
+            s = sorted(xs)
+            out[k] = {"p50": round(s[len(s) // 2], 3),
+                      "p99": round(s[min(len(s) - 1, int(len(s) * 0.99))], 3),
+                      "max": round(s[-1], 3), "n": len(s)}
+        return out
+
+
+def _typed(e: object, msg_type: str) -> P.ProtocolError:
+    """The wire error for any failure: typed errors keep their code; anything else is a bug."""
+    if isinstance(e, P.ProtocolError):
+        return e
+    if isinstance(e, IgiError):
+        return P.ProtocolError(e.code, e.message, retryable=e.retryable)
+    log.error("request %s failed: %r", msg_type, e,
+              exc_info=e if isinstance(e, BaseException) else None)
+    return P.ProtocolError("internal", f"internal error: {e}")
 
 
 def _alive(pid: int) -> bool:
@@ -603,17 +604,6 @@ def _alive_windows(pid: int) -> bool:
         return k32.WaitForSingleObject(handle, 0) == wait_timeout
     finally:
         k32.CloseHandle(handle)
-
-
-def _planned(path: Path, body: P.LoadModel, cfg: Any, profile: Path | None) -> Any:
-    from igi_sdk.model import read_inventory
-    from igi_sdk.profile import Profile
-    from igi_sdk.runtime.autoplan import plan_for_model
-
-    prof = Profile.load(profile) if profile is not None else None
-    return plan_for_model(path, read_inventory(path), budget=body.vram_budget, n_ctx=body.n_ctx,
-                          max_sessions=body.max_sessions, n_threads=cfg.n_threads,
-                          profile=prof).best
 
 
 def _start_auth(ctx: zmq.Context, clients_dir: Path | None) -> Any:

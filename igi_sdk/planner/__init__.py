@@ -1,12 +1,13 @@
 """Pipelined-sharding planner: which tensors live in VRAM and how each token tier runs."""
 
 from igi_sdk.planner.cost import decode_tps, ttft_seconds, ubatch_cost
-from igi_sdk.planner.plan import Plan, Role
+from igi_sdk.planner.plan import FlashAttn, KvType, Plan, Role
 from igi_sdk.planner.planner import (
     Candidate,
     PlanResult,
     Workload,
     compute_buffer_estimate,
+    copy_threshold,
     minimum_budget,
     plan_for,
     vram_by_category,
@@ -14,11 +15,14 @@ from igi_sdk.planner.planner import (
 
 __all__ = [
     "Candidate",
+    "FlashAttn",
+    "KvType",
     "Plan",
     "PlanResult",
     "Role",
     "Workload",
     "compute_buffer_estimate",
+    "copy_threshold",
     "decode_tps",
     "minimum_budget",
     "plan_for",

@@ -15,6 +15,11 @@ from pydantic import BaseModel, ConfigDict, Field
 from igi_sdk.model import ModelInventory
 
 Role = Literal["gpu", "cpu"]
+# What the runtime can apply (runtime.loader maps exactly these to llama.cpp's enums; a test keeps
+# the two in step), so that a plan it cannot load is rejected when it is made or read, not after
+# the model is already loaded.
+KvType = Literal["f32", "f16", "q8_0", "q4_0"]
+FlashAttn = Literal["auto", "on", "off"]
 
 # Groups that a "weights on GPU for attention only" plan keeps in VRAM: attention projections and
 # the per-layer norms that sit beside them (tiny; moving them would cost a transfer per layer).
@@ -33,7 +38,7 @@ class Plan(BaseModel):
     # llama.cpp's `n_gpu_layers`; -1 = all layers plus the output layer).
     gpu_layers: int = -1
     kv_on_gpu: bool = True
-    flash_attn: Literal["auto", "on", "off"] = "auto"
+    flash_attn: FlashAttn = "auto"
     n_ubatch: int = Field(512, ge=1, le=8192)
     # Copy-compute threshold: batches of at least this many tokens run CPU-resident weights on the
     # GPU by streaming them over PCIe (llama.cpp's GGML_OP_OFFLOAD_MIN_BATCH); smaller batches
@@ -43,8 +48,8 @@ class Plan(BaseModel):
     # Host weights: pinned (llama.cpp load_mode 0, CUDA_Host buffers, fast H2D copies) or mmap
     # (pageable, shares the page cache, loads faster).
     pinned_host: bool = False
-    type_k: str = "f16"
-    type_v: str = "f16"
+    type_k: KvType = "f16"
+    type_v: KvType = "f16"
     # Filled by the planner: predicted TTFT/TPS per token tier and VRAM bytes by category.
     predicted: dict[str, float] = Field(default_factory=dict)
     vram_bytes: dict[str, int] = Field(default_factory=dict)

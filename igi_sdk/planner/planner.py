@@ -56,10 +56,16 @@ class Workload:
     # Copy-compute then streams at pageable speed, but a reload (a reshard) costs far less:
     # pinning 4 GB of host memory took 3-4 s per reload on the H200 host, mapping it nothing.
     pin_host: bool = True
+    # The copy-compute threshold the process runs with, where it is already fixed (llama.cpp
+    # reads it once, when its backend starts): every plan that offloads ops uses and is priced
+    # with it. None: the planner chooses (``copy_threshold``).
+    copy_min_batch: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
             raise ValueError(f"invalid workload {self}")
+        if self.copy_min_batch is not None and self.copy_min_batch < 1:
+            raise ValueError(f"invalid workload {self}: copy_min_batch must be at least 1")
 
 
 @dataclass
@@ -297,12 +303,20 @@ def _attn_first(
     base = Plan(name="attn-first-copy" if copy else "attn-first-static", flash_attn="on",
                 n_ubatch=ubatch, op_offload=copy, pinned_host=pinned, gpu_layers=0)
     if copy:
-        base = base.model_copy(update={"copy_compute_min_batch":
-                                       _copy_threshold(inv, prof, pinned)})
+        threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned)
+        base = base.model_copy(update={"copy_compute_min_batch": threshold})
     return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv))
 
 
-def _copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> int:
+def _fixed_threshold(plan: Plan, wl: Workload) -> Plan:
+    """``plan`` with the process's fixed copy-compute threshold, if the workload has one: set
+    before pricing, so that the plan is priced as llama.cpp will run it."""
+    if wl.copy_min_batch is None or not plan.op_offload:
+        return plan
+    return plan.model_copy(update={"copy_compute_min_batch": wl.copy_min_batch})
+
+
+def copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> int:
     """Smallest batch from which streaming CPU-resident weights to the GPU beats computing them
     on the CPU (the token tier split). Judged on the whole model, so it does not depend on the
     budget."""
@@ -332,6 +346,7 @@ def _layer_offload(
         op_offload=True,
         gpu_layers=0,
     )
+    base = _fixed_threshold(base, wl)
     return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv))
 
 
@@ -352,9 +367,11 @@ def peer_plan(inv: ModelInventory, prof: Profile, wl: Workload, budget: int, pee
         tuned = peer == "P1"
         base = Plan(name=peer, flash_attn="on" if tuned else "off",
                     n_ubatch=2048 if tuned else 512, pinned_host=tuned, gpu_layers=0)
+        base = _fixed_threshold(base, wl)
         return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv), longest=True)
     if peer == "P2":
         base = Plan(name=peer, flash_attn="auto", n_ubatch=512, pinned_host=False, gpu_layers=0)
+        base = _fixed_threshold(base, wl)
         return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv),
                             longest=True)
     raise ValueError(f"unknown peer {peer}; expected one of {PEERS}")
@@ -411,7 +428,7 @@ def plan_for(
             f"on the CPU only", minimum)
     plans: list[Plan] = []
     for ub in UBATCHES:
-        plans += [_all_gpu(inv, ub, output=True), _all_gpu(inv, ub, output=False)]
+        plans += [_fixed_threshold(_all_gpu(inv, ub, output=o), wl) for o in (True, False)]
         plans += [_attn_first(inv, prof, wl, budget, ub, copy=c) for c in (False, True)]
     plans += [_layer_offload(inv, prof, wl, budget, tuned=t) for t in (False, True)]
     cands = [evaluate(inv, p, prof, wl, budget) for p in plans]

@@ -5,14 +5,15 @@ from __future__ import annotations
 import os
 import platform
 from collections.abc import Callable
+from pathlib import Path
 
 import llama_cpp
 
-from igi_sdk.profile.data import DeviceProfile, Profile
+from igi_sdk.profile.data import DeviceProfile, Profile, cache_dir
 from igi_sdk.runtime import ggml_bench, step_bench
 from igi_sdk.runtime.devices import list_devices
 from igi_sdk.runtime.loader import default_threads
-from igi_sdk.runtime.nvml import nvml
+from igi_sdk.runtime.nvml import handle_for_bus_id, nvml
 
 TYPES = ("F16", "Q8_0", "Q4_0", "Q4_K")
 TOKENS = (1, 2, 4, 8, 16, 64, 512, 2048)
@@ -50,13 +51,14 @@ def _nvml_facts() -> dict[str, str]:
         pynvml.nvmlShutdown()
 
 
-def _nvml_own_vram() -> int:
-    """This process's VRAM per NVML (0 where the driver does not report per-process use)."""
+def _nvml_own_vram(bus_id: str | None) -> int:
+    """This process's VRAM per NVML on the GPU with PCI bus id ``bus_id`` (llama.cpp's; NVML's
+    numbering can differ), 0 where the driver does not report per-process use."""
     pynvml = nvml()
     if pynvml is None:
         return 0
     try:
-        h = pynvml.nvmlDeviceGetHandleByIndex(0)
+        h = handle_for_bus_id(pynvml, bus_id)
         for p in pynvml.nvmlDeviceGetComputeRunningProcesses(h):
             if p.pid == os.getpid():
                 return int(p.usedGpuMemory or 0)
@@ -170,7 +172,7 @@ def measure_profile(
     prof.h2d_pinned_bps = pinned
     prof.h2d_pageable_bps = pageable
     prof.pcie = _nvml_facts().get("pcie", "")
-    prof.gpu_fixed_bytes = _nvml_own_vram()
+    prof.gpu_fixed_bytes = _nvml_own_vram(gpu.pci_bus_id)
     return prof
 
 
@@ -197,6 +199,30 @@ def stream_rate(prof: Profile, run: step_bench.CopyComputeRun) -> float:
     copy_s = run.seconds - matmul_s - fixed_s
     ceiling = prof.h2d_pinned_bps or float("inf")
     return ceiling if copy_s <= 0 else min(ceiling, streamed / copy_s)
+
+
+def cached_before_backend(threads: int | None = None,
+                          directory: Path | None = None) -> Profile | None:
+    """This machine's cached profile, found without starting llama.cpp's backend — which
+    :func:`fingerprint` does (it lists llama.cpp's devices), and which fixes the copy-compute
+    threshold for the process. Matches every fingerprint entry known without the backend (all
+    but the backends, and the GPU's name without NVML); None unless exactly one profile with a
+    GPU matches. Only for choosing that threshold: plans use :func:`load_or_measure`'s."""
+    known = {"cpu": _cpu_model(), "threads": str(threads or default_threads()),
+             "llama_cpp": llama_cpp.__version__}
+    nv = _nvml_facts()
+    known["driver"] = nv.get("driver", "")
+    if "gpu" in nv:
+        known["gpu"] = nv["gpu"]
+    found = []
+    for path in sorted((directory or cache_dir()).glob("*.json")):
+        try:
+            prof = Profile.load(path)
+        except (OSError, ValueError):  # unreadable or from another version: not ours
+            continue
+        if prof.gpu is not None and all(prof.fingerprint.get(k) == v for k, v in known.items()):
+            found.append(prof)
+    return found[0] if len(found) == 1 else None
 
 
 def load_or_measure(

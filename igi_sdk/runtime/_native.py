@@ -5,7 +5,8 @@
   landed in, per-device buffer sizes) only through its log, so the runtime captures it while a
   model loads and parses it (see ``placement.py``);
 * backend initialisation, done once, after the environment the CUDA backend reads at start-up
-  (``GGML_OP_OFFLOAD_MIN_BATCH``) has been set.
+  (``GGML_OP_OFFLOAD_MIN_BATCH``) has been set; it records the threshold llama.cpp read and the
+  VRAM the start took (the CUDA context).
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ from __future__ import annotations
 import ctypes
 import logging
 import os
+import re
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, MutableMapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 
 import llama_cpp
 from llama_cpp._ggml import libggml
@@ -48,6 +51,36 @@ _declare(
     ctypes.POINTER(ctypes.c_size_t),
     ctypes.POINTER(ctypes.c_size_t),
 )
+
+
+class GgmlBackendDevCaps(ctypes.Structure):
+    """``struct ggml_backend_dev_caps`` (ggml-backend.h of this build)."""
+
+    _fields_ = [
+        ("async_", ctypes.c_bool),  # `async` in C; a keyword in Python
+        ("host_buffer", ctypes.c_bool),
+        ("buffer_from_host_ptr", ctypes.c_bool),
+        ("events", ctypes.c_bool),
+        ("mmap_support", ctypes.c_bool),
+    ]
+
+
+class GgmlBackendDevProps(ctypes.Structure):
+    """``struct ggml_backend_dev_props``; ``device_id`` is the lower-case PCI bus id
+    ("0000:c1:00.0") for PCI devices, NULL where unknown."""
+
+    _fields_ = [
+        ("name", ctypes.c_char_p),
+        ("description", ctypes.c_char_p),
+        ("memory_free", ctypes.c_size_t),
+        ("memory_total", ctypes.c_size_t),
+        ("type", ctypes.c_int),
+        ("device_id", ctypes.c_char_p),
+        ("caps", GgmlBackendDevCaps),
+    ]
+
+
+_declare("ggml_backend_dev_get_props", None, _vp, ctypes.POINTER(GgmlBackendDevProps))
 _declare("ggml_backend_dev_buffer_type", _vp, _vp)
 _declare("ggml_backend_dev_host_buffer_type", _vp, _vp)
 _declare("ggml_backend_buft_name", ctypes.c_char_p, _vp)
@@ -107,26 +140,116 @@ def capture_log() -> Iterator[list[str]]:
 
 # --- backend start-up ----------------------------------------------------------------------------
 
+OFFLOAD_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"
+_CUDA_DEFAULT_MIN_BATCH = 32  # ggml-cuda.cu, when the variable is unset
+
+
+def threshold_from_env(value: str | None) -> int:
+    """What ggml-cuda makes of ``GGML_OP_OFFLOAD_MIN_BATCH``: ``atoi`` of it, 32 when unset."""
+    if value is None:
+        return _CUDA_DEFAULT_MIN_BATCH
+    m = re.match(r"[ \t\n\v\f\r]*([+-]?[0-9]+)", value)
+    return int(m.group(1)) if m else 0
+
+
+@dataclass
+class BackendState:
+    """The process's llama.cpp backend: whether it started, and what it started with.
+
+    ggml's CUDA backend reads ``GGML_OP_OFFLOAD_MIN_BATCH`` once, when its registry is first
+    touched (``llama_backend_init`` here, the first thing in this SDK that touches it), so the
+    threshold recorded at the start is the one every later plan runs with."""
+
+    started: bool = False
+    requested: int | None = None  # threshold asked for before the start
+    threshold: int | None = None  # what llama.cpp read at the start
+    context_bytes: int = 0  # VRAM the start took on llama.cpp's first GPU (0 without NVML)
+    gpu_bus_id: str | None = None
+
+    def threshold_at_start(self, env: MutableMapping[str, str]) -> int:
+        """Put the requested threshold into ``env`` (a value the user set there wins) and
+        return what llama.cpp will read from it."""
+        if self.requested is not None:
+            env.setdefault(OFFLOAD_ENV, str(self.requested))
+        return threshold_from_env(env.get(OFFLOAD_ENV))
+
+
 _init_lock = threading.Lock()
-_initialised = False
+_state = BackendState()
+
+
+def backend_started() -> bool:
+    return _state.started
+
+
+def prepare_backend(copy_compute_min_batch: int) -> int:
+    """Ask for this copy-compute threshold without starting the backend; returns the threshold
+    the start will use (the user's ``GGML_OP_OFFLOAD_MIN_BATCH`` wins). Once started this changes
+    nothing and returns the threshold in effect."""
+    with _init_lock:
+        if not _state.started:
+            _state.requested = copy_compute_min_batch
+    return copy_compute_threshold_in_effect()
 
 
 def init_backend(copy_compute_min_batch: int | None = None) -> None:
     """Initialise llama.cpp once per process.
 
-    ``GGML_OP_OFFLOAD_MIN_BATCH`` is read by the CUDA backend when it starts, so a plan's
-    copy-compute threshold only takes effect if it is set before the first call here; later
-    plans with another threshold keep the first (documented in docs/architecture.md)."""
-    global _initialised
+    ``GGML_OP_OFFLOAD_MIN_BATCH`` is read by the CUDA backend when it starts, so a threshold only
+    takes effect if it is asked for (here or with :func:`prepare_backend`) before the first call;
+    the first one asked for wins, later plans run with it (docs/architecture.md). The start is
+    measured on NVML: on Windows/WDDM it is the only figure for the CUDA context's VRAM."""
+    from igi_sdk.runtime.nvml import measure_start, nvml
+
     with _init_lock:
-        if _initialised:
+        st = _state
+        if st.started:
             return
-        if copy_compute_min_batch is not None:
-            os.environ.setdefault("GGML_OP_OFFLOAD_MIN_BATCH", str(copy_compute_min_batch))
+        if st.requested is None:
+            st.requested = copy_compute_min_batch
+        threshold = st.threshold_at_start(os.environ)
         llama_cpp.llama_log_set(_on_log, ctypes.c_void_p(0))
-        llama_cpp.llama_backend_init()
-        _initialised = True
+        nv = nvml()
+        try:
+            bus_id, context = measure_start(nv, _start_llama)
+        finally:
+            if nv is not None:
+                nv.nvmlShutdown()  # NVML counts inits; this one was only for the measurement
+        st.threshold, st.context_bytes, st.gpu_bus_id = threshold, context, bus_id
+        st.started = True
+
+
+def _start_llama() -> tuple[bool, str | None]:
+    """``llama_backend_init`` and a memory query on every GPU (where CUDA creates its context,
+    as ``list_devices`` would right after): (llama.cpp has a GPU, its first GPU's bus id)."""
+    llama_cpp.llama_backend_init()
+    first: tuple[bool, str | None] = (False, None)
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) not in (DEV_GPU, DEV_IGPU):
+            continue
+        bus_id = device_pci_bus_id(dev)  # get_props queries the device's memory
+        if not first[0]:
+            first = (True, bus_id)
+    return first
+
+
+def device_pci_bus_id(dev: int) -> str | None:
+    """The PCI bus id llama.cpp reports for a device handle ("0000:c1:00.0"), None if unknown."""
+    props = GgmlBackendDevProps()
+    ggml.ggml_backend_dev_get_props(dev, ctypes.byref(props))
+    return props.device_id.decode() if props.device_id else None
 
 
 def copy_compute_threshold_in_effect() -> int:
-    return int(os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH", "32"))
+    """The copy-compute threshold llama.cpp runs with: what it read when the backend started;
+    before the start, what it would read if it started now."""
+    if _state.started and _state.threshold is not None:
+        return _state.threshold
+    return BackendState(requested=_state.requested).threshold_at_start(dict(os.environ))
+
+
+def cuda_context_bytes() -> int:
+    """VRAM the backend start took on llama.cpp's first GPU (the CUDA context), measured on
+    NVML; 0 before the start, without NVML or without a GPU."""
+    return _state.context_bytes

@@ -11,9 +11,17 @@ import dataclasses
 from pathlib import Path
 
 from igi_sdk.model import ModelInventory
-from igi_sdk.planner import Plan, PlanResult, Workload, plan_for, vram_by_category
+from igi_sdk.planner import (
+    Plan,
+    PlanResult,
+    Workload,
+    copy_threshold,
+    plan_for,
+    vram_by_category,
+)
 from igi_sdk.profile import Profile
-from igi_sdk.runtime import loader
+from igi_sdk.runtime import _native, loader
+from igi_sdk.runtime.devices import first_gpu
 from igi_sdk.runtime.loader import ContextSettings
 
 _ROUNDS = 3
@@ -57,6 +65,21 @@ def plan_checked(
     return result
 
 
+def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True) -> int | None:
+    """Ask llama.cpp, before its backend starts, for the copy-compute threshold the planner
+    chooses for this model and machine (``pinned``: host weights pinned, as in
+    ``Workload.pin_host``). Starts nothing; does nothing on a profile without a GPU or once the
+    backend has started. Returns the threshold the start will use (None: nothing asked)."""
+    if prof.gpu is None or _native.backend_started():
+        return None
+    return _native.prepare_backend(copy_threshold(inv, prof, pinned))
+
+
+def with_threshold_in_effect(wl: Workload) -> Workload:
+    """``wl`` fixed to the copy-compute threshold llama.cpp runs with (see the module doc)."""
+    return dataclasses.replace(wl, copy_min_batch=_native.copy_compute_threshold_in_effect())
+
+
 def plan_for_model(
     path: Path,
     inv: ModelInventory,
@@ -71,15 +94,22 @@ def plan_for_model(
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
     planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
     one."""
-    from igi_sdk.profile.measure import load_or_measure
-    from igi_sdk.runtime.devices import first_gpu
+    from igi_sdk.profile.measure import cached_before_backend, load_or_measure
 
-    gpu = first_gpu()
     wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
                   gen_tokens=gen_tokens)
+    if not _native.backend_started():
+        # first_gpu() below starts the backend, and so does load_or_measure (its fingerprint
+        # lists llama.cpp's devices): the threshold has to be asked for from a profile found
+        # without either
+        guess = profile or cached_before_backend(n_threads or None)
+        if guess is not None:
+            prepare_backend(inv, guess, pinned=wl.pin_host)
+    gpu = first_gpu()
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
     prof = profile or load_or_measure(threads=n_threads or None, fast=True)
+    wl = with_threshold_in_effect(wl)
     if budget is None:
         budget = gpu.free_bytes // 2
     settings = ContextSettings(n_ctx, max_sessions, 512, n_threads)

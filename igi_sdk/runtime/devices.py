@@ -21,6 +21,8 @@ class Device:
     free_bytes: int
     total_bytes: int
     buffer_type: str  # name of the device's weight buffer type, e.g. "CUDA0" or "CPU"
+    # "0000:c1:00.0" for a PCI device (what matches it to NVML's device), None where unknown
+    pci_bus_id: str | None = None
 
     @property
     def is_gpu(self) -> bool:
@@ -49,6 +51,7 @@ def list_devices() -> list[Device]:
                 free_bytes=free.value,
                 total_bytes=total.value,
                 buffer_type=ggml.ggml_backend_buft_name(buft).decode() if buft else "",
+                pci_bus_id=_native.device_pci_bus_id(dev),
             )
         )
     return out

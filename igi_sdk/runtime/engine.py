@@ -1,25 +1,30 @@
 """The inference engine: one llama.cpp model + context, many NPC sessions, one decode loop.
 
 Threading: llama.cpp contexts are not thread-safe, so a single engine thread owns every native
-call. Public methods post a command to that thread and wait for its answer; between commands the
-thread runs decode steps for every active reply, all sessions in one ``llama_decode``. Commands are
-taken only between steps, which makes every command — snapshot, reshard, close — happen at a safe
-point.
+call. Public methods post a command to that thread: the ``*_async`` ones return a
+:class:`~concurrent.futures.Future` at once (what the sidecar's socket thread uses, so that it
+never waits on the engine), the plain ones wait for it. Between commands the thread runs decode
+steps for every active reply, all sessions in one ``llama_decode``; a prompt is fed in chunks
+sized so that one step stays near ``max_step_s``, so a command (cancel, snapshot, reshard) takes
+effect within one short step even when a long prompt is being read on the CPU.
+
+Reshards are driven from outside (the arbiter's state machine) through :meth:`Engine.exclusive`,
+which runs a procedure on the engine thread with the low-level steps of :class:`EngineOps`. When
+no placement can be loaded the engine is *unavailable*: it keeps every session (and the KV cache
+bytes) and answers model work with :class:`EngineUnavailableError` until a load succeeds.
 """
 
 from __future__ import annotations
 
 import codecs
 import ctypes
-import json
 import logging
 import queue
-import struct
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import Future
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
@@ -29,6 +34,7 @@ import llama_cpp
 from igi_sdk.errors import (
     ContextFullError,
     EngineClosedError,
+    EngineUnavailableError,
     GenerationCancelled,
     IgiError,
     InferenceError,
@@ -40,7 +46,7 @@ from igi_sdk.errors import (
 )
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import _native, loader
+from igi_sdk.runtime import _native, loader, snapshot
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.generation import Generation, GenerationResult
 from igi_sdk.runtime.loader import ContextSettings
@@ -51,7 +57,8 @@ from igi_sdk.runtime.text import Vocab
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
 
-_SNAPSHOT_MAGIC = b"IGISESS1"
+# the first prompt chunk on a fresh placement, before its per-token cost is known
+_PROBE_CHUNK = 32
 
 
 @dataclass(frozen=True)
@@ -61,6 +68,10 @@ class EngineConfig:
     n_batch: int = 512  # tokens per llama_decode across all sessions
     n_threads: int = 0  # 0 = every core this process may use
     max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
+    # one decode step's target duration: prompts are fed in chunks that take about this long,
+    # so commands wait at most about one such step (copy-compute plans feed at least a whole
+    # ubatch, since each chunk streams the CPU-resident weights once)
+    max_step_s: float = 0.05
 
 
 @dataclass
@@ -76,6 +87,7 @@ class _Session:
     history: list[int] = field(default_factory=list)  # sampled tokens (repeat penalty)
     n_sampled: int = 0
     turn: _Turn | None = None
+    reread: bool = False  # its KV cache was lost: re-read the conversation on the next turn
 
 
 @dataclass
@@ -122,20 +134,27 @@ class Engine:
         self.gpu: Device | None = None
         self.reshard_count = 0
         self.last_reshard_s = 0.0
+        self.state = "loading"  # "ready" | "unavailable" | "closed"
         self._progress = progress
         self._model: Any = None
         self._loaded: loader.Loaded | None = None
         self._batch: Any = None
         self._batch_cap = 0
         self._ctx: Any = None
+        self._mem: Any = None
         self._vocab: Vocab | None = None
+        self._parked: bytes | None = None  # the context's state while no placement is loaded
         self._sessions: dict[str, _Session] = {}
         self._free_seqs = list(range(self.config.max_sessions))
         self._turn_counter = 0
-        self._commands: queue.Queue[tuple[Callable[[], Any], Future] | None] = queue.Queue()
+        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._submit_lock = threading.Lock()
         self._closed = False
+        self._io = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-io")
         self._pace_s = 0.0
         self._steps = 0
+        self._token_s: float | None = None  # measured seconds per prompt token on this plan
+        self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
         _native.init_backend(self.plan.copy_compute_min_batch)
         ready: Future = Future()
         self._thread = threading.Thread(
@@ -150,6 +169,10 @@ class Engine:
     def n_ctx(self) -> int:
         return self.config.n_ctx
 
+    @property
+    def available(self) -> bool:
+        return self.state == "ready"
+
     def placement(self) -> dict[str, str]:
         """Tensor name -> 'gpu' | 'cpu', as llama.cpp reported it while loading."""
         return self.report.placement(self.gpu)
@@ -158,19 +181,39 @@ class Engine:
         """Bytes by device ('gpu', 'cpu') and category ('weights', 'kv', 'compute')."""
         return {d: self.report.bytes_on(d, self.gpu) for d in ("gpu", "cpu")}
 
-    def open_session(
+    def status(self) -> dict[str, Any]:
+        """A consistent-enough summary that never waits for the engine thread (for ``stats``)."""
+        return {"state": self.state, "plan": self.plan.name, "memory": self.memory(),
+                "sessions": len(self._sessions), "reshards": self.reshard_count,
+                "last_reshard_s": round(self.last_reshard_s, 4),
+                "active_replies": sum(1 for s in list(self._sessions.values()) if s.turn),
+                "step": dict(self.step_stats),
+                "copy_compute_min_batch": {
+                    "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
+                    "in_effect": _native.copy_compute_threshold_in_effect()}}
+
+    def open_session_async(
         self,
         system_prompt: str | None = None,
         *,
         sampling: SamplingParams | None = None,
         priority: int = 0,
         session_id: str | None = None,
-    ) -> str:
+    ) -> Future[str]:
         params = sampling or SamplingParams()
-        return self._call(lambda: self._open(system_prompt, params, priority, session_id))
+        return self._submit(lambda: self._open(system_prompt, params, priority, session_id))
+
+    def open_session(self, system_prompt: str | None = None, *,
+                     sampling: SamplingParams | None = None, priority: int = 0,
+                     session_id: str | None = None) -> str:
+        return self.open_session_async(system_prompt, sampling=sampling, priority=priority,
+                                       session_id=session_id).result()
+
+    def close_session_async(self, session_id: str) -> Future[None]:
+        return self._submit(lambda: self._close_session(session_id))
 
     def close_session(self, session_id: str) -> None:
-        self._call(lambda: self._close_session(session_id))
+        self.close_session_async(session_id).result()
 
     def sessions(self) -> list[str]:
         return self._call(lambda: list(self._sessions))
@@ -181,7 +224,7 @@ class Engine:
 
         self._call(run)
 
-    def chat(
+    def chat_async(
         self,
         session_id: str,
         user_text: str,
@@ -192,60 +235,116 @@ class Engine:
         json_schema: str | dict | None = None,
         ignore_eos: bool = False,
         listener: Callable[[str, object], None] | None = None,
-    ) -> Generation:
+    ) -> Future[Generation]:
+        """Like :meth:`chat`, but returns a future of the handle at once."""
+        try:
+            if max_tokens < 1:
+                raise PromptTooLongError("max_tokens must be at least 1")
+            if json_schema is not None:
+                grammar = json_schema_grammar(json_schema)
+        except IgiError as e:
+            fut: Future[Generation] = Future()
+            fut.set_exception(e)
+            return fut
+        stops = tuple(s for s in stop if s)
+        return self._submit(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
+                                                     grammar, ignore_eos, listener))
+
+    def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
 
-        ``listener(kind, payload)`` is called on the engine thread for each event of the reply
-        ("text", "done", "error"); it must be quick and must not call the engine.
-
-        ``ignore_eos`` keeps generating past end-of-turn tokens (benchmarks want exact lengths)."""
-        if max_tokens < 1:
-            raise PromptTooLongError("max_tokens must be at least 1")
-        if json_schema is not None:
-            grammar = json_schema_grammar(json_schema)
-        stops = tuple(s for s in stop if s)
-        return self._call(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
-                                                   grammar, ignore_eos, listener))
+        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``ignore_eos`` (keep
+        generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(kind,
+        payload)`` — called on the engine thread for each event of the reply ("text", "done",
+        "error"); it must be quick and must not wait on the engine."""
+        return self.chat_async(session_id, user_text, **options).result()
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
-        return self._call(lambda: self._vocab.tokenize(text, add_special=False))  # type: ignore[union-attr]
+        return self._call(lambda: self._need_vocab().tokenize(text, add_special=False))
 
     def set_pacing(self, step_delay_s: float) -> None:
         """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
         sessions of priority <= 0 are decoded every other step; player-facing ones every step."""
         self._pace_s = max(0.0, float(step_delay_s))
 
+    def snapshot_async(self, session_id: str) -> Future[bytes]:
+        return self._submit(lambda: self._snapshot(session_id))
+
     def snapshot(self, session_id: str) -> bytes:
         """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
-        return self._call(lambda: self._snapshot(session_id))
+        return self.snapshot_async(session_id).result()
+
+    def restore_async(self, data: bytes, *, session_id: str | None = None) -> Future[str]:
+        return self._submit(lambda: self._restore(data, session_id))
 
     def restore(self, data: bytes, *, session_id: str | None = None) -> str:
         """Recreate a session from :meth:`snapshot` bytes; returns its id."""
-        return self._call(lambda: self._restore(data, session_id))
+        return self.restore_async(data, session_id=session_id).result()
+
+    def save_session_async(self, session_id: str, path: str | Path) -> Future[int]:
+        """Snapshot on the engine thread, write the file on an I/O thread; bytes written."""
+        target = Path(path)
+
+        def write(data: bytes) -> int:
+            target.write_bytes(data)
+            return len(data)
+
+        return _then(self.snapshot_async(session_id), write, self._io)
 
     def save_session(self, session_id: str, path: str | Path) -> None:
-        Path(path).write_bytes(self.snapshot(session_id))
+        self.save_session_async(session_id, path).result()
+
+    def load_session_async(self, path: str | Path, *,
+                           session_id: str | None = None) -> Future[str]:
+        p = Path(path)
+
+        def read() -> bytes:
+            if not p.is_file():
+                raise InvalidStateError(f"no saved session at {p}")
+            return p.read_bytes()
+
+        return _then(self._io.submit(read), lambda data: self.restore_async(
+            data, session_id=session_id).result(), self._io)
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
-        p = Path(path)
-        if not p.is_file():
-            raise InvalidStateError(f"no saved session at {p}")
-        return self.restore(p.read_bytes(), session_id=session_id)
+        return self.load_session_async(path, session_id=session_id).result()
+
+    def exclusive(self, procedure: Callable[[EngineOps], T]) -> Future[T]:
+        """Run ``procedure`` on the engine thread between two decode steps, with the low-level
+        steps of a reshard (:class:`EngineOps`); nothing else runs meanwhile."""
+        return self._submit(lambda: procedure(EngineOps(self)))
 
     def reshard(self, plan: Plan, on_released: Callable[[], None] | None = None) -> float:
         """Reload the model with another placement, keeping every session (and active replies)
-        exactly where they were. Returns the seconds it took. ``on_released`` runs (on the
-        engine thread) once the old placement's memory is freed, before the new one loads: a
-        game waiting for VRAM can have it then, not after the reload."""
-        return self._call(lambda: self._reshard(plan, on_released))
+        where they were. Returns the seconds it took. ``on_released`` runs (on the engine
+        thread) once the old placement's memory is freed, before the new one loads: a game
+        waiting for VRAM can have it then, not after the reload.
+
+        If ``plan`` fails to load, the engine is left *unavailable* (sessions kept) and the
+        error is raised; reshard again to a plan that fits (the arbiter does this for the
+        sidecar, smaller rungs first)."""
+
+        def run(ops: EngineOps) -> float:
+            t0 = time.perf_counter()
+            ops.park_and_release()
+            if on_released is not None:
+                on_released()
+            ops.load_and_restore(plan)
+            return time.perf_counter() - t0
+
+        return self.exclusive(run).result()
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._call(self._shutdown)
-        self._closed = True
+        with self._submit_lock:
+            if self._closed:
+                return
+        try:
+            self._call(self._shutdown)
+        except EngineClosedError:
+            pass
         self._thread.join(timeout=30)
+        self._io.shutdown(wait=False)
 
     def __enter__(self) -> Engine:
         return self
@@ -255,23 +354,37 @@ class Engine:
 
     # ============================================================ engine thread: plumbing
 
+    def _submit(self, fn: Callable[[], T]) -> Future[T]:
+        fut: Future[T] = Future()
+        with self._submit_lock:  # checked and queued atomically: nothing queues after the end
+            if self._closed or not self._thread.is_alive():
+                fut.set_exception(EngineClosedError("the engine is closed"))
+            else:
+                self._commands.put((fn, fut))
+        return fut
+
     def _call(self, fn: Callable[[], T]) -> T:
-        if self._closed or not self._thread.is_alive():
-            raise EngineClosedError("the engine is closed")
-        fut: Future = Future()
-        self._commands.put((fn, fut))
-        return fut.result()
+        return self._submit(fn).result()
 
     def _run(self, ready: Future) -> None:
         try:
             self._load(self.plan)
         except BaseException as e:  # noqa: BLE001 - handed to the constructor's thread
+            self._finish_thread()
             ready.set_exception(e)
             return
+        self.state = "ready"
         ready.set_result(None)
-        running = True
-        while running:
-            active = bool(self._active_turns())
+        try:
+            self._loop()
+        except BaseException:  # the thread must not die silently
+            log.exception("the engine thread failed")
+        finally:
+            self._finish_thread()
+
+    def _loop(self) -> None:
+        while True:
+            active = self._ctx is not None and bool(self._active_turns())
             try:
                 if not active:
                     item = self._commands.get()
@@ -283,19 +396,54 @@ class Engine:
                 item = None
             while item is not None:
                 fn, fut = item
-                try:
-                    fut.set_result(fn())
-                except BaseException as e:  # noqa: BLE001 - every error goes to the caller
-                    fut.set_exception(e)
+                if fut.set_running_or_notify_cancel():
+                    try:
+                        fut.set_result(fn())
+                    except BaseException as e:  # noqa: BLE001 - every error goes to the caller
+                        fut.set_exception(e)
                 if fn == self._shutdown:
-                    running = False
-                    break
+                    return
                 try:
                     item = self._commands.get_nowait()
                 except queue.Empty:
                     item = None
-            if running and self._active_turns():
-                self._step()
+            if self._ctx is not None and self._active_turns():
+                self._guarded_step()
+
+    def _guarded_step(self) -> None:
+        """One decode step; a failure ends the replies it was computing, not the engine."""
+        t0 = time.perf_counter()
+        try:
+            self._step()
+        except Exception as e:  # llama.cpp or sampler faults surface here
+            log.exception("decode step failed")
+            self.step_stats["failures"] += 1
+            for t in self._active_turns():
+                self._rollback(t)
+                self._end_turn(t, error=InferenceError(f"decode step failed: {e}"))
+        dt = time.perf_counter() - t0
+        self.step_stats["last_s"] = round(dt, 5)
+        self.step_stats["max_s"] = round(max(self.step_stats["max_s"], dt), 5)
+
+    def _finish_thread(self) -> None:
+        """The thread is ending: later commands fail at once, queued ones fail now."""
+        with self._submit_lock:
+            self._closed = True
+        self.state = "closed"
+        for t in self._active_turns():
+            t.session.turn = None
+            t.handle._fail(EngineClosedError("the engine was closed"))
+        while True:
+            try:
+                _fn, fut = self._commands.get_nowait()
+            except queue.Empty:
+                break
+            if fut.set_running_or_notify_cancel():
+                fut.set_exception(EngineClosedError("the engine is closed"))
+        try:
+            self._unload()
+        except Exception:  # best effort at exit
+            log.exception("unload at exit failed")
 
     def _active_turns(self) -> list[_Turn]:
         return [s.turn for s in self._sessions.values() if s.turn is not None]
@@ -305,30 +453,44 @@ class Engine:
     def _load(self, plan: Plan) -> None:
         settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
                                    self.config.n_batch, self.config.n_threads)
-        self._loaded = loader.load(self.model_path, self.inventory, plan, settings,
-                                   progress=self._progress)
-        self._model, self._ctx = self._loaded.model, self._loaded.ctx
-        self.report, self.gpu, self.plan = self._loaded.report, self._loaded.gpu, plan
-        self._vocab = Vocab(self._model)
-        self._mem = llama_cpp.llama_get_memory(self._ctx)
-        # one batch for the engine's life: allocating per decode step is waste on the hot path
-        self._batch_cap = max(self.config.n_batch, plan.n_ubatch)
-        self._batch = llama_cpp.llama_batch_init(self._batch_cap, 0, 1)
+        loaded = loader.load(self.model_path, self.inventory, plan, settings,
+                             progress=self._progress)
+        try:
+            vocab = Vocab(loaded.model)
+            mem = llama_cpp.llama_get_memory(loaded.ctx)
+            # one batch per placement: allocating per decode step is waste on the hot path
+            cap = max(self.config.n_batch, plan.n_ubatch)
+            batch = llama_cpp.llama_batch_init(cap, 0, 1)
+        except BaseException:
+            loader.free(loaded)
+            raise
+        self._loaded, self._model, self._ctx = loaded, loaded.model, loaded.ctx
+        self.report, self.gpu, self.plan = loaded.report, loaded.gpu, plan
+        self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
+        self._token_s = None  # a new placement: measure its prompt speed again
 
     def _unload(self) -> None:
+        """Free the placement; every handle into it is dropped with it."""
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
-            self._batch = None
-        if self._loaded is not None:
-            loader.free(self._loaded)
-            self._loaded = None
-        self._ctx = self._model = None
+        loaded, self._loaded = self._loaded, None
+        self._batch = self._ctx = self._model = self._mem = self._vocab = None
+        self._batch_cap = 0
+        if loaded is not None:
+            loader.free(loaded)
 
     def _shutdown(self) -> None:
         for s in list(self._sessions.values()):
             if s.turn is not None:
                 self._end_turn(s.turn, error=EngineClosedError("the engine was closed"))
         self._unload()
+
+    def _need_vocab(self) -> Vocab:
+        if self._vocab is None:
+            raise EngineUnavailableError(
+                "the model is not loaded right now (no placement fits the memory that is free); "
+                "the sessions are kept — retry shortly")
+        return self._vocab
 
     # ============================================================ engine thread: sessions
 
@@ -357,7 +519,8 @@ class Engine:
         s = self._get(sid)
         if s.turn is not None:
             self._end_turn(s.turn, error=GenerationCancelled(f"session '{sid}' was closed"))
-        llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+        if self._mem is not None:  # else: dropped when the parked state is put back
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
         del self._sessions[sid]
         self._free_seqs.append(s.seq)
         self._free_seqs.sort()
@@ -375,17 +538,17 @@ class Engine:
         s = self._get(sid)
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
-        assert self._vocab is not None
+        vocab = self._need_vocab()
         # the chat template is C text: a NUL would cut the message short
         messages = [*s.messages, {"role": "user", "content": user_text.replace("\0", "")}]
-        full = self._vocab.apply_template(messages, add_assistant=True)
-        reset = not full.startswith(s.committed_text)
+        full = vocab.apply_template(messages, add_assistant=True)
+        reset = s.reread or not full.startswith(s.committed_text)
         if reset:  # the template re-rendered history differently: re-read it all
-            feed = self._vocab.tokenize(full, add_special=True)
+            feed = vocab.tokenize(full, add_special=True)
             base = 0
         else:
             delta = full[len(s.committed_text) :]
-            feed = s.pending + self._vocab.tokenize(delta, add_special=not s.tokens)
+            feed = s.pending + vocab.tokenize(delta, add_special=not s.tokens)
             base = len(s.tokens)
         if not feed:
             raise PromptTooLongError("the chat template produced no tokens for this line")
@@ -410,6 +573,7 @@ class Engine:
         if reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.tokens = []
+            s.reread = False
             turn.start_tokens = 0
         s.pending = []
         s.messages = messages
@@ -417,9 +581,8 @@ class Engine:
         return handle
 
     def _make_chain(self, turn: _Turn) -> SamplerChain:
-        assert self._vocab is not None
         s = turn.session
-        return SamplerChain(s.params, self._vocab.vocab, grammar=turn.grammar,
+        return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
                             history=s.history, reply_tokens=turn.generated)
 
     # ============================================================ engine thread: decoding
@@ -439,8 +602,10 @@ class Engine:
             turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
-        fed = self._fill_batch(turns)
+        fed = self._fill_batch(turns, self._token_budget())
+        t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        self._learn_speed(self._batch.n_tokens, time.perf_counter() - t0)
         if rc == 1:
             # no room in the KV cache: the lowest-priority reply gives way
             victim = fed[-1][0]
@@ -459,18 +624,41 @@ class Engine:
             if idx >= 0:
                 self._sample(t, idx)
 
-    def _fill_batch(self, turns: list[_Turn]) -> list[tuple[_Turn, int, int]]:
-        """Put up to the batch capacity of pending tokens in the (reused) llama_batch.
+    def _token_budget(self) -> int:
+        """Tokens for the next step: about ``max_step_s`` of work at the measured speed."""
+        cap = self._batch_cap
+        plan = self.plan
+        if plan.op_offload and self.gpu is not None and plan.n_ubatch > 1:
+            # each chunk streams the CPU-resident weights once: smaller chunks multiply that
+            floor = min(cap, plan.n_ubatch)
+        else:
+            floor = 1
+        if self._token_s is None:
+            budget = _PROBE_CHUNK
+        else:
+            budget = int(self.config.max_step_s / max(self._token_s, 1e-7))
+        n = max(floor, min(cap, budget))
+        self.step_stats["chunk"] = n
+        return n
+
+    def _learn_speed(self, n_tokens: int, seconds: float) -> None:
+        if n_tokens < 8:  # single-token steps are dominated by fixed costs
+            return
+        per = seconds / n_tokens
+        self._token_s = per if self._token_s is None else 0.7 * self._token_s + 0.3 * per
+
+    def _fill_batch(self, turns: list[_Turn], budget: int) -> list[tuple[_Turn, int, int]]:
+        """Put up to ``budget`` pending tokens in the (reused) llama_batch; every decoding
+        reply gets its one token even past the budget (bounded by the session count).
 
         Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
         batch, cap = self._batch, self._batch_cap
         fed: list[tuple[_Turn, int, int]] = []
         n = 0
         for t in turns:
-            if n >= cap:
-                break
-            take = min(len(t.feed), cap - n)
-            if take == 0:
+            room = max(budget - n, 1 if len(t.feed) == 1 else 0)
+            take = min(len(t.feed), room, cap - n)
+            if take <= 0:
                 continue
             pos0, seq = len(t.session.tokens), t.session.seq
             for i in range(take):
@@ -522,7 +710,8 @@ class Engine:
     def _rollback(self, t: _Turn) -> None:
         """Undo a turn that produced nothing: the conversation is as before the request."""
         s = t.session
-        llama_cpp.llama_memory_seq_rm(self._mem, s.seq, t.start_tokens, -1)
+        if self._mem is not None:  # else: trimmed when the parked state is put back
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, t.start_tokens, -1)
         del s.tokens[t.start_tokens :]
         s.pending = list(t.start_pending)
         s.messages = s.messages[:-1]
@@ -581,6 +770,11 @@ class Engine:
         s = self._get(sid)
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is replying; snapshot it when it is idle")
+        self._need_vocab()
+        if s.reread:
+            raise EngineUnavailableError(
+                f"session '{sid}' is re-reading its conversation after a lost placement; save "
+                "it after its next reply")
         kv = self._seq_state(s.seq)
         meta = {
             "model": self._fingerprint(), "params": s.params.model_dump(),
@@ -588,12 +782,11 @@ class Engine:
             "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
             "n_sampled": s.n_sampled,
         }
-        head = json.dumps(meta).encode()
-        return _SNAPSHOT_MAGIC + struct.pack("<Q", len(head)) + head + kv
+        return snapshot.pack(meta, kv)
 
     def _seq_state(self, seq: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
-        return _copy_out(size, lambda buf: llama_cpp.llama_state_seq_get_data(
+        return snapshot.copy_out(size, lambda buf: llama_cpp.llama_state_seq_get_data(
             self._ctx, buf, size, seq))
 
     def _set_seq_state(self, seq: int, kv: bytes) -> bool:
@@ -604,78 +797,145 @@ class Engine:
         return llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(kv), seq) > 0
 
     def _restore(self, data: bytes, sid: str | None) -> str:
-        meta, kv = _parse_snapshot(data)
+        self._need_vocab()
+        meta, kv = snapshot.unpack(data)
         if meta.get("model") != self._fingerprint():
             raise InvalidStateError("this session was saved with another model")
         try:
             params = SamplingParams(**meta["params"])
+            fields = (list(meta["messages"]), str(meta["committed_text"]),
+                      [int(x) for x in meta["tokens"]], [int(x) for x in meta["pending"]],
+                      [int(x) for x in meta["history"]], int(meta["n_sampled"]),
+                      int(meta.get("priority", 0)))
         except Exception as e:  # noqa: BLE001 - damaged file
             raise InvalidStateError(f"damaged session snapshot: {e}") from None
-        if len(meta["tokens"]) >= self.config.n_ctx:
+        messages, committed, tokens, pending, history, n_sampled, priority = fields
+        if len(tokens) >= self.config.n_ctx:
             raise InvalidStateError("the saved session is longer than this engine's context")
-        new_id = self._open(None, params, int(meta.get("priority", 0)), sid)
+        new_id = self._open(None, params, priority, sid)
         s = self._sessions[new_id]
         if not self._set_seq_state(s.seq, kv):
             self._close_session(new_id)
             raise InvalidStateError(
                 "llama.cpp rejected the saved KV state (no room in the context, or damaged)"
             )
-        s.messages = list(meta["messages"])
-        s.committed_text = meta["committed_text"]
-        s.tokens = list(meta["tokens"])
-        s.pending = list(meta["pending"])
-        s.history = list(meta["history"])
-        s.n_sampled = int(meta["n_sampled"])
+        s.messages, s.committed_text, s.tokens = messages, committed, tokens
+        s.pending, s.history, s.n_sampled = pending, history, n_sampled
         return new_id
-
-    def _reshard(self, plan: Plan, on_released: Callable[[], None] | None = None) -> float:
-        t0 = time.perf_counter()
-        # the whole context's state, not one sequence at a time: llama.cpp puts it back cell for
-        # cell in the same order, so attention sums over the same layout and the replies come
-        # out bit for bit as if nothing had happened (per-sequence restores regroup the cells)
-        saved = self._ctx_state()
-        for s in self._sessions.values():
-            if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
-                s.turn.chain.close()
-                s.turn.chain = None
-        old = self.plan
-        self._unload()
-        if on_released is not None:
-            try:
-                on_released()
-            except Exception:
-                log.exception("on_released callback failed")
-        try:
-            self._load(plan)
-        except IgiError:
-            self._load(old)  # keep serving on the plan that worked
-            self._restore_all(saved)
-            raise
-        self._restore_all(saved)
-        self.reshard_count += 1
-        self.last_reshard_s = time.perf_counter() - t0
-        return self.last_reshard_s
-
-    def _restore_all(self, saved: bytes) -> None:
-        if not self._set_ctx_state(saved):
-            raise InferenceError("could not restore the sessions after a reshard")
-        for s in self._sessions.values():
-            if s.turn is not None:
-                s.turn.chain = self._make_chain(s.turn)
 
     def _ctx_state(self) -> bytes:
         size = llama_cpp.llama_state_get_size(self._ctx)
-        return _copy_out(size, lambda buf: llama_cpp.llama_state_get_data(self._ctx, buf, size))
+        return snapshot.copy_out(size, lambda buf: llama_cpp.llama_state_get_data(
+            self._ctx, buf, size))
 
     def _set_ctx_state(self, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
         return llama_cpp.llama_state_set_data(self._ctx, buf, len(data)) == len(data)
 
 
-def _copy_out(size: int, fill: Callable[[Any], int]) -> bytes:
-    """Bytes that ``fill`` writes into a fresh ``size``-byte buffer (returning how many)."""
-    buf = (ctypes.c_uint8 * max(size, 1))()
-    return ctypes.string_at(buf, fill(buf))  # one memcpy; slicing a ctypes array builds a list
+class EngineOps:
+    """The low-level steps of a reshard, valid only inside :meth:`Engine.exclusive` (on the
+    engine thread). The order and the fallbacks are the caller's (the arbiter's state
+    machine); these only guarantee that a failed step leaves no dangling handle."""
+
+    def __init__(self, engine: Engine) -> None:
+        self._e = engine
+
+    @property
+    def plan(self) -> Plan:
+        return self._e.plan
+
+    @property
+    def loaded(self) -> bool:
+        return self._e._ctx is not None
+
+    def park_and_release(self) -> None:
+        """Copy the whole context's state to host memory, then free the placement.
+
+        The whole context, not one sequence at a time: llama.cpp puts it back cell for cell in
+        the same order, so attention sums over the same layout and replies continue bit for bit
+        where the arithmetic is the same (per-sequence restores regroup the cells)."""
+        e = self._e
+        if e._ctx is None:
+            return  # already released (unavailable): the parked state is still there
+        e._parked = e._ctx_state()
+        for s in e._sessions.values():
+            if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
+                s.turn.chain.close()
+                s.turn.chain = None
+        e._unload()
+        e.state = "unavailable"
+
+    def load_and_restore(self, plan: Plan) -> None:
+        """Load ``plan`` and put the parked state back; raises the load's typed error and
+        leaves the engine unloaded (and the state parked) when it fails."""
+        e = self._e
+        if e._ctx is not None:
+            raise InvalidStateError("release the current placement first")
+        t0 = time.perf_counter()
+        e._load(plan)  # frees whatever it allocated when it fails
+        e.state = "ready"
+        parked, e._parked = e._parked, None
+        lost = parked is not None and not e._set_ctx_state(parked)
+        for s in e._sessions.values():
+            # the parked state holds what the sessions held when it was taken: drop what
+            # closed sessions and rolled-back turns left behind since
+            if lost:
+                llama_cpp.llama_memory_seq_rm(e._mem, s.seq, -1, -1)
+                s.tokens, s.pending, s.reread = [], [], True
+            else:
+                llama_cpp.llama_memory_seq_rm(e._mem, s.seq, len(s.tokens), -1)
+        used = {s.seq for s in e._sessions.values()}
+        for seq in range(e.config.max_sessions):
+            if seq not in used:
+                llama_cpp.llama_memory_seq_rm(e._mem, seq, -1, -1)
+        for s in e._sessions.values():
+            if s.turn is None:
+                continue
+            if lost:  # its tokens are gone with the cache: end it, the conversation stays
+                e._rollback(s.turn)
+                e._end_turn(s.turn, error=InferenceError(
+                    "the reply was interrupted while the model moved; send the line again"))
+            else:
+                s.turn.chain = e._make_chain(s.turn)
+        if lost:
+            log.error("the parked state did not restore; sessions will re-read their history")
+        e.reshard_count += 1
+        e.last_reshard_s = time.perf_counter() - t0
+
+    def fail_active(self, error: IgiError) -> None:
+        """End every active reply with ``error`` (no placement could be loaded); each turn is
+        rolled back, so the conversation is as before the line."""
+        e = self._e
+        for t in e._active_turns():
+            e._rollback(t)
+            e._end_turn(t, error=error)
+
+
+def _then(fut: Future, fn: Callable[[Any], T], pool: ThreadPoolExecutor) -> Future[T]:
+    """A future of ``fn(result of fut)``, run on ``pool`` (errors pass through)."""
+    out: Future[T] = Future()
+
+    def done(f: Future) -> None:
+        try:
+            value = f.result()
+        except BaseException as e:  # noqa: BLE001 - handed on
+            out.set_exception(e)
+            return
+
+        def run() -> None:
+            try:
+                out.set_result(fn(value))
+            except BaseException as e:  # noqa: BLE001 - handed on
+                out.set_exception(e)
+
+        try:
+            pool.submit(run)
+        except RuntimeError:  # the pool is shut down: the engine is closing
+            out.set_exception(EngineClosedError("the engine is closed"))
+
+    fut.add_done_callback(done)
+    return out
 
 
 def _stop_scan(
@@ -700,16 +960,3 @@ def _stop_scan(
                 hold = max(hold, k)
                 break
     return len(text) - hold, False
-
-
-def _parse_snapshot(data: bytes) -> tuple[dict[str, Any], bytes]:
-    if len(data) < 16 or not data.startswith(_SNAPSHOT_MAGIC):
-        raise InvalidStateError("not an igi-sdk session snapshot")
-    (n,) = struct.unpack_from("<Q", data, 8)
-    if 16 + n > len(data):
-        raise InvalidStateError("the session snapshot is truncated")
-    try:
-        meta = json.loads(data[16 : 16 + n])
-    except ValueError:
-        raise InvalidStateError("the session snapshot header is damaged") from None
-    return meta, data[16 + n :]

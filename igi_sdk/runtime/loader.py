@@ -9,6 +9,7 @@ inventory (exact), since a dry run reports those buffers as empty.
 from __future__ import annotations
 
 import ctypes
+import logging
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -17,13 +18,16 @@ from typing import Any
 
 import llama_cpp
 
-from igi_sdk.errors import ModelLoadError, UnsupportedArchitectureError
+from igi_sdk.errors import ModelLoadError, PlanError, UnsupportedArchitectureError
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native
 from igi_sdk.runtime.devices import Device, first_gpu
-from igi_sdk.runtime.placement import LoadReport, build_overrides, n_gpu_layers
+from igi_sdk.runtime.placement import LoadReport, Overrides, build_overrides, n_gpu_layers
 
+log = logging.getLogger("igi_sdk.loader")
+
+# keys: exactly the values of planner.plan.KvType / FlashAttn (tested)
 _KV_TYPES = {
     "f32": llama_cpp.GGML_TYPE_F32,
     "f16": llama_cpp.GGML_TYPE_F16,
@@ -57,6 +61,10 @@ class Loaded:
     ctx: Any
     report: LoadReport
     gpu: Device | None
+    # What the model's params point at: llama.cpp keeps a copy of llama_model_params (with these
+    # pointers) in the model, so the override array and the progress callback must outlive it.
+    overrides: Overrides | None = None
+    progress_cb: Any = None
 
 
 def load(
@@ -71,6 +79,9 @@ def load(
     """Model + context for ``plan``; raises a typed error (and frees everything) on failure."""
     _native.init_backend(plan.copy_compute_min_batch)
     gpu = first_gpu() if plan.uses_gpu() else None
+    _check_threshold(plan, gpu)
+    # built first: a setting llama.cpp has no value for fails before anything is loaded
+    cparams = context_params(plan, settings, gpu)
     mparams = llama_cpp.llama_model_default_params()
     mparams.n_gpu_layers = n_gpu_layers(plan, inventory, gpu)
     overrides = build_overrides(plan, inventory, gpu)
@@ -92,7 +103,6 @@ def load(
     report = LoadReport()
     with _native.capture_log() as lines:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
-    del overrides, progress_cb  # llama.cpp has copied what it needs by now
     if not model:
         if "unknown model architecture" in "".join(lines):
             raise UnsupportedArchitectureError(
@@ -102,18 +112,37 @@ def load(
         raise ModelLoadError(
             f"llama.cpp could not load {path} with plan '{plan.name}': {_last_error(lines)}"
         )
-    report.parse_model_log(lines)
-    cparams = context_params(plan, settings, gpu)
-    with _native.capture_log() as lines:
-        ctx = llama_cpp.llama_init_from_model(model, cparams)
-    if not ctx:
+    try:
+        report.parse_model_log(lines)
+        with _native.capture_log() as lines:
+            ctx = llama_cpp.llama_init_from_model(model, cparams)
+        if not ctx:
+            raise ModelLoadError(
+                f"llama.cpp could not create a context for {path} (n_ctx={settings.n_ctx}, "
+                f"plan '{plan.name}'): {_last_error(lines)}"
+            )
+        report.parse_context_log(lines)
+    except BaseException:  # never leak the model (a parse error, an interrupt, ...)
         llama_cpp.llama_model_free(model)
-        raise ModelLoadError(
-            f"llama.cpp could not create a context for {path} (n_ctx={settings.n_ctx}, "
-            f"plan '{plan.name}'): {_last_error(lines)}"
-        )
-    report.parse_context_log(lines)
-    return Loaded(model, ctx, report, gpu)
+        raise
+    return Loaded(model, ctx, report, gpu, overrides=overrides, progress_cb=progress_cb)
+
+
+_warned_thresholds: set[tuple[int, int]] = set()
+
+
+def _check_threshold(plan: Plan, gpu: Device | None) -> None:
+    """Warn when a plan was priced with a copy-compute threshold llama.cpp is not using (it
+    read its own when the backend started; plans from runtime.autoplan never differ)."""
+    if gpu is None or not plan.op_offload:
+        return
+    in_effect = _native.copy_compute_threshold_in_effect()
+    pair = (plan.copy_compute_min_batch, in_effect)
+    if pair[0] != in_effect and pair not in _warned_thresholds:  # once, not at every reshard
+        _warned_thresholds.add(pair)
+        log.warning("plan '%s' assumes copy-compute from %d tokens, but llama.cpp started with "
+                    "%d (it is fixed per process): its predictions are off",
+                    plan.name, plan.copy_compute_min_batch, in_effect)
 
 
 def context_params(plan: Plan, s: ContextSettings, gpu: Device | None) -> Any:
@@ -125,11 +154,15 @@ def context_params(plan: Plan, s: ContextSettings, gpu: Device | None) -> Any:
     cparams.kv_unified = True  # sessions share the cells: an idle NPC holds no reserved KV
     cparams.n_threads = s.n_threads or default_threads()
     cparams.n_threads_batch = cparams.n_threads
-    cparams.flash_attn_type = _FLASH[plan.flash_attn]
+    try:  # Plan validates these; a plan made with model_construct() is not validated
+        cparams.flash_attn_type = _FLASH[plan.flash_attn]
+        cparams.type_k = _KV_TYPES[plan.type_k]
+        cparams.type_v = _KV_TYPES[plan.type_v]
+    except KeyError as e:
+        raise PlanError(f"plan '{plan.name}' has a setting the runtime cannot apply: {e}; "
+                        f"KV types {sorted(_KV_TYPES)}, flash_attn {sorted(_FLASH)}") from None
     cparams.offload_kqv = plan.kv_on_gpu and gpu is not None
     cparams.op_offload = plan.op_offload and gpu is not None
-    cparams.type_k = _KV_TYPES[plan.type_k]
-    cparams.type_v = _KV_TYPES[plan.type_v]
     cparams.no_perf = True
     return cparams
 
@@ -140,6 +173,7 @@ def free(loaded: Loaded) -> None:
     if loaded.model:
         llama_cpp.llama_model_free(loaded.model)
     loaded.ctx = loaded.model = None
+    loaded.overrides = loaded.progress_cb = None  # nothing points at them any more
 
 
 def dry_run(

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import igi_sdk  # noqa: F401
-from igi_sdk.bridge import BridgeError, Client
+from igi_sdk.client import BridgeError, Client
 
 HERE = Path(__file__).resolve().parent
 MIB = 1024**2

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import igi_sdk  # noqa: F401
-from igi_sdk.bridge import BridgeError, Client
+from igi_sdk.client import BridgeError, Client
 from igi_sdk.bridge.server import is_loopback
 
 LINES = ["Hello there!", "What do you sell?", "Any news from the north?", "How much is that?",

@@ -9,7 +9,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from igi_sdk.bridge.client import Client
+from igi_sdk.client import Client
 
 SMITH = ("You are Brom, the blacksmith of Oakvale: gruff but kind, proud of your swords. "
          "Answer in one or two short sentences, in character.")

@@ -1,0 +1,62 @@
+"""What the protocol server needs of the model side — the seam between ``bridge`` (speaks the
+protocol) and ``sidecar`` (owns engine, planner, arbiter). The server never waits on it: every
+call returns at once, model work as a :class:`~concurrent.futures.Future`."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, Protocol
+
+from igi_sdk.bridge import protocol as P
+
+
+class ChatResult(Protocol):
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    total_s: float
+
+
+class StreamHandle(Protocol):
+    def cancel(self) -> None: ...
+
+
+# (kind, payload): ("text", str), ("done", ChatResult), ("error", exception); called on the
+# engine thread, so it must only hand the event on
+StreamListener = Callable[[str, object], None]
+# how a reservation ends: None = granted, else the typed error
+ReservationDone = Callable[[Exception | None], None]
+
+
+class Backend(Protocol):
+    @property
+    def model_name(self) -> str | None: ...
+
+    def load_model(self, path: Path, request: P.LoadModel) -> dict[str, Any]:
+        """Load (or replace) the model; blocking — the server calls it on a worker thread.
+        Returns the ``load_model`` reply body."""
+        ...
+
+    def open_session(self, request: P.OpenSession) -> Future[str]: ...
+
+    def close_session(self, session: str) -> Future[None]: ...
+
+    def chat(self, request: P.Chat, listener: StreamListener) -> Future[StreamHandle]: ...
+
+    def save_session(self, session: str, path: Path) -> Future[int]: ...
+
+    def restore_session(self, path: Path) -> Future[str]: ...
+
+    def frame(self, request: P.Frame) -> None: ...
+
+    def reserve_vram(self, request: P.ReserveVram, done: ReservationDone) -> None: ...
+
+    def status(self) -> dict[str, Any]:
+        """Engine and arbiter figures for ``stats``; never waits on the engine thread."""
+        ...
+
+    def close(self) -> None: ...

@@ -1,0 +1,274 @@
+"""The model side of the sidecar: engine, plan ladder, VRAM sources, arbiter and frame pacer,
+assembled for one loaded model and replaced together when another model loads.
+
+This is the protocol server's :class:`~igi_sdk.bridge.backend.Backend`; every call returns at
+once (model work as futures from the engine), except :meth:`ModelHost.load_model`, which the
+server runs on a worker thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from igi_sdk.arbiter import (
+    Arbiter,
+    EngineReportSource,
+    NvmlSource,
+    PlanLadder,
+    PolicyConfig,
+    ScriptedTrace,
+    VramSource,
+)
+from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
+from igi_sdk.arbiter.ladder import arbiter_workload
+from igi_sdk.arbiter.pacing import FramePacer
+from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
+from igi_sdk.errors import CannotFreeError, EngineClosedError, EngineUnavailableError
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan
+from igi_sdk.profile import Profile
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+log = logging.getLogger("igi_sdk.sidecar")
+
+
+@dataclass(frozen=True)
+class HostConfig:
+    n_threads: int = 0
+    # VRAM arbiter: on by default with an NVIDIA GPU; a scripted trace (and a profile) simulate
+    # one for tests and samples
+    arbiter: bool = True
+    vram_trace: Path | None = None
+    profile: Path | None = None
+    grow_hold_s: float = 2.0
+    max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
+
+
+def _failed(error: Exception) -> Future[Any]:
+    fut: Future[Any] = Future()
+    fut.set_exception(error)
+    return fut
+
+
+class ModelHost:
+    def __init__(self, config: HostConfig) -> None:
+        self.cfg = config
+        self.engine: Engine | None = None
+        self.arbiter: Arbiter | None = None
+        self.pacer = FramePacer()
+        self._name: str | None = None
+        self._load_lock = threading.Lock()
+
+    @property
+    def model_name(self) -> str | None:
+        return self._name
+
+    # --- loading -------------------------------------------------------------------------------
+
+    def load_model(self, path: Path, request: P.LoadModel) -> dict[str, Any]:
+        with self._load_lock:
+            waiting = self._stop_arbiter()
+            old, self.engine, self._name = self.engine, None, None
+            if old is not None:  # a new model: the old sessions cannot follow it
+                old.close()
+            try:
+                self._open(path, request)
+            except BaseException:
+                _end_all(waiting, EngineUnavailableError("the model failed to load"))
+                raise
+            if self.arbiter is not None:
+                self.arbiter.adopt(waiting)
+            else:
+                for res, done in waiting:
+                    self._settle_without_arbiter(lambda err, r=res, d=done: d(r, err))
+            assert self.engine is not None
+            return {"model": path.name, "memory": self.engine.memory()}
+
+    def _open(self, path: Path, request: P.LoadModel) -> None:
+        from igi_sdk.tuning import plan_for_model, prepare_backend
+
+        cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                           n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s)
+        inventory = read_inventory(path)
+        setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
+        if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
+            ladder, _trace, prof = setup
+            prepare_backend(inventory, prof, pinned=False)
+            plan = ladder.cpu.plan
+        elif request.vram_budget is not None:
+            prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
+            plan = plan_for_model(path, inventory, budget=request.vram_budget,
+                                  n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                                  n_threads=self.cfg.n_threads, profile=prof).best
+        else:
+            plan = Plan.all_cpu()
+        self.engine = Engine(path, plan, cfg)
+        self._name = path.name
+        if setup is not None:
+            self._start_arbiter(setup[0], setup[1])
+
+    def _arbiter_setup(self, inventory: Any, request: P.LoadModel
+                       ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
+        """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None."""
+        from igi_sdk.runtime.nvml import nvml
+
+        cfg = self.cfg
+        has_nvml = nvml() is not None
+        # without NVML (a non-NVIDIA GPU) the engine's own frame reports drive the arbiter;
+        # that needs the machine's profile given explicitly, since none can be measured here
+        if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
+            return None
+        if cfg.profile is not None:
+            prof = Profile.load(cfg.profile)
+        else:
+            from igi_sdk.tuning import load_or_measure
+
+            prof = load_or_measure(fast=True)
+        if prof.gpu is None:
+            return None
+        ladder = PlanLadder.build(inventory, prof, arbiter_workload(request.n_ctx))
+        trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
+        return ladder, trace, prof
+
+    def _start_arbiter(self, ladder: PlanLadder, trace: ScriptedTrace | None) -> None:
+        assert self.engine is not None
+        holder: list[Arbiter] = []
+
+        def own() -> int:  # the arbiter's own accounting of what this process holds
+            return holder[0].policy.current.vram if holder and holder[0].policy.current else 0
+
+        sources: list[VramSource] = []
+        total = 0
+        if trace is not None:
+            trace.own = own
+            sources.append(trace)
+            total = trace.total
+        else:
+            nv = NvmlSource(own_fallback=own)
+            if nv.nv is not None:
+                sources.append(nv)
+                reading = nv.read()
+                total = reading.total if reading else 0
+        self.engine_reports = EngineReportSource(total, own)
+        sources.append(self.engine_reports)
+        arb = Arbiter(self.engine, ladder, sources,
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s))
+        holder.append(arb)
+        self.arbiter = arb
+        arb.start()
+
+    def _stop_arbiter(self) -> list[tuple[Any, ArbiterDone]]:
+        arb, self.arbiter = self.arbiter, None
+        return arb.stop() if arb is not None else []
+
+    # --- sessions (futures from the engine thread) ------------------------------------------
+
+    def _engine(self) -> Engine:
+        eng = self.engine
+        if eng is None:
+            raise EngineUnavailableError("no model is loaded right now; retry shortly")
+        return eng
+
+    def open_session(self, request: P.OpenSession) -> Future[str]:
+        try:
+            eng = self._engine()
+            sampling = SamplingParams(**request.sampling.model_dump(), repeat_last_n=64)
+        except Exception as e:  # noqa: BLE001 - typed errors travel in the future
+            return _failed(e)
+        # a persona name alone still gives the NPC an identity
+        system = request.system_prompt or (
+            f"You are {request.persona}." if request.persona else None)
+        return eng.open_session_async(system, priority=request.priority, sampling=sampling)
+
+    def close_session(self, session: str) -> Future[None]:
+        try:
+            return self._engine().close_session_async(session)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    def chat(self, request: P.Chat, listener: StreamListener) -> Future[StreamHandle]:
+        try:
+            eng = self._engine()
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+        return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
+                              stop=request.stop, grammar=request.grammar,
+                              json_schema=request.json_schema, listener=listener)
+
+    def save_session(self, session: str, path: Path) -> Future[int]:
+        try:
+            return self._engine().save_session_async(session, path)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    def restore_session(self, path: Path) -> Future[str]:
+        try:
+            return self._engine().load_session_async(path)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    # --- control plane (never waits) ----------------------------------------------------------
+
+    def frame(self, request: P.Frame) -> None:
+        eng = self.engine
+        if eng is not None and request.target_frame_time_ms is not None:
+            eng.set_pacing(self.pacer.update(request.frame_time_ms,
+                                             request.target_frame_time_ms))
+        arb = self.arbiter
+        if arb is not None:
+            arb.on_frame(request.frame, request.vram_used, request.vram_budget,
+                         request.frame_time_ms, request.target_frame_time_ms)
+
+    def reserve_vram(self, request: P.ReserveVram, done: ReservationDone) -> None:
+        arb = self.arbiter
+        if arb is not None:
+            arb.reserve(request.bytes, request.deadline_frames, lambda _res, err: done(err))
+            return
+        self._settle_without_arbiter(done)
+
+    def _settle_without_arbiter(self, done: Callable[[Exception | None], None]) -> None:
+        """No arbiter: granted when the model holds no VRAM; else it cannot be freed."""
+        eng = self.engine
+        held = sum(eng.memory()["gpu"].values()) if eng is not None else 0
+        if held <= 0:
+            done(None)
+        else:
+            done(CannotFreeError(
+                f"the model holds {held >> 20} MiB of VRAM on a fixed plan (a vram_budget was "
+                "given, or the arbiter is off), so none of it can be given back"))
+
+    def status(self) -> dict[str, Any]:
+        out: dict[str, Any] = {"pacing_delay_s": self.pacer.delay_s}
+        eng = self.engine
+        if eng is not None:
+            st = eng.status()
+            out.update(sessions=st["sessions"], plan=st["plan"], memory=st["memory"],
+                       reshards=st["reshards"], engine=st)
+        arb = self.arbiter
+        if arb is not None:
+            out["arbiter"] = arb.stats()
+        return out
+
+    def close(self) -> None:
+        _end_all(self._stop_arbiter(), EngineClosedError("the sidecar is stopping"))
+        eng, self.engine = self.engine, None
+        if eng is not None:
+            try:
+                eng.close()
+            except Exception:
+                log.exception("engine close failed")
+
+
+def _end_all(waiting: list[tuple[Any, ArbiterDone]], error: Exception) -> None:
+    for res, done in waiting:
+        try:
+            done(res, error)  # type: ignore[arg-type]
+        except Exception:
+            log.exception("reservation callback failed")
