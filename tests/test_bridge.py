@@ -16,9 +16,9 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.client import BridgeError, Client, SidecarUnavailable
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.server import is_loopback
+from igi_sdk.client import BridgeError, Client, SidecarUnavailable
 
 GREEDY = {"temperature": 0.0, "seed": 1}
 
@@ -208,6 +208,20 @@ def _fuzz_frames(n: int, rng: random.Random) -> list[bytes]:
     return frames
 
 
+def _frame_bodies(n: int, rng: random.Random) -> list[dict]:
+    odd = [None, -1, 2**60, 1e308, float("nan"), "7", True, [], {}]
+    out = []
+    for _ in range(n):
+        body = {"frame": rng.randint(0, 10**6), "frame_time_ms": rng.uniform(0, 50),
+                "target_frame_time_ms": rng.choice([None, 16.7, 33.3]),
+                "vram_used": rng.choice([None, rng.randint(0, 2**34)]),
+                "vram_budget": rng.choice([None, rng.randint(0, 2**34)])}
+        if rng.random() < 0.3:  # a broken field
+            body[rng.choice(list(body))] = rng.choice(odd)
+        out.append(body)
+    return out
+
+
 @pytest.mark.slow
 def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
     """Every malformed message gets a typed error; the sidecar keeps serving. Its own sidecar:
@@ -241,8 +255,25 @@ def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
                 errors += 1
                 assert set(body) == {"code", "message", "retryable"}
                 assert isinstance(body["code"], str) and body["message"]
+                assert body["code"] != "internal", body  # every failure is a typed one
         else:
             break
+    # 10 000 frame ticks, valid and not: every one answered, none an internal error
+    frames = [P.encode(20_000 + i, "frame", rng_frame) for i, rng_frame in
+              enumerate(_frame_bodies(10_000, random.Random(99)))]
+    got = 0
+    for chunk in range(0, len(frames), 500):
+        for f in frames[chunk:chunk + 500]:
+            s.send(f)
+        n = 0
+        while n < len(frames[chunk:chunk + 500]) and s.poll(10_000):
+            _rid, rtype, body = P.decode_reply(s.recv())
+            if rtype == "heartbeat":
+                continue
+            n += 1
+            assert rtype == "ok" or body["code"] != "internal", body
+        got += n
+    assert got == len(frames)
     s.close(0)
     assert proc.poll() is None  # 0 crashes
     # every frame was answered; a handful of random bodies are valid requests (ok replies) and
