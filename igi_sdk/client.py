@@ -33,6 +33,13 @@ class BridgeError(Exception):
         self.code, self.message, self.retryable = code, message, retryable
 
 
+class RequestTimeout(BridgeError, TimeoutError):
+    """The sidecar is alive (its heartbeats arrive) but did not answer in time."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("timeout", message, retryable=True)
+
+
 class SidecarUnavailable(BridgeError, TimeoutError):
     """No answer (and no heartbeat) from the sidecar in time: it is down or restarting."""
 
@@ -102,9 +109,17 @@ class Client:
             self._sock.send(P.encode(msg_id, msg_type, body or {}))
         return msg_id
 
-    def next_event(self, msg_id: int, timeout: float | None = None) -> tuple[str, dict[str, Any]]:
-        """The next (type, body) for request ``msg_id``; raises SidecarUnavailable on silence."""
-        deadline = time.monotonic() + (self.timeout if timeout is None else timeout)
+    def next_event(self, msg_id: int, timeout: float | None = None, *,
+                   stream: bool = False) -> tuple[str, dict[str, Any]]:
+        """The next (type, body) for request ``msg_id``.
+
+        Raises :class:`SidecarUnavailable` only on silence (no message, heartbeats included,
+        for ``min(timeout, 5)`` s, at least 3): a sidecar that keeps sending heartbeats is alive,
+        however long its work takes. Past ``timeout`` with the sidecar alive, a request raises
+        :class:`RequestTimeout`; a stream (``stream=True``) keeps waiting, since reading a long
+        prompt on the CPU may take longer than any fixed timeout."""
+        limit = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + limit
         self._last_heard = time.monotonic()
         while True:
             with self._lock:
@@ -118,9 +133,12 @@ class Client:
                         self._inbox[rid].append((rtype, body))
                     continue
             now = time.monotonic()
-            if now > deadline or now - self._last_heard > max(3.0, min(self.timeout, 5.0)):
+            if now - self._last_heard > max(3.0, min(self.timeout, 5.0)):
                 self._greeted = False  # a restarted sidecar will want a hello
                 raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
+            if now > deadline and not stream:
+                raise RequestTimeout(f"the sidecar is alive but request {msg_id} was not "
+                                     f"answered within {limit:g} s")
 
     def drain(self, seconds: float = 0.1) -> None:
         """Read whatever the sidecar has sent in the next ``seconds`` into the inbox."""
@@ -223,7 +241,7 @@ class ChatStream:
 
     def __iter__(self) -> Iterator[str]:
         while self.done is None:
-            rtype, body = self.client.next_event(self.id)
+            rtype, body = self.client.next_event(self.id, stream=True)
             if rtype == "token":
                 self.pieces.append(body["text"])
                 yield body["text"]

@@ -336,12 +336,14 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
     shutil.copy(path, tmp_path / "m.gguf")
     endpoint = f"ipc://{tmp_path / 'c.sock'}"
     proc = start_sidecar(tmp_path, endpoint, "--model", "m.gguf", "--no-arbiter",
-                         "--threads", "1")
+                         "--threads", "1", "--ctx", "4096")
     try:
-        player, probe = Client(endpoint, timeout=60), Client(endpoint, timeout=5)
-        player.wait_ready(60)
+        # the player's client waits 2 s per event: longer than the prompt takes to read, yet it
+        # must not declare the (heartbeating) sidecar dead
+        player, probe = Client(endpoint, timeout=2), Client(endpoint, timeout=5)
+        Client(endpoint, timeout=60).wait_ready(60)
         sid = player.open_session("npc", sampling={"temperature": 0.0})
-        text = " ".join(f"w{i}" for i in range(350))  # ~1.6K tokens: seconds on one core
+        text = " ".join(f"w{i}" for i in range(700))  # ~3.2K tokens: seconds on one core
         stream = player.chat(sid, text, max_tokens=4)
         lat: dict[str, list[float]] = {"ping": [], "frame": [], "stats": []}
         t_end = time.monotonic() + 3.0
@@ -359,14 +361,14 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
         st = probe.stats()
         result = stream.result()
         assert result["finish_reason"] in ("length", "stop"), result
+        assert result["timings"]["ttft_s"] > 2.0, result  # the wait outlasted the timeout
         # the sidecar's own measure (request in, answer out) is the control plane's bound; the
         # round trip seen here adds the scheduling of two processes on a 2-core machine
         served = st["control_latency_ms"]
         for kind, xs in lat.items():
             assert served[kind]["p99"] <= 5.0, (kind, served[kind])
             xs.sort()
-            p99 = xs[int(len(xs) * 0.99) - 1]
-            assert p99 <= 25.0, (kind, p99, xs[-5:])
+            assert xs[len(xs) // 2] <= 5.0, (kind, xs[len(xs) // 2], xs[-5:])
         # the prompt was read in bounded steps
         assert st["engine"]["step"]["max_s"] < 1.0, st["engine"]
         player.close()
