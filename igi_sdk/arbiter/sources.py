@@ -46,9 +46,10 @@ class NvmlSource:
     measured when the backend started (which the engine's buffers do not include).
 
     The NVML device is the one whose PCI bus id is ``device``'s (a ``Device`` or a bus id),
-    by default llama.cpp's first GPU; NVML's own numbering can differ from CUDA's (see
-    ``runtime.nvml``). ``device_index`` picks an NVML index directly, as before. ``nvml_lib``
-    and ``context_bytes`` stand in for pynvml and the measured context in tests."""
+    by default llama.cpp's first GPU (which starts llama.cpp's backend if nothing has yet);
+    NVML's own numbering can differ from CUDA's (see ``runtime.nvml``). ``device_index`` picks
+    an NVML index directly, as before. ``nvml_lib`` and ``context_bytes`` stand in for pynvml
+    and the measured context in tests."""
 
     def __init__(self, device_index: int | None = None,
                  own_fallback: Callable[[], int] | None = None, *,

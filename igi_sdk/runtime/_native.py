@@ -214,7 +214,10 @@ def init_backend(copy_compute_min_batch: int | None = None) -> None:
             bus_id, context = measure_start(nv, _start_llama)
         finally:
             if nv is not None:
-                nv.nvmlShutdown()  # NVML counts inits; this one was only for the measurement
+                try:
+                    nv.nvmlShutdown()  # NVML counts inits; this one was only for the measurement
+                except Exception:  # noqa: BLE001 - a failed shutdown must not fail the start
+                    pass
         st.threshold, st.context_bytes, st.gpu_bus_id = threshold, context, bus_id
         st.started = True
 
