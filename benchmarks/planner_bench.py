@@ -68,8 +68,8 @@ class PeakVram:
 def _plan(args: argparse.Namespace, inv, prof, wl):
     from igi_sdk.planner import Plan, plan_for
     from igi_sdk.planner.planner import peer_plan
-    from igi_sdk.runtime.autoplan import measured_vram, plan_checked
     from igi_sdk.runtime.loader import ContextSettings
+    from igi_sdk.tuning.autoplan import measured_vram, plan_checked
 
     settings = ContextSettings(wl.n_ctx, max(1, args.sessions), 2048, args.threads)
     path = Path(args.model)
@@ -223,7 +223,7 @@ def main() -> int:
 
 
 def _profile(args: argparse.Namespace) -> str:
-    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.tuning.measure import load_or_measure
 
     t0 = time.perf_counter()
     prof = load_or_measure(threads=args.threads, fast=True)

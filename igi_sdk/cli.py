@@ -58,7 +58,7 @@ def parse_size(text: str) -> int:
 
 def _auto_plan(args: argparse.Namespace, path: Path, inventory: object) -> object:
     """The planner's plan for --vram (default: half the GPU's free memory), or all-CPU."""
-    from igi_sdk.runtime.autoplan import plan_for_model
+    from igi_sdk.tuning.autoplan import plan_for_model
 
     budget = parse_size(args.vram) if args.vram else None
     result = plan_for_model(path, inventory, budget=budget, n_ctx=args.ctx,  # type: ignore[arg-type]
@@ -213,7 +213,7 @@ def _nvml_status() -> str:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.tuning.measure import load_or_measure
 
     bar = _ProgressBar("profiling", enabled=True)
     prof = load_or_measure(threads=args.threads or None, fast=args.fast, refresh=True,
@@ -248,7 +248,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from igi_sdk.model import read_inventory
     from igi_sdk.planner import Workload, plan_for
     from igi_sdk.profile import Profile
-    from igi_sdk.profile.measure import load_or_measure
+    from igi_sdk.tuning.measure import load_or_measure
 
     inv = read_inventory(Path(args.model))
     prof = Profile.load(Path(args.profile)) if args.profile else load_or_measure(fast=True)

@@ -22,10 +22,11 @@ from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from igi_sdk.planner import FlashAttn, KvType, Plan, Workload, copy_threshold, plan_for
 from igi_sdk.planner.planner import evaluate
 from igi_sdk.profile import Profile
-from igi_sdk.profile.measure import cached_before_backend
-from igi_sdk.runtime import _native, autoplan, loader, nvml
+from igi_sdk.runtime import _native, loader, nvml
 from igi_sdk.runtime.devices import Device, list_devices
 from igi_sdk.runtime.loader import ContextSettings
+from igi_sdk.tuning import autoplan
+from igi_sdk.tuning.measure import cached_before_backend
 
 GIB = 1024**3
 MIB = 1024**2
@@ -343,7 +344,7 @@ def test_cached_profile_is_found_without_starting_the_backend(
 ) -> None:
     import llama_cpp
 
-    from igi_sdk.profile import measure
+    from igi_sdk.tuning import measure
 
     monkeypatch.setattr(measure, "_nvml_facts", lambda: {"driver": "580", "gpu": "NVIDIA H200"})
     monkeypatch.setattr(measure, "_cpu_model", lambda: "Xeon")

@@ -209,8 +209,8 @@ def test_copy_compute_streams_at_the_measured_prefill_rate(dense) -> None:
 
 
 def test_stream_rate_is_what_the_prefill_spends_beyond_its_matmuls() -> None:
-    from igi_sdk.profile.measure import stream_rate
     from igi_sdk.runtime.step_bench import CopyComputeRun
+    from igi_sdk.tuning.measure import stream_rate
 
     prof = GPU_PROFILE.model_copy(deep=True)
     prof.gpu.layer_overhead_s, prof.gpu.step_overhead_s = 1e-4, 1e-3
@@ -264,7 +264,7 @@ def test_plan_json_round_trip_into_the_runtime(tiny_llama, tmp_path) -> None:
 
 def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
     """A real (tiny) measurement through ggml on this machine, saved and found again."""
-    from igi_sdk.profile.measure import fingerprint, measure_profile
+    from igi_sdk.tuning.measure import fingerprint, measure_profile
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     prof = measure_profile(threads=2, fast=True, k=256, n=256, scale_down=True)

@@ -1,4 +1,4 @@
-"""The benchmark profile of a machine (pure data; measuring it lives in ``profile.measure``)."""
+"""The benchmark profile of a machine (pure data; measuring it lives in ``igi_sdk.tuning``)."""
 
 from igi_sdk.profile.data import DeviceProfile, Profile, cache_dir
 

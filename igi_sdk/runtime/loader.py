@@ -133,7 +133,7 @@ _warned_thresholds: set[tuple[int, int]] = set()
 
 def _check_threshold(plan: Plan, gpu: Device | None) -> None:
     """Warn when a plan was priced with a copy-compute threshold llama.cpp is not using (it
-    read its own when the backend started; plans from runtime.autoplan never differ)."""
+    read its own when the backend started; plans from tuning.autoplan never differ)."""
     if gpu is None or not plan.op_offload:
         return
     in_effect = _native.copy_compute_threshold_in_effect()

@@ -35,6 +35,13 @@ from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.tuning import (
+    cached_before_backend,
+    load_or_measure,
+    plan_for_model,
+    prepare_backend,
+    with_threshold_in_effect,
+)
 
 log = logging.getLogger("igi_sdk.sidecar")
 
@@ -92,17 +99,14 @@ class ModelHost:
             return {"model": path.name, "memory": self.engine.memory()}
 
     def _open(self, path: Path, request: P.LoadModel) -> None:
-        from igi_sdk.tuning import plan_for_model, prepare_backend
-
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s)
         inventory = read_inventory(path)
         setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
-            ladder, _trace, prof = setup
-            prepare_backend(inventory, prof, pinned=False)
+            ladder = setup[0]
             plan = ladder.cpu.plan
-        elif request.vram_budget is not None:
+        elif request.vram_budget is not None:  # plans (and asks for) its own threshold
             prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
             plan = plan_for_model(path, inventory, budget=request.vram_budget,
                                   n_ctx=request.n_ctx, max_sessions=request.max_sessions,
@@ -125,15 +129,19 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        if cfg.profile is not None:
-            prof = Profile.load(cfg.profile)
-        else:
-            from igi_sdk.tuning import load_or_measure
-
-            prof = load_or_measure(fast=True)
+        wl = arbiter_workload(request.n_ctx)
+        # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
+        # even fingerprinting a profile starts it): ask for this model's threshold first, from
+        # a profile found without the backend, then plan every rung with the one in effect
+        early = (Profile.load(cfg.profile) if cfg.profile is not None
+                 else cached_before_backend(cfg.n_threads or None))
+        if early is not None:
+            prepare_backend(inventory, early, pinned=wl.pin_host)
+        prof = early if cfg.profile is not None and early is not None else load_or_measure(
+            threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:
             return None
-        ladder = PlanLadder.build(inventory, prof, arbiter_workload(request.n_ctx))
+        ladder = PlanLadder.build(inventory, prof, with_threshold_in_effect(wl))
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
         return ladder, trace, prof
 

@@ -23,6 +23,7 @@ from igi_sdk.profile import Profile
 from igi_sdk.runtime import _native, loader
 from igi_sdk.runtime.devices import first_gpu
 from igi_sdk.runtime.loader import ContextSettings
+from igi_sdk.tuning.measure import cached_before_backend, load_or_measure
 
 _ROUNDS = 3
 
@@ -94,8 +95,6 @@ def plan_for_model(
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
     planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
     one."""
-    from igi_sdk.profile.measure import cached_before_backend, load_or_measure
-
     wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
                   gen_tokens=gen_tokens)
     if not _native.backend_started():
