@@ -18,7 +18,9 @@ token. Runs, one after another, each with a fresh sidecar (``igi-sdk serve``):
    tokens/s beside the trace's phases, and the reference text of a run with no reshards.
 
 ``--only trace`` runs the trace alone (no static runs, no reference text): the ``reserve_vram``
-figures (VRAM freed, the reply's wait and outcome) in a fraction of the time.
+figures (VRAM freed, the reply's wait and its outcome: ``granted``, the older ``acknowledged``,
+or the error code, e.g. ``cannot_free``, ``deadline_missed``) in a fraction of the time.
+``--only prepare`` only writes the model and measures the profile.
 
 ``--only greedy`` runs the **greedy game** instead: a game process (``--role greedy-game``, CuPy)
 that never speaks the protocol — it never connects to the sidecar, so the arbiter only learns of
@@ -764,10 +766,14 @@ def greedy_game_role(args: argparse.Namespace) -> int:
             if what == "setup":  # the model's VRAM now, by the bench's last sample
                 model = shm.get(Shared.MODEL) or cmd["model"]
                 want = dev.free() - (cmd["pool"] - model)
-                while want > 0:
-                    n = min(want, 4 * GIB)
-                    ballast.append(dev.alloc(n))
-                    want -= n
+                piece = 4 * GIB
+                while want > 0 and piece >= 64 * MIB:
+                    n = min(want, piece)
+                    try:
+                        ballast.append(dev.alloc(n))
+                        want -= n
+                    except Exception:  # noqa: BLE001 - the model grew meanwhile: smaller pieces
+                        piece //= 2
                 publish()
                 fails, end = 0, time.monotonic() + 30
                 while held(ws) < cmd["game"] and time.monotonic() < end and not stop.is_set():
@@ -1067,10 +1073,13 @@ def stop_probe(proc, out: Path) -> list[list]:
         return []
 
 
-def wait_quiet(client: Client, seconds: float, quiet_s: float) -> dict:
-    """Poll ``stats`` until the arbiter has made no reshard for ``quiet_s`` (or ``seconds``)."""
+def wait_quiet(client: Client, seconds: float, quiet_s: float, patience_s: float) -> dict:
+    """Poll ``stats`` until the arbiter has resharded and then made no reshard for ``quiet_s``,
+    or made none at all for ``patience_s`` (nothing to climb to), or ``seconds`` pass. (A
+    reshard is counted once it is done, so a quiet spell alone may be one under way.)"""
     end = time.monotonic() + seconds
-    last, since = None, time.monotonic()
+    first = last = None
+    since = time.monotonic()
     arb: dict = {}
     while time.monotonic() < end:
         try:
@@ -1078,9 +1087,13 @@ def wait_quiet(client: Client, seconds: float, quiet_s: float) -> dict:
         except BridgeError:
             time.sleep(0.2)
             continue
-        if arb.get("reshards") != last:
-            last, since = arb.get("reshards"), time.monotonic()
-        elif time.monotonic() - since >= quiet_s:
+        n = arb.get("reshards")
+        if first is None:
+            first = last = n
+        if n != last:
+            last, since = n, time.monotonic()
+        quiet = time.monotonic() - since
+        if quiet >= (quiet_s if n != first else patience_s):
             break
         time.sleep(0.2)
     return arb
@@ -1142,8 +1155,11 @@ def greedy_run(args: argparse.Namespace, tmp: Path, res: dict) -> None:
         # the bench's own control connection (load, settle, snapshots), not the game's
         client = Client(endpoint, timeout=120, engine="arbiter-bench-control")
         greet(client, side)
+        t_sent = time.time()
         client.load_model(Path(args.model).name, n_ctx=args.ctx, max_sessions=4)
         t_loaded = time.time()
+        if args.sim:  # the trace's clock starts somewhere inside the load
+            res["sim_trace"]["clock_uncertainty_s"] = t_loaded - t_sent
         sampler = Sampler(endpoint, side.pid, args.sample_ms / 1000, nv, base, shm, args.sim)
         res["samples"] = sampler.rows
         time.sleep(0.3)  # for NVML to see the model's buffers
@@ -1159,8 +1175,9 @@ def greedy_run(args: argparse.Namespace, tmp: Path, res: dict) -> None:
         mark("game set up", ballast=setup.get("ballast"), game=setup.get("game"),
              failed=setup.get("failed"), free=setup.get("free"))
         # the model climbs to the best plan that fits what the game left it
-        settle_until = t_loaded + args.greedy_settle_s
-        wait_quiet(client, max(1.0, settle_until - time.time()), args.grow_hold + 3.0)
+        settle_until = t_sent + args.greedy_settle_s
+        wait_quiet(client, max(1.0, settle_until - time.time()), quiet_s=args.grow_hold + 3.0,
+                   patience_s=args.grow_hold + 12.0)
         before = plan_snapshot(client, sampler)
         res["plan_before"] = before
         mark("settled", plan=before["plan"], plan_vram=before["plan_vram"], model=before["model"])
@@ -1168,8 +1185,13 @@ def greedy_run(args: argparse.Namespace, tmp: Path, res: dict) -> None:
         npcs = start_npcs(args, endpoint, npc_out)
         probe = start_probe(args, endpoint, probe_out)
         res["npcs_started"] = time.time()
+        times: dict = res.setdefault("times", {})
         try:
-            go = (t_loaded + res["sim_trace"]["t_greedy"]) if args.sim else (
+            # in the simulation the game keeps to the trace's schedule: it turns greedy at the
+            # earliest the trace can (so its failed allocations are always exercised; its stall
+            # may read long by up to clock_uncertainty_s) and frees at the latest (the grow-back
+            # may read short by as much)
+            go = (t_sent + res["sim_trace"]["t_greedy"]) if args.sim else (
                 time.time() + args.greedy_warm_s)
             time.sleep(max(0.0, go - time.time()))
             free_at = (t_loaded + res["sim_trace"]["t_free"]) if args.sim else None
@@ -1177,15 +1199,19 @@ def greedy_run(args: argparse.Namespace, tmp: Path, res: dict) -> None:
                       max_s=args.greedy_max_s, hold_s=args.greedy_hold_s,
                       retry_s=args.greedy_retry_ms / 1000, free_at=free_at)
             g0 = game.wait("greedy_start", 30)
+            times["greedy_start"] = g0["t"]
             mark("greedy", game=g0.get("game"), cap=cap)
             ge = game.wait("grow_end", args.greedy_max_s + 60)
+            times["grow_end"] = ge["t"]
             mark("grow end", reason=ge.get("reason"), grabbed=ge.get("grabbed"),
                  failed=ge.get("failed_allocations"), stall_s=round(ge["longest_stall_s"], 3))
             hold_left = (free_at - time.time()) if free_at else args.greedy_hold_s
             fs = game.wait("free_start", hold_left + 60)
+            times["free_start"] = fs["t"]
             res["plan_end_greedy"] = end = plan_snapshot(client, sampler)
             mark("game frees", plan=end["plan"], plan_vram=end["plan_vram"], model=end["model"])
             fr = game.wait("freed", 60)
+            times["freed"] = fr["t"]
             res["game_result"] = game.wait("result", 30)
             # the model grows back: its plan as large as before the greedy phase
             want = before.get("plan_vram") or 0
@@ -1202,13 +1228,13 @@ def greedy_run(args: argparse.Namespace, tmp: Path, res: dict) -> None:
             res["plan_after"] = after = plan_snapshot(client, sampler)
             mark("grown back" if grown else "not grown back in time", plan=after["plan"],
                  plan_vram=after["plan_vram"], model=after["model"], after_s=res["grow_back_s"])
-            res["times"] = {"greedy_start": g0["t"], "grow_end": ge["t"], "free_start": fs["t"],
-                            "freed": fr["t"], "grown": grown}
+            times["grown"] = grown
             time.sleep(args.greedy_tail_s)  # the NPCs chat on the grown plan for a while
         finally:
             res["chats"] = stop_npcs(npcs, npc_out, timeout=60)
             res["probe"] = stop_probe(probe, probe_out)
             sampler.stop()
+            res["decisions"] = sorted(sampler.decisions.values(), key=lambda d: d.get("at") or 0)
         try:
             res["stats"] = client.stats()
         except BridgeError as e:
@@ -1265,13 +1291,16 @@ def analyse_greedy(res: dict) -> dict:
                      and r["model"] >= before - 256 * MIB), None)
         out["time_to_vram_back_s"] = None if back is None else back - freed
     ref = t0 or (samples[0]["t"] if samples else 0)
+    ballast = next((e.get("ballast") or 0 for e in res.get("game_events") or []
+                    if e.get("ev") == "setup_done"), 0)
     out["model_vram_source"] = next((r.get("model_src") for r in samples if r.get("model_src")),
                                     None)
     out["model_vram_timeline"] = [
-        [round(r["t"] - ref, 3), r.get("model"), r.get("plan"), r.get("plan_vram"), r.get("game")]
-        for r in samples]
+        [round(r["t"] - ref, 3), r.get("model"), r.get("plan"), r.get("plan_vram"),
+         r["game"] - ballast if r.get("game") else None] for r in samples]
     out["timeline_columns"] = ["t_s (from the greedy start)", "model_vram", "plan", "plan_vram",
-                               "game_alloc"]
+                               "game_vram (in the pool: its allocations less the ballast)"]
+    out["marks_s"] = {k: round(v - ref, 3) for k, v in times.items() if v}
     if t0 and times.get("free_start"):
         during = [r["model"] for r in samples if t0 <= r["t"] <= times["free_start"]
                   and r.get("model") is not None]
@@ -1546,9 +1575,10 @@ def main() -> int:
                     help="chats replayed on the static plan for the text comparison")
     ap.add_argument("--json")
     ap.add_argument("--sim", action="store_true", help="no GPU: a simulated device")
-    ap.add_argument("--only", choices=["frames", "trace", "greedy"],
+    ap.add_argument("--only", choices=["frames", "trace", "greedy", "prepare"],
                     help="frames: the frame-pacing part alone; trace: the trace run alone (no "
-                         "static runs): the reserve_vram figures; greedy: the greedy game")
+                         "static runs): the reserve_vram figures; greedy: the greedy game; "
+                         "prepare: only write the model and measure the profile")
     gg = ap.add_argument_group("the greedy game (--only greedy)")
     gg.add_argument("--greedy-free-gib", type=float, default=3.0,
                     help="of the pool, what the game leaves the model at the start")
@@ -1610,6 +1640,9 @@ def bench(args: argparse.Namespace) -> int:
                         str(args.threads), "--json", args.profile], check=True, env=native_env(),
                        stdout=subprocess.DEVNULL, timeout=600)
 
+    if args.only == "prepare":
+        print(f"model {args.model}, profile {args.profile}", flush=True)
+        return 0
     if args.only == "greedy":
         return bench_greedy(args)
     try:
