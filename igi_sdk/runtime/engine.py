@@ -16,7 +16,6 @@ bytes) and answers model work with :class:`EngineUnavailableError` until a load 
 
 from __future__ import annotations
 
-import codecs
 import ctypes
 import logging
 import queue
@@ -25,7 +24,7 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,11 +47,13 @@ from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native, loader, snapshot
 from igi_sdk.runtime.devices import Device
+from igi_sdk.runtime.engine_ops import EngineOps
 from igi_sdk.runtime.generation import Generation, GenerationResult
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.placement import LoadReport
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, json_schema_grammar
-from igi_sdk.runtime.text import Vocab
+from igi_sdk.runtime.session import Session, Turn
+from igi_sdk.runtime.text import Vocab, stop_scan
 
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
@@ -72,47 +73,6 @@ class EngineConfig:
     # so commands wait at most about one such step (copy-compute plans feed at least a whole
     # ubatch, since each chunk streams the CPU-resident weights once)
     max_step_s: float = 0.05
-
-
-@dataclass
-class _Session:
-    id: str
-    seq: int
-    params: SamplingParams
-    priority: int
-    messages: list[dict[str, str]]
-    committed_text: str = ""  # the chat-template text that the KV cache (+ pending) holds
-    tokens: list[int] = field(default_factory=list)  # tokens decoded into the KV cache
-    pending: list[int] = field(default_factory=list)  # sampled, not yet decoded
-    history: list[int] = field(default_factory=list)  # sampled tokens (repeat penalty)
-    n_sampled: int = 0
-    turn: _Turn | None = None
-    reread: bool = False  # its KV cache was lost: re-read the conversation on the next turn
-
-
-@dataclass
-class _Turn:
-    """One reply being generated."""
-
-    session: _Session
-    handle: Generation
-    feed: list[int]  # tokens still to decode before the next sample
-    prompt_text: str
-    prompt_tokens: int
-    max_tokens: int
-    stop: tuple[str, ...]
-    grammar: str | None
-    chain: SamplerChain | None = None
-    generated: list[int] = field(default_factory=list)
-    raw: str = ""
-    emitted: int = 0
-    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
-    start_tokens: int = 0
-    start_pending: list[int] = field(default_factory=list)
-    order: int = 0
-    ignore_eos: bool = False
-    t0: float = field(default_factory=time.perf_counter)
-    t_first: float | None = None
 
 
 class Engine:
@@ -144,7 +104,7 @@ class Engine:
         self._mem: Any = None
         self._vocab: Vocab | None = None
         self._parked: bytes | None = None  # the context's state while no placement is loaded
-        self._sessions: dict[str, _Session] = {}
+        self._sessions: dict[str, Session] = {}
         self._free_seqs = list(range(self.config.max_sessions))
         self._turn_counter = 0
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
@@ -445,7 +405,7 @@ class Engine:
         except Exception:  # best effort at exit
             log.exception("unload at exit failed")
 
-    def _active_turns(self) -> list[_Turn]:
+    def _active_turns(self) -> list[Turn]:
         return [s.turn for s in self._sessions.values() if s.turn is not None]
 
     # ============================================================ engine thread: loading
@@ -494,7 +454,7 @@ class Engine:
 
     # ============================================================ engine thread: sessions
 
-    def _get(self, session_id: str) -> _Session:
+    def _get(self, session_id: str) -> Session:
         s = self._sessions.get(session_id)
         if s is None:
             raise UnknownSessionError(f"no session '{session_id}' (closed, or never opened)")
@@ -512,7 +472,7 @@ class Engine:
             raise SessionBusyError(f"session '{sid}' already exists")
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         seq = self._free_seqs.pop(0)
-        self._sessions[sid] = _Session(sid, seq, params, priority, messages)
+        self._sessions[sid] = Session(sid, seq, params, priority, messages)
         return sid
 
     def _close_session(self, sid: str) -> None:
@@ -564,7 +524,7 @@ class Engine:
             )
         handle = Generation(sid, listener=listener)
         self._turn_counter += 1
-        turn = _Turn(
+        turn = Turn(
             session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=len(feed),
             max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
             start_pending=list(s.pending), order=self._turn_counter, ignore_eos=ignore_eos,
@@ -580,7 +540,7 @@ class Engine:
         s.turn = turn
         return handle
 
-    def _make_chain(self, turn: _Turn) -> SamplerChain:
+    def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
         return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
                             history=s.history, reply_tokens=turn.generated)
@@ -647,13 +607,13 @@ class Engine:
         per = seconds / n_tokens
         self._token_s = per if self._token_s is None else 0.7 * self._token_s + 0.3 * per
 
-    def _fill_batch(self, turns: list[_Turn], budget: int) -> list[tuple[_Turn, int, int]]:
+    def _fill_batch(self, turns: list[Turn], budget: int) -> list[tuple[Turn, int, int]]:
         """Put up to ``budget`` pending tokens in the (reused) llama_batch; every decoding
         reply gets its one token even past the budget (bounded by the session count).
 
         Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
         batch, cap = self._batch, self._batch_cap
-        fed: list[tuple[_Turn, int, int]] = []
+        fed: list[tuple[Turn, int, int]] = []
         n = 0
         for t in turns:
             room = max(budget - n, 1 if len(t.feed) == 1 else 0)
@@ -675,7 +635,7 @@ class Engine:
         batch.n_tokens = n
         return fed
 
-    def _sample(self, t: _Turn, idx: int) -> None:
+    def _sample(self, t: Turn, idx: int) -> None:
         assert self._vocab is not None and t.chain is not None
         s = t.session
         tok = t.chain.sample(self._ctx, idx, s.n_sampled)
@@ -689,7 +649,7 @@ class Engine:
             return
         t.generated.append(tok)
         t.raw += t.decoder.decode(self._vocab.piece(tok))
-        visible_end, hit = _stop_scan(t.raw, t.emitted, t.stop)
+        visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)
         if hit:
             t.session.pending = [tok]
             self._emit_upto(t, visible_end)
@@ -702,12 +662,12 @@ class Engine:
             return
         t.feed = [tok]
 
-    def _emit_upto(self, t: _Turn, end: int) -> None:
+    def _emit_upto(self, t: Turn, end: int) -> None:
         if end > t.emitted:
             t.handle._emit(t.raw[t.emitted : end])
             t.emitted = end
 
-    def _rollback(self, t: _Turn) -> None:
+    def _rollback(self, t: Turn) -> None:
         """Undo a turn that produced nothing: the conversation is as before the request."""
         s = t.session
         if self._mem is not None:  # else: trimmed when the parked state is put back
@@ -718,7 +678,7 @@ class Engine:
 
     def _end_turn(
         self,
-        t: _Turn,
+        t: Turn,
         *,
         reason: str = "stop",
         error: BaseException | None = None,
@@ -737,7 +697,7 @@ class Engine:
                 s.pending = [t.generated[-1]]
             t.raw += t.decoder.decode(b"", final=True)
             if visible_end is None:
-                visible_end, _ = _stop_scan(t.raw, t.emitted, t.stop, final=True)
+                visible_end, _ = stop_scan(t.raw, t.emitted, t.stop, final=True)
                 self._emit_upto(t, visible_end)
             # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
             # template: leave them out of both sides so the next turn's prefix still matches
@@ -833,85 +793,6 @@ class Engine:
         return llama_cpp.llama_state_set_data(self._ctx, buf, len(data)) == len(data)
 
 
-class EngineOps:
-    """The low-level steps of a reshard, valid only inside :meth:`Engine.exclusive` (on the
-    engine thread). The order and the fallbacks are the caller's (the arbiter's state
-    machine); these only guarantee that a failed step leaves no dangling handle."""
-
-    def __init__(self, engine: Engine) -> None:
-        self._e = engine
-
-    @property
-    def plan(self) -> Plan:
-        return self._e.plan
-
-    @property
-    def loaded(self) -> bool:
-        return self._e._ctx is not None
-
-    def park_and_release(self) -> None:
-        """Copy the whole context's state to host memory, then free the placement.
-
-        The whole context, not one sequence at a time: llama.cpp puts it back cell for cell in
-        the same order, so attention sums over the same layout and replies continue bit for bit
-        where the arithmetic is the same (per-sequence restores regroup the cells)."""
-        e = self._e
-        if e._ctx is None:
-            return  # already released (unavailable): the parked state is still there
-        e._parked = e._ctx_state()
-        for s in e._sessions.values():
-            if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
-                s.turn.chain.close()
-                s.turn.chain = None
-        e._unload()
-        e.state = "unavailable"
-
-    def load_and_restore(self, plan: Plan) -> None:
-        """Load ``plan`` and put the parked state back; raises the load's typed error and
-        leaves the engine unloaded (and the state parked) when it fails."""
-        e = self._e
-        if e._ctx is not None:
-            raise InvalidStateError("release the current placement first")
-        t0 = time.perf_counter()
-        e._load(plan)  # frees whatever it allocated when it fails
-        e.state = "ready"
-        parked, e._parked = e._parked, None
-        lost = parked is not None and not e._set_ctx_state(parked)
-        for s in e._sessions.values():
-            # the parked state holds what the sessions held when it was taken: drop what
-            # closed sessions and rolled-back turns left behind since
-            if lost:
-                llama_cpp.llama_memory_seq_rm(e._mem, s.seq, -1, -1)
-                s.tokens, s.pending, s.reread = [], [], True
-            else:
-                llama_cpp.llama_memory_seq_rm(e._mem, s.seq, len(s.tokens), -1)
-        used = {s.seq for s in e._sessions.values()}
-        for seq in range(e.config.max_sessions):
-            if seq not in used:
-                llama_cpp.llama_memory_seq_rm(e._mem, seq, -1, -1)
-        for s in e._sessions.values():
-            if s.turn is None:
-                continue
-            if lost:  # its tokens are gone with the cache: end it, the conversation stays
-                e._rollback(s.turn)
-                e._end_turn(s.turn, error=InferenceError(
-                    "the reply was interrupted while the model moved; send the line again"))
-            else:
-                s.turn.chain = e._make_chain(s.turn)
-        if lost:
-            log.error("the parked state did not restore; sessions will re-read their history")
-        e.reshard_count += 1
-        e.last_reshard_s = time.perf_counter() - t0
-
-    def fail_active(self, error: IgiError) -> None:
-        """End every active reply with ``error`` (no placement could be loaded); each turn is
-        rolled back, so the conversation is as before the line."""
-        e = self._e
-        for t in e._active_turns():
-            e._rollback(t)
-            e._end_turn(t, error=error)
-
-
 def _then(fut: Future, fn: Callable[[Any], T], pool: ThreadPoolExecutor) -> Future[T]:
     """A future of ``fn(result of fut)``, run on ``pool`` (errors pass through)."""
     out: Future[T] = Future()
@@ -936,27 +817,3 @@ def _then(fut: Future, fn: Callable[[Any], T], pool: ThreadPoolExecutor) -> Futu
 
     fut.add_done_callback(done)
     return out
-
-
-def _stop_scan(
-    text: str, emitted: int, stops: tuple[str, ...], *, final: bool = False
-) -> tuple[int, bool]:
-    """(end of the text that is safe to show, whether a stop string was found).
-
-    Text that could be the start of a stop string is held back until it is not."""
-    if not stops:
-        return len(text), False
-    longest = max(len(s) for s in stops)
-    search_from = max(0, emitted - longest)
-    hits = [i for s in stops if (i := text.find(s, search_from)) >= 0]
-    if hits:
-        return min(hits), True
-    if final:
-        return len(text), False
-    hold = 0
-    for s in stops:
-        for k in range(min(len(s) - 1, len(text)), 0, -1):
-            if text.endswith(s[:k]):
-                hold = max(hold, k)
-                break
-    return len(text) - hold, False

@@ -64,3 +64,27 @@ class Vocab:
                 return buf.raw[:n].decode("utf-8", "replace")
             size = n + 1
         raise RuntimeError("chat template could not be applied")
+
+
+def stop_scan(
+    text: str, emitted: int, stops: tuple[str, ...], *, final: bool = False
+) -> tuple[int, bool]:
+    """(end of the text that is safe to show, whether a stop string was found).
+
+    Text that could be the start of a stop string is held back until it is not."""
+    if not stops:
+        return len(text), False
+    longest = max(len(s) for s in stops)
+    search_from = max(0, emitted - longest)
+    hits = [i for s in stops if (i := text.find(s, search_from)) >= 0]
+    if hits:
+        return min(hits), True
+    if final:
+        return len(text), False
+    hold = 0
+    for s in stops:
+        for k in range(min(len(s) - 1, len(text)), 0, -1):
+            if text.endswith(s[:k]):
+                hold = max(hold, k)
+                break
+    return len(text) - hold, False
