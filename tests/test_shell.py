@@ -345,6 +345,7 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
         sid = player.open_session("npc", sampling={"temperature": 0.0})
         text = " ".join(f"w{i}" for i in range(700))  # ~3.2K tokens: seconds on one core
         stream = player.chat(sid, text, max_tokens=4)
+        beats = _HeartbeatListener(endpoint)
         lat: dict[str, list[float]] = {"ping": [], "frame": [], "stats": []}
         t_end = time.monotonic() + 3.0
         frame = 0
@@ -359,6 +360,7 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
                 lat[kind].append((time.perf_counter() - t0) * 1000)
             time.sleep(0.005)
         st = probe.stats()
+        gaps = beats.stop()
         result = stream.result()
         assert result["finish_reason"] in ("length", "stop"), result
         assert result["timings"]["ttft_s"] > 2.0, result  # the wait outlasted the timeout
@@ -369,9 +371,50 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
             assert served[kind]["p99"] <= 5.0, (kind, served[kind])
             xs.sort()
             assert xs[len(xs) // 2] <= 5.0, (kind, xs[len(xs) // 2], xs[-5:])
-        # the prompt was read in bounded steps
+        # the prompt was read in bounded steps, and heartbeats (every 1 s) never paused
         assert st["engine"]["step"]["max_s"] < 1.0, st["engine"]
+        assert len(gaps) >= 2 and max(gaps) < 1.5, gaps
         player.close()
         probe.close()
     finally:
         stop(proc)
+
+
+class _HeartbeatListener:
+    """A raw DEALER that said hello and records when heartbeats arrive (on its own thread)."""
+
+    def __init__(self, endpoint: str) -> None:
+        import zmq
+
+        from igi_sdk.bridge import protocol as P
+
+        self._stop = threading.Event()
+        self.times: list[float] = []
+        sock = zmq.Context.instance().socket(zmq.DEALER)
+        sock.setsockopt(zmq.LINGER, 0)
+        sock.connect(endpoint)
+        sock.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION}))
+
+        def listen() -> None:
+            while not self._stop.is_set():
+                if sock.poll(50):
+                    _rid, rtype, _body = P.decode_reply(sock.recv())
+                    if rtype == "heartbeat":
+                        self.times.append(time.monotonic())
+            sock.close(0)
+
+        self._thread = threading.Thread(target=listen, daemon=True)
+        self._thread.start()
+
+    def stop(self) -> list[float]:
+        self._stop.set()
+        self._thread.join(5)
+        return [b - a for a, b in zip(self.times, self.times[1:], strict=False)]
+
+
+def test_reservations_without_an_arbiter_end_at_once() -> None:
+    from igi_sdk.sidecar.host import reservation_without_arbiter
+
+    assert reservation_without_arbiter(0) is None  # holds no VRAM: granted
+    err = reservation_without_arbiter(3 * 1024**3)  # a fixed GPU plan: nothing can move
+    assert err is not None and err.code == "cannot_free" and not err.retryable

@@ -24,6 +24,7 @@ from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reserva
 from igi_sdk.arbiter.reshard import ReshardMachine, ReshardOps, ReshardOutcome
 from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
 from igi_sdk.errors import CannotFreeError, DeadlineMissedError, IgiError
+from igi_sdk.planner import Plan
 
 log = logging.getLogger("igi_sdk.arbiter")
 
@@ -34,10 +35,10 @@ ReservationDone = Callable[[Reservation, IgiError | None], None]
 class ReshardableEngine(Protocol):
     """What the arbiter needs of the engine (``igi_sdk.runtime.Engine``)."""
 
-    plan: Any
-    state: str
+    plan: Plan
+    state: str  # "ready" | "unavailable" | "closed"
 
-    def exclusive(self, procedure: Callable[[ReshardOps], Any]) -> Future: ...
+    def exclusive(self, procedure: Callable[[ReshardOps], ReshardOutcome]) -> Future: ...
 
 
 @dataclass(frozen=True)

@@ -23,10 +23,11 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Protocol
 
 from igi_sdk.arbiter.ladder import PlanLadder, Rung
 from igi_sdk.errors import EngineUnavailableError, IgiError
+from igi_sdk.planner import Plan
 
 log = logging.getLogger("igi_sdk.arbiter")
 
@@ -39,7 +40,7 @@ class ReshardOps(Protocol):
 
     def park_and_release(self) -> None: ...
 
-    def load_and_restore(self, plan: Any) -> None: ...
+    def load_and_restore(self, plan: Plan) -> None: ...
 
     def fail_active(self, error: IgiError) -> None: ...
 

@@ -436,6 +436,7 @@ class Engine:
         loaded, self._loaded = self._loaded, None
         self._batch = self._ctx = self._model = self._mem = self._vocab = None
         self._batch_cap = 0
+        self.report = LoadReport()  # nothing is placed now: memory() says so
         if loaded is not None:
             loader.free(loaded)
 

@@ -22,6 +22,7 @@ from igi_sdk.arbiter import (
     NvmlSource,
     PlanLadder,
     PolicyConfig,
+    Reservation,
     ScriptedTrace,
     VramSource,
 )
@@ -30,8 +31,13 @@ from igi_sdk.arbiter.ladder import arbiter_workload
 from igi_sdk.arbiter.pacing import FramePacer
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
-from igi_sdk.errors import CannotFreeError, EngineClosedError, EngineUnavailableError
-from igi_sdk.model import read_inventory
+from igi_sdk.errors import (
+    CannotFreeError,
+    EngineClosedError,
+    EngineUnavailableError,
+    IgiError,
+)
+from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
@@ -118,7 +124,7 @@ class ModelHost:
         if setup is not None:
             self._start_arbiter(setup[0], setup[1])
 
-    def _arbiter_setup(self, inventory: Any, request: P.LoadModel
+    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel
                        ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
         """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None."""
         from igi_sdk.runtime.nvml import nvml
@@ -172,7 +178,7 @@ class ModelHost:
         self.arbiter = arb
         arb.start()
 
-    def _stop_arbiter(self) -> list[tuple[Any, ArbiterDone]]:
+    def _stop_arbiter(self) -> list[tuple[Reservation, ArbiterDone]]:
         arb, self.arbiter = self.arbiter, None
         return arb.stop() if arb is not None else []
 
@@ -242,15 +248,8 @@ class ModelHost:
         self._settle_without_arbiter(done)
 
     def _settle_without_arbiter(self, done: Callable[[Exception | None], None]) -> None:
-        """No arbiter: granted when the model holds no VRAM; else it cannot be freed."""
         eng = self.engine
-        held = sum(eng.memory()["gpu"].values()) if eng is not None else 0
-        if held <= 0:
-            done(None)
-        else:
-            done(CannotFreeError(
-                f"the model holds {held >> 20} MiB of VRAM on a fixed plan (a vram_budget was "
-                "given, or the arbiter is off), so none of it can be given back"))
+        done(reservation_without_arbiter(sum(eng.memory()["gpu"].values()) if eng else 0))
 
     def status(self) -> dict[str, Any]:
         out: dict[str, Any] = {"pacing_delay_s": self.pacer.delay_s}
@@ -274,9 +273,19 @@ class ModelHost:
                 log.exception("engine close failed")
 
 
-def _end_all(waiting: list[tuple[Any, ArbiterDone]], error: Exception) -> None:
+def _end_all(waiting: list[tuple[Reservation, ArbiterDone]], error: IgiError) -> None:
     for res, done in waiting:
         try:
-            done(res, error)  # type: ignore[arg-type]
+            done(res, error)
         except Exception:
             log.exception("reservation callback failed")
+
+
+def reservation_without_arbiter(held_vram: int) -> IgiError | None:
+    """How a reservation ends when nothing can move the model (no arbiter, or a fixed
+    ``vram_budget``): granted (None) when it holds no VRAM, else it cannot be freed."""
+    if held_vram <= 0:
+        return None
+    return CannotFreeError(
+        f"the model holds {held_vram >> 20} MiB of VRAM on a fixed plan (a vram_budget was "
+        "given, or the arbiter is off), so none of it can be given back")

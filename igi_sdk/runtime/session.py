@@ -1,0 +1,53 @@
+"""What the engine keeps per NPC conversation (a session) and per reply being generated (a turn);
+plain data, owned by the engine thread."""
+
+from __future__ import annotations
+
+import codecs
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from igi_sdk.runtime.generation import Generation
+from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
+
+
+@dataclass
+class Session:
+    id: str
+    seq: int
+    params: SamplingParams
+    priority: int
+    messages: list[dict[str, str]]
+    committed_text: str = ""  # the chat-template text that the KV cache (+ pending) holds
+    tokens: list[int] = field(default_factory=list)  # tokens decoded into the KV cache
+    pending: list[int] = field(default_factory=list)  # sampled, not yet decoded
+    history: list[int] = field(default_factory=list)  # sampled tokens (repeat penalty)
+    n_sampled: int = 0
+    turn: Turn | None = None
+    reread: bool = False  # its KV cache was lost: re-read the conversation on the next turn
+
+
+@dataclass
+class Turn:
+    """One reply being generated."""
+
+    session: Session
+    handle: Generation
+    feed: list[int]  # tokens still to decode before the next sample
+    prompt_text: str
+    prompt_tokens: int
+    max_tokens: int
+    stop: tuple[str, ...]
+    grammar: str | None
+    chain: SamplerChain | None = None
+    generated: list[int] = field(default_factory=list)
+    raw: str = ""
+    emitted: int = 0
+    decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
+    start_tokens: int = 0
+    start_pending: list[int] = field(default_factory=list)
+    order: int = 0
+    ignore_eos: bool = False
+    t0: float = field(default_factory=time.perf_counter)
+    t_first: float | None = None
