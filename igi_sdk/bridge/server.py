@@ -76,6 +76,7 @@ class _Client:
     sessions: set[str] = field(default_factory=set)
     opening: int = 0  # open/restore requests in flight (count against the session cap)
     streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle
+    cancel_pending: set[int] = field(default_factory=set)  # cancelled before the handle came
     last_seen: float = field(default_factory=time.monotonic)
 
 
@@ -387,6 +388,7 @@ class Server:
 
         def ended() -> None:  # on the socket thread
             c.streams.pop(msg_id, None)
+            c.cancel_pending.discard(msg_id)
 
         def listener(kind: str, payload: object) -> None:  # runs on the engine thread
             if kind == "text":
@@ -413,10 +415,14 @@ class Server:
                 handle = f.result()
             except Exception as e:  # noqa: BLE001 - answered, typed
                 c.streams.pop(msg_id, None)
+                c.cancel_pending.discard(msg_id)
                 self._error(identity, msg_id, _typed(e, "chat"))
                 return
             if msg_id in c.streams:
                 c.streams[msg_id] = handle
+            if msg_id in c.cancel_pending:
+                c.cancel_pending.discard(msg_id)
+                handle.cancel()
 
         fut = self.backend.chat(body, listener)
         fut.add_done_callback(lambda f: self._later(lambda: started(f)))
@@ -427,15 +433,8 @@ class Server:
         handle = c.streams.get(body.request)
         if handle is not None:
             handle.cancel()
-        elif known:  # the reply has not started yet: cancel it as soon as it does
-            def cancel_when_started() -> None:
-                h = c.streams.get(body.request)
-                if h is not None:
-                    h.cancel()
-                elif body.request in c.streams:
-                    self._later(cancel_when_started)
-
-            self._later(cancel_when_started)
+        elif known:  # the reply has not started yet: cancelled as soon as it does
+            c.cancel_pending.add(body.request)
         return {"cancelled": known}
 
     def _on_close_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> None:
