@@ -345,6 +345,11 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
         sid = player.open_session("npc", sampling={"temperature": 0.0})
         text = " ".join(f"w{i}" for i in range(700))  # ~3.2K tokens: seconds on one core
         stream = player.chat(sid, text, max_tokens=4)
+        # a line sent and cancelled at once, while the engine is busy: the cancel arrives before
+        # the reply has started, and still stops it
+        other = probe.open_session("npc2", sampling={"temperature": 0.0})
+        early = probe.chat(other, "Hello!", max_tokens=64)
+        assert early.cancel()
         beats = _HeartbeatListener(endpoint)
         lat: dict[str, list[float]] = {"ping": [], "frame": [], "stats": []}
         t_end = time.monotonic() + 3.0
@@ -361,6 +366,7 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
             time.sleep(0.005)
         st = probe.stats()
         gaps = beats.stop()
+        assert early.result()["finish_reason"] == "cancelled"
         result = stream.result()
         assert result["finish_reason"] in ("length", "stop"), result
         assert result["timings"]["ttft_s"] > 2.0, result  # the wait outlasted the timeout
