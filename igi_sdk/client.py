@@ -47,10 +47,12 @@ class SidecarUnavailable(BridgeError, TimeoutError):
         super().__init__("unavailable", message, True)
 
 
-def _configure(sock: zmq.Socket, curve: dict[str, bytes] | None) -> None:
+def _configure(sock: zmq.Socket, curve: dict[str, bytes] | None, endpoint: str = "") -> None:
     # a fixed routing id: after a reconnect the sidecar (ROUTER_HANDOVER) hands this client its
     # sessions back instead of treating it as a stranger
     sock.setsockopt(zmq.ROUTING_ID, b"igi-" + os.urandom(12).hex().encode())
+    if "[" in endpoint:  # tcp://[::1]:port: ZeroMQ speaks IPv6 only when asked to
+        sock.setsockopt(zmq.IPV6, 1)
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # exponential back-off up to 2 s
@@ -85,7 +87,7 @@ class Client:
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock, curve)
+        _configure(self._sock, curve, endpoint)
         self._sock.connect(endpoint)
         self._last_heard = time.monotonic()
         self._greeted = False
@@ -272,7 +274,7 @@ class AsyncClient:
         self.endpoint, self.timeout = endpoint, timeout
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock, curve)
+        _configure(self._sock, curve, endpoint)
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)

@@ -9,6 +9,8 @@ every other step while pacing is in force.
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 
@@ -34,3 +36,26 @@ class FramePacer:
         elif frame_time_ms < target_ms * c.relax_below:
             self.delay_s = max(0.0, self.delay_s - c.step_s)
         return self.delay_s
+
+
+class ClientPacing:
+    """One pacer per client that sends paced frames; the pause is the largest of those heard
+    from within ``hold_s``. A client that stops sending frames (it left, or its game paused)
+    stops counting, and the engine's pause lapses by itself after ``hold_s`` with no frames."""
+
+    def __init__(self, config: PacingConfig | None = None, hold_s: float = 1.0,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.config, self.hold_s, self.clock = config, hold_s, clock
+        self._pacers: dict[str, tuple[FramePacer, float]] = {}
+
+    def update(self, client: str, frame_time_ms: float, target_ms: float | None) -> float:
+        pacer = self._pacers.get(client, (FramePacer(self.config), 0.0))[0]
+        pacer.update(frame_time_ms, target_ms)
+        self._pacers[client] = (pacer, self.clock())
+        return self.delay_s()
+
+    def delay_s(self) -> float:
+        now = self.clock()
+        live = {c: v for c, v in self._pacers.items() if now - v[1] <= self.hold_s}
+        self._pacers = live
+        return max((p.delay_s for p, _ in live.values()), default=0.0)

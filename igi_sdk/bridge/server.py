@@ -132,7 +132,17 @@ class Server:
             sock.curve_secretkey = secret
             sock.curve_publickey = public
             sock.curve_server = True
-        sock.bind(cfg.endpoint)
+        if "[" in cfg.endpoint:  # tcp://[::1]:port: ZeroMQ speaks IPv6 only when asked to
+            sock.setsockopt(zmq.IPV6, 1)
+        try:
+            sock.bind(cfg.endpoint)
+        except zmq.ZMQError as e:
+            sock.close(0)
+            if self._auth is not None:
+                self._auth.stop()
+            hint = (" (another sidecar, or another program, is using that port: choose another "
+                    "with --endpoint)" if e.errno == zmq.EADDRINUSE else "")
+            raise ValueError(f"cannot listen on {cfg.endpoint}: {e.strerror}{hint}") from None
         return sock
 
     # --- main loop ---------------------------------------------------------------------------
@@ -151,6 +161,10 @@ class Server:
                 self.close()
                 raise
         if self.cfg.game_pid:
+            if not _alive(self.cfg.game_pid):
+                self.close()
+                raise IgiError(f"the game process {self.cfg.game_pid} (--game-pid) is not "
+                               "running")
             self._watch(self.cfg.game_pid)
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
@@ -288,8 +302,10 @@ class Server:
                                   f"the client {body.protocol}")
         c = self.clients.setdefault(identity, _Client(identity))
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
-        if body.game_pid and not self.cfg.game_pid:
-            self.cfg.game_pid = body.game_pid
+        # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
+        # stranger's PID — or a dead one — must not be able to shut it down for everyone
+        if (body.game_pid and self._pid_watch is None and _alive(body.game_pid)
+                and _is_ancestor(body.game_pid)):
             self._watch(body.game_pid)
         return {"protocol": P.PROTOCOL_VERSION, "model": self.model_name,
                 "loading": self.loading, "limits": {
@@ -314,7 +330,11 @@ class Server:
             raise P.ProtocolError("forbidden_path", "not a valid model path") from None
         if not candidate.is_relative_to(self.model_dir):
             raise P.ProtocolError("forbidden_path", f"'{path}' is outside the model directory")
-        if not candidate.is_file():
+        try:
+            found = candidate.is_file()
+        except OSError:  # a name too long for the file system, say
+            found = False
+        if not found:
             raise P.ProtocolError("model_not_found", f"no model file '{path}' in the model "
                                                      "directory")
         return candidate
@@ -379,7 +399,12 @@ class Server:
         self._need_model()
         self._owned(c, body.session)
         if msg_id in c.streams:
-            raise P.ProtocolError("duplicate_id", f"request id {msg_id} is already streaming")
+            # answered with id 0: an error carrying this id would read as the end of the stream
+            # that is still running under it
+            self._error(c.identity, 0, P.ProtocolError(
+                "duplicate_id", f"request id {msg_id} is already streaming; this chat was "
+                "ignored and that stream goes on"))
+            return None
         if len(c.streams) >= self.cfg.max_streams_per_client:
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
@@ -477,7 +502,7 @@ class Server:
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()
-        self.backend.frame(body)
+        self.backend.frame(c.identity.hex(), body)
         return {}
 
     def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> None:
@@ -589,6 +614,24 @@ def _alive(pid: int) -> bool:
             return f.read().split(")")[-1].split()[0] != "Z"
     except OSError:
         return True
+
+
+def _is_ancestor(pid: int) -> bool:
+    """Whether ``pid`` launched this process (its parent, or further up where /proc shows)."""
+    if pid == os.getppid():
+        return True
+    current = os.getppid()
+    for _ in range(32):  # a launcher script or two between the game and the sidecar
+        try:
+            with open(f"/proc/{current}/stat") as f:
+                current = int(f.read().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            return False
+        if current == pid:
+            return True
+        if current <= 1:
+            return False
+    return False
 
 
 def _alive_windows(pid: int) -> bool:

@@ -28,7 +28,7 @@ from igi_sdk.arbiter import (
 )
 from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
 from igi_sdk.arbiter.ladder import arbiter_workload
-from igi_sdk.arbiter.pacing import FramePacer
+from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
@@ -75,7 +75,7 @@ class ModelHost:
         self.cfg = config
         self.engine: Engine | None = None
         self.arbiter: Arbiter | None = None
-        self.pacer = FramePacer()
+        self.pacing = ClientPacing()
         self._name: str | None = None
         self._load_lock = threading.Lock()
 
@@ -230,11 +230,13 @@ class ModelHost:
 
     # --- control plane (never waits) ----------------------------------------------------------
 
-    def frame(self, request: P.Frame) -> None:
+    def frame(self, client: str, request: P.Frame) -> None:
         eng = self.engine
-        if eng is not None and request.target_frame_time_ms is not None:
-            eng.set_pacing(self.pacer.update(request.frame_time_ms,
-                                             request.target_frame_time_ms))
+        if request.target_frame_time_ms is not None:
+            delay = self.pacing.update(client, request.frame_time_ms,
+                                       request.target_frame_time_ms)
+            if eng is not None:
+                eng.set_pacing(delay, hold_s=self.pacing.hold_s)
         arb = self.arbiter
         if arb is not None:
             arb.on_frame(request.frame, request.vram_used, request.vram_budget,
@@ -252,7 +254,7 @@ class ModelHost:
         done(reservation_without_arbiter(sum(eng.memory()["gpu"].values()) if eng else 0))
 
     def status(self) -> dict[str, Any]:
-        out: dict[str, Any] = {"pacing_delay_s": self.pacer.delay_s}
+        out: dict[str, Any] = {"pacing_delay_s": self.pacing.delay_s()}
         eng = self.engine
         if eng is not None:
             st = eng.status()
