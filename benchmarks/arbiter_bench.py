@@ -282,7 +282,7 @@ def npc_role(args: argparse.Namespace) -> int:
                             max_tokens=args.max_tokens)
             try:
                 while stream.done is None:
-                    rtype, body = c.next_event(stream.id)
+                    rtype, body = c.next_event(stream.id, stream=True)
                     if rtype == "token":
                         row["times"].append(time.time())
                         row["seq"].append(body["i"])

@@ -72,7 +72,7 @@ def _read_stream(c: Client, msg_id: int, t0: float, t: Tally) -> None:
     expect, pieces, first = 1, [], None
     while True:
         try:
-            rtype, body = c.next_event(msg_id)
+            rtype, body = c.next_event(msg_id, stream=True)
         except BridgeError:
             with t.lock:
                 t.lost += 1
