@@ -16,6 +16,17 @@ import os
 # work) sets IGI_SDK_CLIENT_ONLY=1 and never maps llama.cpp's native libraries: two CUDA
 # runtimes in one process (llama.cpp's and, say, CuPy's) are asking for a crash.
 _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
+
+# llama.cpp's CPU backend is built with OpenMP (libgomp): its threads meet at an OpenMP barrier
+# after every op, and libgomp's default is to spin there for ~3 ms (300,000 rounds) before it
+# sleeps. Beside a game, whose threads hold cores, a decode thread that has no core makes the
+# others burn theirs: decode collapsed to a few tok/s and the game lost CPU to the spinning.
+# PASSIVE sleeps at once. libgomp reads this once, when it is loaded (by `import llama_cpp`
+# below), so it is set before; a wait policy or spin count the user set wins
+# (docs/architecture.md, "Coexisting with the game's CPU work").
+if not _client_only and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+
 if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
     import llama_cpp  # noqa: F401  (must precede numpy; see above)
 

@@ -5,18 +5,43 @@ from __future__ import annotations
 import argparse
 import glob
 import importlib.util
+import itertools
 import os
 import sys
+import threading
+import time
+from collections.abc import Iterable, Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import igi_sdk
-from igi_sdk.errors import IgiError
+from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError
+
+if TYPE_CHECKING:
+    from igi_sdk.profile import Profile
 
 DEFAULT_PERSONA = (
     "You are Brom, the blacksmith of the village of Oakvale. You are gruff but kind, proud of "
     "your swords, and you speak to travellers in one or two short sentences, always in character."
 )
-DEFAULT_LINE = "Greetings, smith! I need a blade for the road north. What can you offer me?"
+
+
+class GameNotRunningError(IgiError):
+    """``serve --game-pid``: no running process has that id."""
+
+    code = "game_not_running"
+
+
+class ForbiddenModelPathError(ModelError):
+    """``serve --model`` names a file outside ``--model-dir``."""
+
+    code = "forbidden_path"
+
+
+class KeysExistError(IgiError):
+    """``keys`` would overwrite key files that are already there."""
+
+    code = "keys_exist"
 
 
 def _fmt_bytes(n: float) -> str:
@@ -27,22 +52,81 @@ def _fmt_bytes(n: float) -> str:
     return f"{n:.1f} GiB"
 
 
-class _ProgressBar:
-    """A one-line load progress bar on stderr (only when stderr is a terminal or forced)."""
+class _Progress:
+    """Progress of a step that can take a while (profiling, planning, loading), on stderr.
 
-    def __init__(self, label: str, enabled: bool) -> None:
-        self.label, self.enabled, self.last = label, enabled, -1
+    Silent when the step ends within ``after_s`` (a second); past that, or at once when
+    ``eager``, it says what is going on: a bar on a terminal (``bar``), otherwise a line at start,
+    one per tenth of the way where the step reports how far it is (call it with a fraction and
+    what it is doing), and its time at the end. Callable from any thread."""
 
-    def __call__(self, p: float) -> None:
-        pct = int(p * 100)
-        if not self.enabled or pct == self.last:
-            return
-        self.last = pct
-        bar = "#" * (pct // 4)
-        sys.stderr.write(f"\r{self.label} [{bar:<25}] {pct:3d}%")
-        if pct >= 100:
-            sys.stderr.write("\n")
+    def __init__(self, label: str, *, eager: bool = False, bar: bool | None = None,
+                 after_s: float = 1.0) -> None:
+        self.label = label
+        self.bar = sys.stderr.isatty() if bar is None else bar
+        self.delay = 0.0 if eager else after_s
+        self.p: float | None = None  # None: the step has not said how far it is
+        self.what = ""
+        self.shown = self.ended = False
+        self.last = -1  # the percentage last drawn
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._timer: threading.Timer | None = None
+
+    def __enter__(self) -> _Progress:
+        self.t0 = time.monotonic()
+        if self.delay <= 0:
+            self._show()
+        else:
+            self._timer = threading.Timer(self.delay, self._show)
+            self._timer.daemon = True
+            self._timer.start()
+        return self
+
+    def __call__(self, p: float, what: str = "") -> None:
+        with self._lock:
+            self.p, self.what = min(1.0, max(0.0, float(p))), what
+            if self.shown and not self.ended:
+                self._draw()
+
+    def _show(self) -> None:
+        with self._lock:
+            if not self.shown and not self.ended:
+                self.shown = True
+                self._draw(first=True)
+
+    def _draw(self, first: bool = False) -> None:
+        if self.p is None:
+            if first:
+                sys.stderr.write(f"{self.label} ..." if self.bar else f"{self.label} ...\n")
+        else:
+            pct = int(self.p * 100)
+            if self.bar and pct != self.last:
+                what = self.what[:36]
+                sys.stderr.write(f"\r{self.label} [{'#' * (pct // 4):<25}] {pct:3d}% {what:<36}")
+            elif not self.bar and (first or pct // 10 != self.last // 10):
+                sys.stderr.write(f"{self.label}: {pct}%{f' ({self.what})' if self.what else ''}\n")
+            self.last = pct
         sys.stderr.flush()
+
+    def __exit__(self, exc_type: object, *_: object) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+        with self._lock:
+            self.ended = True
+            if not self.shown:
+                return
+            took = f"{time.monotonic() - self.t0:.1f} s"
+            if exc_type is None and self.p is not None:
+                self.p, self.what = 1.0, ""
+                self._draw()
+            if self.bar:
+                end = "" if exc_type is None else " stopped"
+                sys.stderr.write(f"{end} ({took})\n" if self.p is not None else f"{end} {took}\n")
+            else:
+                sys.stderr.write(f"{self.label}: {'done' if exc_type is None else 'stopped'} "
+                                 f"after {took}\n")
+            sys.stderr.flush()
 
 
 def parse_size(text: str) -> int:
@@ -61,8 +145,10 @@ def _auto_plan(args: argparse.Namespace, path: Path, inventory: object) -> objec
     from igi_sdk.tuning.autoplan import plan_for_model
 
     budget = parse_size(args.vram) if args.vram else None
-    result = plan_for_model(path, inventory, budget=budget, n_ctx=args.ctx,  # type: ignore[arg-type]
-                            max_sessions=2, n_threads=args.threads, gen_tokens=args.max_tokens)
+    with _Progress(f"planning {path.name}") as progress:
+        result = plan_for_model(path, inventory, budget=budget,  # type: ignore[arg-type]
+                                n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
+                                gen_tokens=args.max_tokens, progress=progress)
     if result.best.uses_gpu():
         print(f"[plan '{result.best.name}': {result.why()}]", file=sys.stderr)
     return result.best
@@ -92,19 +178,34 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     path = Path(args.model) if args.model else default_model_path()
     inventory = read_inventory(path)
+    # the player's lines, unless interactive: the argument, or one per line of a pipe (up to
+    # /quit); nothing to say is said before the model loads, and nothing is sent
+    lines: Iterable[str] | None = None
+    if args.message is not None:
+        lines = [args.message.strip()] if args.message.strip() else []
+    elif not sys.stdin.isatty():
+        piped = _piped_lines(sys.stdin)
+        first = next(piped, None)
+        lines = [] if first is None else itertools.chain([first], piped)
+    if lines == []:
+        print("(no player line given: nothing sent; pass the line as an argument, or pipe one "
+              "line per message)", file=sys.stderr)
+        return 0
     if args.plan == "auto" or args.vram:
         plan = _auto_plan(args, path, inventory)
     else:
         plan = _resolve_plan(args.plan, inventory)
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
-    bar = _ProgressBar(f"loading {path.name}", enabled=sys.stderr.isatty() or args.progress)
     config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads)
-    with Engine(path, plan, config, progress=bar) as engine:  # type: ignore[arg-type]
+    with _Progress(f"loading {path.name}", eager=args.progress,
+                   bar=True if args.progress else None) as progress:
+        engine = Engine(path, plan, config, progress=progress)  # type: ignore[arg-type]
+    with engine:
         sid = engine.open_session(args.system, sampling=sampling, priority=1)
         schema = Path(args.json_schema).read_text() if args.json_schema else None
-        if args.message is not None or not sys.stdin.isatty():
-            line = args.message if args.message is not None else sys.stdin.read().strip()
-            _say(engine, sid, line or DEFAULT_LINE, args, schema)
+        if lines is not None:
+            for line in lines:
+                _say(engine, sid, line, args, schema)
             return 0
         print("(type a line for the NPC; an empty line or /quit ends)", file=sys.stderr)
         while True:
@@ -116,6 +217,17 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 break
             _say(engine, sid, line, args, schema)
     return 0
+
+
+def _piped_lines(stream: Iterable[str]) -> Iterator[str]:
+    """The player's lines from a pipe: one per non-empty line, read as they come, up to
+    ``/quit``."""
+    for raw in stream:
+        line = raw.strip()
+        if line == "/quit":
+            return
+        if line:
+            yield line
 
 
 def _say(engine: object, sid: str, line: str, args: argparse.Namespace, schema: str | None) -> None:
@@ -212,13 +324,37 @@ def _nvml_status() -> str:
 # --- profile / plan ------------------------------------------------------------------------------
 
 
-def cmd_profile(args: argparse.Namespace) -> int:
-    from igi_sdk.tuning.measure import load_or_measure
+def _machine_profile(threads: int | None = None, *, fast: bool = True,
+                     refresh: bool = False) -> tuple[Profile, str]:
+    """(this machine's profile, "cached", "measured" or "not cached"): the cached one unless
+    ``refresh``; measuring it (minutes) shows progress on stderr, and a measurement that other
+    processes disturbed is used for this run only, with a warning."""
+    from igi_sdk.tuning.measure import cached_profile, load_or_measure
 
-    bar = _ProgressBar("profiling", enabled=True)
-    prof = load_or_measure(threads=args.threads or None, fast=args.fast, refresh=True,
-                           progress=lambda p, _what: bar(p))
+    prof = None if refresh else cached_profile(threads)
+    if prof is not None:
+        return prof, "cached"
+    problems: list[str] = []
+    with _Progress("profiling this machine (once: cached for later runs)", eager=True) as bar:
+        prof = load_or_measure(threads=threads, fast=fast, refresh=True, progress=bar,
+                               problems=problems)
+    if problems:
+        print(f"igi-sdk: warning: this machine was busy while it was measured ("
+              f"{'; '.join(problems)}): the profile serves this run only and is not cached; "
+              "measure again when it is quiet: igi-sdk profile --refresh", file=sys.stderr)
+        return prof, "not cached"
+    return prof, "measured"
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from igi_sdk.profile.data import cache_dir
+
+    prof, how = _machine_profile(args.threads or None, fast=args.fast, refresh=args.refresh)
     print(f"profile {prof.key} ({', '.join(f'{k}={v}' for k, v in prof.fingerprint.items())})")
+    where = cache_dir() / f"{prof.key}.json"
+    print({"cached": f"cached in {where} (measured once; --refresh measures again)",
+           "measured": f"measured now and cached in {where}",
+           "not cached": "measured now, not cached (the machine was busy)"}[how])
     if args.json:
         Path(args.json).write_text(prof.model_dump_json(indent=1))
         print(f"wrote {args.json}")
@@ -248,10 +384,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from igi_sdk.model import read_inventory
     from igi_sdk.planner import Workload, plan_for
     from igi_sdk.profile import Profile
-    from igi_sdk.tuning.measure import load_or_measure
 
     inv = read_inventory(Path(args.model))
-    prof = Profile.load(Path(args.profile)) if args.profile else load_or_measure(fast=True)
+    prof = Profile.load(Path(args.profile)) if args.profile else _machine_profile()[0]
     budget = parse_size(args.vram) if args.vram else None
     wl = Workload(n_ctx=args.ctx, n_seqs=args.seqs,
                   prompt_tokens=args.prompt or max(64, min(1024, args.ctx // 4)),
@@ -261,6 +396,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"model {inv.name}: {_fmt_bytes(inv.total_bytes())}, budget "
           f"{_fmt_bytes(budget) if budget is not None else 'none (CPU only)'}, n_ctx {wl.n_ctx}, "
           f"{wl.n_seqs} session(s), prompt {wl.prompt_tokens} tokens")
+    print(f"(predicted on {'this machine' if not args.profile else args.profile}'s profile: "
+          f"TTFT of a {wl.prompt_tokens}-token prompt, decode at "
+          f"{wl.prompt_tokens + wl.gen_tokens // 2} tokens of context; --prompt sets the "
+          "prompt, as short as a chat line's for figures comparable to `igi-sdk chat`'s)")
     print("\nstrategy               ubatch  fits   VRAM      TTFT s   decode tok/s  turn s")
     for c in sorted(result.candidates, key=lambda c: (not c.fits, c.score)):
         mark = "*" if c.plan == best or (c.plan.name == best.name and c.plan.n_ubatch == \
@@ -302,6 +441,11 @@ def cmd_serve(args: argparse.Namespace) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     model_dir = Path(args.model_dir) if args.model_dir else None
     model = args.model
+    # refuse what cannot work before listening: a missing model, a game that is not running
+    if model_dir is not None:
+        _check_model_dir(model_dir, model)
+    if args.game_pid is not None:
+        _check_game(args.game_pid)
     if model_dir is None:
         # default: serve the embedded model's directory, with that model loaded
         from igi_sdk.model import default_model_path
@@ -331,25 +475,96 @@ def cmd_serve(args: argparse.Namespace) -> int:
         server = build_server(cfg, host)
     except ValueError as e:
         raise IgiError(str(e)) from None
-    print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir})",
+    loading = f"; loading {model}" if model else ""
+    print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir}){loading}",
           file=sys.stderr, flush=True)
+    t0 = time.monotonic()
+
+    def ready() -> None:  # the model named at start is loaded; requests are served from now
+        if server.model_name is None:
+            print("igi-sdk sidecar ready: no model loaded (a client sends load_model)",
+                  file=sys.stderr, flush=True)
+            return
+        try:
+            plan = server.backend.status().get("plan") or "?"
+        except Exception:  # noqa: BLE001 - the line is informative only
+            plan = "?"
+        print(f"igi-sdk sidecar ready: model {server.model_name}, plan {plan} (loaded in "
+              f"{time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+    server.on_ready = ready
     server.serve_forever()
     return 0
+
+
+def _check_model_dir(model_dir: Path, model: str | None) -> None:
+    """``serve --model-dir DIR [--model FILE]``: DIR exists, FILE is a GGUF model inside it."""
+    from igi_sdk.model import read_inventory
+
+    if not model_dir.is_dir():
+        raise ModelFileNotFoundError(
+            f"--model-dir {model_dir}: no such directory (the directory of your GGUF models; "
+            "leave --model-dir and --model out to serve the default model)")
+    if not model:
+        return
+    root = model_dir.resolve()
+    try:
+        path = (root / model).resolve()
+    except (OSError, ValueError):
+        raise ForbiddenModelPathError(f"--model {model!r} is not a valid path") from None
+    if not path.is_relative_to(root):
+        raise ForbiddenModelPathError(f"--model {model} is outside --model-dir {model_dir}: "
+                                      "the sidecar reads models from that directory only")
+    if not path.is_file():
+        raise ModelFileNotFoundError(
+            f"no model file '{model}' in {model_dir} (--model names a GGUF file inside "
+            "--model-dir: put your model there, or leave both out to serve the default model)")
+    read_inventory(path)  # not a GGUF, truncated: its typed error now, not after "listening"
+
+
+def _check_game(pid: int) -> None:
+    """``serve --game-pid PID``: the game must be running (the sidecar exits when it ends)."""
+    from igi_sdk.bridge.server import _alive
+
+    if pid <= 0 or not _alive(pid):
+        raise GameNotRunningError(
+            f"the game process {pid} (--game-pid) is not running: pass the process id of the "
+            "running game (the sidecar exits when that process ends), or leave --game-pid out")
 
 
 def cmd_keys(args: argparse.Namespace) -> int:
     import zmq.auth
 
-    out = Path(args.dir)
-    (out / "clients").mkdir(parents=True, exist_ok=True)
-    pub, sec = zmq.auth.create_certificates(str(out), "server")
-    cpub, csec = zmq.auth.create_certificates(str(out), args.client)
-    Path(cpub).replace(out / "clients" / Path(cpub).name)
-    print(f"server key pair: {sec} (keep secret), public: {pub}")
-    client_pub = out / "clients" / Path(cpub).name
-    print(f"client key pair: {csec} (give to the game), public: {client_pub}")
+    out, name = Path(args.dir), args.client
+    clients = out / "clients"
+    if not name or name in (".", "..") or "/" in name or "\\" in name or name == "server":
+        raise IgiError(f"--client {name!r}: a plain name other than 'server' (e.g. game)")
+    files = [out / "server.key", out / "server.key_secret", out / f"{name}.key",
+             out / f"{name}.key_secret", clients / f"{name}.key"]
+    existing = [f for f in files if f.exists()]
+    if existing and not args.force:
+        raise KeysExistError(
+            f"keys already exist ({', '.join(map(str, existing))}): kept, since new ones would "
+            "lock out every game that has the old ones; pass --force to replace them")
+    for f in existing:
+        f.unlink()
+    clients.mkdir(parents=True, exist_ok=True)
+    old = os.umask(0o077)  # secret keys are never readable by others, not even for a moment
+    try:
+        pub, sec = zmq.auth.create_certificates(str(out), "server")
+        cpub, csec = zmq.auth.create_certificates(str(out), name)
+    finally:
+        os.umask(old)
+    for secret in (sec, csec):
+        os.chmod(secret, 0o600)
+    client_pub = Path(cpub).replace(clients / Path(cpub).name)
+    for public in (pub, client_pub):
+        os.chmod(public, 0o644)
+    print(f"server key pair: {sec} (secret: stays with the sidecar), public: {pub}")
+    print(f"client key pair: {csec} (secret: give it to the game), public: {client_pub}")
     print(f"serve with: igi-sdk serve --endpoint tcp://0.0.0.0:5599 --curve-secret {sec} "
-          f"--curve-clients {out / 'clients'}")
+          f"--curve-clients {clients}")
+    print(f"connect with: Client('tcp://HOST:5599', curve=curve_keys('{csec}', '{pub}'))")
     return 0
 
 
@@ -367,7 +582,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub = p.add_subparsers(dest="command", required=True)
 
     c = sub.add_parser("chat", help="talk to an NPC (one line as an argument, or interactive)")
-    c.add_argument("message", nargs="?", help="the player's line; omit for an interactive chat")
+    c.add_argument("message", nargs="?",
+                   help="the player's line; omit for an interactive chat, or pipe the lines in "
+                        "(one message per line, up to /quit)")
     c.add_argument("--model", help="GGUF file (default: the embedded SmolLM2-135M-Instruct)")
     c.add_argument("--system", default=DEFAULT_PERSONA, help="the NPC's persona / system prompt")
     c.add_argument("--plan", default="auto",
@@ -391,6 +608,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     pr = sub.add_parser("profile", help="measure this machine (cached per machine fingerprint)")
     pr.add_argument("--fast", action="store_true", help="fewer points, one repetition")
+    pr.add_argument("--refresh", action="store_true",
+                    help="measure again even though this machine's profile is cached")
     pr.add_argument("--threads", type=int, default=0)
     pr.add_argument("--json", help="also write the profile here (e.g. for `serve --profile`)")
     pr.set_defaults(fn=cmd_profile)
@@ -435,7 +654,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")
     k.add_argument("dir")
-    k.add_argument("--client", default="game")
+    k.add_argument("--client", default="game", help="the client key pair's name")
+    k.add_argument("--force", action="store_true", help="replace keys that already exist")
     k.set_defaults(fn=cmd_keys)
 
     dm = sub.add_parser("demo", help="start a sidecar and play a short NPC scene over it")

@@ -112,6 +112,22 @@ class InvalidStateError(SessionError):
     code = "invalid_state"
 
 
+class SaveFailedError(SessionError):
+    """A saved session could not be written or read (a read-only or failing disk, no
+    permission, a name the file system refuses). A save that fails changes nothing on disk:
+    an earlier save of that name is kept whole."""
+
+    code = "save_failed"
+
+
+class DiskFullError(SaveFailedError):
+    """No space (or quota) left for a save; an earlier save of that name is kept whole. Free
+    some space and save again."""
+
+    code = "disk_full"
+    retryable = True
+
+
 class GenerationCancelled(IgiError):
     code = "cancelled"
 

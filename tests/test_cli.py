@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import os
+import shutil
+import stat
 import subprocess
 import sys
+import time
 
 import pytest
 
 from igi_sdk.errors import ModelFileNotFoundError, NotAGGUFError
+from igi_sdk.profile import DeviceProfile, Profile
 from igi_sdk.runtime import Engine
 
 
@@ -78,3 +82,253 @@ def test_client_only_processes_never_load_llama_cpp() -> None:
                          timeout=60)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "Client"
+
+
+# --- what a new user following the README ran into ---------------------------------------------
+
+
+def _tiny_models_dir(tiny_llama, tmp_path):
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(tiny_llama, models / "npc.gguf")
+    return models
+
+
+def test_chat_pipe_is_one_message_per_line_up_to_quit() -> None:
+    r = _cli("chat", "--max-tokens", "4", "--temperature", "0",
+             stdin="Hello!\n\nWhat do you sell?\n/quit\nThis line is never sent.\n")
+    assert r.returncode == 0, r.stderr
+    said = [line for line in r.stdout.splitlines() if line.startswith("you> ")]
+    assert said == ["you> Hello!", "you> What do you sell?"], r.stdout
+    assert r.stdout.count("npc> ") == 2 and "never sent" not in r.stdout
+
+
+def test_chat_with_nothing_on_stdin_sends_nothing_and_says_so() -> None:
+    for stdin in ("", "\n\n", "/quit\nnot this\n"):
+        r = _cli("chat", "--max-tokens", "4", stdin=stdin)
+        assert r.returncode == 0, r.stderr
+        assert "you> " not in r.stdout and "npc> " not in r.stdout, r.stdout
+        assert "nothing sent" in r.stderr
+
+
+def test_serve_refuses_a_missing_model_before_listening(tmp_path) -> None:
+    (tmp_path / "models").mkdir()
+    r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--model-dir",
+             str(tmp_path / "models"), "--model", "npc.gguf")
+    assert r.returncode == 2
+    assert "model_not_found" in r.stderr and "npc.gguf" in r.stderr, r.stderr
+    assert "listening" not in r.stderr and "[internal]" not in r.stderr
+    r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--model-dir",
+             str(tmp_path / "nowhere"), "--model", "npc.gguf")
+    assert r.returncode == 2 and "model_not_found" in r.stderr and "listening" not in r.stderr
+
+
+def test_serve_refuses_a_game_pid_that_is_not_running(tiny_llama, tmp_path) -> None:
+    models = _tiny_models_dir(tiny_llama, tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # reaped: no process has this id any more (for a while)
+    for pid in (str(gone.pid), "0"):
+        r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--model-dir", str(models),
+                 "--model", "npc.gguf", "--game-pid", pid)
+        assert r.returncode == 2, r.stderr
+        assert "game_not_running" in r.stderr and pid in r.stderr, r.stderr
+        assert "listening" not in r.stderr
+
+
+def test_serve_says_listening_then_ready_with_model_and_plan(tiny_llama, tmp_path) -> None:
+    models = _tiny_models_dir(tiny_llama, tmp_path)
+    game = subprocess.Popen(["sleep", "120"])
+    proc = subprocess.Popen([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+                             f"ipc://{tmp_path}/s.sock", "--model-dir", str(models), "--model",
+                             "npc.gguf", "--game-pid", str(game.pid)],
+                            stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
+    try:
+        lines: list[str] = []
+        assert proc.stderr is not None
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            lines.append(line)
+            if "ready:" in line:
+                break
+        text = "".join(lines)
+        assert "listening on ipc://" in lines[0], text
+        assert "ready: model npc.gguf, plan all-cpu" in lines[-1], text
+        game.kill()  # the game ends: the sidecar follows, with status 0
+        assert proc.wait(20) == 0
+    finally:
+        game.kill()
+        game.wait()
+        if proc.poll() is None:
+            proc.kill()
+        proc.wait()
+
+
+@pytest.mark.skipif(os.name != "posix", reason="file modes")
+def test_keys_are_private_and_never_overwritten_without_force(tmp_path) -> None:
+    keys = tmp_path / "keys"
+    r = _cli("keys", str(keys))
+    assert r.returncode == 0, r.stderr
+    secrets = [keys / "server.key_secret", keys / "game.key_secret"]
+    for f in secrets:
+        assert stat.S_IMODE(f.stat().st_mode) == 0o600, f
+    assert (keys / "server.key").is_file() and (keys / "clients" / "game.key").is_file()
+    before = {f: f.read_bytes() for f in secrets}
+    r = _cli("keys", str(keys))
+    assert r.returncode == 2 and "keys_exist" in r.stderr and "--force" in r.stderr
+    assert {f: f.read_bytes() for f in secrets} == before  # kept
+    r = _cli("keys", str(keys), "--force")
+    assert r.returncode == 0, r.stderr
+    for f in secrets:
+        assert f.read_bytes() != before[f] and stat.S_IMODE(f.stat().st_mode) == 0o600
+
+
+# --- the machine profile: cached once, never a noisy measurement -------------------------------
+
+
+def _plausible_profile(threads: int) -> Profile:
+    from igi_sdk.tuning import measure
+
+    rates = {"F16": {1: 20e9, 64: 5e9, 512: 1e9}, "Q4_0": {1: 10e9, 64: 3e9, 512: 0.5e9}}
+    cpu = DeviceProfile(name="cpu", kind="cpu", threads=threads, matmul_rate=rates,
+                        layer_overhead_s=20e-6, step_overhead_s=50e-6)
+    return Profile(fingerprint=measure.fingerprint(threads), cpu=cpu)
+
+
+@pytest.fixture
+def fake_measure(monkeypatch, tmp_path):
+    """measure_profile replaced by a quick fake that reports progress; the cache in tmp_path."""
+    from igi_sdk.tuning import measure
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    calls: list[dict] = []
+    noisy: dict[str, bool] = {"implausible": False, "busy": False}
+
+    def measure_profile(*, threads=None, fast=False, progress=None, problems=None, **_kw):
+        calls.append({"threads": threads, "fast": fast})
+        if progress:
+            progress(0.5, "cpu F16 x1")
+        time.sleep(1.3)  # long enough for progress to show
+        prof = _plausible_profile(threads)
+        if noisy["implausible"]:
+            prof.cpu.step_overhead_s = 0.42  # what a disturbed probe once cached
+        if noisy["busy"] and problems is not None:
+            problems.append("other processes used 1.6 of the 2 CPU cores while it was measured")
+        return prof
+
+    monkeypatch.setattr(measure, "measure_profile", measure_profile)
+    return calls, noisy
+
+
+def test_profile_is_measured_once_then_cached_and_refresh_measures_again(
+        fake_measure, capsys) -> None:
+    from igi_sdk import cli
+
+    calls, _ = fake_measure
+    assert cli.main(["profile", "--fast"]) == 0
+    first = capsys.readouterr()
+    assert len(calls) == 1 and "measured now" in first.out
+    assert "profiling" in first.err and "50%" in first.err  # progress while it measures
+    assert cli.main(["profile", "--fast"]) == 0
+    second = capsys.readouterr()
+    assert len(calls) == 1, "a second `profile` measured again instead of using the cache"
+    assert "cached in" in second.out and "profiling" not in second.err
+    assert cli.main(["profile", "--fast", "--refresh"]) == 0
+    assert len(calls) == 2 and "measured now" in capsys.readouterr().out
+
+
+def test_plan_shows_progress_while_it_profiles(fake_measure, tiny_llama, capsys) -> None:
+    from igi_sdk import cli
+
+    assert cli.main(["plan", str(tiny_llama), "--vram", "1GiB", "--ctx", "512"]) == 0
+    out = capsys.readouterr()
+    assert "chosen:" in out.out
+    assert "profiling" in out.err and "50%" in out.err and "done after" in out.err, out.err
+
+
+def test_a_noisy_profile_is_never_cached(fake_measure) -> None:
+    from igi_sdk.profile.data import cache_dir
+    from igi_sdk.tuning import measure
+
+    calls, noisy = fake_measure
+    noisy["implausible"] = True
+    with pytest.raises(measure.NoisyProfileError, match="busy"):
+        measure.load_or_measure(threads=2)
+    assert not list(cache_dir().glob("*.json"))
+    # one cached by an older version is measured again, not used
+    bad = _plausible_profile(2)
+    bad.cpu.step_overhead_s = 0.42
+    bad.save()
+    noisy["implausible"] = False
+    prof = measure.load_or_measure(threads=2)
+    assert len(calls) == 2 and prof.cpu.step_overhead_s == 50e-6
+    assert measure.load_or_measure(threads=2).cpu.step_overhead_s == 50e-6 and len(calls) == 2
+
+
+def test_a_profile_measured_on_a_busy_machine_serves_the_run_but_is_not_cached(
+        fake_measure, capsys) -> None:
+    from igi_sdk import cli
+    from igi_sdk.profile.data import cache_dir
+
+    calls, noisy = fake_measure
+    noisy["busy"] = True
+    assert cli.main(["profile", "--fast"]) == 0
+    out = capsys.readouterr()
+    assert "not cached" in out.out and "1.6 of the 2 CPU cores" in out.err, out
+    assert not list(cache_dir().glob("*.json"))
+    noisy["busy"] = False
+    assert cli.main(["profile", "--fast"]) == 0 and len(calls) == 2  # measured again
+    assert "measured now and cached" in capsys.readouterr().out
+
+
+def test_other_processes_cpu_time_marks_a_measurement_busy(monkeypatch) -> None:
+    from igi_sdk.tuning import measure
+
+    monkeypatch.setattr(measure, "_system_cpus", lambda: 2)
+    probe = measure._OthersCpu(threads=2)
+    probe.t0, probe.t1, probe.own0, probe.own1 = 0.0, 10.0, 0.0, 8.0
+    probe.sys0, probe.sys1 = 100.0, 108.2  # only this process: quiet
+    assert probe.cores() == pytest.approx(0.02) and probe.busy() == ""
+    probe.sys1 = 118.0  # others took a core's worth of the two
+    assert probe.cores() == pytest.approx(1.0) and "1.0 of the 2 CPU cores" in probe.busy()
+    monkeypatch.setattr(measure, "_system_cpus", lambda: 16)  # 14 cores left free: no matter
+    assert probe.busy() == ""
+    with measure._OthersCpu(threads=1) as real:  # reads this machine's counters
+        time.sleep(0.05)
+    assert real.cores() is None or real.cores() >= 0
+
+
+def test_step_overhead_probe_is_repeated_until_undisturbed(monkeypatch) -> None:
+    from igi_sdk.runtime import step_bench
+    from igi_sdk.tuning import measure
+
+    def probe(layer_s: float, step_s: float) -> step_bench.StepOverhead:
+        return step_bench.StepOverhead(layer_s=layer_s, step_s=step_s,
+                                       layer_weight_bytes={"Q4_0": 55296})
+
+    runs = [probe(0.0, 0.42),  # the cores were taken: far beyond any real step
+            probe(0.0, 60e-6),  # the 4-layer model slowed more than the 16-layer one
+            probe(18e-6, 30e-6), probe(30e-3, 20e-6), probe(17e-6, 25e-6), probe(19e-6, 90e-6)]
+    seen = iter(runs)
+    monkeypatch.setattr(step_bench, "step_overhead", lambda **_kw: next(seen))
+    o = measure.step_overhead(gpu=False, threads=2)
+    assert o.layer_s == pytest.approx(18e-6) and o.step_s == pytest.approx(30e-6)
+    assert next(seen, None) is None  # six probes: three kept
+    monkeypatch.setattr(step_bench, "step_overhead", lambda **_kw: probe(0.0, 0.42))
+    with pytest.raises(measure.NoisyProfileError):
+        measure.step_overhead(gpu=False, threads=2)
+
+
+def test_progress_is_silent_for_a_quick_step_and_shown_after_a_second(capsys) -> None:
+    from igi_sdk.cli import _Progress
+
+    with _Progress("quick", bar=False) as p:
+        p(0.5, "half")
+    assert capsys.readouterr().err == ""
+    with _Progress("slow", bar=False) as p:
+        time.sleep(1.3)
+        p(0.5, "half")
+    err = capsys.readouterr().err
+    assert "slow ..." in err and "slow: 50% (half)" in err and "slow: done after" in err

@@ -208,9 +208,18 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                          "slot of the model is taken; close one and retry"),
     "session_busy": ErrorCode(True, "the session is replying (chat, save_session); wait for "
                                     "done or cancel"),
-    "unknown_save": ErrorCode(False, "restore_session: no saved session by that name"),
-    "invalid_state": ErrorCode(False, "restore_session: the snapshot is damaged, too long for "
-                                      "the context, or from another model"),
+    "unknown_save": ErrorCode(False, "restore_session: no saved session by that name (names "
+                                     "are case-sensitive)"),
+    "invalid_state": ErrorCode(False, "restore_session: the save is damaged, truncated, not a "
+                                      "session save, of an unsupported format version, too "
+                                      "long for the context, or from another model"),
+    "save_name_conflict": ErrorCode(False, "save_session: a save whose name differs only in "
+                                           "case exists (or is being written)"),
+    "save_failed": ErrorCode(False, "save_session / restore_session: the save directory or "
+                                    "file cannot be written or read (read-only, permissions, "
+                                    "I/O error); an earlier save of that name is unchanged"),
+    "disk_full": ErrorCode(True, "save_session: no space left for the save; an earlier save of "
+                                 "that name is unchanged — free space and retry"),
     "prompt_too_long": ErrorCode(False, "the line does not fit the session's context; shorten "
                                         "it or open a new session"),
     "context_full": ErrorCode(False, "stream error: the shared KV cache is full; close idle "
@@ -449,6 +458,9 @@ def vectors() -> list[Vector]:
              "invalid_body", 32, ""),
         _bad("invalid_hello_protocol_missing", _env(33, "hello", {"engine": "unity"}),
              "invalid_body", 33, "hello.protocol is required"),
+        _bad("invalid_save_name_device", _env(34, "restore_session", {"name": "Con.txt"}),
+             "invalid_body", 34, "Windows device names (CON, PRN, AUX, NUL, COM0-9, LPT0-9, "
+             "any case, any extension) are not save names"),
         # --- replies and events ---
         _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION, "model": "smol.gguf",
                                           "loading": False, "limits": limits}, ""),

@@ -12,7 +12,14 @@ from __future__ import annotations
 from typing import Annotated, Any
 
 import msgpack
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
 
 PROTOCOL_VERSION = 1
 
@@ -30,6 +37,27 @@ class Strict(BaseModel):
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+# Windows device names: a file named like one (any case, any extension: "con", "Aux.txt") is the
+# device, not a file. Saved sessions are files on the player's machine, so such names are
+# refused on every platform (a save must move between machines).
+_DEVICE_NAMES = frozenset({"con", "prn", "aux", "nul", *(f"com{i}" for i in range(10)),
+                           *(f"lpt{i}" for i in range(10))})
+_DEVICE_PATTERN = ("^(?:[Cc][Oo][Nn]|[Pp][Rr][Nn]|[Aa][Uu][Xx]|[Nn][Uu][Ll]|"
+                   "[Cc][Oo][Mm][0-9]|[Ll][Pp][Tt][0-9])(?:\\.|$)")
+
+
+def _not_a_device_name(name: str) -> str:
+    if name.split(".", 1)[0].lower() in _DEVICE_NAMES:
+        raise ValueError(f"'{name}' is a reserved device name on Windows (CON, PRN, AUX, NUL, "
+                         "COM0-9, LPT0-9, in any case, also with an extension); choose another")
+    return name
+
+
+# The name of a saved session: a file name in the sidecar's save directory (plus the
+# ".igisession" suffix: at most 139 bytes, within NAME_MAX of every common file system).
+SaveName = Annotated[Name, AfterValidator(_not_a_device_name),
+                     Field(json_schema_extra={"not": {"pattern": _DEVICE_PATTERN}})]
 
 
 # --- request bodies ------------------------------------------------------------------------------
@@ -93,11 +121,11 @@ class SessionRef(Strict):
 
 class SaveSession(Strict):
     session: Name
-    name: Name  # file name inside the sidecar's save directory
+    name: SaveName  # file name inside the sidecar's save directory
 
 
 class RestoreSession(Strict):
-    name: Name
+    name: SaveName
 
 
 class Frame(Strict):

@@ -32,6 +32,7 @@ import zmq.auth
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
 from igi_sdk.errors import IgiError
+from igi_sdk.runtime import snapshot
 
 log = logging.getLogger("igi_sdk.bridge")
 
@@ -100,6 +101,11 @@ class Server:
         self._local = threading.local()
         self._auth: Any = None
         self._pid_watch: int | None = None
+        # called once on the serving thread when the model named at start is loaded and
+        # requests are about to be served (the CLI prints "ready" from it)
+        self.on_ready: Callable[[], None] | None = None
+        # saves being written: lower-case name -> (name, how many)
+        self._saving: dict[str, tuple[str, int]] = {}
         self.router = self._bind()
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(_EVENTS + uuid.uuid4().hex)
@@ -166,6 +172,8 @@ class Server:
                 raise IgiError(f"the game process {self.cfg.game_pid} (--game-pid) is not "
                                "running")
             self._watch(self.cfg.game_pid)
+        if self.on_ready is not None:
+            self.on_ready()
         poller = zmq.Poller()
         poller.register(self.router, zmq.POLLIN)
         poller.register(self.events, zmq.POLLIN)
@@ -473,20 +481,65 @@ class Server:
         self._answer(c.identity, msg_id, self.backend.close_session(sid), "close_session",
                      closed)
 
+    def _find_save(self, name: str) -> tuple[bool, str | None]:
+        """Whether save ``name`` exists (exactly), and the name of a save that differs from it
+        only in case (one file on Windows and macOS: such names are refused everywhere)."""
+        wanted = (name + _SESSION_SUFFIX).lower()
+        exact, other = False, None
+        try:
+            with os.scandir(self.save_dir) as it:
+                for entry in it:
+                    if entry.name.lower() == wanted:
+                        if entry.name == name + _SESSION_SUFFIX:
+                            exact = True
+                        else:
+                            other = entry.name[:-len(_SESSION_SUFFIX)]
+        except FileNotFoundError:
+            pass
+        except OSError as e:
+            raise snapshot.io_error(e, name, "list") from None
+        return exact, other
+
     def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> None:
         self._need_model()
         sid = self._owned(c, body.session)
-        self.save_dir.mkdir(parents=True, exist_ok=True)
+        try:
+            self.save_dir.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise snapshot.io_error(e, body.name) from None
+        _, other = self._find_save(body.name)
+        key = body.name.lower()
+        pending = self._saving.get(key)
+        if other is None and pending and pending[0] != body.name:
+            other = pending[0]
+        if other is not None:
+            raise P.ProtocolError("save_name_conflict", f"there is a saved session '{other}': "
+                                  f"'{body.name}' differs from it only in case, which Windows "
+                                  "and macOS cannot tell apart; use that name or another one")
+
+        def ended() -> None:
+            name, count = self._saving.pop(key)
+            if count > 1:
+                self._saving[key] = (name, count - 1)
+
+        def saved(n: int) -> dict[str, Any]:
+            ended()
+            return {"name": body.name, "bytes": int(n)}
+
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        self._answer(c.identity, msg_id, self.backend.save_session(sid, path), "save_session",
-                     lambda n: {"name": body.name, "bytes": int(n)})
+        fut = self.backend.save_session(sid, path)
+        # counted until the save ends (it ends on this thread, so not before this line)
+        self._saving[key] = (body.name, pending[1] + 1 if pending else 1)
+        self._answer(c.identity, msg_id, fut, "save_session", saved, ended)
 
     def _on_restore_session(self, c: _Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
         self._session_room(c)
+        exact, other = self._find_save(body.name)
+        if not exact:
+            hint = f" (names are case-sensitive: there is '{other}')" if other else ""
+            raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'{hint}")
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        if not path.is_file():
-            raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'")
         c.opening += 1
 
         def restored(sid: str) -> dict[str, Any]:

@@ -119,7 +119,18 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
     if py_level == logging.WARNING and any(s in msg for s in _DELIBERATE):
         py_level = logging.DEBUG
     if py_level is not None and msg.strip():
-        log.log(py_level, "%s", msg.rstrip())
+        log.log(py_level, "%s", _clip(msg.rstrip()))
+
+
+# llama.cpp logs a grammar that fails to parse in full: unclipped, one 91-byte request (a
+# JSON schema that expands) writes a megabyte of log
+_LOG_CLIP = 2000
+
+
+def _clip(msg: str) -> str:
+    if len(msg) <= _LOG_CLIP:
+        return msg
+    return f"{msg[:_LOG_CLIP // 2]} ... [{len(msg) - _LOG_CLIP} chars cut] ... {msg[-200:]}"
 
 
 @contextmanager

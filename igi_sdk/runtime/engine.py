@@ -17,6 +17,7 @@ bytes) and answers model work with :class:`EngineUnavailableError` until a load 
 from __future__ import annotations
 
 import ctypes
+import errno
 import logging
 import queue
 import threading
@@ -35,7 +36,6 @@ from igi_sdk.errors import (
     EngineClosedError,
     EngineUnavailableError,
     GenerationCancelled,
-    IgiError,
     InferenceError,
     InvalidStateError,
     PromptTooLongError,
@@ -51,9 +51,14 @@ from igi_sdk.runtime.engine_ops import EngineOps
 from igi_sdk.runtime.generation import Generation, GenerationResult
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.placement import LoadReport
-from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, json_schema_grammar
+from igi_sdk.runtime.sampling import (
+    ENGINE_STACK_BYTES,
+    SamplerChain,
+    SamplingParams,
+    prepare_grammar,
+)
 from igi_sdk.runtime.session import Session, Turn
-from igi_sdk.runtime.text import Vocab, stop_scan
+from igi_sdk.runtime.text import Vocab, parts_after, stop_scan
 
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
@@ -112,6 +117,7 @@ class Engine:
         self._closed = False
         self._io = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-io")
         self._pace_s = 0.0
+        self._pace_until = float("inf")
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
@@ -120,7 +126,18 @@ class Engine:
         self._thread = threading.Thread(
             target=self._run, args=(ready,), name="igi-engine", daemon=True
         )
-        self._thread.start()
+        # The engine thread runs llama.cpp's recursive grammar parser: give it a known stack
+        # (sampling.py's limits are measured against it), not the platform's default (8 MiB on
+        # Linux, 1 MiB on Windows). Process-wide setting: restored once the thread has started.
+        try:
+            previous: int | None = threading.stack_size(ENGINE_STACK_BYTES)
+        except (RuntimeError, ValueError):  # not settable on this platform: its default applies
+            previous = None
+        try:
+            self._thread.start()
+        finally:
+            if previous is not None:
+                threading.stack_size(previous)
         ready.result()  # re-raises a load failure here, in the caller's thread
 
     # ======================================================================== public API
@@ -197,18 +214,47 @@ class Engine:
         listener: Callable[[str, object], None] | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
-        try:
-            if max_tokens < 1:
-                raise PromptTooLongError("max_tokens must be at least 1")
-            if json_schema is not None:
-                grammar = json_schema_grammar(json_schema)
-        except IgiError as e:
-            fut: Future[Generation] = Future()
-            fut.set_exception(e)
-            return fut
+        out: Future[Generation] = Future()
+        if max_tokens < 1:
+            out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
+            return out
         stops = tuple(s for s in stop if s)
-        return self._submit(lambda: self._start_turn(session_id, user_text, max_tokens, stops,
-                                                     grammar, ignore_eos, listener))
+
+        def start(g: str | None) -> Future[Generation]:
+            return self._submit(lambda: self._start_turn(session_id, user_text, max_tokens,
+                                                         stops, g, ignore_eos, listener))
+
+        if grammar is None and json_schema is None:
+            return start(None)
+        # Checking (and converting) a grammar takes up to tens of ms within sampling.py's
+        # limits: done on the I/O worker, it holds up neither the caller (the sidecar's socket
+        # thread) nor the decode loop that every NPC shares. A chat with a grammar may thus
+        # start after commands sent after it.
+
+        def relay(f: Future[Generation]) -> None:
+            e = f.exception()
+            if out.cancelled():  # the caller gave up on this chat: stop the reply it started
+                if e is None:
+                    f.result().cancel()
+            elif e is None:
+                out.set_result(f.result())
+            else:
+                out.set_exception(e)
+
+        def prepared(f: Future[str | None]) -> None:
+            e = f.exception()
+            if out.cancelled():
+                return
+            if e is not None:
+                out.set_exception(e)
+                return
+            start(f.result()).add_done_callback(relay)
+
+        try:
+            self._io.submit(prepare_grammar, grammar, json_schema).add_done_callback(prepared)
+        except RuntimeError:  # the I/O pool is shut down: the engine is closing
+            out.set_exception(EngineClosedError("the engine is closed"))
+        return out
 
     def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
@@ -223,34 +269,44 @@ class Engine:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
         return self._call(lambda: self._need_vocab().tokenize(text, add_special=False))
 
-    def set_pacing(self, step_delay_s: float) -> None:
+    def set_pacing(self, step_delay_s: float, hold_s: float | None = None) -> None:
         """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
-        sessions of priority <= 0 are decoded every other step; player-facing ones every step."""
+        sessions of priority <= 0 are decoded every other step; player-facing ones every step.
+        ``hold_s``: the pause lapses unless set again within this long (a game that stops
+        sending frames — it quit, or paused — must not keep slowing inference)."""
+        self._pace_until = time.monotonic() + hold_s if hold_s is not None else float("inf")
         self._pace_s = max(0.0, float(step_delay_s))
 
+    def _pace(self) -> float:
+        return self._pace_s if time.monotonic() < self._pace_until else 0.0
+
     def snapshot_async(self, session_id: str) -> Future[bytes]:
-        return self._submit(lambda: self._snapshot(session_id))
+        # captured on the engine thread; packed (one copy + the checksum) on the I/O thread
+        return _then(self._submit(lambda: self._snapshot(session_id)),
+                     lambda parts: snapshot.pack(*parts), self._io)
 
     def snapshot(self, session_id: str) -> bytes:
         """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
         return self.snapshot_async(session_id).result()
 
     def restore_async(self, data: bytes, *, session_id: str | None = None) -> Future[str]:
-        return self._submit(lambda: self._restore(data, session_id))
+        # the bytes are verified (length, checksum) on the I/O thread before the engine sees them
+        return _chain(self._on_io(lambda: snapshot.unpack(data)),
+                      lambda unpacked: self._submit(lambda: self._restore(*unpacked, session_id)))
 
     def restore(self, data: bytes, *, session_id: str | None = None) -> str:
-        """Recreate a session from :meth:`snapshot` bytes; returns its id."""
+        """Recreate a session from :meth:`snapshot` bytes; returns its id. Damaged, truncated
+        or foreign bytes raise :class:`InvalidStateError` and change nothing."""
         return self.restore_async(data, session_id=session_id).result()
 
     def save_session_async(self, session_id: str, path: str | Path) -> Future[int]:
-        """Snapshot on the engine thread, write the file on an I/O thread; bytes written."""
+        """Snapshot on the engine thread, write the file on an I/O thread; bytes written. The
+        file is replaced atomically (a crash leaves the old save or the new one); OS failures
+        raise :class:`SaveFailedError` (:class:`DiskFullError` when out of space), and leave an
+        earlier save of that path unchanged."""
         target = Path(path)
-
-        def write(data: bytes) -> int:
-            target.write_bytes(data)
-            return len(data)
-
-        return _then(self.snapshot_async(session_id), write, self._io)
+        return _then(self._submit(lambda: self._snapshot(session_id)),
+                     lambda parts: snapshot.save(target, snapshot.parts(*parts)), self._io)
 
     def save_session(self, session_id: str, path: str | Path) -> None:
         self.save_session_async(session_id, path).result()
@@ -259,16 +315,32 @@ class Engine:
                            session_id: str | None = None) -> Future[str]:
         p = Path(path)
 
-        def read() -> bytes:
-            if not p.is_file():
-                raise InvalidStateError(f"no saved session at {p}")
-            return p.read_bytes()
+        def read() -> tuple[dict[str, Any], memoryview]:
+            try:
+                data = p.read_bytes()
+            except (FileNotFoundError, NotADirectoryError):
+                raise InvalidStateError(f"no session save '{p.name}'") from None
+            except OSError as e:
+                if e.errno == errno.ENAMETOOLONG:
+                    raise InvalidStateError(f"no session save '{p.name[:64]}...' (the name is "
+                                            "too long for the file system)") from None
+                raise snapshot.io_error(e, p.name, "read") from None
+            return snapshot.unpack(data)
 
-        return _then(self._io.submit(read), lambda data: self.restore_async(
-            data, session_id=session_id).result(), self._io)
+        return _chain(self._on_io(read), lambda unpacked: self._submit(
+            lambda: self._restore(*unpacked, session_id)))
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
         return self.load_session_async(path, session_id=session_id).result()
+
+    def _on_io(self, fn: Callable[[], T]) -> Future[T]:
+        """Run ``fn`` on the I/O thread (file work and checksums stay off the engine thread)."""
+        try:
+            return self._io.submit(fn)
+        except RuntimeError:  # the pool is shut down: the engine is closing
+            fut: Future[T] = Future()
+            fut.set_exception(EngineClosedError("the engine is closed"))
+            return fut
 
     def exclusive(self, procedure: Callable[[EngineOps], T]) -> Future[T]:
         """Run ``procedure`` on the engine thread between two decode steps, with the low-level
@@ -348,8 +420,8 @@ class Engine:
             try:
                 if not active:
                     item = self._commands.get()
-                elif self._pace_s > 0:  # paced: wait, but answer commands meanwhile
-                    item = self._commands.get(timeout=self._pace_s)
+                elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
+                    item = self._commands.get(timeout=pace)
                 else:
                     item = self._commands.get_nowait()
             except queue.Empty:
@@ -502,14 +574,16 @@ class Engine:
         vocab = self._need_vocab()
         # the chat template is C text: a NUL would cut the message short
         messages = [*s.messages, {"role": "user", "content": user_text.replace("\0", "")}]
-        full = vocab.apply_template(messages, add_assistant=True)
+        # special tokens come from the template's markup only: every content is data
+        parts = vocab.prompt_parts(messages, add_assistant=True)
+        full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         if reset:  # the template re-rendered history differently: re-read it all
-            feed = vocab.tokenize(full, add_special=True)
+            feed = vocab.tokenize_parts(parts, add_special=True)
             base = 0
         else:
-            delta = full[len(s.committed_text) :]
-            feed = s.pending + vocab.tokenize(delta, add_special=not s.tokens)
+            delta = parts_after(parts, len(s.committed_text))
+            feed = s.pending + vocab.tokenize_parts(delta, add_special=not s.tokens)
             base = len(s.tokens)
         if not feed:
             raise PromptTooLongError("the chat template produced no tokens for this line")
@@ -559,7 +633,7 @@ class Engine:
                 self._end_turn(t, reason="cancelled")
         turns = [t for t in turns if t.session.turn is t]
         self._steps += 1
-        if self._pace_s > 0 and self._steps % 2:  # paced: background NPCs every other step
+        if self._pace() > 0 and self._steps % 2:  # paced: background NPCs every other step
             turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
@@ -727,7 +801,9 @@ class Engine:
         return {"arch": a.architecture, "n_layers": a.n_layers, "n_embd": a.n_embd,
                 "n_vocab": a.n_vocab, "tensors_bytes": self.inventory.total_bytes()}
 
-    def _snapshot(self, sid: str) -> bytes:
+    def _snapshot(self, sid: str) -> tuple[bytes, bytes]:
+        """(JSON header, KV bytes) of an idle session; packing them into the file format (a
+        copy and a checksum over the whole state) is left to the I/O thread."""
         s = self._get(sid)
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is replying; snapshot it when it is idle")
@@ -743,39 +819,43 @@ class Engine:
             "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
             "n_sampled": s.n_sampled,
         }
-        return snapshot.pack(meta, kv)
+        return snapshot.header(meta), kv  # the header is encoded here: the lists are live
 
     def _seq_state(self, seq: int) -> bytes:
         size = llama_cpp.llama_state_seq_get_size(self._ctx, seq)
         return snapshot.copy_out(size, lambda buf: llama_cpp.llama_state_seq_get_data(
             self._ctx, buf, size, seq))
 
-    def _set_seq_state(self, seq: int, kv: bytes) -> bool:
+    def _set_seq_state(self, seq: int, kv: bytes | memoryview) -> bool:
         llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
         if not kv:
             return True
         buf = (ctypes.c_uint8 * len(kv)).from_buffer_copy(kv)
         return llama_cpp.llama_state_seq_set_data(self._ctx, buf, len(kv), seq) > 0
 
-    def _restore(self, data: bytes, sid: str | None) -> str:
+    def _restore(self, meta: dict[str, Any], kv: bytes | memoryview, sid: str | None) -> str:
+        """A session from a verified snapshot (:func:`snapshot.unpack`). Everything is checked
+        before a session slot is taken, and a failure after that gives the slot back."""
         self._need_vocab()
-        meta, kv = snapshot.unpack(data)
         if meta.get("model") != self._fingerprint():
             raise InvalidStateError("this session was saved with another model")
         try:
-            params = SamplingParams(**meta["params"])
-            fields = (list(meta["messages"]), str(meta["committed_text"]),
-                      [int(x) for x in meta["tokens"]], [int(x) for x in meta["pending"]],
-                      [int(x) for x in meta["history"]], int(meta["n_sampled"]),
-                      int(meta.get("priority", 0)))
-        except Exception as e:  # noqa: BLE001 - damaged file
+            fields = _snapshot_fields(meta, self.inventory.arch.n_vocab)
+        except Exception as e:  # noqa: BLE001 - a well-formed file with bad content
             raise InvalidStateError(f"damaged session snapshot: {e}") from None
-        messages, committed, tokens, pending, history, n_sampled, priority = fields
+        params, messages, committed, tokens, pending, history, n_sampled, priority = fields
         if len(tokens) >= self.config.n_ctx:
             raise InvalidStateError("the saved session is longer than this engine's context")
+        if tokens and not kv:
+            raise InvalidStateError("the session snapshot has a conversation but no KV state")
         new_id = self._open(None, params, priority, sid)
         s = self._sessions[new_id]
-        if not self._set_seq_state(s.seq, kv):
+        try:
+            restored = self._set_seq_state(s.seq, kv)
+        except BaseException:
+            self._close_session(new_id)
+            raise
+        if not restored:
             self._close_session(new_id)
             raise InvalidStateError(
                 "llama.cpp rejected the saved KV state (no room in the context, or damaged)"
@@ -792,6 +872,59 @@ class Engine:
     def _set_ctx_state(self, data: bytes) -> bool:
         buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
         return llama_cpp.llama_state_set_data(self._ctx, buf, len(data)) == len(data)
+
+
+def _snapshot_fields(meta: dict[str, Any], n_vocab: int) -> tuple[Any, ...]:
+    """The typed fields of a snapshot header (ValueError/TypeError/KeyError if any is wrong)."""
+
+    def token_list(key: str) -> list[int]:
+        xs = meta[key]
+        if not isinstance(xs, list) or not all(
+                type(x) is int and 0 <= x < n_vocab for x in xs):
+            raise ValueError(f"'{key}' is not a list of token ids")
+        return xs
+
+    def integer(key: str, default: int | None = None) -> int:
+        x = meta.get(key, default)
+        if type(x) is not int:
+            raise ValueError(f"'{key}' is not an integer")
+        return x
+
+    messages, committed = meta["messages"], meta["committed_text"]
+    if not isinstance(messages, list) or not all(
+            isinstance(m, dict) and isinstance(m.get("role"), str)
+            and isinstance(m.get("content"), str) for m in messages):
+        raise ValueError("'messages' is not a list of chat messages")
+    if not isinstance(committed, str):
+        raise ValueError("'committed_text' is not text")
+    if not isinstance(meta["params"], dict):
+        raise ValueError("'params' is not a map")
+    n_sampled = integer("n_sampled")
+    if n_sampled < 0:
+        raise ValueError("'n_sampled' is negative")
+    return (SamplingParams(**meta["params"]), messages, committed, token_list("tokens"),
+            token_list("pending"), token_list("history"), n_sampled, integer("priority", 0))
+
+
+def _chain(first: Future, then: Callable[[Any], Future[T]]) -> Future[T]:
+    """A future of ``then(result of first)``'s result: ``then`` is called (on the thread that
+    finished ``first``) and must return at once with a future; nothing blocks on the way."""
+    out: Future[T] = Future()
+
+    def relay(f: Future) -> None:
+        try:
+            out.set_result(f.result())
+        except BaseException as e:  # noqa: BLE001 - handed on
+            out.set_exception(e)
+
+    def step(f: Future) -> None:
+        try:
+            then(f.result()).add_done_callback(relay)
+        except BaseException as e:  # noqa: BLE001 - handed on
+            out.set_exception(e)
+
+    first.add_done_callback(step)
+    return out
 
 
 def _then(fut: Future, fn: Callable[[Any], T], pool: ThreadPoolExecutor) -> Future[T]:

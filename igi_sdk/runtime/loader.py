@@ -41,10 +41,44 @@ _FLASH = {
 }
 
 
-def default_threads() -> int:
-    # sched_getaffinity respects container CPU limits, os.cpu_count does not
+THREADS_ENV = "IGI_SDK_THREADS"  # overrides the default thread count (not an explicit one)
+
+
+def usable_cpus(cpu_max: str = "/sys/fs/cgroup/cpu.max") -> int:
+    """CPUs this process may use: its affinity mask (a container's cpuset; ``os.cpu_count`` is
+    the host's), capped by a cgroup v2 CPU quota (``docker --cpus``) rounded up."""
     n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    return max(1, n or 1)
+    n = max(1, n or 1)
+    try:
+        quota, period = Path(cpu_max).read_text().split()[:2]
+        if quota != "max":
+            n = min(n, max(1, -(-int(quota) // int(period))))
+    except (OSError, ValueError):
+        pass
+    return n
+
+
+def threads_for(cpus: int) -> int:
+    """The default thread count on ``cpus`` usable CPUs: the game keeps at least one core, and
+    half of them from 4 up (a main thread, a render thread, workers). Decode threads meet at a
+    barrier after every op, so one that has no core stalls the others: with the game busy on
+    one of 2 cores, 2 threads decoded at 2-40 tok/s and 1 thread at 70-80 (docs/architecture.md,
+    "Coexisting with the game's CPU work")."""
+    return max(1, min(cpus - 1, (cpus + 1) // 2))
+
+
+def default_threads() -> int:
+    """``IGI_SDK_THREADS`` when set to a positive integer, else :func:`threads_for` of the
+    usable CPUs. Used where a thread count is 0 (``--threads 0``, ``EngineConfig.n_threads``)."""
+    env = os.environ.get(THREADS_ENV, "").strip()
+    if env:
+        try:
+            if int(env) > 0:
+                return int(env)
+        except ValueError:
+            pass
+        log.warning("%s=%r is not a positive integer: ignored", THREADS_ENV, env)
+    return threads_for(usable_cpus())
 
 
 @dataclass(frozen=True)

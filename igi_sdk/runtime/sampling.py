@@ -8,12 +8,38 @@ session seed and *t*, so no RNG state has to be carried.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
+import re
+from typing import Any
 
 import llama_cpp
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from igi_sdk.errors import InvalidGrammarError, InvalidSamplingError
+
+# --- limits on constrained replies (documented in bridge/PROTOCOL.md, section 7) ---------------
+# llama.cpp parses GBNF recursively, one parse_sequence + parse_alternates frame pair (~450 B,
+# measured) per ( ) nesting level, and its left-recursion check recurses once per rule along a
+# chain of leftmost references (~130 B). A 64 MiB engine-thread stack crashes near 150 000
+# levels, the 8 MiB default near 18 600: a grammar of MAX_GRAMMAR_CHARS cannot nest deeper than
+# 65 536 levels even if the depth scan below misjudged it, and the depth bound is far below both.
+ENGINE_STACK_BYTES = 64 << 20  # the engine thread's stack (it builds every sampler chain)
+MAX_GRAMMAR_CHARS = 65_536  # a GBNF grammar, given or made from a JSON schema
+MAX_GRAMMAR_DEPTH = 1_024  # ( ) nesting in a grammar
+# llama-cpp-python's schema converter writes repetition bounds out as text (maxLength n becomes
+# n nested groups, minLength n n rule references), builds rule names from key names and
+# recurses on nesting: its time and output grow with these, not with the schema's size.
+# llama.cpp refuses the converter's nesting past 1 000 repetitions anyway.
+MAX_SCHEMA_CHARS = 32_000  # the schema as JSON text
+MAX_SCHEMA_DEPTH = 32  # nested objects/arrays
+MAX_SCHEMA_REPEAT = 1_000  # each minLength/maxLength/minItems/maxItems and {m,n} in a pattern
+MAX_SCHEMA_NAME_CHARS = 128  # property (and other key) names
+MAX_SCHEMA_PROPERTIES = 64  # per object: optional ones cost quadratically
+# rule text the converter may write, duplicates included: optional properties cost
+# quadratically and allOf/$ref merges repeat work without growing the schema
+MAX_SCHEMA_WORK_CHARS = 1 << 19
 
 
 class SamplingParams(BaseModel):
@@ -74,6 +100,7 @@ class SamplerChain:
         self.chain = llama_cpp.llama_sampler_chain_init(sparams)
         self._has_dist = False
         if grammar is not None:
+            check_grammar(grammar)  # the one way into llama.cpp's (recursive) grammar parser
             g = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
             if not g:
                 llama_cpp.llama_sampler_free(self.chain)
@@ -128,15 +155,178 @@ class SamplerChain:
             self.chain = None
 
 
-def json_schema_grammar(schema: str | dict) -> str:
-    """GBNF for a JSON schema (llama-cpp-python's converter, which tracks llama.cpp's)."""
-    import json
+def prepare_grammar(grammar: str | None, json_schema: str | dict | None) -> str | None:
+    """The checked GBNF for a reply: ``json_schema`` converted, else ``grammar``, else None."""
+    if json_schema is not None:
+        return json_schema_grammar(json_schema)
+    if grammar is not None:
+        check_grammar(grammar)
+    return grammar
 
-    from llama_cpp.llama_grammar import json_schema_to_gbnf
 
-    text = schema if isinstance(schema, str) else json.dumps(schema)
+# GBNF lexemes that may hold "(": literals, char classes, comments, <tokens>; then the parens.
+# Possessive and with an optional end: one pass, no backtracking (an unterminated literal runs to
+# the end of the text, where llama.cpp's parser stops with an error too).
+_GBNF_LEXEME = re.compile(
+    r'"(?:\\.|[^"\\])*+"?|\[(?:\\.|[^\]\\])*+\]?|#[^\r\n]*+|<[^>]*+>?|[()]', re.S)
+
+
+def check_grammar(grammar: str, what: str = "the grammar") -> None:
+    """Raise :class:`InvalidGrammarError` unless ``grammar`` is within the GBNF limits."""
+    if len(grammar) > MAX_GRAMMAR_CHARS:
+        raise InvalidGrammarError(
+            f"{what} is {len(grammar)} characters; the limit is {MAX_GRAMMAR_CHARS}")
+    if "\0" in grammar or (not grammar.isascii() and not _utf8(grammar)):
+        raise InvalidGrammarError(f"{what} holds a NUL or a lone surrogate")
+    depth = _nesting(grammar)
+    if depth > MAX_GRAMMAR_DEPTH:
+        raise InvalidGrammarError(
+            f"{what} nests ( ) groups {depth} deep; the limit is {MAX_GRAMMAR_DEPTH}")
+
+
+@functools.lru_cache(maxsize=64)  # a chain is rebuilt on every reshard: scan a grammar once
+def _nesting(grammar: str) -> int:
+    """The deepest ( ) nesting, as llama.cpp's parser recurses on it."""
+    depth = deepest = 0
+    for m in _GBNF_LEXEME.finditer(grammar):
+        c = m.group()
+        if c == "(":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c == ")":
+            depth = max(0, depth - 1)
+    return deepest
+
+
+def _utf8(text: str) -> bool:
     try:
-        json.loads(text)
-        return json_schema_to_gbnf(text)
+        text.encode()
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+_REPEAT_KEYS = frozenset(("minLength", "maxLength", "minItems", "maxItems"))
+_QUANTIFIER = re.compile(r"\{([^{}]*)\}")
+
+
+def check_schema(schema: object) -> None:
+    """Raise :class:`InvalidGrammarError` unless ``schema`` is within the JSON-schema limits.
+
+    Iterative and bounded by MAX_SCHEMA_CHARS, so a schema of any size or depth is refused
+    quickly (the converter would recurse, and json.dumps too)."""
+    size = 0
+    todo: list[tuple[object, int]] = [(schema, 1)]
+    while todo:
+        node, depth = todo.pop()
+        size += 2  # a lower bound of the JSON text's length: refused as soon as it is too big
+        if size > MAX_SCHEMA_CHARS:
+            raise InvalidGrammarError(
+                f"the JSON schema is more than {MAX_SCHEMA_CHARS} characters as JSON")
+        if isinstance(node, (dict, list)) and depth > MAX_SCHEMA_DEPTH:
+            raise InvalidGrammarError(
+                f"the JSON schema nests more than {MAX_SCHEMA_DEPTH} objects/arrays deep")
+        if isinstance(node, list):
+            todo.extend((v, depth + 1) for v in node)
+        elif isinstance(node, str):
+            size += len(node)
+        elif isinstance(node, dict):
+            for k, v in node.items():
+                if not isinstance(k, str) or len(k) > MAX_SCHEMA_NAME_CHARS:
+                    raise InvalidGrammarError(
+                        f"JSON schema names must be text of at most {MAX_SCHEMA_NAME_CHARS} "
+                        "characters")
+                size += len(k)
+                if k == "properties" and isinstance(v, dict) and len(v) > MAX_SCHEMA_PROPERTIES:
+                    raise InvalidGrammarError(
+                        f"a JSON schema object has {len(v)} properties; the limit is "
+                        f"{MAX_SCHEMA_PROPERTIES}")
+                if k in _REPEAT_KEYS and not isinstance(v, (dict, list)):
+                    _repeat_bound(k, v)
+                elif k == "pattern" and isinstance(v, str):
+                    for q in _QUANTIFIER.finditer(v):
+                        for part in q.group(1).split(","):
+                            n = _int_or_none(part.strip())
+                            if n is not None:
+                                _repeat_bound(f"the pattern's {{{q.group(1)}}}", n)
+                todo.append((v, depth + 1))
+    try:
+        n = len(json.dumps(schema, ensure_ascii=False))  # depth is bounded by now
+    except (TypeError, ValueError) as e:  # not JSON data (a set, an int of 5000 digits, ...)
+        raise InvalidGrammarError(f"the JSON schema is not JSON data: {e}") from None
+    if n > MAX_SCHEMA_CHARS:
+        raise InvalidGrammarError(
+            f"the JSON schema is {n} characters as JSON; the limit is {MAX_SCHEMA_CHARS}")
+
+
+def _repeat_bound(key: str, value: object) -> None:
+    if type(value) is not int or not 0 <= value <= MAX_SCHEMA_REPEAT:
+        raise InvalidGrammarError(
+            f"{key} in a JSON schema must be a whole number from 0 to {MAX_SCHEMA_REPEAT} "
+            f"(got {str(value)[:32]})")
+
+
+def _int_or_none(text: str) -> int | None:
+    try:
+        return int(text) if text else None
+    except ValueError:  # the converter refuses it too
+        return None
+
+
+def json_schema_grammar(schema: str | dict) -> str:
+    """GBNF for a JSON schema (llama-cpp-python's converter, which tracks llama.cpp's), within
+    the limits above: bounded time and output whatever the schema."""
+    if isinstance(schema, str):
+        if len(schema) > MAX_SCHEMA_CHARS:
+            raise InvalidGrammarError(
+                f"the JSON schema is {len(schema)} characters; the limit is {MAX_SCHEMA_CHARS}")
+        try:
+            schema = json.loads(schema)
+        except (ValueError, RecursionError) as e:
+            raise InvalidGrammarError(f"the JSON schema is not JSON: {e}") from None
+    check_schema(schema)
+    try:
+        conv = _converter()
+        conv.visit(conv.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
+        gbnf = conv.format_grammar()
+    except InvalidGrammarError:
+        raise
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions/KeyErrors on bad schemas
         raise InvalidGrammarError(f"cannot turn this JSON schema into a grammar: {e}") from None
+    check_grammar(gbnf, "the grammar made from this JSON schema")
+    return gbnf
+
+
+def _converter() -> Any:
+    """llama-cpp-python's SchemaConverter (what json_schema_to_gbnf runs; the version is pinned)
+    with two changes in ``_add_rule``, which every rule goes through: a name is found in O(1)
+    (the original counts up from 0 on every clash: cubic for names that escape alike, such as
+    non-ASCII property names), and the rule text written is metered (MAX_SCHEMA_WORK_CHARS)."""
+    from llama_cpp.llama_grammar import INVALID_RULE_CHARS_RE, SchemaConverter
+
+    class Converter(SchemaConverter):
+        def __init__(self) -> None:
+            super().__init__(prop_order={}, allow_fetch=False, dotall=False, raw_pattern=False)
+            self._keys: dict[tuple[str, str], str] = {}
+            self._next: dict[str, int] = {}
+            self._work = 0
+
+        def _add_rule(self, name: str, rule: str) -> str:
+            self._work += len(name) + len(rule)
+            if self._work > MAX_SCHEMA_WORK_CHARS:
+                raise InvalidGrammarError(
+                    f"converting this JSON schema writes more than {MAX_SCHEMA_WORK_CHARS} "
+                    "characters of grammar rules (many optional properties, or allOf/$ref "
+                    "repeating them); simplify it")
+            esc = INVALID_RULE_CHARS_RE.sub("-", name)
+            key = esc if self._rules.get(esc, rule) == rule else self._keys.get((esc, rule))
+            if key is None:
+                i = self._next.get(esc, 0)
+                while f"{esc}{i}" in self._rules:
+                    i += 1
+                key, self._next[esc] = f"{esc}{i}", i + 1
+            self._rules[key] = rule
+            self._keys[(esc, rule)] = key
+            return key
+
+    return Converter()

@@ -8,6 +8,7 @@ measured and the planner runs again (at most a few rounds).
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from pathlib import Path
 
 from igi_sdk.model import ModelInventory
@@ -91,10 +92,11 @@ def plan_for_model(
     n_threads: int = 0,
     gen_tokens: int = 128,
     profile: Profile | None = None,
+    progress: Callable[[float, str], None] | None = None,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
     planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
-    one."""
+    one (measured first if there is none: ``progress`` hears how that goes)."""
     wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
                   gen_tokens=gen_tokens)
     if not _native.backend_started():
@@ -107,7 +109,7 @@ def plan_for_model(
     gpu = first_gpu()
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
-    prof = profile or load_or_measure(threads=n_threads or None, fast=True)
+    prof = profile or load_or_measure(threads=n_threads or None, fast=True, progress=progress)
     wl = with_threshold_in_effect(wl)
     if budget is None:
         budget = gpu.free_bytes // 2
