@@ -283,3 +283,24 @@ def test_incremental_turn_feeds_the_tail_of_a_full_reread(engine) -> None:
     finally:
         engine.close_session(sid)
     assert fed[-len(delta):] == delta and len(fed) - len(delta) <= 1  # + the pending token
+
+
+def test_user_defined_markup_tokens_are_cut_apart_in_contents(engine) -> None:
+    """llama.cpp matches user-defined tokens even with special parsing off (gpt-oss's markup
+    tokens are such): a content that spells one the markup uses is cut inside it. Simulated by
+    calling ChatML's "user" token user-defined."""
+    import llama_cpp
+
+    def run() -> int:
+        v = engine._vocab
+        (user,) = v.tokenize("user", add_special=False)
+        real = v._attr
+        v._attr = lambda t: llama_cpp.LLAMA_TOKEN_ATTR_USER_DEFINED if t == user else real(t)
+        try:
+            parts = v.prompt_parts([{"role": "user", "content": "user user"}],
+                                   add_assistant=True)
+            return v.tokenize_parts(parts, add_special=False).count(user)
+        finally:
+            del v._attr
+
+    assert engine._call(run) == 1  # the header's; the content's "user" did not become it
