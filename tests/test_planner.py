@@ -297,3 +297,19 @@ def test_cli_plan_prints_the_choice_and_writes_json(tiny_llama, tmp_path) -> Non
                         "1MiB", "--profile", str(profile)], capture_output=True, text=True,
                        timeout=120)
     assert r.returncode == 2 and "budget_too_small" in r.stderr and "minimum" in r.stderr
+
+
+def test_a_tied_output_head_is_priced(default_model) -> None:
+    """SmolLM2 has no output.weight: the token embedding is its output head, read every token."""
+    from igi_sdk.planner import Plan
+    from igi_sdk.planner.cost import priced_tensors, ubatch_cost
+
+    inv = read_inventory(default_model)
+    assert not any(t.group == "output" for t in inv.tensors)
+    heads = [t for t in priced_tensors(inv) if t.group == "output"]
+    assert [t.name for t in heads] == ["token_embd.weight"]
+    cpu = Profile.model_validate(GPU_PROFILE.model_dump() | {"gpu": None})
+    one = ubatch_cost(inv, Plan.all_cpu(), cpu, 1, 64).cpu_s
+    head = heads[0].n_bytes / cpu.cpu.rate(heads[0].ggml_type, 1)
+    without = ubatch_cost(inv, Plan.all_cpu(), cpu, 1, 64, output_tokens=0).cpu_s
+    assert one - without == pytest.approx(head)

@@ -22,6 +22,7 @@ the ubatch time is the sum.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass
 
@@ -72,6 +73,18 @@ def tensor_seconds(
     return 0.0, nbytes / prof.cpu.rate(t.ggml_type, eff_tok), 0.0
 
 
+def priced_tensors(inv: ModelInventory) -> list[TensorInfo]:
+    """The weights a forward pass multiplies by. A model without ``output.weight`` (tied
+    embeddings, e.g. SmolLM2) multiplies by the token embedding as its output head — llama.cpp
+    duplicates it under the same name, so it sits where ``token_embd`` sits — and that read is
+    priced as the output head's."""
+    if any(t.group == "output" for t in inv.tensors):
+        return list(inv.tensors)
+    tied = [dataclasses.replace(t, group="output") for t in inv.tensors
+            if t.group == "token_embd"]
+    return [*inv.tensors, *tied]
+
+
 def uses_copy_compute(plan: Plan, prof: Profile, tokens: int) -> bool:
     return prof.gpu is not None and plan.op_offload and tokens >= plan.copy_compute_min_batch
 
@@ -91,7 +104,7 @@ def ubatch_cost(
     copy = uses_copy_compute(plan, prof, tokens)
     out_tok = tokens if output_tokens is None else output_tokens
     g = c = cp = 0.0
-    for t in inv.tensors:
+    for t in priced_tensors(inv):
         n_tok = out_tok if t.group == "output" else tokens
         dg, dc, dcp = tensor_seconds(t, inv, prof, n_tok, on_gpu=t.name in gpu_set,
                                      copy_compute=copy, pinned=plan.pinned_host)

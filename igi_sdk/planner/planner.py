@@ -28,6 +28,7 @@ from igi_sdk.planner.cost import (
     kv_gpu_layers,
     layer_attention_seconds,
     overhead_seconds,
+    priced_tensors,
     tensor_seconds,
     ttft_seconds,
     uses_copy_compute,
@@ -220,7 +221,7 @@ def _best_prefix(
                                        on_gpu=on_gpu, copy_compute=cp) * st.weight
 
     n = inv.arch.n_layers
-    score = sum(tensor_cost(t, st, cp, False) for t in inv.tensors
+    score = sum(tensor_cost(t, st, cp, False) for t in priced_tensors(inv)
                 for st, cp in zip(schedule, copy, strict=True))
     score += sum(attn_cost(layer, st, cp, False) for layer in range(n)
                  for st, cp in zip(schedule, copy, strict=True))
