@@ -247,7 +247,7 @@ def test_a_save_killed_mid_overwrite_leaves_the_old_or_the_new(
         assert saves == ["brom.igisession"]
     # the small or the large session, nothing in between (which one a kill leaves depends on
     # the machine's speed: on a busy one it is mostly the small, the large save being cut)
-    assert len(sizes) <= 2 and min(sizes) < 100
+    assert 1 <= len(sizes) <= 2
 
 
 def test_disk_full_mid_write_keeps_the_old_save(engine: Engine, session: str, tmp_path: Path,
