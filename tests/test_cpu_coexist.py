@@ -174,15 +174,16 @@ def _measure(rounds: int) -> dict:
 def test_decode_keeps_its_rate_beside_a_busy_core() -> None:
     import statistics
 
-    # more tries when one falls short: a shared machine's own load comes and goes. A run during
-    # which other processes used CPU measures them, not us: it cannot count against the target
-    for _ in range(3):
+    # Other work on the machine (a shared developer box) is not the scenario: it takes the decode
+    # thread's core while the busy process holds the other. Such a run is measured again, and
+    # skipped if the machine never settles; a shortfall on a quiet machine fails at once.
+    for _attempt in range(3):
         m = _measure(rounds=3)
         idle, busy = statistics.median(m["idle"]), statistics.median(m["busy"])
-        if busy >= 0.7 * idle:
+        if busy >= 0.7 * idle or m["cpus_used_elsewhere"] < 0.2:
             break
-    if busy < 0.7 * idle and m["cpus_used_elsewhere"] >= 0.3:
-        pytest.skip(f"other processes used {m['cpus_used_elsewhere']} CPUs during the run: {m}")
+    else:
+        pytest.skip(f"{m['cpus_used_elsewhere']} CPUs busy elsewhere in every try: {m}")
     assert idle > 0, m
     assert busy >= 0.7 * idle, (
         f"beside one busy CPU of two, decode fell to {busy:.1f} tok/s from {idle:.1f} idle "
