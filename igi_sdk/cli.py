@@ -596,7 +596,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--temperature", type=float, default=0.7)
     c.add_argument("--seed", type=int, default=42)
     c.add_argument("--ctx", type=int, default=2048)
-    c.add_argument("--threads", type=int, default=0, help="CPU threads (0 = all cores)")
+    c.add_argument("--threads", type=int, default=0,
+                   help="CPU threads (0 = leave the game cores; IGI_SDK_THREADS)")
     c.add_argument("--json-schema", help="constrain the reply to this JSON schema file")
     c.add_argument("--progress", action="store_true", help="show load progress even when piped")
     c.set_defaults(fn=cmd_chat)

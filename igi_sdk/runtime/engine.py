@@ -72,7 +72,7 @@ class EngineConfig:
     n_ctx: int = 4096  # KV cells shared by all sessions
     max_sessions: int = 8  # llama.cpp sequences
     n_batch: int = 512  # tokens per llama_decode across all sessions
-    n_threads: int = 0  # 0 = every core this process may use
+    n_threads: int = 0  # 0 = leave the game cores (loader.default_threads, IGI_SDK_THREADS)
     max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
     # one decode step's target duration: prompts are fed in chunks that take about this long,
     # so commands wait at most about one such step (copy-compute plans feed at least a whole
