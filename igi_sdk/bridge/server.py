@@ -385,6 +385,11 @@ class Server:
     def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> None:
         self._need_model()
         self._session_room(c)
+        self._answer_session(c, msg_id, self.backend.open_session(body), "open_session")
+
+    def _answer_session(self, c: _Client, msg_id: int, fut: Future[str], msg_type: str) -> None:
+        """Answer an open/restore with the new session, which counts against the client's cap
+        from now until the answer."""
         c.opening += 1
 
         def opened(sid: str) -> dict[str, Any]:
@@ -395,8 +400,7 @@ class Server:
         def failed() -> None:
             c.opening -= 1
 
-        self._answer(c.identity, msg_id, self.backend.open_session(body), "open_session",
-                     opened, failed)
+        self._answer(c.identity, msg_id, fut, msg_type, opened, failed)
 
     def _owned(self, c: _Client, sid: str) -> str:
         if sid not in c.sessions:
@@ -540,18 +544,7 @@ class Server:
             hint = f" (names are case-sensitive: there is '{other}')" if other else ""
             raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'{hint}")
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        c.opening += 1
-
-        def restored(sid: str) -> dict[str, Any]:
-            c.opening -= 1
-            c.sessions.add(sid)
-            return {"session": sid}
-
-        def failed() -> None:
-            c.opening -= 1
-
-        self._answer(c.identity, msg_id, self.backend.restore_session(path), "restore_session",
-                     restored, failed)
+        self._answer_session(c, msg_id, self.backend.restore_session(path), "restore_session")
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()
