@@ -470,6 +470,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vram_trace=Path(args.vram_trace) if args.vram_trace else None,
         profile=Path(args.profile) if args.profile else None,
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
+        prefill_chunk=args.prefill_chunk,
     )
     try:
         server = build_server(cfg, host)
@@ -651,6 +652,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-step-ms", type=float, default=50.0,
                     help="target duration of one engine step: long prompts are read in chunks "
                          "of about this much work, so cancels and reshards wait at most that")
+    sv.add_argument("--prefill-chunk", type=int, default=0,
+                    help="read prompts in fixed chunks of this many tokens instead (0 = by "
+                         "--max-step-ms): seeded replies then repeat exactly run to run")
     sv.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")

@@ -169,7 +169,8 @@ def _engine_setup(tmp_path):
     path = write_synthetic_gguf(tmp_path / "m.gguf", spec)
     inv = read_inventory(path)
     ladder = PlanLadder.build(inv, GPU_PROFILE, WL, step=8 * MIB)
-    eng = Engine(path, ladder.cpu.plan, EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2))
+    eng = Engine(path, ladder.cpu.plan, EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2,
+                          prefill_chunk=32))
     return eng, ladder
 
 

@@ -33,7 +33,7 @@ LINES = [
 @pytest.fixture(scope="module")
 def engine(default_model):
     with Engine(default_model, Plan.all_cpu(),
-                EngineConfig(n_ctx=4096, max_sessions=6, n_threads=2)) as eng:
+                EngineConfig(n_ctx=4096, max_sessions=6, n_threads=2, prefill_chunk=32)) as eng:
         yield eng
 
 
@@ -186,7 +186,7 @@ def test_errors_are_typed_and_other_sessions_keep_their_state(engine) -> None:
 
 @pytest.mark.slow
 def test_reshard_mid_generation_is_lossless(default_model) -> None:
-    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, prefill_chunk=32)
     inv = read_inventory(default_model)
     sampling = SamplingParams(temperature=0.8, seed=5)
     n = 160
@@ -218,7 +218,7 @@ def test_reshard_keeps_interleaved_conversations_bit_exact(tmp_path) -> None:
 
     path = write_synthetic_gguf(tmp_path / "npc.gguf", spec_with(
         "tiny-llama", n_layers=8, n_embd=1024, n_ff=4096, n_vocab=4096))
-    cfg = EngineConfig(n_ctx=1024, max_sessions=4, n_threads=2)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=4, n_threads=2, prefill_chunk=32)
     inv = read_inventory(path)
 
     def conversation(reshards: dict[int, Plan]) -> list[str]:
@@ -237,3 +237,23 @@ def test_reshard_keeps_interleaved_conversations_bit_exact(tmp_path) -> None:
     ref = conversation({})
     moved = conversation({3: Plan.attention_on_gpu(inv), 5: Plan.all_cpu()})
     assert moved == ref
+
+
+def test_fixed_prefill_chunk_makes_replies_independent_of_step_timing(tmp_path) -> None:
+    """The split of a prompt into steps changes llama.cpp's summation order. With a fixed chunk
+    the split no longer follows the measured speed, so a slow step (a busy machine) and a fast
+    one give the same seeded reply, bit for bit."""
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "npc.gguf", spec_with(
+        "tiny-llama", n_layers=8, n_embd=1024, n_ff=4096, n_vocab=4096))
+
+    def replies(max_step_s: float) -> list[list[int]]:
+        cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, max_step_s=max_step_s,
+                           prefill_chunk=8)
+        with Engine(path, Plan.all_cpu(), cfg) as eng:
+            sid = eng.open_session("You are NPC 7.", sampling=SamplingParams(seed=7))
+            return [eng.chat(sid, f"Traveller {k} asks: what news from the north road?",
+                             max_tokens=12).result(timeout=120).tokens for k in range(6)]
+
+    assert replies(10.0) == replies(1e-7)

@@ -78,6 +78,11 @@ class EngineConfig:
     # so commands wait at most about one such step (copy-compute plans feed at least a whole
     # ubatch, since each chunk streams the CPU-resident weights once)
     max_step_s: float = 0.05
+    # fixed prompt tokens per step instead (0 = sized from max_step_s). llama.cpp's kernels sum
+    # in an order that depends on the batch size, so a split that follows the measured speed can
+    # change the last bits of the logits from run to run; a fixed split makes seeded replies
+    # reproducible on one machine and plan
+    prefill_chunk: int = 0
 
 
 class Engine:
@@ -668,7 +673,9 @@ class Engine:
             floor = min(cap, plan.n_ubatch)
         else:
             floor = 1
-        if self._token_s is None:
+        if self.config.prefill_chunk > 0:
+            budget = self.config.prefill_chunk
+        elif self._token_s is None:
             budget = _PROBE_CHUNK
         else:
             budget = int(self.config.max_step_s / max(self._token_s, 1e-7))

@@ -62,6 +62,7 @@ class HostConfig:
     profile: Path | None = None
     grow_hold_s: float = 2.0
     max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
+    prefill_chunk: int = 0  # fixed prompt tokens per step instead: reproducible replies
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -106,7 +107,8 @@ class ModelHost:
 
     def _open(self, path: Path, request: P.LoadModel) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
-                           n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s)
+                           n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
+                           prefill_chunk=self.cfg.prefill_chunk)
         inventory = read_inventory(path)
         setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
