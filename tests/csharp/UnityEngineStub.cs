@@ -1,0 +1,175 @@
+// A minimal stand-in for the parts of UnityEngine that unity_plugin/Runtime/Unity and the
+// sample use, so that mono's mcs can type-check them outside Unity. Signatures follow Unity's;
+// bodies do nothing useful. Add a member here only when the package starts using it.
+using System;
+using System.Collections;
+
+namespace UnityEngine
+{
+    public class Object
+    {
+        public string name { get; set; }
+        public static void DontDestroyOnLoad(Object target) { }
+        public static void Destroy(Object obj) { }
+        public static T FindObjectOfType<T>() where T : Object { return null; }
+        public static implicit operator bool(Object exists) { return !ReferenceEquals(exists, null); }
+    }
+
+    public class Component : Object
+    {
+        public GameObject gameObject { get { return null; } }
+        public T GetComponent<T>() { return default(T); }
+    }
+
+    public class Behaviour : Component
+    {
+        public bool enabled { get; set; }
+        public bool isActiveAndEnabled { get { return enabled; } }
+    }
+
+    public class Coroutine { }
+
+    public class MonoBehaviour : Behaviour
+    {
+        public Coroutine StartCoroutine(IEnumerator routine) { return new Coroutine(); }
+        public void StopCoroutine(Coroutine routine) { }
+    }
+
+    public sealed class GameObject : Object
+    {
+        public GameObject(string name) { this.name = name; }
+        public T AddComponent<T>() where T : Component, new() { return new T(); }
+        public T GetComponent<T>() { return default(T); }
+    }
+
+    public abstract class CustomYieldInstruction : IEnumerator
+    {
+        public abstract bool keepWaiting { get; }
+        public object Current { get { return null; } }
+        public bool MoveNext() { return keepWaiting; }
+        public void Reset() { }
+    }
+
+    public static class Time
+    {
+        public static float unscaledDeltaTime { get { return 0.016f; } }
+        public static float realtimeSinceStartup { get { return 0f; } }
+        public static int frameCount { get { return 0; } }
+    }
+
+    public enum RuntimePlatform { WindowsPlayer, WindowsEditor, OSXPlayer, OSXEditor, LinuxPlayer, LinuxEditor }
+
+    public static class Application
+    {
+        public static string persistentDataPath { get { return ""; } }
+        public static string streamingAssetsPath { get { return ""; } }
+        public static bool isEditor { get { return false; } }
+        public static RuntimePlatform platform { get { return RuntimePlatform.LinuxPlayer; } }
+        public static int targetFrameRate { get; set; }
+        public static string productName { get { return ""; } }
+        public static void OpenURL(string url) { }
+    }
+
+    public static class Debug
+    {
+        public static void Log(object message) { }
+        public static void LogWarning(object message) { }
+        public static void LogError(object message) { }
+    }
+
+    public static class SystemInfo
+    {
+        public static int graphicsMemorySize { get { return 0; } }
+    }
+
+    public static class Screen
+    {
+        public static int width { get { return 0; } }
+        public static int height { get { return 0; } }
+    }
+
+    public struct Rect
+    {
+        public Rect(float x, float y, float width, float height) { }
+    }
+
+    public sealed class GUIContent { }
+
+    public sealed class GUILayoutOption { }
+
+    public static class GUI
+    {
+        public static bool enabled { get; set; }
+    }
+
+    public static class GUILayout
+    {
+        public static void BeginArea(Rect screenRect) { }
+        public static void EndArea() { }
+        public static void BeginHorizontal(params GUILayoutOption[] options) { }
+        public static void EndHorizontal() { }
+        public static void Label(string text, params GUILayoutOption[] options) { }
+        public static string TextField(string text, params GUILayoutOption[] options) { return text; }
+        public static bool Button(string text, params GUILayoutOption[] options) { return false; }
+        public static bool Toggle(bool value, string text, params GUILayoutOption[] options) { return value; }
+        public static GUILayoutOption Width(float width) { return null; }
+        public static GUILayoutOption ExpandWidth(bool expand) { return null; }
+    }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class SerializeField : Attribute { }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class HeaderAttribute : Attribute { public HeaderAttribute(string header) { } }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class TooltipAttribute : Attribute { public TooltipAttribute(string tooltip) { } }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class RangeAttribute : Attribute { public RangeAttribute(float min, float max) { } }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class MinAttribute : Attribute { public MinAttribute(float min) { } }
+
+    [AttributeUsage(AttributeTargets.Field)]
+    public sealed class TextAreaAttribute : Attribute { public TextAreaAttribute(int minLines, int maxLines) { } }
+
+    [AttributeUsage(AttributeTargets.Class)]
+    public sealed class DisallowMultipleComponent : Attribute { }
+
+    [AttributeUsage(AttributeTargets.Class)]
+    public sealed class AddComponentMenu : Attribute { public AddComponentMenu(string menuName) { } }
+
+    [AttributeUsage(AttributeTargets.Class)]
+    public sealed class DefaultExecutionOrder : Attribute { public DefaultExecutionOrder(int order) { } }
+}
+
+namespace UnityEngine.Events
+{
+    public delegate void UnityAction<T0>(T0 arg0);
+    public delegate void UnityAction<T0, T1>(T0 arg0, T1 arg1);
+
+    public abstract class UnityEventBase { }
+
+    public class UnityEvent<T0> : UnityEventBase
+    {
+        public void AddListener(UnityAction<T0> call) { }
+        public void RemoveListener(UnityAction<T0> call) { }
+        public void Invoke(T0 arg0) { }
+    }
+
+    public class UnityEvent<T0, T1> : UnityEventBase
+    {
+        public void AddListener(UnityAction<T0, T1> call) { }
+        public void RemoveListener(UnityAction<T0, T1> call) { }
+        public void Invoke(T0 arg0, T1 arg1) { }
+    }
+}
+
+namespace UnityEngine.Profiling
+{
+    public static class Profiler
+    {
+        public static long GetAllocatedMemoryForGraphicsDriver() { return 0; }
+    }
+}

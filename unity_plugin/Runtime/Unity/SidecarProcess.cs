@@ -1,0 +1,91 @@
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.IO;
+
+namespace Igi.Sdk.Unity
+{
+    /// <summary>What to start: the executable, its arguments, where its output goes.</summary>
+    public sealed class SidecarLaunch
+    {
+        public string Executable;
+        public List<string> Arguments = new List<string>();
+        public string LogPath;
+        public bool Windows;
+    }
+
+    /// <summary>
+    /// A started <c>igi-sdk serve</c>. Its output goes to a log file through a shell redirect
+    /// rather than through pipes to this process: in the Editor the sidecar outlives the play
+    /// mode (and the scripting domain that would read the pipes), and a sidecar writing into a
+    /// pipe nobody reads would block once the pipe is full.
+    /// </summary>
+    public sealed class SidecarProcess
+    {
+        readonly Process _process;
+
+        public string LogPath { get; private set; }
+
+        SidecarProcess(Process process, string logPath)
+        {
+            _process = process;
+            LogPath = logPath;
+        }
+
+        /// <summary>True once the process (or its shell wrapper) has ended.</summary>
+        public bool HasExited
+        {
+            get
+            {
+                try { return _process.HasExited; }
+                catch (InvalidOperationException) { return true; }
+            }
+        }
+
+        public int ExitCode
+        {
+            get
+            {
+                try { return _process.ExitCode; }
+                catch (InvalidOperationException) { return -1; }
+            }
+        }
+
+        /// <summary>Starts the sidecar; throws when the OS refuses. Call off the main thread.</summary>
+        public static SidecarProcess Start(SidecarLaunch launch)
+        {
+            Directory.CreateDirectory(Path.GetDirectoryName(launch.LogPath));
+            var info = new ProcessStartInfo
+            {
+                UseShellExecute = false,
+                CreateNoWindow = true,
+                WorkingDirectory = Path.GetDirectoryName(launch.LogPath),
+            };
+            // the sidecar's own prints are line-by-line in the log, not held in a buffer
+            info.EnvironmentVariables["PYTHONUNBUFFERED"] = "1";
+            if (launch.Windows)
+            {
+                // cmd /s /c "<command>": cmd strips the outer quotes and runs the rest as written
+                var command = new List<string> { launch.Executable };
+                command.AddRange(launch.Arguments);
+                info.FileName = Environment.GetEnvironmentVariable("ComSpec") ?? "cmd.exe";
+                info.Arguments = "/d /s /c \"" + CommandLine.Join(command, true)
+                    + " >>" + CommandLine.QuoteWindows(launch.LogPath) + " 2>&1\"";
+            }
+            else
+            {
+                // exec: the shell becomes the sidecar, so the process watched here is the sidecar
+                var command = new List<string> { "-c", "log=$1; shift; exec \"$0\" \"$@\" >>\"$log\" 2>&1",
+                    launch.Executable, launch.LogPath };
+                command.AddRange(launch.Arguments);
+                info.FileName = "/bin/sh";
+                info.Arguments = CommandLine.Join(command, false);
+            }
+            File.AppendAllText(launch.LogPath, "---- " + DateTime.Now.ToString("u") + " starting "
+                + launch.Executable + " " + CommandLine.Join(launch.Arguments, launch.Windows) + Environment.NewLine);
+            Process process = Process.Start(info);
+            if (process == null) throw new InvalidOperationException("the OS started no process for " + launch.Executable);
+            return new SidecarProcess(process, launch.LogPath);
+        }
+    }
+}
