@@ -5,6 +5,10 @@ for a reply polls in short slices so that ``ChatStream.cancel()`` from another t
 ZeroMQ reconnects by itself (with back-off) when the sidecar restarts; the client notices a dead
 sidecar by its missing heartbeats, raises :class:`SidecarUnavailable`, and says hello again on
 the next request once a sidecar answers.
+
+The blocking client speaks protocol 1.1: a small thread pings the sidecar when the program has
+sent nothing for a third of its lease, so its sessions stay its own while the program lives and
+become adoptable soon after it dies; :meth:`Client.close` says goodbye.
 """
 
 from __future__ import annotations
@@ -78,10 +82,13 @@ class Client:
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
                  engine: str = "python", game_pid: int | None = None,
-                 curve: dict[str, bytes] | None = None) -> None:
+                 curve: dict[str, bytes] | None = None, lease_s: float = 15.0,
+                 keep_sessions: bool = False) -> None:
         self.endpoint, self.timeout = endpoint, timeout
-        self._hello_body = {"protocol": P.PROTOCOL_VERSION, "engine": engine,
-                            "game_pid": game_pid, "client_name": f"pid{os.getpid()}"}
+        self._hello_body = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
+                            "engine": engine, "game_pid": game_pid,
+                            "client_name": f"pid{os.getpid()}", "lease_s": lease_s}
+        self.keep_sessions = keep_sessions  # on close: leave the sessions to be adopted
         self._ids = itertools.count(1)
         self._lock = threading.RLock()
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
@@ -90,13 +97,53 @@ class Client:
         _configure(self._sock, curve, endpoint)
         self._sock.connect(endpoint)
         self._last_heard = time.monotonic()
+        self._last_sent = time.monotonic()
         self._greeted = False
+        self._keepalive_ids: set[int] = set()  # pings of the keep-alive thread: answers dropped
+        self._closed = threading.Event()
+        threading.Thread(target=self._keep_lease, args=(lease_s / 3,), daemon=True,
+                         name="igi-client-lease").start()
 
     # --- plumbing ------------------------------------------------------------------------------
 
     def close(self) -> None:
+        """Say goodbye (the sidecar closes this client's sessions, or keeps them for adoption
+        with ``keep_sessions``) and close the socket."""
+        self._closed.set()
         with self._lock:
-            self._sock.close(0)
+            if self._greeted and not self._sock.closed:
+                try:
+                    self._sock.send(P.encode(next(self._ids), "goodbye",
+                                             {"keep_sessions": self.keep_sessions}),
+                                    zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    pass  # not connected: the lease ends the sessions instead
+                self._sock.close(linger=200)
+            else:
+                self._sock.close(0)
+
+    def _keep_lease(self, every_s: float) -> None:
+        while not self._closed.wait(every_s / 2):
+            if not self._greeted or time.monotonic() - self._last_sent < every_s:
+                continue
+            with self._lock:
+                if self._sock.closed:
+                    return
+                msg_id = next(self._ids)
+                self._keepalive_ids.add(msg_id)
+                self._sock.send(P.encode(msg_id, "ping", {}))
+                self._last_sent = time.monotonic()
+
+    def _file(self, frame: bytes) -> None:
+        """Put a received message in the inbox (heartbeats and keep-alive answers dropped)."""
+        rid, rtype, body = P.decode_reply(frame)
+        self._last_heard = time.monotonic()
+        if rtype == "heartbeat" or rtype not in P.REPLY_TYPES:
+            return  # unknown reply types are ignored: a later sidecar may add some
+        if rid in self._keepalive_ids:
+            self._keepalive_ids.discard(rid)
+            return
+        self._inbox[rid].append((rtype, body))
 
     def __enter__(self) -> Client:
         return self
@@ -109,6 +156,7 @@ class Client:
         msg_id = next(self._ids)
         with self._lock:
             self._sock.send(P.encode(msg_id, msg_type, body or {}))
+            self._last_sent = time.monotonic()
         return msg_id
 
     def next_event(self, msg_id: int, timeout: float | None = None, *,
@@ -129,10 +177,7 @@ class Client:
                 if q:
                     return q.popleft()
                 if self._sock.poll(50, zmq.POLLIN):
-                    rid, rtype, body = P.decode_reply(self._sock.recv())
-                    self._last_heard = time.monotonic()
-                    if rtype != "heartbeat":
-                        self._inbox[rid].append((rtype, body))
+                    self._file(self._sock.recv())
                     continue
             now = time.monotonic()
             if now - self._last_heard > max(3.0, min(self.timeout, 5.0)):
@@ -149,9 +194,7 @@ class Client:
             with self._lock:
                 if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
                     return
-                rid, rtype, body = P.decode_reply(self._sock.recv())
-                if rtype != "heartbeat":
-                    self._inbox[rid].append((rtype, body))
+                self._file(self._sock.recv())
 
     def pending(self, msg_id: int) -> int:
         """Events received for ``msg_id`` and not read yet."""
@@ -211,8 +254,24 @@ class Client:
     def save_session(self, session: str, name: str) -> dict[str, Any]:
         return self.request("save_session", {"session": session, "name": name})
 
-    def restore_session(self, name: str) -> str:
-        return self.request("restore_session", {"name": name})["session"]
+    def restore_session(self, name: str, session: str | None = None) -> str:
+        body = {"name": name, **({"session": session} if session else {})}
+        return self.request("restore_session", body)["session"]
+
+    def set_priority(self, session: str, priority: int) -> None:
+        self.request("set_priority", {"session": session, "priority": priority})
+
+    def list_sessions(self) -> dict[str, Any]:
+        return self.request("list_sessions")
+
+    def adopt_session(self, session: str) -> str:
+        return self.request("adopt_session", {"session": session})["session"]
+
+    def goodbye(self, keep_sessions: bool = False) -> dict[str, Any]:
+        """Leave now; the next request says hello again."""
+        reply = self.request("goodbye", {"keep_sessions": keep_sessions})
+        self._greeted = False
+        return reply
 
     def frame(self, frame: int, frame_time_ms: float, **extra: Any) -> dict[str, Any]:
         return self.request("frame", {"frame": frame, "frame_time_ms": frame_time_ms, **extra})

@@ -150,9 +150,9 @@ def test_typed_errors_and_unsafe_paths(client) -> None:
     with pytest.raises(BridgeError) as e:
         client.request("reserve_vram", {"bytes": "lots", "deadline_frames": 2})
     assert e.value.code == "invalid_body"
-    with pytest.raises(BridgeError) as e:
-        client.request("stats", {"unknown_field": 1})
-    assert e.value.code == "invalid_body"
+    # protocol 1.1: unknown fields are ignored and reported, not refused
+    assert client.request("stats", {"unknown_field": 1})["ignored"] == ["unknown_field"]
+    assert "ignored" not in client.request("stats")
     with pytest.raises(BridgeError) as e:
         client.request("chat", {"session": "s1", "text": "hi", "grammar": "root ::= \"a\"",
                                 "json_schema": {"type": "object"}})

@@ -41,7 +41,9 @@ class Backend(Protocol):
         Returns the ``load_model`` reply body."""
         ...
 
-    def open_session(self, request: P.OpenSession) -> Future[str]: ...
+    def open_session(self, request: P.OpenSession) -> Future[str]:
+        """A new session, with ``request.name`` as its id when given."""
+        ...
 
     def close_session(self, session: str) -> Future[None]: ...
 
@@ -49,7 +51,17 @@ class Backend(Protocol):
 
     def save_session(self, session: str, path: Path) -> Future[int]: ...
 
-    def restore_session(self, path: Path) -> Future[str]: ...
+    def restore_session(self, path: Path, session: str | None = None) -> Future[str]:
+        """A session from a save file, with id ``session`` when given."""
+        ...
+
+    def set_priority(self, session: str, priority: int) -> None:
+        """At once; takes effect at the next decode step."""
+        ...
+
+    def session_info(self) -> dict[str, dict[str, Any]]:
+        """Session id -> {"tokens", "busy", "priority"}; never waits on the engine thread."""
+        ...
 
     def frame(self, client: str, request: P.Frame) -> None:
         """A frame tick from ``client`` (a stable id of the connection)."""

@@ -16,6 +16,7 @@ Regenerate both after changing the protocol: ``python -m igi_sdk.bridge.contract
 from __future__ import annotations
 
 import json
+import struct
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +35,7 @@ REGENERATE = "python -m igi_sdk.bridge.contract"
 
 
 # --- reply bodies ---------------------------------------------------------------------------------
-# Requests are strict (unknown fields are refused); replies may grow fields in a compatible
+# Known request fields are strictly typed; replies may grow fields in a compatible (minor)
 # version, so clients must ignore fields they do not know: these models allow extras.
 
 
@@ -51,7 +52,12 @@ class Limits(Reply):
 
 
 class HelloOk(Reply):
-    protocol: int
+    protocol: int = Field(description="the sidecar's major version (= v)")
+    minor: int = Field(0, description="the sidecar's minor version (absent: 0)")
+    features: list[str] = Field(default_factory=list,
+                                description="what this sidecar offers beyond protocol 1.0")
+    lease_s: float | None = Field(None, description="the lease in force for this client: "
+                                  "send something at least this often")
     model: str | None = Field(description="file name of the loaded model; null if none")
     loading: bool = Field(description="a load_model is in progress")
     limits: Limits
@@ -86,6 +92,34 @@ class SaveSessionOk(Reply):
 
 class EmptyOk(Reply):
     pass
+
+
+class GoodbyeOk(Reply):
+    closed: int = Field(description="sessions closed")
+    orphaned: int = Field(description="sessions left for a later client to adopt")
+
+
+class SessionListing(Reply):
+    session: str
+    owner: Literal["you", "orphaned"]
+    persona: str
+    priority: int
+    busy: bool = Field(description="a reply is streaming in it")
+    tokens: int = Field(description="tokens of the conversation in the model's context")
+    idle_s: float = Field(description="seconds since it was opened, adopted or orphaned")
+
+
+class ListSessionsOk(Reply):
+    sessions: list[SessionListing] = Field(description="this client's sessions and the "
+                                                       "orphaned ones (adoptable)")
+    free_slots: int = Field(description="session slots of the model no one holds")
+    others: int = Field(description="sessions of other connected clients (not listed)")
+
+
+class ResumeStreamOk(Reply):
+    running: bool = Field(description="the stream has not ended yet")
+    replayed: int = Field(description="events sent again after this ok (tokens after "
+                                      "'after', then the terminal event if it has ended)")
 
 
 class ReserveVramOk(Reply):
@@ -128,6 +162,11 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
     "reserve_vram": ReserveVramOk,
     "stats": StatsOk,
     "shutdown": EmptyOk,
+    "goodbye": GoodbyeOk,
+    "list_sessions": ListSessionsOk,
+    "adopt_session": SessionOk,
+    "set_priority": EmptyOk,
+    "resume_stream": ResumeStreamOk,
 }
 
 
@@ -176,13 +215,12 @@ class ErrorCode:
 # Every code the sidecar can send: protocol.py / server.py literals and igi_sdk.errors classes.
 ERROR_CODES: dict[str, ErrorCode] = {
     # envelope and body validation (protocol.parse_request)
-    "malformed": ErrorCode(False, "not a msgpack map, bad or missing id, unknown envelope "
-                                  "field, or body not a map"),
-    "unsupported_version": ErrorCode(False, "envelope v or hello.protocol is not "
-                                            f"{P.PROTOCOL_VERSION}"),
-    "unknown_type": ErrorCode(False, "type is not a request type"),
-    "invalid_body": ErrorCode(False, "the body breaks its schema (missing, unknown, wrong-typed "
-                                     "or out-of-range field)"),
+    "malformed": ErrorCode(False, "not a msgpack map, bad or missing id, or body not a map"),
+    "unsupported_version": ErrorCode(False, "envelope v or hello.protocol (the major version) "
+                                            f"is not {P.PROTOCOL_VERSION}"),
+    "unknown_type": ErrorCode(False, "type is not a request type of this sidecar"),
+    "invalid_body": ErrorCode(False, "the body breaks its schema (a missing, wrong-typed or "
+                                     "out-of-range field; unknown fields are ignored)"),
     # connection and sidecar state
     "hello_required": ErrorCode(True, "this connection has not said hello (or was forgotten); "
                                       "send hello, then the request again"),
@@ -204,6 +242,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
     # sessions and generation
     "session_error": ErrorCode(False, "a session operation failed (generic)"),
     "unknown_session": ErrorCode(False, "no such session for this connection"),
+    "session_exists": ErrorCode(False, "open_session / restore_session: a session of that "
+                                       "name exists (an orphaned one can be adopted)"),
+    "session_owned": ErrorCode(False, "adopt_session: the session belongs to a connected "
+                                      "client"),
+    "unknown_stream": ErrorCode(False, "resume_stream: no such stream of this client (unknown, "
+                                       "or ended more than 60 s ago)"),
     "too_many_sessions": ErrorCode(True, "max_sessions_per_client reached, or every session "
                                          "slot of the model is taken; close one and retry"),
     "session_busy": ErrorCode(True, "the session is replying (chat, save_session); wait for "
@@ -368,6 +412,7 @@ def _env(msg_id: Any, msg_type: Any, body: Any = None, **extra: Any) -> dict[str
     return msg
 
 
+FLOAT32_16_6 = struct.unpack("<f", struct.pack("<f", 16.6))[0]  # what a C++ 16.6f arrives as
 SID = "3f2a9c0d81be"  # a session id as the sidecar makes them (12 hex digits)
 MEMORY = {"cpu": {"compute": 8_650_752, "kv": 25_165_824, "weights": 90_177_536},
           "gpu": {"compute": 0, "kv": 0, "weights": 0}}
@@ -375,8 +420,8 @@ MEMORY = {"cpu": {"compute": 8_650_752, "kv": 25_165_824, "weights": 90_177_536}
 
 def vectors() -> list[Vector]:
     """The golden cases, in a fixed order (one session's ids run 1, 2, 3, ...)."""
-    hello = {"protocol": P.PROTOCOL_VERSION, "engine": "unity", "game_pid": 4242,
-             "client_name": "npc-plugin"}
+    hello = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR, "engine": "unity",
+             "game_pid": 4242, "client_name": "npc-plugin", "lease_s": 15.0}
     sampling = {"temperature": 0.7, "top_p": 0.95, "top_k": 40, "min_p": 0.05,
                 "repeat_penalty": 1.1, "seed": 7}
     limits = {"max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
@@ -388,7 +433,7 @@ def vectors() -> list[Vector]:
         # --- valid requests (one per type, plus variants) ---
         _req("request_hello", 1, "hello", hello, "first message of every connection"),
         _req("request_hello_minimal", 1, "hello", {"protocol": P.PROTOCOL_VERSION},
-             "only protocol is required"),
+             "only protocol is required (a 1.0 client: minor 0)"),
         _req("request_ping", 2, "ping", {}, "liveness round trip"),
         _req("request_load_model", 3, "load_model",
              {"path": "smol.gguf", "vram_budget": 2 * 2**30, "n_ctx": 4096, "max_sessions": 8},
@@ -417,6 +462,39 @@ def vectors() -> list[Vector]:
         _req("request_stats", 12, "stats", {}, ""),
         _req("request_shutdown", 13, "shutdown", {}, "the sidecar replies ok, then exits"),
         _req("request_id_max", P.MAX_ID, "ping", {}, "the largest id: 2^53"),
+        # --- protocol 1.1 ---
+        _req("request_open_session_named", 4, "open_session",
+             {"persona": "brom", "name": "npc.brom"},
+             "the session's id is the name; adopt it after a restart"),
+        _req("request_chat_json_schema_string", 5, "chat",
+             {"session": SID, "text": "Your price?",
+              "json_schema": '{"type":"object","properties":{"price":{"type":"integer"}},'
+                             '"required":["price"]}'},
+             "json_schema as a JSON string, for engines without a JSON tree type"),
+        _req("request_restore_session_named", 8, "restore_session",
+             {"name": "brom-day1", "session": "npc.brom"}, "the restored session's id"),
+        _req("request_set_priority", 14, "set_priority", {"session": SID, "priority": 50},
+             "the NPC the player faces decodes first"),
+        _req("request_list_sessions", 15, "list_sessions", {}, "own and orphaned sessions"),
+        _req("request_adopt_session", 16, "adopt_session", {"session": "npc.brom"},
+             "take over an orphaned session"),
+        _req("request_resume_stream", 17, "resume_stream", {"request": 5, "after": 2},
+             "send chat 5's events after token 2 again (after a reconnect)"),
+        _req("request_goodbye", 18, "goodbye", {"keep_sessions": True},
+             "leaving; the sessions wait to be adopted"),
+        _req("request_unknown_field_ignored", 25, "stats", {"unknown_field": 1},
+             "unknown body fields are ignored; the ok lists them in 'ignored'"),
+        Vector("request_envelope_extra_field", "request",
+               "envelope keys other than v, id, type, body are ignored",
+               msgpack.packb(_env(20, "ping", trace="abc"), use_bin_type=True),
+               _env(20, "ping", trace="abc"), {"type": "ok", "reply": "ok"}),
+        Vector("request_frame_float32", "request",
+               "a float32 is accepted and read as its exact value (16.6f = 16.6000003815); "
+               "clients should send float64",
+               msgpack.packb(_env(10, "frame", {"frame": 1, "frame_time_ms": 16.6}),
+                             use_bin_type=True, use_single_float=True),
+               _env(10, "frame", {"frame": 1, "frame_time_ms": FLOAT32_16_6}),
+               {"type": "ok", "reply": "ok"}),
         # --- invalid requests: the error the sidecar answers (with that id) ---
         _bad_raw("invalid_not_msgpack", b"\xc1hello", "malformed",
                  "0xc1 is never valid msgpack; no id can be read, so the error has id 0"),
@@ -429,16 +507,19 @@ def vectors() -> list[Vector]:
         _bad("invalid_id_too_large", _env(P.MAX_ID + 2, "ping"), "malformed", 0,
              "ids are 0..2^53"),
         _bad("invalid_id_float", _env(1.5, "ping"), "malformed", 0, "ids are integers"),
-        _bad("invalid_envelope_field", _env(20, "ping", extra=1), "malformed", 20,
-             "the envelope has exactly v, id, type, body"),
         _bad("invalid_version", {"v": 2, "id": 21, "type": "ping", "body": {}},
              "unsupported_version", 21, "v must be the sidecar's PROTOCOL_VERSION"),
         _bad("invalid_version_missing", {"id": 22, "type": "ping", "body": {}},
              "unsupported_version", 22, "v is required"),
         _bad("invalid_unknown_type", _env(23, "summon_dragon"), "unknown_type", 23, ""),
         _bad("invalid_body_not_a_map", _env(24, "stats", [1]), "malformed", 24, ""),
-        _bad("invalid_body_unknown_field", _env(25, "stats", {"unknown_field": 1}),
-             "invalid_body", 25, "request bodies refuse unknown fields"),
+        _bad("invalid_hello_protocol_huge", _env(35, "hello", {"protocol": 2**31 + 1}),
+             "unsupported_version", 35, "another major version, however large"),
+        _bad("invalid_chat_json_schema_string", _env(36, "chat", {
+            "session": SID, "text": "hi", "json_schema": "{not json"}), "invalid_body", 36,
+             "a json_schema string must hold a JSON object"),
+        _bad("invalid_set_priority_range", _env(37, "set_priority", {
+            "session": SID, "priority": 101}), "invalid_body", 37, "priority is -100..100"),
         _bad("invalid_chat_missing_text", _env(26, "chat", {"session": SID}), "invalid_body", 26,
              ""),
         _bad("invalid_chat_text_too_long",
@@ -462,8 +543,11 @@ def vectors() -> list[Vector]:
              "invalid_body", 34, "Windows device names (CON, PRN, AUX, NUL, COM0-9, LPT0-9, "
              "any case, any extension) are not save names"),
         # --- replies and events ---
-        _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION, "model": "smol.gguf",
-                                          "loading": False, "limits": limits}, ""),
+        _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION,
+                                          "minor": P.PROTOCOL_MINOR,
+                                          "features": list(P.FEATURES), "lease_s": 15.0,
+                                          "model": "smol.gguf", "loading": False,
+                                          "limits": limits}, ""),
         _rep("reply_ok_ping", 2, "ok", {"t": 1_700_000_000.25}, ""),
         _rep("reply_ok_load_model", 3, "ok", {"model": "smol.gguf", "memory": MEMORY}, ""),
         _rep("reply_ok_open_session", 4, "ok", {"session": SID}, ""),
@@ -493,6 +577,24 @@ def vectors() -> list[Vector]:
             "reservations": [{"bytes": 2**30, "deadline_frames": 30}],
             "sessions": 2, "plan": "all-cpu", "memory": MEMORY, "reshards": 0}, ""),
         _rep("reply_ok_shutdown", 13, "ok", {}, ""),
+        _rep("reply_ok_set_priority", 14, "ok", {}, ""),
+        _rep("reply_ok_list_sessions", 15, "ok", {"sessions": [
+            {"session": SID, "owner": "you", "persona": "brom", "priority": 50, "busy": False,
+             "tokens": 57, "idle_s": 3.5},
+            {"session": "npc.brom", "owner": "orphaned", "persona": "brom", "priority": 0,
+             "busy": False, "tokens": 112, "idle_s": 20.25}], "free_slots": 5, "others": 1},
+             ""),
+        _rep("reply_ok_adopt_session", 16, "ok", {"session": "npc.brom"}, ""),
+        _rep("reply_ok_resume_stream", 17, "ok", {"running": False, "replayed": 1},
+             "then the missed events: here chat 5's done"),
+        _rep("reply_ok_goodbye", 18, "ok", {"closed": 0, "orphaned": 2}, ""),
+        _rep("reply_ok_ignored_fields", 25, "ok", {
+            "model": "smol.gguf", "loading": False, "clients": 1, "uptime_s": 12.5,
+            "requests": 25, "errors": 0, "last_frame": None, "reservations": [],
+            "ignored": ["unknown_field"]}, "an answer naming the fields it ignored"),
+        _rep("reply_error_session_exists", 4, "error", {
+            "code": "session_exists", "message": "a session named 'npc.brom' exists: adopt it "
+            "with adopt_session, or choose another name", "retryable": False}, ""),
         _rep("reply_error_hello_required", 2, "error", {
             "code": "hello_required", "message": "say hello first (protocol version)",
             "retryable": True}, "any request before hello"),

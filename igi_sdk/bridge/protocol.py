@@ -3,13 +3,16 @@
 Every message is ONE ZeroMQ frame holding a msgpack map ``{v, id, type, body}`` (a ROUTER adds
 the peer's identity frame, which clients never see). Requests carry a client-chosen ``id``;
 every reply and stream event carries the ``id`` of the request it answers. Bodies are validated
-by the pydantic models below (unknown fields are rejected); ``bridge/schema/`` is exported from
-them and ``bridge/PROTOCOL.md`` is the normative description.
+by the pydantic models below; fields a body does not define are left out before validation and
+reported back (``ignored``), so a newer client's optional fields do not break an older sidecar.
+``bridge/schema/`` is exported from the models and ``bridge/PROTOCOL.md`` is the normative
+description.
 """
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+import json
+from typing import Annotated, Any, get_args
 
 import msgpack
 from pydantic import (
@@ -18,10 +21,15 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    field_validator,
     model_validator,
 )
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 1  # the major version: ``v`` of every message; must match
+PROTOCOL_MINOR = 1  # additions a client of an older minor can ignore
+# what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
+FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
+            "resume_stream", "json_schema_string", "session_names")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 MAX_MESSAGE_BYTES = 1 << 20
@@ -64,10 +72,13 @@ SaveName = Annotated[Name, AfterValidator(_not_a_device_name),
 
 
 class Hello(Strict):
-    protocol: int = Field(ge=0, le=2**31)  # any other version is answered unsupported_version
+    protocol: int  # the major version; any other than PROTOCOL_VERSION: unsupported_version
+    minor: int = Field(0, ge=0, le=2**31)  # 0: a 1.0 client (1.0 liveness rules)
     engine: Annotated[str, Field(max_length=64)] = "unknown"
     game_pid: int | None = Field(None, ge=1, le=2**32 - 1)  # Windows DWORD pids included
     client_name: Annotated[str, Field(max_length=64)] = ""
+    # a client silent this long is gone: its streams stop, its sessions wait to be adopted
+    lease_s: float = Field(15.0, ge=2.0, le=3600.0, allow_inf_nan=False)
 
 
 class LoadModel(Strict):
@@ -86,11 +97,15 @@ class Sampling(Strict):
     seed: int = Field(0, ge=0, le=2**32 - 1)
 
 
+Priority = Annotated[int, Field(ge=-100, le=100)]
+
+
 class OpenSession(Strict):
     system_prompt: Text = ""
     persona: Annotated[str, Field(max_length=128)] = ""
     sampling: Sampling = Sampling()
-    priority: int = Field(0, ge=-100, le=100)
+    priority: Priority = 0
+    name: Name | None = None  # a stable session id chosen by the game ("npc.brom")
 
 
 class Chat(Strict):
@@ -102,7 +117,21 @@ class Chat(Strict):
     stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=8)
     grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
-    json_schema: dict[str, Any] | None = None
+    # a map, or the same as a JSON string (engines without a JSON tree type send text)
+    json_schema: dict[str, Any] | Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        if not isinstance(v, str):
+            return v
+        try:
+            tree = json.loads(v)
+        except ValueError as e:
+            raise ValueError(f"json_schema is a string but not JSON ({e})") from None
+        if not isinstance(tree, dict):
+            raise ValueError("json_schema must be a JSON object")
+        return tree
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Chat:
@@ -126,6 +155,21 @@ class SaveSession(Strict):
 
 class RestoreSession(Strict):
     name: SaveName
+    session: Name | None = None  # the restored session's id (as open_session's name)
+
+
+class SetPriority(Strict):
+    session: Name
+    priority: Priority
+
+
+class Goodbye(Strict):
+    keep_sessions: bool = False  # true: leave them for a later client to adopt
+
+
+class ResumeStream(Strict):
+    request: int = Field(ge=0, le=MAX_ID)  # the chat's id
+    after: int = Field(0, ge=0, le=MAX_TOKENS)  # the last token ``i`` received
 
 
 class Frame(Strict):
@@ -159,11 +203,17 @@ REQUESTS: dict[str, type[Strict]] = {
     "reserve_vram": ReserveVram,
     "stats": Empty,
     "shutdown": Empty,
+    "goodbye": Goodbye,
+    "list_sessions": Empty,
+    "adopt_session": SessionRef,
+    "set_priority": SetPriority,
+    "resume_stream": ResumeStream,
 }
 
 # Replies / events the sidecar sends (type -> meaning); bodies are plain maps documented in
 # PROTOCOL.md: "ok" (a request's result), "token" (one streamed piece), "done" (end of a
 # stream), "error" (typed failure), "heartbeat" (liveness, id 0).
+# Clients ignore reply types they do not know (a later minor version may add some).
 REPLY_TYPES = ("ok", "token", "done", "error", "heartbeat")
 
 
@@ -194,7 +244,7 @@ def encode(msg_id: int, msg_type: str, body: dict[str, Any] | None = None) -> by
 def decode_envelope(frame: bytes) -> tuple[int, str, dict[str, Any]]:
     """(id, type, raw body) of a request, or ProtocolError. The id is returned as soon as it is
     known, so even a malformed body can be answered against the right request (see
-    :func:`parse_request`)."""
+    :func:`parse_request`). Envelope keys other than v/id/type/body are ignored."""
     try:
         msg = _unpack(frame)
     except Exception as e:  # noqa: BLE001 - msgpack raises many types for garbage input
@@ -204,9 +254,6 @@ def decode_envelope(frame: bytes) -> tuple[int, str, dict[str, Any]]:
     msg_id = msg.get("id")
     if not isinstance(msg_id, int) or isinstance(msg_id, bool) or not 0 <= msg_id <= MAX_ID:
         raise ProtocolError("malformed", "'id' must be an integer from 0 to 2^53 - 1")
-    extra = set(msg) - {"v", "id", "type", "body"}
-    if extra:
-        raise ProtocolError("malformed", f"unknown envelope fields: {sorted(extra)}")
     v = msg.get("v")
     if not isinstance(v, int) or isinstance(v, bool) or v != PROTOCOL_VERSION:
         raise ProtocolError("unsupported_version",
@@ -230,19 +277,62 @@ class EnvelopeError(ProtocolError):
         self.msg_id = msg_id
 
 
-def parse_request(frame: bytes) -> tuple[int, str, Strict]:
+class Request(BaseModel):
+    """A validated request: ``ignored`` names the body fields it had that this sidecar does not
+    know (``"sampling.foo"`` for nested ones); they were left out, and answers report them."""
+
+    model_config = ConfigDict(frozen=True, arbitrary_types_allowed=True)
+    id: int
+    type: str
+    body: Strict
+    ignored: tuple[str, ...] = ()
+
+
+def without_unknown(model: type[Strict], body: dict[str, Any],
+                    prefix: str = "") -> tuple[dict[str, Any], list[str]]:
+    """``body`` without the keys ``model`` does not define (recursing into sub-models), and
+    their dotted names."""
+    known, ignored, clean = model.model_fields, [], {}
+    for key, value in body.items():
+        f = known.get(key) if isinstance(key, str) else None
+        if f is None:
+            ignored.append(f"{prefix}{key}")
+            continue
+        sub = _submodel(f.annotation)
+        if sub is not None and isinstance(value, dict):
+            value, deeper = without_unknown(sub, value, f"{prefix}{key}.")
+            ignored += deeper
+        clean[key] = value
+    return clean, ignored
+
+
+def _submodel(annotation: Any) -> type[Strict] | None:
+    for t in (annotation, *get_args(annotation)):
+        if isinstance(t, type) and issubclass(t, Strict):
+            return t
+    return None
+
+
+def parse_request(frame: bytes) -> Request:
     """Validate a request frame; raises EnvelopeError carrying the id to answer."""
     try:
         msg_id, msg_type, body = decode_envelope(frame)
     except ProtocolError as e:
         raise EnvelopeError(_best_effort_id(frame), e) from None
+    model = REQUESTS[msg_type]
+    clean, ignored = without_unknown(model, body)
     try:
-        return msg_id, msg_type, REQUESTS[msg_type].model_validate(body)
+        parsed = model.model_validate(clean)
     except ValidationError as e:
         parts = [f"{'.'.join(map(str, err['loc'])) or 'body'}: {err['msg']}"
                  for err in e.errors()[:5]]
         raise EnvelopeError(msg_id, ProtocolError(
             "invalid_body", f"invalid '{msg_type}' body: " + "; ".join(parts))) from None
+    if isinstance(parsed, Hello) and parsed.protocol != PROTOCOL_VERSION:
+        raise EnvelopeError(msg_id, ProtocolError(
+            "unsupported_version", f"this sidecar speaks protocol {PROTOCOL_VERSION}.x, the "
+            f"client {parsed.protocol}: the major versions must match"))
+    return Request(id=msg_id, type=msg_type, body=parsed, ignored=tuple(ignored))
 
 
 def _unpack(frame: bytes) -> Any:

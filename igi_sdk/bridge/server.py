@@ -31,6 +31,7 @@ import zmq.auth
 
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
+from igi_sdk.bridge.ownership import RESUME_KEEP_S, Sessions, StreamLog, prune_logs
 from igi_sdk.errors import IgiError
 from igi_sdk.runtime import snapshot
 
@@ -51,6 +52,7 @@ class ServerConfig:
     max_sessions_per_client: int = 8
     max_streams_per_client: int = 4
     heartbeat_s: float = 1.0
+    orphan_ttl_s: float = 300.0  # an orphaned session waits this long for adoption
     game_pid: int | None = None
     curve_secret_file: Path | None = None  # server key pair (zmq.auth certificate)
     curve_clients_dir: Path | None = None  # allowed client public certificates
@@ -74,10 +76,12 @@ class _Client:
     identity: bytes
     name: str = ""
     engine: str = ""
-    sessions: set[str] = field(default_factory=set)
+    minor: int = 0  # the protocol minor version it speaks (0: 1.0 liveness rules)
+    lease_s: float = 15.0
     opening: int = 0  # open/restore requests in flight (count against the session cap)
     streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle
     cancel_pending: set[int] = field(default_factory=set)  # cancelled before the handle came
+    logs: dict[int, StreamLog] = field(default_factory=dict)  # chat id -> events, to resume
     last_seen: float = field(default_factory=time.monotonic)
 
 
@@ -91,6 +95,9 @@ class Server:
         self.model_name: str | None = None
         self.loading = False
         self.clients: dict[bytes, _Client] = {}
+        self.sessions = Sessions()
+        self.model_slots = config.max_sessions  # session slots of the loaded model
+        self._ignored: tuple[str, ...] = ()  # unknown fields of the request being handled
         self.stopping = threading.Event()
         self.stats: dict[str, Any] = {"requests": 0, "errors": 0, "started": time.time()}
         self.last_frame: dict[str, Any] | None = None
@@ -247,11 +254,43 @@ class Server:
     def _heartbeat(self) -> None:
         now = time.monotonic()
         for ident, c in list(self.clients.items()):
-            if (now - c.last_seen > self.cfg.heartbeat_s * 30 and not c.streams
-                    and not c.sessions and not c.opening):
-                del self.clients[ident]  # silent, holding nothing: forget the connection
+            silent = now - c.last_seen
+            if c.minor >= 1 and silent > c.lease_s:
+                log.info("client %s silent for %.1f s: lease lapsed", c.name or ident.hex(),
+                         silent)
+                self._forget(c, keep_sessions=True)
                 continue
+            if (c.minor == 0 and silent > self.cfg.heartbeat_s * 30 and not c.streams
+                    and not self.sessions.owned(ident) and not c.opening):
+                del self.clients[ident]  # a 1.0 client, silent, holding nothing: forget it
+                continue
+            prune_logs(c.logs)
             self.router.send_multipart([ident, P.encode(0, "heartbeat", {"t": time.time()})])
+        for sid in self.sessions.expired(self.cfg.orphan_ttl_s):
+            self._close_orphan(sid)
+
+    def _forget(self, c: _Client, *, keep_sessions: bool) -> tuple[int, int]:
+        """The client is gone: its streams stop and its sessions are closed or orphaned.
+        Returns (closed, orphaned)."""
+        for rid, handle in c.streams.items():
+            if handle is not None:
+                handle.cancel()
+            else:
+                c.cancel_pending.add(rid)
+        owned = self.sessions.owned(c.identity)
+        for sid in owned:
+            if keep_sessions:
+                self.sessions.orphan(sid)
+            else:
+                self._close_orphan(sid)
+        self.clients.pop(c.identity, None)
+        return (0, len(owned)) if keep_sessions else (len(owned), 0)
+
+    def _close_orphan(self, sid: str) -> None:
+        self.sessions.drop(sid)
+        fut = self.backend.close_session(sid)
+        fut.add_done_callback(lambda f: f.exception() and log.info(
+            "closing session %s: %s", sid, f.exception()))
 
     # --- requests ------------------------------------------------------------------------------
 
@@ -259,10 +298,11 @@ class Server:
         t0 = time.perf_counter()
         self.stats["requests"] += 1
         try:
-            msg_id, msg_type, body = P.parse_request(frame)
+            req = P.parse_request(frame)
         except P.EnvelopeError as e:
             self._error(identity, e.msg_id, e)
             return
+        msg_id, msg_type, body, self._ignored = req.id, req.type, req.body, req.ignored
         client = self.clients.get(identity)
         if client is not None:
             client.last_seen = time.monotonic()
@@ -279,8 +319,15 @@ class Server:
             self._error(identity, msg_id, _typed(e, msg_type))
             return
         if reply is not None:
-            self.router.send_multipart([identity, P.encode(msg_id, "ok", reply)])
+            self.router.send_multipart([identity, P.encode(msg_id, "ok",
+                                                           self._with_ignored(reply))])
         self.latency.note(msg_type, time.perf_counter() - t0)
+
+    def _with_ignored(self, body: dict[str, Any],
+                      ignored: tuple[str, ...] | None = None) -> dict[str, Any]:
+        """An answer's body, naming the request's fields this sidecar did not know."""
+        ignored = self._ignored if ignored is None else ignored
+        return {**body, "ignored": list(ignored)} if ignored else body
 
     def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None:
         self.stats["errors"] += 1
@@ -290,6 +337,7 @@ class Server:
                 ok: Callable[[Any], dict[str, Any]],
                 failed: Callable[[], None] | None = None) -> None:
         """Reply to ``msg_id`` when ``fut`` ends: ``ok(result)`` runs on the socket thread."""
+        ignored = self._ignored
 
         def finish(f: Future) -> None:
             try:
@@ -299,24 +347,23 @@ class Server:
                     failed()
                 self._error(identity, msg_id, _typed(e, msg_type))
                 return
-            self.router.send_multipart([identity, P.encode(msg_id, "ok", body)])
+            self.router.send_multipart([identity, P.encode(msg_id, "ok",
+                                                           self._with_ignored(body, ignored))])
 
         fut.add_done_callback(lambda f: self._later(lambda: finish(f)))
 
     def _hello(self, identity: bytes, body: P.Hello) -> dict[str, Any]:
-        if body.protocol != P.PROTOCOL_VERSION:
-            raise P.ProtocolError("unsupported_version",
-                                  f"this sidecar speaks protocol {P.PROTOCOL_VERSION}, "
-                                  f"the client {body.protocol}")
         c = self.clients.setdefault(identity, _Client(identity))
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
+        c.minor, c.lease_s = body.minor, body.lease_s
         # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
         # stranger's PID — or a dead one — must not be able to shut it down for everyone
         if (body.game_pid and self._pid_watch is None and _alive(body.game_pid)
                 and _is_ancestor(body.game_pid)):
             self._watch(body.game_pid)
-        return {"protocol": P.PROTOCOL_VERSION, "model": self.model_name,
-                "loading": self.loading, "limits": {
+        return {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
+                "features": list(P.FEATURES), "lease_s": c.lease_s,
+                "model": self.model_name, "loading": self.loading, "limits": {
                     "max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
                     "max_tokens": P.MAX_TOKENS,
                     "max_sessions_per_client": self.cfg.max_sessions_per_client,
@@ -363,6 +410,7 @@ class Server:
 
         def loaded(reply: dict[str, Any]) -> dict[str, Any]:
             self._model_changed()
+            self.model_slots = body.max_sessions
             return reply
 
         self._answer(c.identity, msg_id, done, "load_model", loaded, failed=self._model_changed)
@@ -373,37 +421,60 @@ class Server:
         """A load ended (either way): the old model's sessions are gone with it."""
         self.loading = False
         self.model_name = self.backend.model_name
-        for c in self.clients.values():
-            c.sessions.clear()
+        self.sessions.clear()
 
     def _session_room(self, c: _Client) -> None:
-        if len(c.sessions) + c.opening >= self.cfg.max_sessions_per_client:
-            raise P.ProtocolError("too_many_sessions", f"this client already has "
-                                  f"{len(c.sessions) + c.opening} sessions; close one first",
-                                  retryable=True)
+        """Refuse past the client's cap; make room in the model by closing the longest-waiting
+        orphan when every slot is taken (the engine runs the close before the open)."""
+        held = len(self.sessions.owned(c.identity)) + c.opening
+        if held >= self.cfg.max_sessions_per_client:
+            raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
+                                  "sessions; close one first", retryable=True)
+        opening = sum(other.opening for other in self.clients.values())
+        orphans = self.sessions.orphans()
+        if len(self.sessions) + opening >= self.model_slots and orphans:
+            log.info("closing orphaned session %s to make room", orphans[0])
+            self._close_orphan(orphans[0])
+
+    def _name_free(self, name: str | None) -> None:
+        if name is None or name not in self.sessions:
+            return
+        hint = (": adopt it with adopt_session, or choose another name"
+                if name in self.sessions.by_id and self.sessions.owner_of(name) is None
+                else "; choose another name")
+        raise P.ProtocolError("session_exists", f"a session named '{name}' exists{hint}")
 
     def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> None:
         self._need_model()
+        self._name_free(body.name)
         self._session_room(c)
-        self._answer_session(c, msg_id, self.backend.open_session(body), "open_session")
+        self._answer_session(c, msg_id, self.backend.open_session(body), "open_session",
+                             body.name, body.persona)
 
-    def _answer_session(self, c: _Client, msg_id: int, fut: Future[str], msg_type: str) -> None:
+    def _answer_session(self, c: _Client, msg_id: int, fut: Future[str], msg_type: str,
+                        name: str | None = None, persona: str = "") -> None:
         """Answer an open/restore with the new session, which counts against the client's cap
-        from now until the answer."""
+        (and holds its name) from now until the answer."""
         c.opening += 1
+        if name is not None:
+            self.sessions.naming.add(name)
+
+        def settled() -> None:
+            c.opening -= 1
+            if name is not None:
+                self.sessions.naming.discard(name)
 
         def opened(sid: str) -> dict[str, Any]:
-            c.opening -= 1
-            c.sessions.add(sid)
+            settled()
+            self.sessions.add(sid, c.identity, persona)
+            if self.clients.get(c.identity) is not c:  # it left meanwhile: adoptable
+                self.sessions.orphan(sid)
             return {"session": sid}
 
-        def failed() -> None:
-            c.opening -= 1
-
-        self._answer(c.identity, msg_id, fut, msg_type, opened, failed)
+        self._answer(c.identity, msg_id, fut, msg_type, opened, settled)
 
     def _owned(self, c: _Client, sid: str) -> str:
-        if sid not in c.sessions:
+        if self.sessions.owner_of(sid) != c.identity:
             raise P.ProtocolError("unknown_session", f"no session '{sid}' for this client")
         return sid
 
@@ -420,27 +491,31 @@ class Server:
         if len(c.streams) >= self.cfg.max_streams_per_client:
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
-        identity = c.identity
-        seq = [0]
+        identity, ignored = c.identity, self._ignored
+        events = c.logs[msg_id] = StreamLog()
 
         def ended() -> None:  # on the socket thread
             c.streams.pop(msg_id, None)
             c.cancel_pending.discard(msg_id)
+            events.ended_at = time.monotonic()
 
         def listener(kind: str, payload: object) -> None:  # runs on the engine thread
             if kind == "text":
-                seq[0] += 1
-                self._push(identity, P.encode(msg_id, "token", {"text": payload, "i": seq[0]}))
+                frame = P.encode(msg_id, "token",
+                                 {"text": payload, "i": len(events.tokens) + 1})
+                events.tokens.append(frame)
+                self._push(identity, frame)
                 return
             if kind == "done":
                 r: ChatResult = payload  # type: ignore[assignment]
-                frame = P.encode(msg_id, "done", {
+                frame = P.encode(msg_id, "done", self._with_ignored({
                     "text": r.text, "finish_reason": r.finish_reason,
                     "usage": {"prompt_tokens": r.prompt_tokens,
                               "completion_tokens": r.completion_tokens},
-                    "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}})
+                    "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}}, ignored))
             else:
                 frame = P.encode(msg_id, "error", _typed(payload, "chat").body())
+            events.terminal = frame
             self._completions.put(ended)
             self._push(identity, frame)
             self._push(b"", b"wake")
@@ -451,8 +526,8 @@ class Server:
             try:
                 handle = f.result()
             except Exception as e:  # noqa: BLE001 - answered, typed
-                c.streams.pop(msg_id, None)
-                c.cancel_pending.discard(msg_id)
+                ended()
+                events.terminal = P.encode(msg_id, "error", _typed(e, "chat").body())
                 self._error(identity, msg_id, _typed(e, "chat"))
                 return
             if msg_id in c.streams:
@@ -479,7 +554,7 @@ class Server:
         sid = self._owned(c, body.session)
 
         def closed(_: None) -> dict[str, Any]:
-            c.sessions.discard(sid)
+            self.sessions.drop(sid)
             return {}
 
         self._answer(c.identity, msg_id, self.backend.close_session(sid), "close_session",
@@ -538,13 +613,73 @@ class Server:
 
     def _on_restore_session(self, c: _Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
+        self._name_free(body.session)
         self._session_room(c)
         exact, other = self._find_save(body.name)
         if not exact:
             hint = f" (names are case-sensitive: there is '{other}')" if other else ""
             raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'{hint}")
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        self._answer_session(c, msg_id, self.backend.restore_session(path), "restore_session")
+        self._answer_session(c, msg_id, self.backend.restore_session(path, body.session),
+                             "restore_session", body.session)
+
+    # --- protocol 1.1: leaving, listing, adopting, priorities, resuming ---------------------
+
+    def _on_goodbye(self, c: _Client, msg_id: int, body: P.Goodbye) -> dict[str, Any]:
+        closed, orphaned = self._forget(c, keep_sessions=body.keep_sessions)
+        return {"closed": closed, "orphaned": orphaned}
+
+    def _on_list_sessions(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+        live = self.backend.session_info()
+        now, listed, others = time.monotonic(), [], 0
+        for sid, info in self.sessions.by_id.items():
+            if info.owner not in (None, c.identity):
+                others += 1
+                continue
+            figures = live.get(sid, {})
+            listed.append({
+                "session": sid, "owner": "you" if info.owner == c.identity else "orphaned",
+                "persona": info.persona, "priority": int(figures.get("priority", 0)),
+                "busy": bool(figures.get("busy", False)), "tokens": int(figures.get("tokens", 0)),
+                "idle_s": round(now - info.since, 3)})
+        opening = sum(other.opening for other in self.clients.values())
+        free = max(0, self.model_slots - len(self.sessions) - opening)
+        return {"sessions": listed, "free_slots": free, "others": others}
+
+    def _on_adopt_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
+        sid = body.session
+        if sid not in self.sessions.by_id:
+            raise P.ProtocolError("unknown_session", f"no session '{sid}'")
+        owner = self.sessions.owner_of(sid)
+        if owner == c.identity:
+            return {"session": sid}
+        if owner is not None:
+            raise P.ProtocolError("session_owned", f"session '{sid}' belongs to a connected "
+                                  "client; it can be adopted once that client leaves")
+        held = len(self.sessions.owned(c.identity)) + c.opening
+        if held >= self.cfg.max_sessions_per_client:
+            raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
+                                  "sessions; close one first", retryable=True)
+        self.sessions.adopt(sid, c.identity)
+        return {"session": sid}
+
+    def _on_set_priority(self, c: _Client, msg_id: int, body: P.SetPriority) -> dict[str, Any]:
+        self._need_model()
+        self.backend.set_priority(self._owned(c, body.session), body.priority)
+        return {}
+
+    def _on_resume_stream(self, c: _Client, msg_id: int, body: P.ResumeStream) -> None:
+        events = c.logs.get(body.request)
+        if events is None:
+            raise P.ProtocolError("unknown_stream", f"no stream {body.request} to resume "
+                                  f"(unknown, or ended more than {RESUME_KEEP_S:g} s ago)")
+        frames = events.replay(body.after)
+        running = events.terminal is None
+        self.router.send_multipart([c.identity, P.encode(msg_id, "ok", self._with_ignored(
+            {"running": running, "replayed": len(frames)}))])
+        for frame in frames:
+            self.router.send_multipart([c.identity, frame])
+        return None  # answered above, before the events it announces
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         self.last_frame = body.model_dump()

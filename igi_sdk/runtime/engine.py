@@ -201,10 +201,19 @@ class Engine:
         return self._call(lambda: list(self._sessions))
 
     def set_priority(self, session_id: str, priority: int) -> None:
-        def run() -> None:
-            self._get(session_id).priority = priority
+        """Takes effect at the next decode step. Does not wait for the engine thread: the
+        scheduler reads the priority afresh every step, and an int is written whole."""
+        s = self._sessions.get(session_id)
+        if s is None:
+            raise UnknownSessionError(f"no session '{session_id}'")
+        s.priority = priority
 
-        self._call(run)
+    def session_info(self) -> dict[str, dict[str, Any]]:
+        """Tokens in context, whether replying, and priority of every session, read without
+        waiting for the engine thread (figures of the last step, for listings)."""
+        return {sid: {"tokens": len(s.tokens), "busy": s.turn is not None,
+                      "priority": s.priority}
+                for sid, s in list(self._sessions.items())}
 
     def chat_async(
         self,

@@ -201,7 +201,8 @@ class ModelHost:
         # a persona name alone still gives the NPC an identity
         system = request.system_prompt or (
             f"You are {request.persona}." if request.persona else None)
-        return eng.open_session_async(system, priority=request.priority, sampling=sampling)
+        return eng.open_session_async(system, priority=request.priority, sampling=sampling,
+                                      session_id=request.name)
 
     def close_session(self, session: str) -> Future[None]:
         try:
@@ -224,11 +225,18 @@ class ModelHost:
         except Exception as e:  # noqa: BLE001
             return _failed(e)
 
-    def restore_session(self, path: Path) -> Future[str]:
+    def restore_session(self, path: Path, session: str | None = None) -> Future[str]:
         try:
-            return self._engine().load_session_async(path)
+            return self._engine().load_session_async(path, session_id=session)
         except Exception as e:  # noqa: BLE001
             return _failed(e)
+
+    def set_priority(self, session: str, priority: int) -> None:
+        self._engine().set_priority(session, priority)
+
+    def session_info(self) -> dict[str, dict[str, Any]]:
+        eng = self.engine
+        return eng.session_info() if eng is not None else {}
 
     # --- control plane (never waits) ----------------------------------------------------------
 

@@ -1,0 +1,29 @@
+#!/usr/bin/env bash
+# The whole test suite: Python (pytest) and the Unity package's C# core (mono + NUnit) against
+# the real sidecar. Installs the Debian packages the C# suite needs when they are missing.
+# Exit status: non-zero if either suite fails (pytest's 5, "no tests ran", counts as a failure).
+set -uo pipefail
+cd "$(dirname "$0")/.."
+
+need=()
+command -v mcs >/dev/null || need+=(mono-mcs)
+command -v mono >/dev/null || need+=(mono-runtime)
+command -v nunit-console >/dev/null || need+=(nunit-console libnunit-framework2.6.3-cil)
+ldconfig -p 2>/dev/null | grep -q 'libzmq\.so\.5' || need+=(libzmq5)
+if [ "${#need[@]}" -gt 0 ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing ${need[*]} (Debian packages for the C# suite)"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null \
+        || { $sudo apt-get update -q >/dev/null \
+             && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null; } \
+        || { echo "could not install ${need[*]}"; exit 1; }
+fi
+
+.venv/bin/python -m pytest -q
+py=$?
+[ "$py" -eq 5 ] && echo "no Python tests ran"
+
+bash tests/csharp/run.sh
+cs=$?
+
+[ "$py" -eq 0 ] && [ "$cs" -eq 0 ]
