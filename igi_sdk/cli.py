@@ -462,6 +462,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
         max_sessions=args.max_sessions, game_pid=args.game_pid,
         max_sessions_per_client=args.max_sessions_per_client or args.max_sessions,
+        orphan_ttl_s=args.orphan_ttl,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
     )
@@ -637,6 +638,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)
+    sv.add_argument("--orphan-ttl", type=float, default=300.0,
+                    help="seconds a session of a client that left waits to be adopted (it is "
+                         "closed sooner when a connected client needs its slot)")
     sv.add_argument("--max-sessions-per-client", type=int, default=0,
                     help="cap per connected client (default: --max-sessions)")
     sv.add_argument("--threads", type=int, default=0)
