@@ -1,0 +1,385 @@
+// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.1, works with 1.0).
+//
+// API summary
+//   var client = new IgiClient(new IgiClientOptions { Endpoint = "tcp://127.0.0.1:5599" });
+//   client.Pump();                         // every frame, on the game thread: delivers results,
+//                                          // stream tokens, errors and connection changes there
+//   client.State / client.Server / client.ConnectionChanged   (hello is automatic on connect)
+//   IgiRequest r = client.OpenSession(new SessionOptions { Persona = "Brom", Name = "npc.brom" });
+//   r.OnOk(body => ...).OnError(err => ...);  r.Session  (the session id once it succeeded)
+//   IgiStream s = client.Chat(sessionId, "Hello!", new ChatOptions { MaxTokens = 64 })
+//       .OnToken(piece => ...).OnDone(stream => ... stream.Text ...).OnError(err => ...);
+//   client.Cancel(s); client.SaveSession(id, "brom"); client.RestoreSession("brom");
+//   client.CloseSession(id); client.SetPriority(id, 10); client.ListSessions();
+//   client.AdoptSession(id); client.Goodbye(keepSessions); client.Frame(frame, dtMs, ...);
+//   client.ReserveVram(bytes, frames); client.Stats(); client.LoadModel(path); client.Ping();
+//   client.Send(type, body)                // any other request, raw
+//   client.Dispose();                      // goodbye (bounded), I/O thread ends, socket closed
+//
+// Threading: every call returns its handle at once and never blocks; one background thread does
+// all the I/O. Callbacks run only inside Pump(), on the thread that calls it. Call the API and
+// Pump from one thread (the game's main thread).
+//
+// Errors are IgiError {Code, Message, Retryable}: the sidecar's codes (PROTOCOL.md §6) plus the
+// local ones in IgiError (unavailable, timeout, stream_lost, disposed, invalid_body).
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+
+namespace Igi.Sdk
+{
+    public sealed class IgiClient : IDisposable
+    {
+        const int DisposeJoinMs = 1000;
+
+        readonly IgiClientOptions options;
+        readonly IgiConnection connection;
+        readonly Dictionary<long, IgiRequest> pending = new Dictionary<long, IgiRequest>();
+        readonly List<IgiRequest> expired = new List<IgiRequest>();
+        readonly Stopwatch clock = Stopwatch.StartNew();
+        bool disposed;
+
+        public IgiClient(IgiClientOptions options = null)
+        {
+            this.options = options ?? new IgiClientOptions();
+            connection = new IgiConnection(this.options);
+            State = IgiConnectionState.Connecting;
+        }
+
+        public IgiClientOptions Options { get { return options; } }
+
+        /// <summary>The routing id this client's DEALER uses ("igi-" + 24 hex digits by default).</summary>
+        public string RoutingId { get { return connection.RoutingId; } }
+
+        /// <summary>As of the last Pump.</summary>
+        public IgiConnectionState State { get; private set; }
+
+        /// <summary>The last hello answer (null before the first one), as of the last Pump.</summary>
+        public IgiServerInfo Server { get; private set; }
+
+        /// <summary>Raised inside Pump when the connection state changes (or a hello is answered again).</summary>
+        public event Action<IgiConnectionState> ConnectionChanged;
+
+        /// <summary>Requests still waiting for their outcome.</summary>
+        public int PendingCount { get { return pending.Count; } }
+
+        // ---- pumping --------------------------------------------------------------------------
+
+        /// <summary>Delivers what arrived since the last call (at most <paramref name="maxEvents"/>
+        /// events) and fails requests whose timeout passed. Never waits. Returns the events
+        /// delivered.</summary>
+        public int Pump(int maxEvents = int.MaxValue)
+        {
+            double now = clock.Elapsed.TotalSeconds;
+            int delivered = 0;
+            IgiConnection.Incoming item;
+            while (delivered < maxEvents && connection.Inbox.TryDequeue(out item))
+            {
+                delivered++;
+                if (item.IsConnectionChange) DeliverConnectionChange(item);
+                else Deliver(item, now);
+            }
+            FailExpired(now);
+            return delivered;
+        }
+
+        void DeliverConnectionChange(IgiConnection.Incoming item)
+        {
+            if (item.Info != null) Server = item.Info;
+            if (State == IgiConnectionState.Closed) return;
+            State = item.State;
+            var handler = ConnectionChanged;
+            if (handler != null) handler(item.State);
+        }
+
+        void Deliver(IgiConnection.Incoming item, double now)
+        {
+            IgiRequest request;
+            if (!pending.TryGetValue(item.Id, out request)) return; // finished, timed out, or not ours
+            request.DeadlineAt = now + request.TimeoutSeconds;
+            var stream = request as IgiStream;
+            switch (item.Type)
+            {
+                case "token":
+                    if (stream != null)
+                        stream.AddToken(MsgValue.GetLong(item.Body, "i"), MsgValue.GetString(item.Body, "text", ""));
+                    break;
+                case "ok":
+                    if (stream != null) break; // a chat is answered by done, never ok
+                    pending.Remove(item.Id);
+                    request.Succeed(item.Body);
+                    break;
+                case "done":
+                    if (stream == null) break;
+                    pending.Remove(item.Id);
+                    request.Succeed(item.Body);
+                    break;
+                case "error":
+                    pending.Remove(item.Id);
+                    request.Fail(new IgiError(MsgValue.GetString(item.Body, "code", "error"),
+                        MsgValue.GetString(item.Body, "message", ""), MsgValue.GetBool(item.Body, "retryable")));
+                    break;
+            }
+        }
+
+        void FailExpired(double now)
+        {
+            foreach (var request in pending.Values)
+                if (now > request.DeadlineAt) expired.Add(request);
+            if (expired.Count == 0) return;
+            foreach (var request in expired)
+            {
+                pending.Remove(request.Id);
+                connection.Enqueue(new IgiConnection.Outgoing { Kind = IgiConnection.OutKind.Forget, Id = request.Id });
+                var stream = request as IgiStream;
+                if (stream != null && !stream.CancelRequested) SendCancel(stream.Id); // stop it there too
+                request.Fail(new IgiError(IgiError.Timeout, request.Type + " got no event for " +
+                    request.TimeoutSeconds + " s (the sidecar is alive)", true));
+            }
+            expired.Clear();
+        }
+
+        // ---- requests -------------------------------------------------------------------------
+
+        public IgiRequest Hello()
+        {
+            var body = new Dictionary<string, object>();
+            body["protocol"] = (long)Protocol.Version;
+            body["minor"] = (long)Protocol.Minor;
+            body["lease_s"] = options.LeaseSeconds;
+            body["engine"] = options.Engine ?? "unity";
+            body["client_name"] = options.ClientName ?? "";
+            if (options.GamePid.HasValue) body["game_pid"] = (long)options.GamePid.Value;
+            return Submit("hello", body);
+        }
+
+        public IgiRequest Ping() { return Submit("ping", null); }
+
+        public IgiRequest OpenSession(SessionOptions session = null)
+        {
+            session = session ?? new SessionOptions();
+            var body = new Dictionary<string, object>();
+            if (session.SystemPrompt != null) body["system_prompt"] = session.SystemPrompt;
+            if (session.Persona != null) body["persona"] = session.Persona;
+            if (session.Priority.HasValue) body["priority"] = (long)session.Priority.Value;
+            if (session.Name != null) body["name"] = session.Name;
+            if (session.Sampling != null) body["sampling"] = SamplingBody(session.Sampling);
+            string tooLong = TooLong("system_prompt", session.SystemPrompt, TextLimit) ?? TooLong("persona", session.Persona, 128);
+            return Submit("open_session", body, tooLong);
+        }
+
+        static Dictionary<string, object> SamplingBody(SamplingOptions s)
+        {
+            var body = new Dictionary<string, object>();
+            if (s.Temperature.HasValue) body["temperature"] = s.Temperature.Value;
+            if (s.TopP.HasValue) body["top_p"] = s.TopP.Value;
+            if (s.TopK.HasValue) body["top_k"] = (long)s.TopK.Value;
+            if (s.MinP.HasValue) body["min_p"] = s.MinP.Value;
+            if (s.RepeatPenalty.HasValue) body["repeat_penalty"] = s.RepeatPenalty.Value;
+            if (s.Seed.HasValue) body["seed"] = s.Seed.Value;
+            return body;
+        }
+
+        /// <summary>Streams the reply to <paramref name="text"/> in <paramref name="session"/>.</summary>
+        public IgiStream Chat(string session, string text, ChatOptions chat = null)
+        {
+            chat = chat ?? new ChatOptions();
+            var body = new Dictionary<string, object>();
+            body["session"] = session ?? "";
+            body["text"] = text ?? "";
+            if (chat.MaxTokens.HasValue) body["max_tokens"] = (long)chat.MaxTokens.Value;
+            if (chat.Stop != null) body["stop"] = new List<object>(chat.Stop);
+            if (chat.Grammar != null) body["grammar"] = chat.Grammar;
+            if (chat.JsonSchema != null) body["json_schema"] = chat.JsonSchema;
+            string refusal = text == null ? "text is required" : TooLong("text", text, TextLimit)
+                ?? TooLong("grammar", chat.Grammar, TextLimit);
+            return (IgiStream)Submit("chat", body, refusal, session);
+        }
+
+        /// <summary>Asks the stream to stop; it still ends with done (finish_reason "cancelled").</summary>
+        public IgiRequest Cancel(IgiStream stream)
+        {
+            if (stream != null) stream.CancelRequested = true;
+            return Cancel(stream != null ? stream.Id : 0);
+        }
+
+        public IgiRequest Cancel(long chatRequestId)
+        {
+            IgiRequest request;
+            var stream = pending.TryGetValue(chatRequestId, out request) ? request as IgiStream : null;
+            if (stream != null) stream.CancelRequested = true;
+            return SendCancel(chatRequestId);
+        }
+
+        IgiRequest SendCancel(long chatRequestId)
+        {
+            var body = new Dictionary<string, object>();
+            body["request"] = chatRequestId;
+            return Submit("cancel", body);
+        }
+
+        public IgiRequest SaveSession(string session, string name)
+        {
+            return Submit("save_session", Body("session", session, "name", name));
+        }
+
+        public IgiRequest RestoreSession(string name) { return Submit("restore_session", Body("name", name)); }
+
+        public IgiRequest CloseSession(string session)
+        {
+            return Submit("close_session", Body("session", session), null, session);
+        }
+
+        /// <summary>Protocol 1.1: -100..100, takes effect at the next decode step.</summary>
+        public IgiRequest SetPriority(string session, int priority)
+        {
+            var body = Body("session", session);
+            body["priority"] = (long)priority;
+            return Submit("set_priority", body);
+        }
+
+        /// <summary>Protocol 1.1: ok {"sessions": [...], "free_slots", "others"}.</summary>
+        public IgiRequest ListSessions() { return Submit("list_sessions", null); }
+
+        /// <summary>Protocol 1.1: takes over an orphaned session (its conversation goes on).</summary>
+        public IgiRequest AdoptSession(string session) { return Submit("adopt_session", Body("session", session)); }
+
+        /// <summary>Protocol 1.1: leave; keepSessions: the sessions become orphaned (adoptable)
+        /// instead of closed. The next request says hello again by itself.</summary>
+        public IgiRequest Goodbye(bool keepSessions = false)
+        {
+            var body = new Dictionary<string, object>();
+            body["keep_sessions"] = keepSessions;
+            return Submit("goodbye", body);
+        }
+
+        /// <summary>One rendered frame's report (VRAM arbiter and pacing inputs).</summary>
+        public IgiRequest Frame(long frame, double frameTimeMs, double? targetFrameTimeMs = null,
+            long? vramUsed = null, long? vramBudget = null)
+        {
+            var body = new Dictionary<string, object>();
+            body["frame"] = frame;
+            body["frame_time_ms"] = frameTimeMs;
+            if (targetFrameTimeMs.HasValue) body["target_frame_time_ms"] = targetFrameTimeMs.Value;
+            if (vramUsed.HasValue) body["vram_used"] = vramUsed.Value;
+            if (vramBudget.HasValue) body["vram_budget"] = vramBudget.Value;
+            return Submit("frame", body);
+        }
+
+        /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.</summary>
+        public IgiRequest ReserveVram(long bytes, int deadlineFrames)
+        {
+            var body = new Dictionary<string, object>();
+            body["bytes"] = bytes;
+            body["deadline_frames"] = (long)deadlineFrames;
+            return Submit("reserve_vram", body);
+        }
+
+        public IgiRequest Stats() { return Submit("stats", null); }
+
+        /// <summary>Answered when the load ends (its timeout is LoadModelTimeoutSeconds).</summary>
+        public IgiRequest LoadModel(string path, long? vramBudget = null, int? nCtx = null, int? maxSessions = null)
+        {
+            var body = Body("path", path);
+            if (vramBudget.HasValue) body["vram_budget"] = vramBudget.Value;
+            if (nCtx.HasValue) body["n_ctx"] = (long)nCtx.Value;
+            if (maxSessions.HasValue) body["max_sessions"] = (long)maxSessions.Value;
+            return Submit("load_model", body);
+        }
+
+        /// <summary>Stops the sidecar (any client may).</summary>
+        public IgiRequest Shutdown() { return Submit("shutdown", null); }
+
+        /// <summary>Any request, raw: body values as MsgPack accepts them. Type "chat" gives an IgiStream.</summary>
+        public IgiRequest Send(string type, Dictionary<string, object> body)
+        {
+            return Submit(type, body);
+        }
+
+        // ---- plumbing -------------------------------------------------------------------------
+
+        long TextLimit { get { return Server != null ? Server.MaxTextChars : 32000; } }
+
+        static string TooLong(string field, string value, long limit)
+        {
+            if (value == null) return null;
+            int n = Protocol.CodePoints(value);
+            return n > limit ? field + " has " + n + " characters (limit " + limit + ")" : null;
+        }
+
+        static Dictionary<string, object> Body(string key, string value)
+        {
+            var body = new Dictionary<string, object>();
+            body[key] = value ?? "";
+            return body;
+        }
+
+        static Dictionary<string, object> Body(string key1, string value1, string key2, string value2)
+        {
+            var body = Body(key1, value1);
+            body[key2] = value2 ?? "";
+            return body;
+        }
+
+        double TimeoutFor(string type)
+        {
+            if (type == "chat") return options.StreamTimeoutSeconds;
+            if (type == "load_model") return options.LoadModelTimeoutSeconds;
+            return options.RequestTimeoutSeconds;
+        }
+
+        IgiRequest Submit(string type, Dictionary<string, object> body, string refusal = null, string session = null)
+        {
+            long id = connection.NextId();
+            IgiRequest request = type == "chat"
+                ? new IgiStream(id, session, TimeoutFor(type))
+                : new IgiRequest(id, type, TimeoutFor(type));
+            if (disposed)
+            {
+                request.Fail(new IgiError(IgiError.Disposed, "the client is disposed", false));
+                return request;
+            }
+            byte[] bytes = null;
+            if (refusal == null)
+            {
+                try { bytes = Protocol.Encode(id, type, body); }
+                catch (MsgPackException e) { refusal = e.Message; }
+            }
+            long maxBytes = Server != null ? Server.MaxMessageBytes : 1048576;
+            if (refusal == null && bytes.Length > maxBytes)
+                refusal = "the message has " + bytes.Length + " bytes (limit " + maxBytes + ")";
+            request.DeadlineAt = clock.Elapsed.TotalSeconds + request.TimeoutSeconds;
+            pending[id] = request;
+            if (refusal != null)
+            {
+                // refused here, delivered like any answer (in the next Pump)
+                connection.Inbox.Enqueue(new IgiConnection.Incoming
+                {
+                    Id = id, Type = "error", Body = IgiConnection.ErrorBody(IgiError.InvalidBody, refusal, false),
+                });
+                return request;
+            }
+            connection.Enqueue(new IgiConnection.Outgoing
+            {
+                Kind = IgiConnection.OutKind.Send, Id = id, Type = type, Bytes = bytes,
+                IsStream = type == "chat", Session = session,
+            });
+            return request;
+        }
+
+        /// <summary>Says goodbye (keep_sessions = Options.KeepSessionsOnDispose; on a 1.0
+        /// sidecar closes the sessions instead), ends the I/O thread and closes the socket.
+        /// Waits at most about a second. Pending requests end as failed (disposed) without
+        /// their callbacks.</summary>
+        public void Dispose()
+        {
+            if (disposed) return;
+            disposed = true;
+            connection.Stop(DisposeJoinMs);
+            foreach (var request in pending.Values)
+                request.FailQuietly(new IgiError(IgiError.Disposed, "the client was disposed", false));
+            pending.Clear();
+            State = IgiConnectionState.Closed;
+        }
+    }
+}

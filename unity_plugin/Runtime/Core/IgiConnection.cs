@@ -1,0 +1,586 @@
+// The client's I/O thread: it owns the transport and every piece of connection state, so none of
+// it needs a lock. The caller's thread talks to it through two queues: requests go in through
+// the outbox, replies and connection changes come out through the inbox (read by Pump).
+//
+// What it does on its own: connect (back-off 100 ms doubling to 2 s), say hello on every new
+// connection (falling back to a 1.0 hello if the sidecar refuses 1.1 fields), answer
+// hello_required by saying hello and sending the request again, keep the lease with a ping every
+// lease_s/3, declare the sidecar down after 5 s of silence (pending requests fail with
+// `unavailable`), resume open streams after a reconnect, and say goodbye when disposed.
+using System;
+using System.Collections.Concurrent;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Text;
+using System.Threading;
+
+namespace Igi.Sdk
+{
+    internal sealed class IgiConnection
+    {
+        internal enum OutKind { Send, Forget, Stop }
+
+        internal sealed class Outgoing
+        {
+            public OutKind Kind;
+            public long Id;
+            public string Type;
+            public byte[] Bytes;
+            public bool IsStream;
+            public string Session; // the session a close_session names
+        }
+
+        internal sealed class Incoming
+        {
+            public long Id;
+            public string Type;
+            public Dictionary<string, object> Body;
+            public bool IsConnectionChange;
+            public IgiConnectionState State;
+            public IgiServerInfo Info;
+        }
+
+        sealed class InFlight
+        {
+            public long Id;
+            public string Type;
+            public byte[] Bytes;
+            public bool IsStream;
+            public bool Internal;      // sent by this thread; its answer is not forwarded
+            public bool Sent;
+            public bool NeedsResume;   // a stream whose connection dropped
+            public long LastToken;
+            public long ResumeOf;      // a resume_stream: the chat it resumes
+            public bool LegacyHello;   // a hello without the 1.1 fields
+            public int HelloRetries;
+            public string Session;
+            public double QueuedAt;
+            public double SentAt;
+        }
+
+        const int PollMs = 2;
+        const int ConnectTimeoutMs = 2000;
+        const int FirstBackoffMs = 100, MaxBackoffMs = 2000;
+        const int GoodbyeWaitMs = 300;
+
+        // requests that may simply be sent again when the connection dropped before the answer
+        static readonly HashSet<string> Idempotent = new HashSet<string>
+        { "ping", "stats", "list_sessions", "frame", "set_priority" };
+
+        readonly IgiClientOptions options;
+        readonly IIgiTransport transport;
+        readonly byte[] routingId;
+        public readonly ConcurrentQueue<Incoming> Inbox = new ConcurrentQueue<Incoming>();
+        readonly ConcurrentQueue<Outgoing> outbox = new ConcurrentQueue<Outgoing>();
+        readonly AutoResetEvent wake = new AutoResetEvent(false);
+        readonly Thread thread;
+        volatile bool stopRequested;
+        long lastId;
+
+        // ---- state owned by the I/O thread --------------------------------------------------
+        readonly Stopwatch clock = Stopwatch.StartNew();
+        readonly Dictionary<long, InFlight> inflight = new Dictionary<long, InFlight>();
+        readonly List<InFlight> waiting = new List<InFlight>();
+        readonly List<byte[]> received = new List<byte[]>();
+        readonly HashSet<string> ownedSessions = new HashSet<string>();
+        IgiServerInfo info;
+        bool greeted;           // hello answered on this connection
+        long helloId;           // the automatic hello in flight, 0 if none
+        bool useLegacyHello;    // the sidecar refused the 1.1 hello fields
+        bool farewell;          // goodbye answered: stay quiet until the game asks for something
+        bool readoptAfterHello; // forgotten (hello_required): take the orphaned sessions back
+        bool down;              // silent for SidecarSilenceSeconds
+        double heardAt;         // last message from the sidecar
+        double greetedAt;
+        double sentAt;
+        double nextConnectAt;
+        int backoffMs = FirstBackoffMs;
+        IgiConnectionState postedState = IgiConnectionState.Connecting;
+
+        public IgiConnection(IgiClientOptions options)
+        {
+            this.options = options;
+            transport = options.TransportFactory != null ? options.TransportFactory() : new ZmtpDealer();
+            string id = options.RoutingId;
+            if (string.IsNullOrEmpty(id)) id = "igi-" + Guid.NewGuid().ToString("N").Substring(0, 24);
+            routingId = Encoding.ASCII.GetBytes(id);
+            thread = new Thread(Run);
+            thread.IsBackground = true; // never keeps a game (or the editor) from exiting
+            thread.Name = "igi-sdk I/O";
+            thread.Start();
+        }
+
+        public string RoutingId { get { return Encoding.ASCII.GetString(routingId); } }
+
+        public long NextId() { return Interlocked.Increment(ref lastId); }
+
+        public void Enqueue(Outgoing message)
+        {
+            outbox.Enqueue(message);
+            wake.Set();
+        }
+
+        /// <summary>Stops the thread (after a goodbye, bounded) and waits for it, bounded.</summary>
+        public void Stop(int joinTimeoutMs)
+        {
+            Enqueue(new Outgoing { Kind = OutKind.Stop });
+            if (Thread.CurrentThread != thread) thread.Join(joinTimeoutMs);
+        }
+
+        double Now { get { return clock.Elapsed.TotalSeconds; } }
+
+        void Run()
+        {
+            try
+            {
+                while (!stopRequested)
+                {
+                    DrainOutbox();
+                    if (stopRequested) break;
+                    if (!transport.IsConnected)
+                    {
+                        if (Now >= nextConnectAt) TryConnect();
+                        if (!transport.IsConnected)
+                        {
+                            CheckSilence();
+                            int waitMs = (int)Math.Ceiling((nextConnectAt - Now) * 1000);
+                            wake.WaitOne(Math.Max(1, Math.Min(20, waitMs)));
+                            continue;
+                        }
+                    }
+                    SendWhatIsReady();
+                    if (!transport.IsConnected) { OnDropped(); continue; }
+                    received.Clear();
+                    bool alive = transport.Receive(PollMs, received);
+                    foreach (var message in received) Handle(message);
+                    if (!alive || transport.SecondsSinceTraffic > options.SidecarSilenceSeconds) OnDropped();
+                    CheckSilence();
+                }
+                SayGoodbye();
+            }
+            catch (Exception e)
+            {
+                // A bug in this thread must not vanish silently: fail what is pending with it.
+                FailEverything(new IgiError("internal", "igi-sdk I/O thread: " + e, false));
+            }
+            finally
+            {
+                transport.Close();
+                PostState(IgiConnectionState.Closed, null);
+            }
+        }
+
+        // ---- caller -> I/O thread -----------------------------------------------------------
+
+        void DrainOutbox()
+        {
+            Outgoing o;
+            while (outbox.TryDequeue(out o))
+            {
+                switch (o.Kind)
+                {
+                    case OutKind.Stop:
+                        stopRequested = true;
+                        break;
+                    case OutKind.Forget:
+                        inflight.Remove(o.Id);
+                        waiting.RemoveAll(f => f.Id == o.Id);
+                        break;
+                    case OutKind.Send:
+                        waiting.Add(new InFlight
+                        {
+                            Id = o.Id, Type = o.Type, Bytes = o.Bytes, IsStream = o.IsStream,
+                            Session = o.Session, QueuedAt = Now,
+                        });
+                        if (o.Type != "goodbye") farewell = false;
+                        break;
+                }
+            }
+        }
+
+        // ---- connection ---------------------------------------------------------------------
+
+        void TryConnect()
+        {
+            try
+            {
+                transport.Connect(options.Endpoint, routingId, ConnectTimeoutMs);
+            }
+            catch (IgiTransportException)
+            {
+                nextConnectAt = Now + backoffMs / 1000.0;
+                backoffMs = Math.Min(backoffMs * 2, MaxBackoffMs);
+                return;
+            }
+            backoffMs = FirstBackoffMs;
+            greeted = false;
+            helloId = 0;
+            // a fresh connection says hello at once, unless the game said goodbye and has
+            // nothing to send
+            if (!farewell || waiting.Count > 0 || inflight.Count > 0) SendHello();
+        }
+
+        void OnDropped()
+        {
+            transport.Close();
+            greeted = false;
+            helloId = 0;
+            nextConnectAt = Now + FirstBackoffMs / 1000.0;
+            var requeue = new List<InFlight>();
+            foreach (var f in new List<InFlight>(inflight.Values))
+            {
+                if (f.IsStream) { f.NeedsResume = true; continue; }
+                inflight.Remove(f.Id);
+                if (f.Internal) continue;
+                if (!f.Sent || Idempotent.Contains(f.Type)) { f.Sent = false; requeue.Add(f); continue; }
+                Forward(f.Id, "error", ErrorBody(IgiError.Unavailable,
+                    "the connection to the sidecar dropped before " + f.Type + " was answered", true));
+            }
+            waiting.InsertRange(0, requeue);
+            if (postedState == IgiConnectionState.Ready) PostState(IgiConnectionState.Connecting, null);
+        }
+
+        void CheckSilence()
+        {
+            double now = Now;
+            double limit = options.SidecarSilenceSeconds;
+            if (!greeted)
+            {
+                // requests that could not even be sent for that long: the sidecar is not there
+                for (int i = waiting.Count - 1; i >= 0; i--)
+                {
+                    if (now - waiting[i].QueuedAt <= limit) continue;
+                    var f = waiting[i];
+                    waiting.RemoveAt(i);
+                    if (!f.Internal)
+                        Forward(f.Id, "error", ErrorBody(IgiError.Unavailable, "no sidecar answered at " + options.Endpoint, true));
+                }
+            }
+            // a request fails once the sidecar has said nothing at all for `limit` since it went
+            List<InFlight> expired = null;
+            foreach (var f in inflight.Values)
+            {
+                if ((f.Sent || f.NeedsResume) && now - Math.Max(f.SentAt, heardAt) > limit)
+                {
+                    if (expired == null) expired = new List<InFlight>();
+                    expired.Add(f);
+                }
+            }
+            bool silentWhileGreeted = greeted && now - Math.Max(heardAt, greetedAt) > limit;
+            if (expired == null && !silentWhileGreeted) return;
+            if (expired != null)
+            {
+                var error = ErrorBody(IgiError.Unavailable, "no message from the sidecar at " + options.Endpoint + " for " + limit + " s", true);
+                foreach (var f in expired)
+                {
+                    inflight.Remove(f.Id);
+                    if (f.Id == helloId) helloId = 0;
+                    if (!f.Internal) Forward(f.Id, "error", error);
+                }
+            }
+            if (!down)
+            {
+                down = true;
+                greeted = false; // whatever answers next will be greeted again first
+                PostState(IgiConnectionState.Unavailable, null);
+            }
+        }
+
+        void FailEverything(IgiError error)
+        {
+            var body = ErrorBody(error.Code, error.Message, error.Retryable);
+            foreach (var f in inflight.Values) if (!f.Internal) Forward(f.Id, "error", body);
+            foreach (var f in waiting) if (!f.Internal) Forward(f.Id, "error", body);
+            inflight.Clear();
+            waiting.Clear();
+        }
+
+        // ---- sending ------------------------------------------------------------------------
+
+        void SendWhatIsReady()
+        {
+            if (!greeted)
+            {
+                if (helloId == 0 && (waiting.Count > 0 || inflight.Count > 0)) SendHello();
+                return;
+            }
+            while (waiting.Count > 0 && transport.IsConnected)
+            {
+                var f = waiting[0];
+                waiting.RemoveAt(0);
+                inflight[f.Id] = f;
+                Transmit(f);
+            }
+            double leaseS = info != null && info.LeaseSeconds > 0 ? info.LeaseSeconds : options.LeaseSeconds;
+            if (!farewell && Now - sentAt > leaseS / 3) SendInternal("ping", new Dictionary<string, object>(), 0);
+        }
+
+        void SendHello()
+        {
+            var body = new Dictionary<string, object>();
+            body["protocol"] = (long)Protocol.Version;
+            if (!useLegacyHello)
+            {
+                body["minor"] = (long)Protocol.Minor;
+                body["lease_s"] = options.LeaseSeconds;
+            }
+            body["engine"] = options.Engine ?? "unity";
+            body["client_name"] = options.ClientName ?? "";
+            if (options.GamePid.HasValue) body["game_pid"] = (long)options.GamePid.Value;
+            var hello = SendInternal("hello", body, 0);
+            hello.LegacyHello = useLegacyHello;
+            helloId = hello.Id;
+        }
+
+        InFlight SendInternal(string type, Dictionary<string, object> body, long resumeOf)
+        {
+            long id = NextId();
+            var f = new InFlight
+            {
+                Id = id, Type = type, Bytes = Protocol.Encode(id, type, body), Internal = true,
+                ResumeOf = resumeOf, QueuedAt = Now,
+            };
+            inflight[id] = f;
+            Transmit(f);
+            return f;
+        }
+
+        void Transmit(InFlight f)
+        {
+            if (!transport.IsConnected) return;
+            try
+            {
+                transport.Send(f.Bytes);
+                f.Sent = true;
+                f.SentAt = sentAt = Now;
+            }
+            catch (IgiTransportException)
+            {
+                // the loop notices the closed transport and handles the drop
+            }
+        }
+
+        // ---- receiving ----------------------------------------------------------------------
+
+        void Handle(byte[] message)
+        {
+            long id;
+            string type;
+            Dictionary<string, object> body;
+            if (!Protocol.TryDecode(message, out id, out type, out body)) return;
+            heardAt = Now;
+            if (down)
+            {
+                down = false;
+                // the sidecar is back (or was only stalled): greet it again to learn which
+                if (!greeted && helloId == 0) SendHello();
+            }
+            if (type != "ok" && type != "error" && type != "token" && type != "done") return; // heartbeat, or newer
+            InFlight f;
+            if (!inflight.TryGetValue(id, out f)) return;
+
+            if (type == "error" && MsgValue.GetString(body, "code") == "hello_required" && f.Type != "hello")
+            {
+                HelloAgainThenResend(f);
+                return;
+            }
+            if (f.Type == "hello") { OnHelloAnswer(f, type, body); return; }
+            if (f.ResumeOf != 0) { OnResumeAnswer(f, type, body); return; }
+            if (f.IsStream)
+            {
+                if (type == "token")
+                {
+                    f.LastToken = Math.Max(f.LastToken, MsgValue.GetLong(body, "i"));
+                    Forward(id, type, body);
+                }
+                else if (type == "done" || type == "error")
+                {
+                    inflight.Remove(id);
+                    Forward(id, type, body);
+                }
+                return;
+            }
+            if (type != "ok" && type != "error") return;
+            inflight.Remove(id);
+            if (type == "ok") TrackSessions(f, body);
+            if (!f.Internal) Forward(id, type, body);
+        }
+
+        void HelloAgainThenResend(InFlight f)
+        {
+            inflight.Remove(f.Id);
+            greeted = false;
+            if (!farewell && ownedSessions.Count > 0) readoptAfterHello = true;
+            if (f.HelloRetries++ < 2)
+            {
+                f.Sent = false;
+                if (!f.Internal || f.Type != "ping") waiting.Insert(0, f);
+            }
+            else if (!f.Internal)
+            {
+                Forward(f.Id, "error", ErrorBody("hello_required", "the sidecar keeps asking for hello", true));
+            }
+            if (helloId == 0) SendHello();
+        }
+
+        void OnHelloAnswer(InFlight f, string type, Dictionary<string, object> body)
+        {
+            inflight.Remove(f.Id);
+            if (f.Id == helloId) helloId = 0;
+            if (type == "ok")
+            {
+                greeted = true;
+                greetedAt = Now;
+                down = false;
+                info = IgiServerInfo.FromHello(body);
+                PostState(IgiConnectionState.Ready, info);
+                if (!f.Internal) Forward(f.Id, type, body);
+                ResumeStreams();
+                if (readoptAfterHello) ReadoptSessions();
+                return;
+            }
+            if (!f.Internal) { Forward(f.Id, type, body); return; }
+            string code = MsgValue.GetString(body, "code");
+            if (code == "invalid_body" && !f.LegacyHello)
+            {
+                useLegacyHello = true; // a 1.0 sidecar refuses minor and lease_s
+                SendHello();
+                return;
+            }
+            // the sidecar will not talk to us (unsupported_version, ...): what waits cannot go
+            var error = ErrorBody(code ?? "error", "hello refused: " + MsgValue.GetString(body, "message", ""), false);
+            foreach (var w in waiting) if (!w.Internal) Forward(w.Id, "error", error);
+            waiting.Clear();
+            farewell = true;
+        }
+
+        void ResumeStreams()
+        {
+            foreach (var f in new List<InFlight>(inflight.Values))
+            {
+                if (!f.IsStream || !f.NeedsResume) continue;
+                f.NeedsResume = false;
+                if (info.HasFeature(IgiFeatures.ResumeStream))
+                {
+                    var body = new Dictionary<string, object>();
+                    body["request"] = f.Id;
+                    body["after"] = f.LastToken;
+                    SendInternal("resume_stream", body, f.Id);
+                }
+                else
+                {
+                    inflight.Remove(f.Id);
+                    Forward(f.Id, "error", ErrorBody(IgiError.StreamLost,
+                        "the connection dropped mid-stream and this sidecar cannot resume streams", true));
+                }
+            }
+        }
+
+        void OnResumeAnswer(InFlight f, string type, Dictionary<string, object> body)
+        {
+            inflight.Remove(f.Id);
+            if (type != "error" || !inflight.ContainsKey(f.ResumeOf)) return; // ok: the events follow
+            inflight.Remove(f.ResumeOf);
+            Forward(f.ResumeOf, "error", ErrorBody(IgiError.StreamLost,
+                "the stream could not be resumed after a reconnect (" + MsgValue.GetString(body, "code") +
+                ": " + MsgValue.GetString(body, "message") + ")", true));
+        }
+
+        void ReadoptSessions()
+        {
+            readoptAfterHello = false;
+            if (!info.HasFeature(IgiFeatures.AdoptSession)) return;
+            foreach (var session in ownedSessions)
+            {
+                var body = new Dictionary<string, object>();
+                body["session"] = session;
+                SendInternal("adopt_session", body, 0);
+            }
+        }
+
+        void TrackSessions(InFlight f, Dictionary<string, object> body)
+        {
+            switch (f.Type)
+            {
+                case "open_session":
+                case "restore_session":
+                case "adopt_session":
+                    string session = MsgValue.GetString(body, "session");
+                    if (session != null) ownedSessions.Add(session);
+                    break;
+                case "close_session":
+                    if (f.Session != null) ownedSessions.Remove(f.Session);
+                    break;
+                case "goodbye":
+                    ownedSessions.Clear();
+                    greeted = false;
+                    farewell = true;
+                    break;
+                case "load_model":
+                    ownedSessions.Clear(); // a load closes every session
+                    break;
+            }
+        }
+
+        // ---- leaving ------------------------------------------------------------------------
+
+        void SayGoodbye()
+        {
+            if (!transport.IsConnected || !greeted) return;
+            var asked = new List<long>();
+            if (info != null && info.HasFeature(IgiFeatures.Goodbye))
+            {
+                var body = new Dictionary<string, object>();
+                body["keep_sessions"] = options.KeepSessionsOnDispose;
+                asked.Add(SendInternal("goodbye", body, 0).Id);
+            }
+            else if (!options.KeepSessionsOnDispose)
+            {
+                // a 1.0 sidecar keeps a silent client's sessions forever: close them
+                foreach (var session in ownedSessions)
+                {
+                    var body = new Dictionary<string, object>();
+                    body["session"] = session;
+                    asked.Add(SendInternal("close_session", body, 0).Id);
+                }
+            }
+            var clock = Stopwatch.StartNew();
+            while (asked.Count > 0 && clock.ElapsedMilliseconds < GoodbyeWaitMs && transport.IsConnected)
+            {
+                received.Clear();
+                transport.Receive(10, received);
+                foreach (var message in received)
+                {
+                    long id;
+                    string type;
+                    Dictionary<string, object> ignored;
+                    if (Protocol.TryDecode(message, out id, out type, out ignored) && (type == "ok" || type == "error"))
+                        asked.Remove(id);
+                }
+            }
+        }
+
+        // ---- I/O thread -> caller -----------------------------------------------------------
+
+        void Forward(long id, string type, Dictionary<string, object> body)
+        {
+            Inbox.Enqueue(new Incoming { Id = id, Type = type, Body = body });
+        }
+
+        void PostState(IgiConnectionState state, IgiServerInfo serverInfo)
+        {
+            if (state == postedState && serverInfo == null) return;
+            postedState = state;
+            Inbox.Enqueue(new Incoming { IsConnectionChange = true, State = state, Info = serverInfo });
+        }
+
+        internal static Dictionary<string, object> ErrorBody(string code, string message, bool retryable)
+        {
+            var body = new Dictionary<string, object>();
+            body["code"] = code;
+            body["message"] = message;
+            body["retryable"] = retryable;
+            return body;
+        }
+    }
+}

@@ -1,0 +1,39 @@
+namespace Igi.Sdk
+{
+    /// <summary>
+    /// A typed failure, as on the wire (PROTOCOL.md §6): <see cref="Code"/> is stable,
+    /// <see cref="Message"/> is for humans only, <see cref="Retryable"/> says whether the same
+    /// request may succeed later unchanged. Codes the client makes up itself are listed below.
+    /// </summary>
+    public sealed class IgiError
+    {
+        /// <summary>Local: nothing came from the sidecar for 5 s (it is down or restarting), or
+        /// the connection dropped before the answer came.</summary>
+        public const string Unavailable = "unavailable";
+        /// <summary>Local: the sidecar is alive but the request got no event within its timeout.</summary>
+        public const string Timeout = "timeout";
+        /// <summary>Local: a stream could not be resumed after a reconnect (the sidecar
+        /// restarted, or does not support resume_stream); send the line again.</summary>
+        public const string StreamLost = "stream_lost";
+        /// <summary>Local: the client was disposed before the answer came.</summary>
+        public const string Disposed = "disposed";
+        /// <summary>Local: refused before sending (text too long, message too large, bad argument).</summary>
+        public const string InvalidBody = "invalid_body";
+
+        public readonly string Code;
+        public readonly string Message;
+        public readonly bool Retryable;
+
+        public IgiError(string code, string message, bool retryable)
+        {
+            Code = code ?? "error";
+            Message = message ?? "";
+            Retryable = retryable;
+        }
+
+        public override string ToString()
+        {
+            return "[" + Code + "] " + Message + (Retryable ? " (retryable)" : "");
+        }
+    }
+}

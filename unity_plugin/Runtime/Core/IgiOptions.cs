@@ -1,0 +1,70 @@
+using System;
+
+namespace Igi.Sdk
+{
+    /// <summary>How the client connects and how long it waits. Read once by the constructor.</summary>
+    public sealed class IgiClientOptions
+    {
+        public string Endpoint = "tcp://127.0.0.1:5599";
+        /// <summary>hello.engine (≤ 64 characters).</summary>
+        public string Engine = "unity";
+        /// <summary>hello.client_name (≤ 64 characters), for the sidecar's logs and stats.</summary>
+        public string ClientName = "";
+        /// <summary>hello.game_pid: the sidecar exits when this process dies (if it launched it).</summary>
+        public int? GamePid;
+        /// <summary>hello.lease_s (protocol 1.1, 2..3600): silent longer than this, the sidecar
+        /// forgets the client and orphans its sessions. The client pings every third of it.</summary>
+        public double LeaseSeconds = 15;
+        /// <summary>A request fails with <c>timeout</c> when none of its events came for this long.</summary>
+        public double RequestTimeoutSeconds = 15;
+        /// <summary>Same for streams (time between two events of one chat; reading a long
+        /// prompt on the CPU can take a while before the first token).</summary>
+        public double StreamTimeoutSeconds = 60;
+        /// <summary>load_model answers when the load ends.</summary>
+        public double LoadModelTimeoutSeconds = 600;
+        /// <summary>No message at all from the sidecar for this long: it is down
+        /// (pending requests fail with <c>unavailable</c>; reconnecting goes on).</summary>
+        public double SidecarSilenceSeconds = 5;
+        /// <summary>Dispose says goodbye with keep_sessions = this (true: the sessions become
+        /// orphaned and a later client can adopt them, e.g. across a play-mode restart).</summary>
+        public bool KeepSessionsOnDispose;
+        /// <summary>The DEALER's routing id; null: "igi-" + 24 random hex digits per client.
+        /// Reconnects keep it, so the sidecar (ROUTER_HANDOVER) keeps this client's sessions.</summary>
+        public string RoutingId;
+        /// <summary>Makes the transport; default: the managed ZMTP DEALER (<see cref="ZmtpDealer"/>).</summary>
+        public Func<IIgiTransport> TransportFactory;
+    }
+
+    /// <summary>open_session.sampling; null fields are left to the sidecar's defaults.</summary>
+    public sealed class SamplingOptions
+    {
+        public double? Temperature;   // 0..5 (0.7; 0 = greedy)
+        public double? TopP;          // (0, 1] (0.95)
+        public int? TopK;             // 0..100000 (40; 0 = off)
+        public double? MinP;          // 0..1 (0.05)
+        public double? RepeatPenalty; // 0.5..3 (1.1)
+        public long? Seed;            // 0..2^32-1 (0)
+    }
+
+    /// <summary>open_session fields; null fields are left out.</summary>
+    public sealed class SessionOptions
+    {
+        public string SystemPrompt;
+        public string Persona;
+        public SamplingOptions Sampling;
+        public int? Priority;  // -100..100, higher decodes first
+        /// <summary>Protocol 1.1: a stable session id such as "npc.brom" ([A-Za-z0-9_.-], 1-128).</summary>
+        public string Name;
+    }
+
+    /// <summary>chat fields besides session and text; null fields are left out.</summary>
+    public sealed class ChatOptions
+    {
+        public int? MaxTokens;     // 1..4096 (256)
+        public string[] Stop;      // ≤ 8 strings of 1-64 characters
+        public string Grammar;     // GBNF, root rule `root`
+        /// <summary>A JSON Schema as JSON text (protocol 1.1 json_schema_string): the sidecar
+        /// parses it, so the engine needs no JSON tree.</summary>
+        public string JsonSchema;
+    }
+}

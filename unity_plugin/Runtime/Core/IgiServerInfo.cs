@@ -1,0 +1,69 @@
+using System.Collections.Generic;
+
+namespace Igi.Sdk
+{
+    /// <summary>What the sidecar said in its answer to hello.</summary>
+    public sealed class IgiServerInfo
+    {
+        public int Protocol;
+        /// <summary>0 for a 1.0 sidecar.</summary>
+        public int Minor;
+        public string Model;
+        public bool Loading;
+        /// <summary>The lease in force (0 for a 1.0 sidecar, which has none).</summary>
+        public double LeaseSeconds;
+        public readonly List<string> Features = new List<string>();
+        public long MaxMessageBytes = 1048576;
+        public long MaxTextChars = 32000;
+        public long MaxTokens = 4096;
+        public long MaxSessionsPerClient = 8;
+        public long MaxStreamsPerClient = 4;
+        /// <summary>The whole ok body, for fields this version does not know.</summary>
+        public Dictionary<string, object> Raw;
+
+        public bool HasFeature(string feature) { return Features.Contains(feature); }
+
+        public static IgiServerInfo FromHello(Dictionary<string, object> body)
+        {
+            var info = new IgiServerInfo();
+            info.Raw = body;
+            info.Protocol = (int)MsgValue.GetLong(body, "protocol", 1);
+            info.Minor = (int)MsgValue.GetLong(body, "minor", 0);
+            info.Model = MsgValue.GetString(body, "model");
+            info.Loading = MsgValue.GetBool(body, "loading");
+            info.LeaseSeconds = MsgValue.GetDouble(body, "lease_s", 0);
+            info.Features.AddRange(MsgValue.GetStrings(body, "features"));
+            var limits = MsgValue.GetMap(body, "limits");
+            info.MaxMessageBytes = MsgValue.GetLong(limits, "max_message_bytes", info.MaxMessageBytes);
+            info.MaxTextChars = MsgValue.GetLong(limits, "max_text_chars", info.MaxTextChars);
+            info.MaxTokens = MsgValue.GetLong(limits, "max_tokens", info.MaxTokens);
+            info.MaxSessionsPerClient = MsgValue.GetLong(limits, "max_sessions_per_client", info.MaxSessionsPerClient);
+            info.MaxStreamsPerClient = MsgValue.GetLong(limits, "max_streams_per_client", info.MaxStreamsPerClient);
+            return info;
+        }
+    }
+
+    /// <summary>Feature names a 1.1 sidecar lists in hello's ok.</summary>
+    public static class IgiFeatures
+    {
+        public const string Goodbye = "goodbye";
+        public const string Leases = "leases";
+        public const string ListSessions = "list_sessions";
+        public const string AdoptSession = "adopt_session";
+        public const string SetPriority = "set_priority";
+        public const string ResumeStream = "resume_stream";
+        public const string JsonSchemaString = "json_schema_string";
+    }
+
+    public enum IgiConnectionState
+    {
+        /// <summary>Connecting, or connected and waiting for hello's answer.</summary>
+        Connecting,
+        /// <summary>hello answered: requests flow.</summary>
+        Ready,
+        /// <summary>The sidecar has been silent for 5 s; reconnecting goes on.</summary>
+        Unavailable,
+        /// <summary>Disposed.</summary>
+        Closed,
+    }
+}

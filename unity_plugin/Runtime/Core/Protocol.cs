@@ -1,0 +1,60 @@
+using System.Collections.Generic;
+
+namespace Igi.Sdk
+{
+    /// <summary>The envelope {v, id, type, body} (PROTOCOL.md §2) and text rules.</summary>
+    public static class Protocol
+    {
+        public const int Version = 1;
+        public const int Minor = 1;
+        public const long MaxId = 9007199254740991L; // 2^53 - 1
+
+        public static byte[] Encode(long id, string type, Dictionary<string, object> body)
+        {
+            var envelope = new Dictionary<string, object>(4);
+            envelope["v"] = (long)Version;
+            envelope["id"] = id;
+            envelope["type"] = type;
+            envelope["body"] = body ?? new Dictionary<string, object>();
+            return MsgPack.Encode(envelope);
+        }
+
+        /// <summary>Reads a reply; false for anything that is not a well-formed envelope
+        /// (such a message is dropped: it cannot be tied to a request).</summary>
+        public static bool TryDecode(byte[] message, out long id, out string type, out Dictionary<string, object> body)
+        {
+            id = 0;
+            type = null;
+            body = null;
+            object value;
+            string error;
+            if (!MsgPack.TryDecode(message, out value, out error)) return false;
+            var envelope = value as Dictionary<string, object>;
+            if (envelope == null) return false;
+            if (MsgValue.GetLong(envelope, "v", -1) != Version) return false;
+            object rawId = MsgValue.Get(envelope, "id");
+            if (!(rawId is long)) return false;
+            id = (long)rawId;
+            type = MsgValue.GetString(envelope, "type");
+            if (type == null) return false;
+            body = MsgValue.GetMap(envelope, "body") ?? new Dictionary<string, object>();
+            return true;
+        }
+
+        /// <summary>Length in Unicode code points, as the sidecar counts it (a surrogate pair is one).</summary>
+        public static int CodePoints(string s)
+        {
+            if (s == null) return 0;
+            int n = s.Length;
+            for (int i = 0; i + 1 < s.Length; i++)
+            {
+                if (char.IsHighSurrogate(s[i]) && char.IsLowSurrogate(s[i + 1]))
+                {
+                    n--;
+                    i++;
+                }
+            }
+            return n;
+        }
+    }
+}
