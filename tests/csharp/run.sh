@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The Unity package's C# suite: compiles the engine-agnostic core (Unity's C# subset: mcs
+# -langversion:7.2, warnings as errors), type-checks the Unity layer against a UnityEngine stub
+# when there is one, and runs the NUnit tests against the real sidecar (they start it themselves).
+# Prints "N passed, N failed"; exits 1 on any failure or when no test ran.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+build=$root/build/csharp     # build/ is git-ignored
+rm -rf "$build" && mkdir -p "$build"
+
+flags=(-langversion:7.2 -warnaserror+ -nologo)
+nunit_dll=$(ls /usr/lib/cli/nunit.framework-2.6.*/nunit.framework.dll 2>/dev/null | head -1)
+[ -n "$nunit_dll" ] || nunit_dll=$(find /usr/lib -name nunit.framework.dll 2>/dev/null | head -1)
+[ -n "$nunit_dll" ] || { echo "nunit.framework.dll not found (apt-get install libnunit-framework2.6.3-cil)"; exit 1; }
+
+core=()
+while IFS= read -r -d '' f; do core+=("$f"); done < <(find unity_plugin/Runtime/Core -name '*.cs' -print0 | sort -z)
+mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Core.dll" "${core[@]}" \
+    || { echo "core: compile failed"; echo "0 passed, 1 failed"; exit 1; }
+
+# The Unity layer (written on top of the core) type-checks against a stub of UnityEngine.
+# (IGI_CSHARP_SKIP_UNITY=1 skips it, for work on the core alone.)
+if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]; then
+    unity=()
+    while IFS= read -r -d '' f; do unity+=("$f"); done < <(find unity_plugin/Runtime/Unity -name '*.cs' -print0 2>/dev/null | sort -z)
+    if [ -d unity_plugin/Editor ]; then
+        editor_stub=$(ls tests/csharp/UnityEditorStub.cs unity_plugin/Editor/UnityEditorStub.cs 2>/dev/null | head -1)
+        if [ -n "$editor_stub" ]; then
+            while IFS= read -r -d '' f; do
+                [ "$f" = "$editor_stub" ] || unity+=("$f")
+            done < <(find unity_plugin/Editor -name '*.cs' -print0 | sort -z)
+            unity+=("$editor_stub")
+        fi
+    fi
+    mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Unity.typecheck.dll" \
+        tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
+        || { echo "Unity layer: type check failed"; echo "0 passed, 1 failed"; exit 1; }
+    echo "Unity layer: type check ok (${#unity[@]} files)"
+fi
+
+tests=()
+while IFS= read -r -d '' f; do tests+=("$f"); done < <(find unity_plugin/Tests/Runtime -name '*.cs' -print0 | sort -z)
+mcs "${flags[@]}" -target:library -r:"$build/Igi.Sdk.Core.dll" -r:"$nunit_dll" \
+    -out:"$build/Igi.Sdk.Tests.dll" "${tests[@]}" \
+    || { echo "tests: compile failed"; echo "0 passed, 1 failed"; exit 1; }
+cp "$nunit_dll" "$build/"
+
+export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
+export IGI_VECTORS_DIR="$root/bridge/vectors"
+(cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" ${NUNIT_ARGS:-}) \
+    > "$build/nunit.log" 2>&1
+nunit=$?
+grep -E '^\*\*\*\*\*|^(Tests run|Errors and Failures|  [0-9]+\) |Tests Not Run|[0-9]+\) )|^measured:' "$build/nunit.log" | grep -v '^\*\*\*\*\* ' | head -100
+grep -E '^measured:' "$build/nunit.log" || true
+
+result=$(python3 - "$build/TestResult.xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+try:
+    cases = ET.parse(sys.argv[1]).getroot().iter("test-case")
+except Exception as e:  # no result file: nunit did not run
+    print("0 0 0"); sys.exit()
+passed = failed = ignored = 0
+for c in cases:
+    if c.get("executed") != "True":
+        ignored += 1
+    elif c.get("success") == "True":
+        passed += 1
+    else:
+        failed += 1
+        print("FAILED:", c.get("name"), file=sys.stderr)
+print(passed, failed, ignored)
+PY
+)
+read -r passed failed ignored <<<"$result"
+if [ "$passed" -eq 0 ] && [ "$failed" -eq 0 ]; then
+    tail -40 "$build/nunit.log"
+fi
+[ "$ignored" -gt 0 ] && echo "$ignored not run (ignored)"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ] && [ "$nunit" -eq 0 ]
