@@ -140,6 +140,14 @@ namespace UnityEngine
     [AttributeUsage(AttributeTargets.Class)]
     public sealed class AddComponentMenu : Attribute { public AddComponentMenu(string menuName) { } }
 
+    public enum RuntimeInitializeLoadType { AfterSceneLoad, BeforeSceneLoad, AfterAssembliesLoaded, BeforeSplashScreen, SubsystemRegistration }
+
+    [AttributeUsage(AttributeTargets.Method)]
+    public sealed class RuntimeInitializeOnLoadMethodAttribute : Attribute
+    {
+        public RuntimeInitializeOnLoadMethodAttribute(RuntimeInitializeLoadType loadType) { }
+    }
+
     [AttributeUsage(AttributeTargets.Class)]
     public sealed class DefaultExecutionOrder : Attribute { public DefaultExecutionOrder(int order) { } }
 }

@@ -51,10 +51,30 @@ namespace Igi.Sdk.Unity
             }
         }
 
+        const long MaxLogBytes = 8L << 20;
+
+        // the log is appended to by every start: past 8 MiB the old part moves to <log>.old
+        static void KeepLogSmall(string logPath)
+        {
+            try
+            {
+                var info = new FileInfo(logPath);
+                if (!info.Exists || info.Length < MaxLogBytes) return;
+                string old = logPath + ".old";
+                if (File.Exists(old)) File.Delete(old);
+                File.Move(logPath, old);
+            }
+            catch (IOException)
+            {
+                // a sidecar still writing it (Windows keeps it locked): append anyway
+            }
+        }
+
         /// <summary>Starts the sidecar; throws when the OS refuses. Call off the main thread.</summary>
         public static SidecarProcess Start(SidecarLaunch launch)
         {
             Directory.CreateDirectory(Path.GetDirectoryName(launch.LogPath));
+            KeepLogSmall(launch.LogPath);
             var info = new ProcessStartInfo
             {
                 UseShellExecute = false,
