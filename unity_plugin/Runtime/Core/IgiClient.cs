@@ -225,6 +225,15 @@ namespace Igi.Sdk
 
         public IgiRequest RestoreSession(string name) { return Submit("restore_session", Body("name", name)); }
 
+        /// <summary>Protocol 1.1: restores into a session with a stable name (the session id is
+        /// <paramref name="session"/>).</summary>
+        public IgiRequest RestoreSession(string name, string session)
+        {
+            var body = Body("name", name);
+            if (session != null) body["session"] = session;
+            return Submit("restore_session", body);
+        }
+
         public IgiRequest CloseSession(string session)
         {
             return Submit("close_session", Body("session", session), null, session);
