@@ -1,0 +1,483 @@
+using System;
+using System.Collections.Generic;
+using System.Threading.Tasks;
+using UnityEngine;
+
+namespace Igi.Sdk.Unity
+{
+    /// <summary>
+    /// One NPC's conversation with the player. The session has a stable name
+    /// (<c>npc.&lt;name&gt;</c>): after a play-mode restart the NPC adopts the session it left
+    /// orphaned, so the conversation goes on; otherwise it opens a new one. Every event is raised
+    /// on the main thread, from <see cref="IgiSidecar"/>'s Update.
+    /// </summary>
+    [AddComponentMenu("Igi SDK/NPC Dialogue")]
+    public sealed class NpcDialogue : MonoBehaviour
+    {
+        // a restore goes into the other name of the pair, so a failed restore leaves the
+        // current conversation untouched; both names are found again after a restart
+        const string AlternateSuffix = ".b";
+        const int MaxBaseNameLength = 128 - 2;
+        const float RetryEverySeconds = 2f;
+
+        [Header("Character")]
+        [Tooltip("The NPC's name. With an empty system prompt the sidecar says \"You are <persona>.\"")]
+        [SerializeField] string persona = "";
+        [Tooltip("Who the NPC is and how it talks. Used when the session is opened (an adopted session keeps its own).")]
+        [TextArea(3, 12)] [SerializeField] string systemPrompt = "";
+        [Tooltip("Stable session id, kept across play-mode restarts ([A-Za-z0-9_.-]). Empty: npc.<GameObject name>.")]
+        [SerializeField] string sessionName = "";
+        [SerializeField] NpcSampling sampling = new NpcSampling();
+
+        [Header("Replies")]
+        [Range(1, 4096)] [SerializeField] int maxTokens = 256;
+        [Tooltip("The reply ends at any of these (at most 8, 1-64 characters each); they are not shown.")]
+        [SerializeField] string[] stopStrings = new string[0];
+
+        [Header("Priority")]
+        [Tooltip("The player looks at this NPC: its replies are decoded first.")]
+        [SerializeField] bool facingPlayer;
+        [Range(-100, 100)] [SerializeField] int priority;
+        [Range(-100, 100)] [SerializeField] int facingPriority = 50;
+
+        [Header("Lifetime")]
+        [Tooltip("On destroy, leave the session open for the next NpcDialogue of the same name (scene reloads, pooled NPCs).")]
+        [SerializeField] bool keepSessionOnDestroy;
+
+        [Header("Events")]
+        [SerializeField] TextEvent tokenReceived = new TextEvent();
+        [SerializeField] TextEvent replyFinished = new TextEvent();
+        [SerializeField] ErrorEvent errorRaised = new ErrorEvent();
+
+        /// <summary>Each streamed piece of the reply, in order.</summary>
+        public event Action<string> OnToken;
+        /// <summary>The whole reply once it ended (also when cancelled: the text said so far).</summary>
+        public event Action<string> OnReply;
+        /// <summary>A failure: a stable code (the sidecar's, or <c>session_lost</c>, <c>not_ready</c>, ...) and a message for humans.</summary>
+        public event Action<string, string> OnError;
+
+        static readonly Dictionary<string, NpcDialogue> Claims = new Dictionary<string, NpcDialogue>();
+
+        IgiSidecar _sidecar;
+        string _baseName;
+        bool _claimed;
+        string _session;
+        bool _hadSession;
+        int _acquireGeneration;
+        bool _acquiring;
+        int _seenReadyCount;
+        float _retryAt = -1f;
+        float _retryUntil = -1f;
+        IgiStream _stream;
+        bool _restoring;
+        string _pendingLine;
+        int? _priorityOverride;
+        int _sentPriority = int.MinValue;
+        bool _destroyed;
+
+        // ---- state ------------------------------------------------------------------------------
+
+        /// <summary>The session's id while there is one (the stable name, or its alternate after a restore).</summary>
+        public string SessionId { get { return _session; } }
+        /// <summary>The stable session name this NPC uses.</summary>
+        public string SessionName { get { return _baseName ?? ResolveName(); } }
+        public bool IsReady { get { return _session != null && _sidecar != null && _sidecar.IsReady; } }
+        public bool IsReplying { get { return _stream != null && !_stream.IsDone; } }
+        /// <summary>The reply so far while streaming; the last reply afterwards.</summary>
+        public string CurrentReply { get { return _stream != null ? _stream.Text : LastReply ?? ""; } }
+        public string LastReply { get; private set; }
+        /// <summary>stop, stop_string, length or cancelled.</summary>
+        public string LastFinishReason { get; private set; }
+
+        // ---- settings, for NPCs built from code (before Start) --------------------------------
+
+        public string Persona { get { return persona; } set { persona = value ?? ""; } }
+        public string SystemPrompt { get { return systemPrompt; } set { systemPrompt = value ?? ""; } }
+        public string SessionNameSetting { get { return sessionName; } set { sessionName = value ?? ""; } }
+        public NpcSampling Sampling { get { return sampling; } }
+        public int MaxTokens { get { return maxTokens; } set { maxTokens = Math.Max(1, Math.Min(4096, value)); } }
+        public bool KeepSessionOnDestroy { get { return keepSessionOnDestroy; } set { keepSessionOnDestroy = value; } }
+        public TextEvent TokenReceived { get { return tokenReceived; } }
+        public TextEvent ReplyFinished { get { return replyFinished; } }
+        public ErrorEvent ErrorRaised { get { return errorRaised; } }
+
+        /// <summary>The player looks at this NPC: its session gets <c>facingPriority</c>.</summary>
+        public bool FacingPlayer { get { return facingPlayer; } set { facingPlayer = value; } }
+
+        int DesiredPriority
+        {
+            get { return _priorityOverride ?? (facingPlayer ? facingPriority : priority); }
+        }
+
+        IgiClient Client { get { return _sidecar != null ? _sidecar.Client : null; } }
+
+        bool SidecarSpeaks11
+        {
+            get { return Client != null && Client.Server != null && Client.Server.Minor >= 1; }
+        }
+
+        [RuntimeInitializeOnLoadMethod(RuntimeInitializeLoadType.SubsystemRegistration)]
+        static void ResetStatics() { Claims.Clear(); }
+
+        // ---- lifecycle --------------------------------------------------------------------------
+
+        void Start()
+        {
+            _sidecar = IgiSidecar.FindOrCreate();
+            _baseName = ResolveName();
+            NpcDialogue holder;
+            if (Claims.TryGetValue(_baseName, out holder) && holder != null && holder != this && !holder._destroyed)
+            {
+                RaiseError("session_exists", "another NpcDialogue ('" + holder.name + "') uses the session name " + _baseName);
+                return;
+            }
+            Claims[_baseName] = this;
+            _claimed = true;
+        }
+
+        void Update()
+        {
+            if (!_claimed || _sidecar == null || !_sidecar.IsReady) return;
+            if (_sidecar.ReadyCount != _seenReadyCount)
+            {
+                // a new connection (first start, reconnect, restarted sidecar): find the session again
+                _seenReadyCount = _sidecar.ReadyCount;
+                Acquire();
+            }
+            else if (_retryAt >= 0f && Time.realtimeSinceStartup >= _retryAt)
+            {
+                _retryAt = -1f;
+                Acquire();
+            }
+            ApplyPriority();
+        }
+
+        void OnDestroy()
+        {
+            _destroyed = true;
+            _acquireGeneration++; // answers still on their way find nobody
+            NpcDialogue holder;
+            if (_claimed && Claims.TryGetValue(_baseName, out holder) && holder == this) Claims.Remove(_baseName);
+            // quitting: the sidecar's goodbye closes (player) or orphans (Editor) every session at once
+            if (IgiSidecar.IsQuitting || Client == null || !_sidecar.IsReady) return;
+            if (IsReplying) Client.Cancel(_stream);
+            if (!keepSessionOnDestroy && _session != null) Client.CloseSession(_session);
+        }
+
+        // ---- the game's calls -------------------------------------------------------------------
+
+        /// <summary>
+        /// Sends the player's line; the reply streams through <see cref="OnToken"/> and ends with
+        /// <see cref="OnReply"/> or <see cref="OnError"/>. Before the session is ready the line
+        /// waits and is sent then. False (and <c>session_busy</c>) while the NPC still replies.
+        /// </summary>
+        public bool Say(string playerLine)
+        {
+            if (string.IsNullOrEmpty(playerLine) || _destroyed) return false;
+            if (IsReplying || _restoring)
+            {
+                RaiseError("session_busy", _baseName + " is still replying: Cancel() first, or wait for OnReply");
+                return false;
+            }
+            if (!IsReady)
+            {
+                _pendingLine = playerLine;
+                if (_claimed && !_acquiring && _sidecar != null && _sidecar.IsReady) Acquire();
+                return true;
+            }
+            var chat = new ChatOptions { MaxTokens = maxTokens };
+            var stops = NonEmpty(stopStrings);
+            if (stops.Length > 0) chat.Stop = stops;
+            IgiStream stream = Client.Chat(_session, playerLine, chat);
+            _stream = stream;
+            stream.OnToken(piece => { if (!_destroyed) RaiseToken(piece); })
+                .OnDone(done =>
+                {
+                    if (_destroyed) return;
+                    LastReply = done.Text;
+                    LastFinishReason = done.FinishReason;
+                    RaiseReply(done.Text);
+                })
+                .OnError(error =>
+                {
+                    if (_destroyed) return;
+                    LastReply = stream.Text;
+                    LastFinishReason = "error";
+                    if (error.Code == "unknown_session") _session = null; // gone (closed by a load_model): open again on the next Say
+                    RaiseError(error.Code, error.Message);
+                });
+            return true;
+        }
+
+        /// <summary>Stops the reply (the player walked away). It still ends with OnReply, holding the text said so far.</summary>
+        public void Cancel()
+        {
+            _pendingLine = null;
+            if (IsReplying && Client != null) Client.Cancel(_stream);
+        }
+
+        /// <summary>Saves the conversation as <paramref name="saveName"/> (letters, digits, <c>._-</c>). Completes on the main thread.</summary>
+        public Task<bool> SaveTo(string saveName)
+        {
+            var result = new TaskCompletionSource<bool>();
+            if (!CanChangeSession(result)) return result.Task;
+            Client.SaveSession(_session, saveName).OnCompleted(request => Finish(result, request));
+            return result.Task;
+        }
+
+        /// <summary>
+        /// Replaces the conversation with the one saved as <paramref name="saveName"/>. If the
+        /// restore fails (no such save, another model) the current conversation stays.
+        /// </summary>
+        public Task<bool> RestoreFrom(string saveName)
+        {
+            var result = new TaskCompletionSource<bool>();
+            if (!CanChangeSession(result)) return result.Task;
+            var body = new Dictionary<string, object> { { "name", saveName ?? "" } };
+            string target = _session == _baseName ? _baseName + AlternateSuffix : _baseName;
+            if (SidecarSpeaks11) body["session"] = target; // 1.1: the restored session takes our stable name
+            string previous = _session;
+            int generation = _acquireGeneration;
+            _restoring = true;
+            Client.Send("restore_session", body).OnCompleted(request =>
+            {
+                _restoring = false;
+                if (_destroyed || generation != _acquireGeneration) { result.TrySetResult(false); return; }
+                if (!request.Succeeded) { Finish(result, request); return; }
+                string restored = request.Session ?? target;
+                if (previous != null && previous != restored) Client.CloseSession(previous);
+                _session = restored;
+                _sentPriority = int.MinValue; // the save carries its own priority: send ours
+                LastReply = null;
+                result.TrySetResult(true);
+            });
+            return result.Task;
+        }
+
+        /// <summary>Sets the session's priority (-100..100) until <see cref="ClearPriority"/>; higher decodes first.</summary>
+        public void SetPriority(int value)
+        {
+            _priorityOverride = Math.Max(-100, Math.Min(100, value));
+            ApplyPriority();
+        }
+
+        /// <summary>Back to the Inspector's priority (and <see cref="FacingPlayer"/>).</summary>
+        public void ClearPriority()
+        {
+            _priorityOverride = null;
+            ApplyPriority();
+        }
+
+        bool CanChangeSession(TaskCompletionSource<bool> result)
+        {
+            string code = null, message = null;
+            if (!IsReady) { code = "not_ready"; message = _baseName + " has no session yet (the sidecar is starting, or the session is being opened)"; }
+            else if (IsReplying || _restoring) { code = "session_busy"; message = _baseName + " is replying: Cancel() first, or wait for OnReply"; }
+            if (code == null) return true;
+            RaiseError(code, message);
+            result.TrySetResult(false);
+            return false;
+        }
+
+        void Finish(TaskCompletionSource<bool> result, IgiRequest request)
+        {
+            if (!request.Succeeded && !_destroyed) RaiseError(request.Error.Code, request.Error.Message);
+            result.TrySetResult(request.Succeeded);
+        }
+
+        void ApplyPriority()
+        {
+            int wanted = DesiredPriority;
+            if (!IsReady || wanted == _sentPriority) return;
+            _sentPriority = wanted;
+            // a 1.0 sidecar only takes the priority at open_session
+            if (Client.Server != null && Client.Server.HasFeature(IgiFeatures.SetPriority))
+                Client.SetPriority(_session, wanted);
+        }
+
+        // ---- finding the session ----------------------------------------------------------------
+
+        void Acquire()
+        {
+            int generation = ++_acquireGeneration;
+            _acquiring = true;
+            _session = null;
+            if (SidecarSpeaks11 && Client.Server.HasFeature(IgiFeatures.ListSessions))
+            {
+                Client.ListSessions()
+                    .OnOk(body => { if (generation == _acquireGeneration) Choose(body, generation); })
+                    .OnError(error => { if (generation == _acquireGeneration) Retry(error); });
+            }
+            else
+            {
+                Open(generation);
+            }
+        }
+
+        void Choose(Dictionary<string, object> body, int generation)
+        {
+            string mine = null, orphan = null;
+            var leftovers = new List<KeyValuePair<string, string>>(); // (id, owner)
+            foreach (object item in MsgValue.GetList(body, "sessions"))
+            {
+                var entry = item as Dictionary<string, object>;
+                string id = MsgValue.GetString(entry, "session");
+                if (id != _baseName && id != _baseName + AlternateSuffix) continue;
+                string owner = MsgValue.GetString(entry, "owner");
+                if (owner == "you" && mine == null) mine = id;
+                else if (owner == "orphaned" && orphan == null) orphan = id;
+                else leftovers.Add(new KeyValuePair<string, string>(id, owner));
+            }
+            if (mine != null)
+            {
+                // still ours (a reconnect, or an NpcDialogue of this name kept it on destroy)
+                if (orphan != null) leftovers.Add(new KeyValuePair<string, string>(orphan, "orphaned"));
+                CloseLeftovers(leftovers);
+                Use(mine, false);
+                return;
+            }
+            CloseLeftovers(leftovers);
+            if (orphan == null) { Open(generation); return; }
+            Client.AdoptSession(orphan)
+                .OnOk(ok => { if (generation == _acquireGeneration) Use(orphan, false); })
+                .OnError(error =>
+                {
+                    if (generation != _acquireGeneration) return;
+                    if (error.Code == "unknown_session") Open(generation); // closed meanwhile (its orphan time ran out)
+                    else Retry(error);
+                });
+        }
+
+        void CloseLeftovers(List<KeyValuePair<string, string>> sessions)
+        {
+            // the other name of the pair, left by a restore before a restart: it would block the next restore
+            foreach (var session in sessions)
+            {
+                string id = session.Key;
+                if (session.Value == "you") Client.CloseSession(id);
+                else if (session.Value == "orphaned") Client.AdoptSession(id).OnOk(ok => Client.CloseSession(id));
+            }
+        }
+
+        void Open(int generation)
+        {
+            var options = new SessionOptions
+            {
+                Persona = persona,
+                SystemPrompt = systemPrompt,
+                Sampling = sampling.ToOptions(),
+                Priority = DesiredPriority,
+                Name = SidecarSpeaks11 ? _baseName : null, // a 1.0 sidecar refuses the field
+            };
+            Client.OpenSession(options)
+                .OnOk(ok =>
+                {
+                    if (generation != _acquireGeneration) return;
+                    _sentPriority = options.Priority.Value;
+                    Use(MsgValue.GetString(ok, "session") ?? _baseName, true);
+                })
+                .OnError(error => { if (generation == _acquireGeneration) Retry(error); });
+        }
+
+        void Use(string session, bool fresh)
+        {
+            _acquiring = false;
+            _retryUntil = -1f;
+            _session = session;
+            if (!fresh) _sentPriority = int.MinValue; // an adopted session has the priority it was left with
+            if (fresh && _hadSession)
+                RaiseError("session_lost", "the sidecar restarted: " + _baseName + "'s conversation starts over (restore a save to go on)");
+            _hadSession = true;
+            if (_pendingLine != null)
+            {
+                string line = _pendingLine;
+                _pendingLine = null;
+                Say(line);
+            }
+        }
+
+        void Retry(IgiError error)
+        {
+            // session_exists: the last play mode's client still owns it until its lease ends;
+            // too_many_sessions, loading, unavailable: back-pressure. Other errors are final.
+            float now = Time.realtimeSinceStartup;
+            bool worthRetrying = error.Retryable || error.Code == "session_exists" || error.Code == "session_owned";
+            if (_retryUntil < 0f) _retryUntil = now + RetryWindowSeconds();
+            if (worthRetrying && now < _retryUntil && !_destroyed)
+            {
+                _retryAt = now + RetryEverySeconds;
+                return;
+            }
+            _acquiring = false;
+            _retryUntil = -1f;
+            _pendingLine = null;
+            RaiseError(error.Code, "no session for " + _baseName + ": " + error.Message);
+        }
+
+        float RetryWindowSeconds()
+        {
+            double lease = Client != null && Client.Server != null && Client.Server.LeaseSeconds > 0 ? Client.Server.LeaseSeconds : 15;
+            return (float)lease + 10f;
+        }
+
+        string ResolveName()
+        {
+            string raw = string.IsNullOrEmpty(sessionName) ? "npc." + name : sessionName;
+            var chars = raw.ToCharArray();
+            for (int i = 0; i < chars.Length; i++)
+            {
+                char c = chars[i];
+                bool allowed = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' || c == '-';
+                if (!allowed) chars[i] = '_';
+            }
+            string clean = new string(chars);
+            if (clean.Length == 0) clean = "npc";
+            return clean.Length <= MaxBaseNameLength ? clean : clean.Substring(0, MaxBaseNameLength);
+        }
+
+        static string[] NonEmpty(string[] values)
+        {
+            var kept = new List<string>();
+            if (values != null)
+                foreach (string value in values)
+                    if (!string.IsNullOrEmpty(value)) kept.Add(value);
+            return kept.ToArray();
+        }
+
+        // ---- events (a listener's exception is logged, never breaks the pump) ----------------
+
+        void RaiseToken(string piece)
+        {
+            try
+            {
+                var handler = OnToken;
+                if (handler != null) handler(piece);
+                tokenReceived.Invoke(piece);
+            }
+            catch (Exception e) { Debug.LogException(e); }
+        }
+
+        void RaiseReply(string text)
+        {
+            try
+            {
+                var handler = OnReply;
+                if (handler != null) handler(text);
+                replyFinished.Invoke(text);
+            }
+            catch (Exception e) { Debug.LogException(e); }
+        }
+
+        void RaiseError(string code, string message)
+        {
+            try
+            {
+                var handler = OnError;
+                if (handler != null) handler(code, message);
+                else Debug.LogWarning("Igi SDK: " + name + ": " + code + ": " + message);
+                errorRaised.Invoke(code, message);
+            }
+            catch (Exception e) { Debug.LogException(e); }
+        }
+    }
+}
