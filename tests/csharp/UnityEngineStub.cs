@@ -94,14 +94,18 @@ namespace UnityEngine
         public Rect(float x, float y, float width, float height) { }
     }
 
-    public sealed class GUIContent { }
+    public enum EventType { MouseDown, MouseUp, KeyDown, KeyUp, Repaint, Layout }
+
+    public enum KeyCode { None, Return }
+
+    public sealed class Event
+    {
+        public static Event current { get { return null; } }
+        public EventType type { get { return EventType.Layout; } }
+        public KeyCode keyCode { get { return KeyCode.None; } }
+    }
 
     public sealed class GUILayoutOption { }
-
-    public static class GUI
-    {
-        public static bool enabled { get; set; }
-    }
 
     public static class GUILayout
     {

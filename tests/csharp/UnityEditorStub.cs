@@ -1,0 +1,17 @@
+// A minimal stand-in for the parts of UnityEditor that unity_plugin/Editor uses, so that mcs can
+// type-check the package's Editor code outside Unity (with UnityEngineStub.cs).
+using System;
+
+namespace UnityEditor
+{
+    [AttributeUsage(AttributeTargets.Method, AllowMultiple = true)]
+    public sealed class MenuItem : Attribute
+    {
+        public MenuItem(string itemName) { }
+    }
+
+    public static class EditorUtility
+    {
+        public static void RevealInFinder(string path) { }
+    }
+}
