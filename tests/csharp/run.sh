@@ -51,8 +51,9 @@ export IGI_VECTORS_DIR="$root/bridge/vectors"
 (cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" ${NUNIT_ARGS:-}) \
     > "$build/nunit.log" 2>&1
 nunit=$?
-grep -E '^\*\*\*\*\*|^(Tests run|Errors and Failures|  [0-9]+\) |Tests Not Run|[0-9]+\) )|^measured:' "$build/nunit.log" | grep -v '^\*\*\*\*\* ' | head -100
-grep -E '^measured:' "$build/nunit.log" || true
+# the summary, every failure with its message, and the measurements tests print
+sed -n '/^Tests run:/,$p' "$build/nunit.log" | grep -v '^\*\*\*\*\* ' | head -150
+grep -E '^measured:' "$build/nunit.log" | sort -u || true
 
 result=$(python3 - "$build/TestResult.xml" <<'PY'
 import sys, xml.etree.ElementTree as ET

@@ -1,0 +1,152 @@
+// What a game lives through: the sidecar crashing mid-reply and coming back, play-mode restarts
+// that dispose the client without closing anything, and a 60 FPS loop that must never stall.
+using System;
+using System.Collections.Generic;
+using System.Diagnostics;
+using System.Linq;
+using System.Threading;
+using NUnit.Framework;
+
+namespace Igi.Sdk.Tests
+{
+    [TestFixture]
+    [Category("Sidecar")]
+    public class RecoveryTests
+    {
+        readonly List<IDisposable> owned = new List<IDisposable>();
+
+        T Own<T>(T thing) where T : IDisposable
+        {
+            owned.Add(thing);
+            return thing;
+        }
+
+        [TearDown]
+        public void DisposeAll()
+        {
+            for (int i = owned.Count - 1; i >= 0; i--) owned[i].Dispose();
+            owned.Clear();
+        }
+
+        [Test]
+        [Timeout(120000)]
+        public void KilledMidStreamThenRestartedSidecarRecoversTheSessionFromItsSave()
+        {
+            var sidecar = Own(Sidecar.Start());
+            var client = Own(Pumping.Connect(sidecar.Endpoint));
+            var states = new List<IgiConnectionState>();
+            client.ConnectionChanged += states.Add;
+            string session = Pumping.Ok(client, client.OpenSession(new SessionOptions { Persona = "Brom", Sampling = Pumping.Greedy })).Session;
+            Pumping.Ok(client, client.Chat(session, "Remember: the password is swordfish.", new ChatOptions { MaxTokens = 8 }), 60);
+            Pumping.Ok(client, client.SaveSession(session, "brom-kill"));
+
+            bool killed = false;
+            var stream = client.Chat(session, "Tell me a very long story.", new ChatOptions { MaxTokens = 2000 })
+                .OnToken(piece =>
+                {
+                    if (killed) return;
+                    killed = true;
+                    sidecar.Kill(); // a crash: no goodbye, no terminal event
+                });
+            Pumping.Until(client, () => stream.IsDone, 30, "the stream's end after the kill");
+            Assert.IsTrue(killed);
+            Assert.IsFalse(stream.Succeeded);
+            StringAssert.IsMatch("^(unavailable|stream_lost)$", stream.Error.Code, stream.Error.ToString());
+            Assert.IsTrue(stream.Error.Retryable);
+
+            // a request made while the sidecar is gone fails as unavailable, without blocking
+            var whileDown = client.Ping();
+            Pumping.Until(client, () => whileDown.IsDone, 30, "ping while the sidecar is down");
+            Assert.AreEqual(IgiError.Unavailable, whileDown.Error.Code);
+
+            sidecar.Launch(); // same port, same save directory: a new process
+            Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 30, "the client to reconnect");
+            Pumping.Fails(client, client.Chat(session, "Still there?"), "unknown_session"); // the old session died with it
+            string restored = Pumping.Ok(client, client.RestoreSession("brom-kill")).Session;
+            var reply = Pumping.Ok(client, client.Chat(restored, "What is the password?", new ChatOptions { MaxTokens = 16 }), 60);
+            Assert.IsNotEmpty(reply.Text);
+            CollectionAssert.Contains(states, IgiConnectionState.Unavailable);
+            Assert.AreEqual(IgiConnectionState.Ready, states.Last());
+        }
+
+        [Test]
+        [Timeout(120000)]
+        public void ThreePlayModeRestartsLeakNoSessions()
+        {
+            // 8 slots: three leaked sets of 3 would not fit, so a fourth client proves nothing leaked
+            var sidecar = Own(Sidecar.Start("--max-sessions 8"));
+            for (int restart = 0; restart < 3; restart++)
+            {
+                var client = Pumping.Connect(sidecar.Endpoint);
+                for (int i = 0; i < 3; i++)
+                    Pumping.Ok(client, client.OpenSession(new SessionOptions { Persona = "npc" + i }));
+                client.Dispose(); // leaving play mode: nothing closed by the game
+                Assert.AreEqual(IgiConnectionState.Closed, client.State);
+            }
+            var fourth = Own(Pumping.Connect(sidecar.Endpoint));
+            var listed = Pumping.Ok(fourth, fourth.ListSessions());
+            Assert.AreEqual(0, MsgValue.GetList(listed.Result, "sessions").Count, "no orphans left behind");
+            Assert.AreEqual(0, MsgValue.GetLong(listed.Result, "others", -1), "no sessions held by the old clients");
+            Assert.AreEqual(8, MsgValue.GetLong(listed.Result, "free_slots"));
+            var opened = Enumerable.Range(0, 8).Select(i => fourth.OpenSession(new SessionOptions { Persona = "npc" + i })).ToList();
+            foreach (var open in opened) Pumping.Ok(fourth, open);
+        }
+
+        [Test]
+        [Timeout(120000)]
+        public void PlayModeRestartKeepingSessionsAdoptsThemByName()
+        {
+            var sidecar = Sidecar.Shared;
+            string name = "npc.keep." + Guid.NewGuid().ToString("N").Substring(0, 6);
+            var first = Pumping.Connect(sidecar.Endpoint, o => o.KeepSessionsOnDispose = true);
+            Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = name, Sampling = Pumping.Greedy }));
+            Pumping.Ok(first, first.Chat(name, "My horse is called Pepper.", new ChatOptions { MaxTokens = 8 }), 60);
+            first.Dispose();
+
+            var second = Own(Pumping.Connect(sidecar.Endpoint));
+            Pumping.Fails(second, second.OpenSession(new SessionOptions { Name = name }), "session_exists");
+            Pumping.Ok(second, second.AdoptSession(name));
+            Pumping.Ok(second, second.Chat(name, "What is my horse called?", new ChatOptions { MaxTokens = 8 }), 60);
+            Pumping.Ok(second, second.CloseSession(name));
+        }
+
+        [Test]
+        [Timeout(60000)]
+        public void SixtyFpsLoopNeverStallsWhileAChatStreams()
+        {
+            var client = Own(Pumping.Connect(Sidecar.Shared.Endpoint));
+            string session = Pumping.Ok(client, client.OpenSession(new SessionOptions { Persona = "Brom" })).Session;
+            // warm-up: the first calls compile the code paths (IL2CPP builds compile ahead of time)
+            Pumping.Ok(client, client.Chat(session, "Hi.", new ChatOptions { MaxTokens = 4 }), 60);
+            Pumping.Ok(client, client.Frame(0, 16.6));
+
+            int tokens = 0;
+            var stream = client.Chat(session, "Tell me a long story about your forge.", new ChatOptions { MaxTokens = 300 })
+                .OnToken(piece => tokens++);
+            const double frameMs = 1000.0 / 60;
+            var frameClock = Stopwatch.StartNew();
+            var work = new Stopwatch();
+            double maxMs = 0, totalMs = 0;
+            int frames = 0;
+            while (!stream.IsDone && frameClock.Elapsed.TotalSeconds < 40)
+            {
+                work.Restart();
+                client.Pump();
+                client.Frame(frames + 1, frameMs);
+                work.Stop();
+                double ms = work.Elapsed.TotalMilliseconds;
+                maxMs = Math.Max(maxMs, ms);
+                totalMs += ms;
+                frames++;
+                // the rest of the frame is the game's (rendering); wait for the next tick
+                double next = frames * frameMs - frameClock.Elapsed.TotalMilliseconds;
+                if (next > 0) Thread.Sleep((int)Math.Ceiling(next));
+            }
+            Assert.IsTrue(stream.Succeeded, stream.ToString());
+            Assert.Greater(tokens, 20);
+            Console.WriteLine("measured: max frame stall {0:F3} ms, mean {1:F4} ms over {2} frames ({3} tokens)",
+                maxMs, totalMs / frames, frames, tokens);
+            Assert.Less(maxMs, 1.0, "Pump()+Frame() took " + maxMs + " ms in one frame");
+        }
+    }
+}
