@@ -1,6 +1,8 @@
 // A minimal stand-in for the parts of UnityEngine that unity_plugin/Runtime/Unity and the
 // sample use, so that mono's mcs can type-check them outside Unity. Signatures follow Unity's;
-// bodies do nothing useful. Add a member here only when the package starts using it.
+// add a member here only when the package starts using it. The few bodies that matter to a run
+// outside Unity (a smoke test driving the components by hand) do the plain thing: real time,
+// a data folder from IGI_STUB_DATA, the Editor when IGI_STUB_EDITOR=1, logs on stderr.
 using System;
 using System.Collections;
 
@@ -24,21 +26,16 @@ namespace UnityEngine
     public class Behaviour : Component
     {
         public bool enabled { get; set; }
-        public bool isActiveAndEnabled { get { return enabled; } }
     }
-
-    public class Coroutine { }
 
     public class MonoBehaviour : Behaviour
     {
-        public Coroutine StartCoroutine(IEnumerator routine) { return new Coroutine(); }
-        public void StopCoroutine(Coroutine routine) { }
     }
 
     public sealed class GameObject : Object
     {
         public GameObject(string name) { this.name = name; }
-        public T AddComponent<T>() where T : Component, new() { return new T(); }
+        public T AddComponent<T>() where T : Component, new() { var c = new T(); c.name = name; return c; }
         public T GetComponent<T>() { return default(T); }
     }
 
@@ -53,29 +50,26 @@ namespace UnityEngine
     public static class Time
     {
         public static float unscaledDeltaTime { get { return 0.016f; } }
-        public static float realtimeSinceStartup { get { return 0f; } }
+        static readonly System.Diagnostics.Stopwatch Clock = System.Diagnostics.Stopwatch.StartNew();
+        public static float realtimeSinceStartup { get { return (float)Clock.Elapsed.TotalSeconds; } }
         public static int frameCount { get { return 0; } }
     }
 
-    public enum RuntimePlatform { WindowsPlayer, WindowsEditor, OSXPlayer, OSXEditor, LinuxPlayer, LinuxEditor }
-
     public static class Application
     {
-        public static string persistentDataPath { get { return ""; } }
-        public static string streamingAssetsPath { get { return ""; } }
-        public static bool isEditor { get { return false; } }
-        public static RuntimePlatform platform { get { return RuntimePlatform.LinuxPlayer; } }
+        public static string persistentDataPath { get { return Environment.GetEnvironmentVariable("IGI_STUB_DATA") ?? "."; } }
+        public static string streamingAssetsPath { get { return System.IO.Path.Combine(persistentDataPath, "StreamingAssets"); } }
+        public static bool isEditor { get { return Environment.GetEnvironmentVariable("IGI_STUB_EDITOR") == "1"; } }
         public static int targetFrameRate { get; set; }
         public static string productName { get { return ""; } }
-        public static void OpenURL(string url) { }
     }
 
     public static class Debug
     {
-        public static void Log(object message) { }
-        public static void LogWarning(object message) { }
-        public static void LogError(object message) { }
-        public static void LogException(System.Exception exception) { }
+        public static void Log(object message) { Console.Error.WriteLine(message); }
+        public static void LogWarning(object message) { Console.Error.WriteLine("warning: " + message); }
+        public static void LogError(object message) { Console.Error.WriteLine("error: " + message); }
+        public static void LogException(Exception exception) { Console.Error.WriteLine(exception); }
     }
 
     public static class SystemInfo

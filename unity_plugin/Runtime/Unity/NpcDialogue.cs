@@ -70,6 +70,7 @@ namespace Igi.Sdk.Unity
         float _retryUntil = -1f;
         IgiStream _stream;
         bool _restoring;
+        IgiRequest _closing; // the session a restore replaced, being closed
         string _pendingLine;
         int? _priorityOverride;
         int _sentPriority = int.MinValue;
@@ -233,25 +234,32 @@ namespace Igi.Sdk.Unity
         {
             var result = new TaskCompletionSource<bool>();
             if (!CanChangeSession(result)) return result.Task;
+            _restoring = true;
+            // the name we restore into may be the one the last restore is still closing
+            if (_closing != null && !_closing.IsDone) _closing.OnCompleted(closed => SendRestore(saveName, result));
+            else SendRestore(saveName, result);
+            return result.Task;
+        }
+
+        void SendRestore(string saveName, TaskCompletionSource<bool> result)
+        {
             var body = new Dictionary<string, object> { { "name", saveName ?? "" } };
             string target = _session == _baseName ? _baseName + AlternateSuffix : _baseName;
             if (SidecarSpeaks11) body["session"] = target; // 1.1: the restored session takes our stable name
             string previous = _session;
             int generation = _acquireGeneration;
-            _restoring = true;
             Client.Send("restore_session", body).OnCompleted(request =>
             {
                 _restoring = false;
                 if (_destroyed || generation != _acquireGeneration) { result.TrySetResult(false); return; }
                 if (!request.Succeeded) { Finish(result, request); return; }
                 string restored = request.Session ?? target;
-                if (previous != null && previous != restored) Client.CloseSession(previous);
+                if (previous != null && previous != restored) _closing = Client.CloseSession(previous);
                 _session = restored;
                 _sentPriority = int.MinValue; // the save carries its own priority: send ours
                 LastReply = null;
                 result.TrySetResult(true);
             });
-            return result.Task;
         }
 
         /// <summary>Sets the session's priority (-100..100) until <see cref="ClearPriority"/>; higher decodes first.</summary>
