@@ -95,6 +95,9 @@ class Client:
         self._ctx = zmq.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, curve, endpoint)
+        # a DEALER with no live connection blocks on send; a refused CurveZMQ handshake drops
+        # the connection, so sending must give up like receiving does
+        self._sock.setsockopt(zmq.SNDTIMEO, int(max(3.0, min(timeout, 5.0)) * 1000))
         self._sock.connect(endpoint)
         self._last_heard = time.monotonic()
         self._last_sent = time.monotonic()
@@ -130,8 +133,11 @@ class Client:
                 if self._sock.closed:
                     return
                 msg_id = next(self._ids)
+                try:
+                    self._sock.send(P.encode(msg_id, "ping", {}), zmq.NOBLOCK)
+                except zmq.ZMQError:
+                    continue  # not connected now: the next request notices
                 self._keepalive_ids.add(msg_id)
-                self._sock.send(P.encode(msg_id, "ping", {}))
                 self._last_sent = time.monotonic()
 
     def _file(self, frame: bytes) -> None:
@@ -155,7 +161,11 @@ class Client:
         """Send a request; returns its id (replies come through :meth:`next_event`)."""
         msg_id = next(self._ids)
         with self._lock:
-            self._sock.send(P.encode(msg_id, msg_type, body or {}))
+            try:
+                self._sock.send(P.encode(msg_id, msg_type, body or {}))
+            except zmq.Again:  # no connection to queue on (refused handshake): SNDTIMEO ran out
+                self._greeted = False
+                raise SidecarUnavailable(f"cannot reach the sidecar at {self.endpoint}") from None
             self._last_sent = time.monotonic()
         return msg_id
 

@@ -140,6 +140,7 @@ class StatsOk(Reply):
     errors: int = Field(description="error replies sent (not counting stream errors)")
     last_frame: P.Frame | None = Field(description="body of the last frame request (all fields)")
     reservations: list[P.ReserveVram] = Field(description="the last 4 reserve_vram bodies")
+    orphaned_sessions: int | None = Field(None, description="sessions waiting to be adopted")
     # present only while a model is loaded:
     sessions: int | None = Field(None, description="open sessions of all clients")
     plan: str | None = Field(None, description="name of the placement plan in use")

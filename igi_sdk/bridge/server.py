@@ -709,6 +709,7 @@ class Server:
             "errors": self.stats["errors"], "last_frame": self.last_frame,
             "reservations": self.reservations[-4:],
             "control_latency_ms": self.latency.summary(),
+            "orphaned_sessions": len(self.sessions.orphans()),
         }
         out.update(self.backend.status())
         return out
