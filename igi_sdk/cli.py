@@ -526,9 +526,9 @@ def _check_model_dir(model_dir: Path, model: str | None) -> None:
 
 def _check_game(pid: int) -> None:
     """``serve --game-pid PID``: the game must be running (the sidecar exits when it ends)."""
-    from igi_sdk.bridge.server import _alive
+    from igi_sdk.bridge.game_process import alive
 
-    if pid <= 0 or not _alive(pid):
+    if pid <= 0 or not alive(pid):
         raise GameNotRunningError(
             f"the game process {pid} (--game-pid) is not running: pass the process id of the "
             "running game (the sidecar exits when that process ends), or leave --game-pid out")

@@ -31,6 +31,7 @@ import zmq.auth
 
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
+from igi_sdk.bridge.game_process import alive, is_ancestor
 from igi_sdk.bridge.ownership import RESUME_KEEP_S, Sessions, StreamLog, prune_logs
 from igi_sdk.errors import IgiError
 from igi_sdk.runtime import snapshot
@@ -174,7 +175,7 @@ class Server:
                 self.close()
                 raise
         if self.cfg.game_pid:
-            if not _alive(self.cfg.game_pid):
+            if not alive(self.cfg.game_pid):
                 self.close()
                 raise IgiError(f"the game process {self.cfg.game_pid} (--game-pid) is not "
                                "running")
@@ -358,8 +359,8 @@ class Server:
         c.minor, c.lease_s = body.minor, body.lease_s
         # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
         # stranger's PID — or a dead one — must not be able to shut it down for everyone
-        if (body.game_pid and self._pid_watch is None and _alive(body.game_pid)
-                and _is_ancestor(body.game_pid)):
+        if (body.game_pid and self._pid_watch is None and alive(body.game_pid)
+                and is_ancestor(body.game_pid)):
             self._watch(body.game_pid)
         return {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
                 "features": list(P.FEATURES), "lease_s": c.lease_s,
@@ -740,7 +741,7 @@ class Server:
     def _watch_pid(self, pid: int) -> None:
         """The sidecar must not outlive the game: exit within 2 s of its process ending."""
         while not self.stopping.is_set():
-            if not _alive(pid):
+            if not alive(pid):
                 log.warning("game process %d is gone; shutting down", pid)
                 self._push(b"", b"stop")
                 return
@@ -779,55 +780,6 @@ def _typed(e: object, msg_type: str) -> P.ProtocolError:
     log.error("request %s failed: %r", msg_type, e,
               exc_info=e if isinstance(e, BaseException) else None)
     return P.ProtocolError("internal", f"internal error: {e}")
-
-
-def _alive(pid: int) -> bool:
-    if os.name == "nt":  # os.kill(pid, 0) would send CTRL_C_EVENT on Windows
-        return _alive_windows(pid)
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    # a zombie (exited, not yet reaped by its parent) is gone as far as the game goes
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
-
-
-def _is_ancestor(pid: int) -> bool:
-    """Whether ``pid`` launched this process (its parent, or further up where /proc shows)."""
-    if pid == os.getppid():
-        return True
-    current = os.getppid()
-    for _ in range(32):  # a launcher script or two between the game and the sidecar
-        try:
-            with open(f"/proc/{current}/stat") as f:
-                current = int(f.read().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            return False
-        if current == pid:
-            return True
-        if current <= 1:
-            return False
-    return False
-
-
-def _alive_windows(pid: int) -> bool:
-    import ctypes
-
-    synchronize, wait_timeout = 0x00100000, 0x00000102
-    k32 = ctypes.windll.kernel32  # type: ignore[attr-defined]
-    handle = k32.OpenProcess(synchronize, False, pid)
-    if not handle:
-        return False
-    try:
-        return k32.WaitForSingleObject(handle, 0) == wait_timeout
-    finally:
-        k32.CloseHandle(handle)
 
 
 def _start_auth(ctx: zmq.Context, clients_dir: Path | None) -> Any:
