@@ -1,16 +1,27 @@
-"""The Unity package `unity_plugin/` is well-formed as Unity's Package Manager reads it.
+"""The Unity package `unity_plugin/` is well-formed as Unity's Package Manager reads it, and its
+Unity layer works against a real sidecar.
 
 No Unity here: these are the checks a broken package fails at import time in the Editor
 (manifest fields, assembly definitions, `.meta` files with unique GUIDs), plus the package's own
 rules: source only (no native binaries) and an engine-agnostic core (no `UnityEngine` in
-`Runtime/Core`). The C# itself is compiled by `tests/csharp/run.sh`.
+`Runtime/Core`). With mono installed, the Unity layer, the Editor code and the sample are
+compiled against `tests/csharp/UnityEngineStub.cs` (Unity's C# subset, warnings as errors), and
+`tests/csharp/UnityLayerSmoke.cs` drives the components against a sidecar they start themselves:
+a streamed reply, save/restore, cancel, a play-mode restart that adopts the NPC's session, a
+killed sidecar that is started again. The core's own NUnit suite is `tests/csharp/run.sh`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import signal
+import socket
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,6 +37,9 @@ GUID = re.compile(r"^guid: ([0-9a-f]{32})$", re.M)
 BINARY_SUFFIXES = {".dll", ".so", ".dylib", ".bundle", ".exe", ".a", ".lib", ".pdb"}
 
 pytestmark = pytest.mark.skipif(not PKG.is_dir(), reason="no unity_plugin/")
+MCS_FLAGS = ["-langversion:7.2", "-warnaserror+", "-nologo"]
+needs_mono = pytest.mark.skipif(not (shutil.which("mcs") and shutil.which("mono")),
+                                reason="mono (mcs) is not installed")
 
 
 def manifest() -> dict:
@@ -165,3 +179,84 @@ def test_unity_layer_avoids_reflection():
         text = p.read_text(encoding="utf-8")
         assert "System.Reflection" not in text and "GetType().GetMethod" not in text, p.name
         assert "Activator.CreateInstance" not in text, p.name
+
+
+# ---- the C# (with mono) ---------------------------------------------------------------------
+
+
+def cs(folder: Path) -> list[str]:
+    return sorted(str(p) for p in folder.rglob("*.cs"))
+
+
+def mcs(*args: str) -> None:
+    done = subprocess.run(["mcs", *MCS_FLAGS, *args], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def runtime_dll(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("unity") / "Igi.Sdk.Runtime.dll"
+    mcs("-target:library", f"-out:{out}", str(ROOT / "tests/csharp/UnityEngineStub.cs"),
+        *cs(PKG / "Runtime"))
+    return out
+
+
+@needs_mono
+def test_editor_code_and_sample_compile(runtime_dll: Path):
+    out = runtime_dll.parent
+    mcs("-target:library", f"-r:{runtime_dll}", f"-out:{out / 'editor.dll'}",
+        str(ROOT / "tests/csharp/UnityEditorStub.cs"), *cs(PKG / "Editor"))
+    mcs("-target:library", f"-r:{runtime_dll}", f"-out:{out / 'sample.dll'}",
+        *cs(PKG / "Samples~"))
+
+
+@pytest.fixture(scope="module")
+def smoke_exe(runtime_dll: Path) -> Path:
+    out = runtime_dll.parent / "smoke.exe"
+    mcs(f"-r:{runtime_dll}", f"-out:{out}", str(ROOT / "tests/csharp/UnityLayerSmoke.cs"))
+    return out
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def sidecar_pid(port: int) -> int:
+    """The sidecar the smoke run started (found by its unique endpoint argument)."""
+    found = subprocess.run(["pgrep", "-f", f"endpoint tcp://127.0.0.1:{port}( |$)"],
+                           capture_output=True, text=True).stdout.split()
+    assert found, f"no sidecar on port {port}"
+    return int(found[0])
+
+
+@needs_mono
+@pytest.mark.parametrize("mode", ["basic", "editor", "crash"])
+def test_unity_layer_against_the_sidecar(mode: str, smoke_exe: Path, tmp_path: Path):
+    port = free_port()
+    env = {**os.environ, "IGI_SDK_EXE": str(Path(sys.executable).parent / "igi-sdk"),
+           "IGI_STUB_DATA": str(tmp_path), "SMOKE_PORT": str(port),
+           "IGI_STUB_EDITOR": "1" if mode == "editor" else "0"}
+    proc = subprocess.Popen(["mono", str(smoke_exe), mode], stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, env=env)
+    lines = []
+    try:
+        if mode == "crash":
+            deadline = time.monotonic() + 240
+            while time.monotonic() < deadline:
+                line = proc.stdout.readline()
+                if not line:
+                    break
+                lines.append(line)
+                if line.startswith("waiting for the sidecar to be killed"):
+                    os.kill(sidecar_pid(port), signal.SIGKILL)
+                    break
+        out, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    text = "".join(lines) + out
+    assert proc.returncode == 0 and "FAIL" not in text and "PASS" in text, text
+    log = (tmp_path / "igi-sdk" / "sidecar.log").read_text(encoding="utf-8")
+    assert log.count("---- ") == (2 if mode == "crash" else 1), log  # one start per sidecar

@@ -1,0 +1,138 @@
+// Drives the package's Unity layer outside Unity, against a real sidecar: the components'
+// Awake/Start/Update/OnApplicationQuit/OnDestroy are called by hand (through reflection: this is
+// test code, not part of the package) with UnityEngineStub.cs standing in for the engine.
+// Modes: basic (stream, save/restore, cancel, priority, VRAM reservations, health), editor
+// (a second "play mode" adopts the session the first left; IGI_STUB_EDITOR=1), crash (the test
+// kills the sidecar after "waiting for the sidecar to be killed"; it is restarted, the session
+// opened again). Prints PASS/FAIL lines; exit status 1 on any failure.
+// Environment: IGI_SDK_EXE (the sidecar), IGI_STUB_DATA (persistentDataPath), SMOKE_PORT.
+using System;
+using System.Collections.Generic;
+using System.Reflection;
+using System.Threading;
+using Igi.Sdk.Unity;
+using UnityEngine;
+
+static class Smoke
+{
+    static readonly List<MonoBehaviour> Live = new List<MonoBehaviour>();
+
+    static void Call(object o, string method)
+    {
+        var m = o.GetType().GetMethod(method, BindingFlags.Instance | BindingFlags.NonPublic | BindingFlags.Public);
+        if (m != null) m.Invoke(o, null);
+    }
+
+    static void ResetStatics(Type t)
+    {
+        var m = t.GetMethod("ResetStatics", BindingFlags.Static | BindingFlags.NonPublic);
+        m.Invoke(null, null);
+    }
+
+    static T Add<T>(string name) where T : MonoBehaviour, new()
+    {
+        var c = new GameObject(name).AddComponent<T>();
+        Call(c, "Awake");
+        Live.Add(c);
+        return c;
+    }
+
+    static void StartAll() { foreach (var c in Live.ToArray()) Call(c, "Start"); }
+
+    static bool Frames(Func<bool> until, double seconds)
+    {
+        var end = DateTime.UtcNow.AddSeconds(seconds);
+        while (DateTime.UtcNow < end)
+        {
+            foreach (var c in Live.ToArray()) Call(c, "Update");
+            if (until()) return true;
+            Thread.Sleep(16);
+        }
+        return false;
+    }
+
+    static void Check(bool ok, string what)
+    {
+        Console.WriteLine((ok ? "PASS " : "FAIL ") + what);
+        if (!ok) { Environment.ExitCode = 1; }
+    }
+
+    static void Quit()
+    {
+        foreach (var c in Live) Call(c, "OnApplicationQuit");
+        foreach (var c in Live) Call(c, "OnDestroy");
+        Live.Clear();
+        ResetStatics(typeof(IgiSidecar));
+        ResetStatics(typeof(NpcDialogue));
+    }
+
+    static int Main(string[] args)
+    {
+        string mode = args.Length > 0 ? args[0] : "basic";
+        var sidecar = Add<IgiSidecar>("Igi Sidecar");
+        sidecar.Port = int.Parse(Environment.GetEnvironmentVariable("SMOKE_PORT") ?? "5611");
+        Add<VramReporter>("Igi Sidecar");
+        var brom = Add<NpcDialogue>("Brom");
+        brom.Persona = "Brom";
+        brom.SystemPrompt = "You are Brom, the blacksmith. Answer in one short sentence.";
+        brom.MaxTokens = 24;
+        var tokens = new List<string>();
+        var errors = new List<string>();
+        string reply = null;
+        brom.OnToken += t => tokens.Add(t);
+        brom.OnReply += r => reply = r;
+        brom.OnError += (c, m) => { errors.Add(c); Console.WriteLine("  error " + c + ": " + m); };
+        StartAll();
+        Check(Frames(() => sidecar.IsReady, 180), "sidecar ready (state " + sidecar.State + ", started here " + sidecar.StartedHere + ", " + sidecar.LastError + ")");
+        Check(brom.Say("Hello there!"), "Say accepted before the session is ready");
+        Check(Frames(() => reply != null, 60), "reply: " + reply + " (" + tokens.Count + " tokens, session " + brom.SessionId + ")");
+        Check(string.Join("", tokens) == reply, "tokens join to the reply");
+
+        if (mode == "basic")
+        {
+            var save = brom.SaveTo("smoke-save");
+            Check(Frames(() => save.IsCompleted, 30) && save.Result, "SaveTo");
+            reply = null; brom.Say("What do you sell?");
+            Frames(() => reply != null, 60);
+            var restore = brom.RestoreFrom("smoke-save");
+            Check(Frames(() => restore.IsCompleted, 30) && restore.Result, "RestoreFrom -> session " + brom.SessionId);
+            var bad = brom.RestoreFrom("no-such-save");
+            Check(Frames(() => bad.IsCompleted, 30) && !bad.Result && brom.SessionId == "npc.Brom.b", "failed restore keeps the session " + brom.SessionId);
+            brom.FacingPlayer = true;
+            Frames(() => false, 0.3);
+            reply = null; tokens.Clear(); brom.Say("Tell me a long story about your forge and your family.");
+            Frames(() => tokens.Count >= 2, 60);
+            brom.Cancel();
+            Check(Frames(() => reply != null, 30) && brom.LastFinishReason == "cancelled", "Cancel ends with OnReply, cancelled: " + brom.LastFinishReason);
+            var vram = sidecar.ReserveVram(1 << 20);
+            Check(Frames(() => vram.IsCompleted, 10), "ReserveVram completes: " + (vram.IsCompleted ? vram.Result.ToString() : "-"));
+            var stuck = sidecar.ReserveVramCoroutine(1 << 20);
+            Frames(() => !stuck.keepWaiting, 10);
+            Check(!stuck.keepWaiting, "ReserveVramCoroutine: granted " + stuck.Granted + " " + stuck.ErrorCode);
+            Check(sidecar.SecondsSinceLastAnswer < 3, "health: last answer " + sidecar.SecondsSinceLastAnswer + " s ago");
+        }
+        if (mode == "editor")
+        {
+            string before = brom.SessionId;
+            Quit(); // leave play mode: goodbye keep_sessions (IGI_STUB_EDITOR=1)
+            sidecar = Add<IgiSidecar>("Igi Sidecar");
+            sidecar.Port = int.Parse(Environment.GetEnvironmentVariable("SMOKE_PORT") ?? "5611");
+            brom = Add<NpcDialogue>("Brom");
+            errors.Clear();
+            brom.OnError += (c, m) => { errors.Add(c); Console.WriteLine("  error " + c + ": " + m); };
+            StartAll();
+            Check(Frames(() => brom.IsReady, 60), "second play mode: session " + brom.SessionId + " (started here " + sidecar.StartedHere + ")");
+            Check(brom.SessionId == before && errors.Count == 0, "adopted " + before + ", errors: " + string.Join(",", errors.ToArray()));
+        }
+        if (mode == "crash")
+        {
+            Console.WriteLine("waiting for the sidecar to be killed");
+            Console.Out.Flush();
+            Check(Frames(() => sidecar.State == SidecarState.Restarting || !sidecar.IsReady, 60), "crash noticed: " + sidecar.State + " " + sidecar.LastError);
+            Check(Frames(() => brom.IsReady && sidecar.IsReady, 180), "restarted; session " + brom.SessionId);
+            Check(errors.Contains("session_lost"), "session_lost raised");
+        }
+        Quit();
+        return Environment.ExitCode;
+    }
+}
