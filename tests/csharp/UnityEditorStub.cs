@@ -14,4 +14,13 @@ namespace UnityEditor
     {
         public static void RevealInFinder(string path) { }
     }
+
+    public static class EditorApplication
+    {
+        public delegate void CallbackFunction();
+
+        public static CallbackFunction update;
+        public static bool isPlaying { get { return false; } }
+        public static double timeSinceStartup { get { return 0; } }
+    }
 }

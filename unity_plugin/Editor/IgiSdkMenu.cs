@@ -5,9 +5,14 @@ using UnityEngine;
 
 namespace Igi.Sdk.Editor
 {
-    /// <summary>Editor menu: the sidecar's log and save folder, which live outside the project.</summary>
+    /// <summary>
+    /// Editor menu: the sidecar's log and save folder (outside the project), and stopping the
+    /// sidecar the Editor keeps between play modes (it keeps the settings it was started with).
+    /// </summary>
     public static class IgiSdkMenu
     {
+        const double StopWaitSeconds = 5;
+
         [MenuItem("Igi SDK/Open Sidecar Log")]
         static void OpenSidecarLog()
         {
@@ -22,6 +27,34 @@ namespace Igi.Sdk.Editor
             string folder = IgiSidecar.DefaultSaveFolder();
             Directory.CreateDirectory(folder);
             EditorUtility.RevealInFinder(folder);
+        }
+
+        [MenuItem("Igi SDK/Stop Editor Sidecar")]
+        static void StopEditorSidecar()
+        {
+            if (EditorApplication.isPlaying)
+            {
+                Debug.Log("Igi SDK: leave play mode first (the game is using the sidecar)");
+                return;
+            }
+            var scene = Object.FindObjectOfType<IgiSidecar>();
+            string endpoint = SidecarArguments.Endpoint(scene != null ? scene.Port : IgiSidecar.DefaultPort);
+            var client = new IgiClient(new IgiClientOptions { Endpoint = endpoint, ClientName = "Unity Editor menu" });
+            IgiRequest shutdown = client.Shutdown();
+            double giveUpAt = EditorApplication.timeSinceStartup + StopWaitSeconds;
+            // pumped by the Editor's update loop: the menu returns at once
+            EditorApplication.CallbackFunction pump = null;
+            pump = () =>
+            {
+                client.Pump();
+                if (!shutdown.IsDone && EditorApplication.timeSinceStartup < giveUpAt) return;
+                EditorApplication.update -= pump;
+                Debug.Log(shutdown.Succeeded
+                    ? "Igi SDK: the sidecar on " + endpoint + " is stopping; the next Play starts a new one"
+                    : "Igi SDK: no sidecar answered on " + endpoint);
+                client.Dispose();
+            };
+            EditorApplication.update += pump;
         }
     }
 }
