@@ -243,12 +243,11 @@ namespace Igi.Sdk.Unity
 
         void SendRestore(string saveName, TaskCompletionSource<bool> result)
         {
-            var body = new Dictionary<string, object> { { "name", saveName ?? "" } };
             string target = _session == _baseName ? _baseName + AlternateSuffix : _baseName;
-            if (SidecarSpeaks11) body["session"] = target; // 1.1: the restored session takes our stable name
             string previous = _session;
             int generation = _acquireGeneration;
-            Client.Send("restore_session", body).OnCompleted(request =>
+            // 1.1: the restored session takes a name of ours (a 1.0 sidecar picks a random id)
+            Client.RestoreSession(saveName ?? "", SidecarSpeaks11 ? target : null).OnCompleted(request =>
             {
                 _restoring = false;
                 if (_destroyed || generation != _acquireGeneration) { result.TrySetResult(false); return; }
@@ -394,7 +393,7 @@ namespace Igi.Sdk.Unity
             _session = session;
             if (!fresh) _sentPriority = int.MinValue; // an adopted session has the priority it was left with
             if (fresh && _hadSession)
-                RaiseError("session_lost", "the sidecar restarted: " + _baseName + "'s conversation starts over (restore a save to go on)");
+                RaiseError("session_lost", "the sidecar lost " + _baseName + "'s session (it restarted, or its model was reloaded): the conversation starts over; restore a save to go on");
             _hadSession = true;
             if (_pendingLine != null)
             {

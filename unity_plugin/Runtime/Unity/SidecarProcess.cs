@@ -68,6 +68,10 @@ namespace Igi.Sdk.Unity
             {
                 // a sidecar still writing it (Windows keeps it locked): append anyway
             }
+            catch (UnauthorizedAccessException)
+            {
+                // not ours to move: append anyway
+            }
         }
 
         /// <summary>Starts the sidecar; throws when the OS refuses. Call off the main thread.</summary>
