@@ -14,7 +14,6 @@ namespace UnityEngine
         public static void DontDestroyOnLoad(Object target) { }
         public static void Destroy(Object obj) { }
         public static T FindObjectOfType<T>() where T : Object { return null; }
-        public static implicit operator bool(Object exists) { return !ReferenceEquals(exists, null); }
     }
 
     public class Component : Object
@@ -25,7 +24,6 @@ namespace UnityEngine
 
     public class Behaviour : Component
     {
-        public bool enabled { get; set; }
     }
 
     public class MonoBehaviour : Behaviour
@@ -36,7 +34,6 @@ namespace UnityEngine
     {
         public GameObject(string name) { this.name = name; }
         public T AddComponent<T>() where T : Component, new() { var c = new T(); c.name = name; return c; }
-        public T GetComponent<T>() { return default(T); }
     }
 
     public abstract class CustomYieldInstruction : IEnumerator
@@ -153,22 +150,15 @@ namespace UnityEngine
 
 namespace UnityEngine.Events
 {
-    public delegate void UnityAction<T0>(T0 arg0);
-    public delegate void UnityAction<T0, T1>(T0 arg0, T1 arg1);
-
     public abstract class UnityEventBase { }
 
     public class UnityEvent<T0> : UnityEventBase
     {
-        public void AddListener(UnityAction<T0> call) { }
-        public void RemoveListener(UnityAction<T0> call) { }
         public void Invoke(T0 arg0) { }
     }
 
     public class UnityEvent<T0, T1> : UnityEventBase
     {
-        public void AddListener(UnityAction<T0, T1> call) { }
-        public void RemoveListener(UnityAction<T0, T1> call) { }
         public void Invoke(T0 arg0, T1 arg1) { }
     }
 }
