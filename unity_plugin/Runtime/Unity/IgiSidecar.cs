@@ -40,6 +40,7 @@ namespace Igi.Sdk.Unity
         public const string DefaultSaveSubfolder = "igi-sdk/sessions";
         const int ProbeTimeoutMs = 300;
         const float PingEverySeconds = 1f;
+        const int ConfigurationExitCode = 2;
 
         [Header("Sidecar process")]
         [Tooltip("Start igi-sdk serve when nothing listens on the port. Off: connect to a sidecar you run yourself.")]
@@ -344,13 +345,17 @@ namespace Igi.Sdk.Unity
         void WatchProcess(float now)
         {
             if (_process == null || !_process.HasExited) return;
-            string reason = "the sidecar exited (code " + _process.ExitCode + "; log: " + _process.LogPath + ")";
+            int exitCode = _process.ExitCode;
+            string reason = "the sidecar exited (code " + exitCode + "; log: " + _process.LogPath + ")";
             _backoff.Ended(now - _processStartedAt);
             _process = null;
             if (_state == SidecarState.Ready) _state = SidecarState.Connecting;
             RaiseLost(reason);
             if (_quitting) return;
-            if (restartOnCrash) ScheduleRestart(reason);
+            // exit status 2: igi-sdk refused its arguments (model_not_found, game_not_running, a
+            // busy port): starting it again would fail the same way
+            if (exitCode == ConfigurationExitCode) Fail("sidecar_refused", reason);
+            else if (restartOnCrash) ScheduleRestart(reason);
             else Fail("sidecar_exited", reason);
         }
 
@@ -415,6 +420,7 @@ namespace Igi.Sdk.Unity
         {
             foreach (var reservation in _reservations) reservation.Refuse(IgiError.Disposed, "the sidecar connection was closed");
             _reservations.Clear();
+            _pingInFlight = false; // a disposed client runs no more callbacks
             if (_client == null) return;
             // goodbye, bounded (about a second, at quit only): in a player the sidecar then exits
             // with the game; in the Editor it stays, and the sessions wait to be adopted
