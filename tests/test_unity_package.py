@@ -232,7 +232,7 @@ def sidecar_pid(port: int) -> int:
 
 
 @needs_mono
-@pytest.mark.parametrize("mode", ["basic", "editor", "crash"])
+@pytest.mark.parametrize("mode", ["basic", "editor", "crash", "refused"])
 def test_unity_layer_against_the_sidecar(mode: str, smoke_exe: Path, tmp_path: Path):
     port = free_port()
     env = {**os.environ, "IGI_SDK_EXE": str(Path(sys.executable).parent / "igi-sdk"),
@@ -260,3 +260,5 @@ def test_unity_layer_against_the_sidecar(mode: str, smoke_exe: Path, tmp_path: P
     assert proc.returncode == 0 and "FAIL" not in text and "PASS" in text, text
     log = (tmp_path / "igi-sdk" / "sidecar.log").read_text(encoding="utf-8")
     assert log.count("---- ") == (2 if mode == "crash" else 1), log  # one start per sidecar
+    if mode == "refused":
+        assert "model_not_found" in log, log

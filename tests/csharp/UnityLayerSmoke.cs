@@ -4,7 +4,7 @@
 // Modes: basic (stream, save/restore, cancel, priority, VRAM reservations, health), editor
 // (a second "play mode" adopts the session the first left; IGI_STUB_EDITOR=1), crash (the test
 // kills the sidecar after "waiting for the sidecar to be killed"; it is restarted, the session
-// opened again). Prints PASS/FAIL lines; exit status 1 on any failure.
+// opened again), refused (a model folder that does not exist: Failed, not restarted). Prints PASS/FAIL lines; exit status 1 on any failure.
 // Environment: IGI_SDK_EXE (the sidecar), IGI_STUB_DATA (persistentDataPath), SMOKE_PORT.
 using System;
 using System.Collections.Generic;
@@ -72,6 +72,16 @@ static class Smoke
         var sidecar = Add<IgiSidecar>("Igi Sidecar");
         sidecar.Port = int.Parse(Environment.GetEnvironmentVariable("SMOKE_PORT") ?? "5611");
         Add<VramReporter>("Igi Sidecar");
+        if (mode == "refused")
+        {
+            // igi-sdk refuses a model folder that does not exist (exit status 2): no restart loop
+            sidecar.ModelDir = System.IO.Path.Combine(Application.persistentDataPath, "no-such-models");
+            StartAll();
+            Check(Frames(() => sidecar.State == SidecarState.Failed, 120), "refused settings: " + sidecar.State + " " + sidecar.LastError);
+            Check(sidecar.LastError != null && sidecar.LastError.StartsWith("sidecar_refused"), "reported as sidecar_refused");
+            Quit();
+            return Environment.ExitCode;
+        }
         var brom = Add<NpcDialogue>("Brom");
         brom.Persona = "Brom";
         brom.SystemPrompt = "You are Brom, the blacksmith. Answer in one short sentence.";
