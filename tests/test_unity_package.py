@@ -8,7 +8,8 @@ rules: source only (no native binaries) and an engine-agnostic core (no `UnityEn
 compiled against `tests/csharp/UnityEngineStub.cs` (Unity's C# subset, warnings as errors), and
 `tests/csharp/UnityLayerSmoke.cs` drives the components against a sidecar they start themselves:
 a streamed reply, save/restore, cancel, a play-mode restart that adopts the NPC's session, a
-killed sidecar that is started again. The core's own NUnit suite is `tests/csharp/run.sh`.
+killed sidecar that is started again, one that refuses its settings and is not. The core's own
+NUnit suite is `tests/csharp/run.sh`.
 """
 
 from __future__ import annotations
