@@ -11,21 +11,23 @@ namespace Igi.Sdk.Unity
     /// </summary>
     public static class CommandLine
     {
-        public static string Join(IList<string> args, bool windows)
+        /// <param name="forCmd">Windows only: every argument in quotes, so that <c>cmd.exe</c>
+        /// reads <c>&amp; | &lt; &gt; ^ ( )</c> in a path as text.</param>
+        public static string Join(IList<string> args, bool windows, bool forCmd = false)
         {
             var sb = new StringBuilder();
             for (int i = 0; i < args.Count; i++)
             {
                 if (i > 0) sb.Append(' ');
-                sb.Append(windows ? QuoteWindows(args[i]) : QuotePosix(args[i]));
+                sb.Append(windows ? QuoteWindows(args[i], forCmd) : QuotePosix(args[i]));
             }
             return sb.ToString();
         }
 
         /// <summary>CommandLineToArgvW: backslashes are literal except before a quote.</summary>
-        public static string QuoteWindows(string arg)
+        public static string QuoteWindows(string arg, bool always = false)
         {
-            if (arg.Length > 0 && arg.IndexOfAny(new[] { ' ', '\t', '\n', '"' }) < 0) return arg;
+            if (!always && arg.Length > 0 && arg.IndexOfAny(new[] { ' ', '\t', '\n', '"' }) < 0) return arg;
             var sb = new StringBuilder("\"");
             int backslashes = 0;
             foreach (char c in arg)

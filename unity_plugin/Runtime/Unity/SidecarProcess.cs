@@ -89,12 +89,13 @@ namespace Igi.Sdk.Unity
             info.EnvironmentVariables["PYTHONUNBUFFERED"] = "1";
             if (launch.Windows)
             {
-                // cmd /s /c "<command>": cmd strips the outer quotes and runs the rest as written
+                // cmd /s /c "<command>": cmd strips the outer quotes and runs the rest as written;
+                // quoted arguments keep & | < > ^ literal (a %NAME% in a path would still expand)
                 var command = new List<string> { launch.Executable };
                 command.AddRange(launch.Arguments);
                 info.FileName = Environment.GetEnvironmentVariable("ComSpec") ?? "cmd.exe";
-                info.Arguments = "/d /s /c \"" + CommandLine.Join(command, true)
-                    + " >>" + CommandLine.QuoteWindows(launch.LogPath) + " 2>&1\"";
+                info.Arguments = "/d /s /c \"" + CommandLine.Join(command, true, true)
+                    + " >>" + CommandLine.QuoteWindows(launch.LogPath, true) + " 2>&1\"";
             }
             else
             {
