@@ -6,8 +6,11 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
-build=$root/build/csharp     # build/ is git-ignored
-rm -rf "$build" && mkdir -p "$build"
+# a folder of its own per run (build/ is git-ignored): runs started side by side (the top-level
+# suite and a developer's) must not delete each other's working directory
+mkdir -p "$root/build"
+build=$(mktemp -d "$root/build/csharp.XXXXXX")
+keep_build() { echo "build and logs kept in $build"; }
 
 flags=(-langversion:7.2 -warnaserror+ -nologo)
 nunit_dll=$(ls /usr/lib/cli/nunit.framework-2.6.*/nunit.framework.dll 2>/dev/null | head -1)
@@ -17,7 +20,7 @@ nunit_dll=$(ls /usr/lib/cli/nunit.framework-2.6.*/nunit.framework.dll 2>/dev/nul
 core=()
 while IFS= read -r -d '' f; do core+=("$f"); done < <(find unity_plugin/Runtime/Core -name '*.cs' -print0 | sort -z)
 mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Core.dll" "${core[@]}" \
-    || { echo "core: compile failed"; echo "0 passed, 1 failed"; exit 1; }
+    || { echo "core: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
 
 # The Unity layer (written on top of the core) type-checks against a stub of UnityEngine.
 # (IGI_CSHARP_SKIP_UNITY=1 skips it, for work on the core alone.)
@@ -35,7 +38,7 @@ if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]
     fi
     mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Unity.typecheck.dll" \
         tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
-        || { echo "Unity layer: type check failed"; echo "0 passed, 1 failed"; exit 1; }
+        || { echo "Unity layer: type check failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
     echo "Unity layer: type check ok (${#unity[@]} files)"
 fi
 
@@ -43,7 +46,7 @@ tests=()
 while IFS= read -r -d '' f; do tests+=("$f"); done < <(find unity_plugin/Tests/Runtime -name '*.cs' -print0 | sort -z)
 mcs "${flags[@]}" -target:library -r:"$build/Igi.Sdk.Core.dll" -r:"$nunit_dll" \
     -out:"$build/Igi.Sdk.Tests.dll" "${tests[@]}" \
-    || { echo "tests: compile failed"; echo "0 passed, 1 failed"; exit 1; }
+    || { echo "tests: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
 cp "$nunit_dll" "$build/"
 
 export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
@@ -79,4 +82,9 @@ if [ "$passed" -eq 0 ] && [ "$failed" -eq 0 ]; then
 fi
 [ "$ignored" -gt 0 ] && echo "$ignored not run (ignored)"
 echo "$passed passed, $failed failed"
-[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ] && [ "$nunit" -eq 0 ]
+if [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ] && [ "$nunit" -eq 0 ]; then
+    [ -n "${IGI_CSHARP_KEEP:-}" ] && keep_build || rm -rf "$build"
+    exit 0
+fi
+keep_build
+exit 1

@@ -119,6 +119,10 @@ namespace Igi.Sdk.Tests
             // warm-up: the first calls compile the code paths (IL2CPP builds compile ahead of time)
             Pumping.Ok(client, client.Chat(session, "Hi.", new ChatOptions { MaxTokens = 4 }), 60);
             Pumping.Ok(client, client.Frame(0, 16.6));
+            // start from a collected heap, as a game does after loading a level: a collection
+            // owed to garbage from earlier tests is not this loop's stall
+            GC.Collect();
+            GC.WaitForPendingFinalizers();
 
             int tokens = 0;
             var stream = client.Chat(session, "Tell me a long story about your forge.", new ChatOptions { MaxTokens = 300 })
@@ -126,16 +130,30 @@ namespace Igi.Sdk.Tests
             const double frameMs = 1000.0 / 60;
             var frameClock = Stopwatch.StartNew();
             var work = new Stopwatch();
-            double maxMs = 0, totalMs = 0;
-            int frames = 0;
+            double maxMs = 0, maxOwnMs = 0, totalMs = 0;
+            int frames = 0, preempted = 0;
+            var slow = new List<string>();
             while (!stream.IsDone && frameClock.Elapsed.TotalSeconds < 40)
             {
+                int gcBefore = GC.CollectionCount(0);
+                long waitBefore = RunQueueWaitNs();
                 work.Restart();
                 client.Pump();
                 client.Frame(frames + 1, frameMs);
                 work.Stop();
+                long waitedNs = RunQueueWaitNs() - waitBefore;
                 double ms = work.Elapsed.TotalMilliseconds;
+                // time this thread sat ready on the run queue while other processes had the
+                // cores is the machine's doing, not a stall of the client
+                double ownMs = ms - Math.Min(ms, Math.Max(0, waitedNs) / 1e6);
+                if (ms > 0.5)
+                {
+                    slow.Add(string.Format("frame {0}: {1:F3} ms wall, {2:F3} ms waiting for a core, gc {3}",
+                        frames, ms, waitedNs / 1e6, GC.CollectionCount(0) - gcBefore));
+                }
+                if (ownMs < ms - 0.05) preempted++;
                 maxMs = Math.Max(maxMs, ms);
+                maxOwnMs = Math.Max(maxOwnMs, ownMs);
                 totalMs += ms;
                 frames++;
                 // the rest of the frame is the game's (rendering); wait for the next tick
@@ -144,9 +162,29 @@ namespace Igi.Sdk.Tests
             }
             Assert.IsTrue(stream.Succeeded, stream.ToString());
             Assert.Greater(tokens, 20);
-            Console.WriteLine("measured: max frame stall {0:F3} ms, mean {1:F4} ms over {2} frames ({3} tokens)",
-                maxMs, totalMs / frames, frames, tokens);
-            Assert.Less(maxMs, 1.0, "Pump()+Frame() took " + maxMs + " ms in one frame");
+            Console.WriteLine("measured: max frame stall {0:F3} ms wall ({1:F3} ms without time preempted by other processes, " +
+                "{2} frames preempted), mean {3:F4} ms over {4} frames ({5} tokens)",
+                maxMs, maxOwnMs, preempted, totalMs / frames, frames, tokens);
+            foreach (var line in slow) Console.WriteLine("measured: slow " + line);
+            if (RunQueueWaitNs() < 0)
+                Assert.Less(maxMs, 1.0, "Pump()+Frame() took " + maxMs + " ms in one frame");
+            else
+                Assert.Less(maxOwnMs, 1.0, "Pump()+Frame() took " + maxOwnMs + " ms of its own in one frame");
+        }
+
+        /// <summary>Nanoseconds this thread has spent runnable but waiting for a CPU (Linux
+        /// /proc/thread-self/schedstat, 2nd field); -1 where the kernel does not say.</summary>
+        static long RunQueueWaitNs()
+        {
+            try
+            {
+                string[] fields = System.IO.File.ReadAllText("/proc/thread-self/schedstat").Split(' ');
+                return long.Parse(fields[1]);
+            }
+            catch (Exception)
+            {
+                return -1;
+            }
         }
     }
 }

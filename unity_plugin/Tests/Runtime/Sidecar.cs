@@ -82,6 +82,7 @@ namespace Igi.Sdk.Tests
                 RedirectStandardOutput = true,
                 RedirectStandardError = true,
                 CreateNoWindow = true,
+                WorkingDirectory = Path.GetTempPath(), // not the test's folder, which a later run may delete
             };
             process = new Process { StartInfo = info };
             process.OutputDataReceived += OnLine;
