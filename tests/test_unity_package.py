@@ -233,7 +233,7 @@ def sidecar_pid(port: int) -> int:
 
 
 @needs_mono
-@pytest.mark.parametrize("mode", ["basic", "editor", "crash", "refused"])
+@pytest.mark.parametrize("mode", ["units", "basic", "editor", "crash", "refused"])
 def test_unity_layer_against_the_sidecar(mode: str, smoke_exe: Path, tmp_path: Path):
     port = free_port()
     env = {**os.environ, "IGI_SDK_EXE": str(Path(sys.executable).parent / "igi-sdk"),
@@ -259,6 +259,8 @@ def test_unity_layer_against_the_sidecar(mode: str, smoke_exe: Path, tmp_path: P
             proc.kill()
     text = "".join(lines) + out
     assert proc.returncode == 0 and "FAIL" not in text and "PASS" in text, text
+    if mode == "units":
+        return
     log = (tmp_path / "igi-sdk" / "sidecar.log").read_text(encoding="utf-8")
     assert log.count("---- ") == (2 if mode == "crash" else 1), log  # one start per sidecar
     if mode == "refused":

@@ -4,7 +4,7 @@
 // Modes: basic (stream, save/restore, cancel, priority, VRAM reservations, health), editor
 // (a second "play mode" adopts the session the first left; IGI_STUB_EDITOR=1), crash (the test
 // kills the sidecar after "waiting for the sidecar to be killed"; it is restarted, the session
-// opened again), refused (a model folder that does not exist: Failed, not restarted). Prints PASS/FAIL lines; exit status 1 on any failure.
+// opened again), units (quoting, back-off, arguments, locator; no sidecar), refused (a model folder that does not exist: Failed, not restarted). Prints PASS/FAIL lines; exit status 1 on any failure.
 // Environment: IGI_SDK_EXE (the sidecar), IGI_STUB_DATA (persistentDataPath), SMOKE_PORT.
 using System;
 using System.Collections.Generic;
@@ -66,9 +66,36 @@ static class Smoke
         ResetStatics(typeof(NpcDialogue));
     }
 
+    static void Units()
+    {
+        Environment.SetEnvironmentVariable(SidecarLocator.EnvironmentVariable, null); // the search order itself is tested
+        // Windows: CommandLineToArgvW rules (backslashes doubled only before a quote)
+        Check(CommandLine.QuoteWindows(@"C:\a b\") == "\"C:\\a b\\\\\"", "QuoteWindows trailing backslash");
+        Check(CommandLine.QuoteWindows("x\\\"y") == "\"x\\\\\\\"y\"", "QuoteWindows backslash before a quote");
+        Check(CommandLine.QuoteWindows("plain") == "plain" && CommandLine.QuoteWindows("") == "\"\"", "QuoteWindows plain and empty");
+        Check(CommandLine.Join(new[] { "a&b", "c" }, true, true) == "\"a&b\" \"c\"", "Join for cmd quotes everything");
+        Check(CommandLine.QuotePosix("$HOME `x` \"q\" \\") == "\"\\$HOME \\`x\\` \\\"q\\\" \\\\\"", "QuotePosix escapes $ ` \" \\");
+        var backoff = new RestartBackoff { MinSeconds = 1, MaxSeconds = 30 };
+        var delays = new List<float>();
+        for (int i = 0; i < 7; i++) delays.Add(backoff.NextDelay());
+        Check(string.Join(",", delays.ConvertAll(d => d.ToString()).ToArray()) == "1,2,4,8,16,30,30", "back-off doubles to its cap: " + string.Join(",", delays.ConvertAll(d => d.ToString()).ToArray()));
+        backoff.Ended(120);
+        Check(backoff.NextDelay() == 1, "back-off resets after a stable run");
+        var argv = SidecarArguments.Build("tcp://127.0.0.1:5599", 42, "/save", "Models", "npc.gguf", "/game/StreamingAssets", new[] { "--ctx", "", "8192" });
+        Check(string.Join(" ", argv.ToArray()) == "serve --endpoint tcp://127.0.0.1:5599 --save-dir /save --game-pid 42 --model-dir /game/StreamingAssets/Models --model npc.gguf --ctx 8192",
+            "serve arguments: " + string.Join(" ", argv.ToArray()));
+        string root = System.IO.Path.Combine(Application.persistentDataPath, "StreamingAssets");
+        string bundled = System.IO.Path.Combine(System.IO.Path.Combine(System.IO.Path.Combine(root, "igi-sdk"), "bin"), "igi-sdk");
+        System.IO.Directory.CreateDirectory(System.IO.Path.GetDirectoryName(bundled));
+        System.IO.File.WriteAllText(bundled, "");
+        Check(SidecarLocator.Find("", root, false) == System.IO.Path.GetFullPath(bundled), "a sidecar bundled in StreamingAssets is found (before PATH)");
+        Check(SidecarLocator.Find(bundled + ".configured", root, false) == System.IO.Path.GetFullPath(bundled), "a configured path that does not exist is skipped");
+    }
+
     static int Main(string[] args)
     {
         string mode = args.Length > 0 ? args[0] : "basic";
+        if (mode == "units") { Units(); return Environment.ExitCode; }
         var sidecar = Add<IgiSidecar>("Igi Sidecar");
         sidecar.Port = int.Parse(Environment.GetEnvironmentVariable("SMOKE_PORT") ?? "5611");
         Add<VramReporter>("Igi Sidecar");
