@@ -30,12 +30,17 @@ namespace Igi.Sdk.Samples
 
         void Awake()
         {
-            // settings are read when the sidecar starts (its Start, next frame), so set them now
-            _sidecar = IgiSidecar.Instance != null ? IgiSidecar.Instance : new GameObject("Igi Sidecar").AddComponent<IgiSidecar>();
-            _sidecar.ExecutablePath = executablePath;
-            _sidecar.ModelDir = modelDir;
-            _sidecar.Model = model;
-            _sidecar.Port = port;
+            // a scene's own IgiSidecar keeps its settings; one made here takes the sample's (read
+            // when it starts, in its Start on the next frame)
+            _sidecar = IgiSidecar.Instance;
+            if (_sidecar == null)
+            {
+                _sidecar = new GameObject("Igi Sidecar").AddComponent<IgiSidecar>();
+                _sidecar.ExecutablePath = executablePath;
+                _sidecar.ModelDir = modelDir;
+                _sidecar.Model = model;
+                _sidecar.Port = port;
+            }
             if (_sidecar.GetComponent<VramReporter>() == null) _sidecar.gameObject.AddComponent<VramReporter>();
 
             _brom = new GameObject("Brom").AddComponent<NpcDialogue>();
