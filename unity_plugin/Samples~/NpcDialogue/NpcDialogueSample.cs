@@ -32,7 +32,7 @@ namespace Igi.Sdk.Samples
         {
             // a scene's own IgiSidecar keeps its settings; one made here takes the sample's (read
             // when it starts, in its Start on the next frame)
-            _sidecar = IgiSidecar.Instance;
+            _sidecar = IgiSidecar.Instance != null ? IgiSidecar.Instance : FindObjectOfType<IgiSidecar>(); // its Awake may come later
             if (_sidecar == null)
             {
                 _sidecar = new GameObject("Igi Sidecar").AddComponent<IgiSidecar>();
