@@ -17,8 +17,8 @@
 //   client.Dispose();                      // goodbye (bounded), I/O thread ends, socket closed
 //
 // Threading: every call returns its handle at once and never blocks; one background thread does
-// all the I/O. Callbacks run only inside Pump(), on the thread that calls it. Call the API and
-// Pump from one thread (the game's main thread).
+// all the I/O. Callbacks run only inside Pump(), on the thread that calls it (the game's main
+// thread). Requests may be made from any thread; Pump and Dispose belong to one.
 //
 // Errors are IgiError {Code, Message, Retryable}: the sidecar's codes (PROTOCOL.md §6) plus the
 // local ones in IgiError (unavailable, timeout, stream_lost, disposed, invalid_body).
@@ -37,7 +37,7 @@ namespace Igi.Sdk
         readonly Dictionary<long, IgiRequest> pending = new Dictionary<long, IgiRequest>();
         readonly List<IgiRequest> expired = new List<IgiRequest>();
         readonly Stopwatch clock = Stopwatch.StartNew();
-        bool disposed;
+        volatile bool disposed;
 
         public IgiClient(IgiClientOptions options = null)
         {
@@ -61,7 +61,7 @@ namespace Igi.Sdk
         public event Action<IgiConnectionState> ConnectionChanged;
 
         /// <summary>Requests still waiting for their outcome.</summary>
-        public int PendingCount { get { return pending.Count; } }
+        public int PendingCount { get { lock (pending) return pending.Count; } }
 
         // ---- pumping --------------------------------------------------------------------------
 
@@ -95,41 +95,38 @@ namespace Igi.Sdk
         void Deliver(IgiConnection.Incoming item, double now)
         {
             IgiRequest request;
-            if (!pending.TryGetValue(item.Id, out request)) return; // finished, timed out, or not ours
-            request.DeadlineAt = now + request.TimeoutSeconds;
-            var stream = request as IgiStream;
-            switch (item.Type)
+            bool isStream;
+            bool ends;
+            lock (pending)
             {
-                case "token":
-                    if (stream != null)
-                        stream.AddToken(MsgValue.GetLong(item.Body, "i"), MsgValue.GetString(item.Body, "text", ""));
-                    break;
-                case "ok":
-                    if (stream != null) break; // a chat is answered by done, never ok
-                    pending.Remove(item.Id);
-                    request.Succeed(item.Body);
-                    break;
-                case "done":
-                    if (stream == null) break;
-                    pending.Remove(item.Id);
-                    request.Succeed(item.Body);
-                    break;
-                case "error":
-                    pending.Remove(item.Id);
-                    request.Fail(new IgiError(MsgValue.GetString(item.Body, "code", "error"),
-                        MsgValue.GetString(item.Body, "message", ""), MsgValue.GetBool(item.Body, "retryable")));
-                    break;
+                if (!pending.TryGetValue(item.Id, out request)) return; // finished, timed out, or not ours
+                isStream = request is IgiStream;
+                // a chat ends with done or error (never ok); anything else with ok or error
+                ends = item.Type == "error" || item.Type == (isStream ? "done" : "ok");
+                if (ends) pending.Remove(item.Id);
+                else request.DeadlineAt = now + request.TimeoutSeconds;
             }
+            // callbacks run outside the lock: they may call the client
+            if (item.Type == "token" && isStream)
+                ((IgiStream)request).AddToken(MsgValue.GetLong(item.Body, "i"), MsgValue.GetString(item.Body, "text", ""));
+            else if (ends && item.Type == "error")
+                request.Fail(new IgiError(MsgValue.GetString(item.Body, "code", "error"),
+                    MsgValue.GetString(item.Body, "message", ""), MsgValue.GetBool(item.Body, "retryable")));
+            else if (ends)
+                request.Succeed(item.Body);
         }
 
         void FailExpired(double now)
         {
-            foreach (var request in pending.Values)
-                if (now > request.DeadlineAt) expired.Add(request);
+            lock (pending)
+            {
+                foreach (var request in pending.Values)
+                    if (now > request.DeadlineAt) expired.Add(request);
+                foreach (var request in expired) pending.Remove(request.Id);
+            }
             if (expired.Count == 0) return;
             foreach (var request in expired)
             {
-                pending.Remove(request.Id);
                 connection.Enqueue(new IgiConnection.Outgoing { Kind = IgiConnection.OutKind.Forget, Id = request.Id });
                 var stream = request as IgiStream;
                 if (stream != null && !stream.CancelRequested) SendCancel(stream.Id); // stop it there too
@@ -206,7 +203,8 @@ namespace Igi.Sdk
         public IgiRequest Cancel(long chatRequestId)
         {
             IgiRequest request;
-            var stream = pending.TryGetValue(chatRequestId, out request) ? request as IgiStream : null;
+            IgiStream stream;
+            lock (pending) stream = pending.TryGetValue(chatRequestId, out request) ? request as IgiStream : null;
             if (stream != null) stream.CancelRequested = true;
             return SendCancel(chatRequestId);
         }
@@ -358,7 +356,7 @@ namespace Igi.Sdk
             if (refusal == null && bytes.Length > maxBytes)
                 refusal = "the message has " + bytes.Length + " bytes (limit " + maxBytes + ")";
             request.DeadlineAt = clock.Elapsed.TotalSeconds + request.TimeoutSeconds;
-            pending[id] = request;
+            lock (pending) pending[id] = request;
             if (refusal != null)
             {
                 // refused here, delivered like any answer (in the next Pump)
@@ -385,9 +383,14 @@ namespace Igi.Sdk
             if (disposed) return;
             disposed = true;
             connection.Stop(DisposeJoinMs);
-            foreach (var request in pending.Values)
+            List<IgiRequest> left;
+            lock (pending)
+            {
+                left = new List<IgiRequest>(pending.Values);
+                pending.Clear();
+            }
+            foreach (var request in left)
                 request.FailQuietly(new IgiError(IgiError.Disposed, "the client was disposed", false));
-            pending.Clear();
             State = IgiConnectionState.Closed;
         }
     }

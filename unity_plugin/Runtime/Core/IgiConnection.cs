@@ -49,7 +49,8 @@ namespace Igi.Sdk
             public bool Internal;      // sent by this thread; its answer is not forwarded
             public bool Sent;
             public bool NeedsResume;   // a stream whose connection dropped
-            public long LastToken;
+            public long LastToken;     // the last token forwarded (in order)
+            public bool ResumeAsked;   // a resume_stream for it is in flight
             public long ResumeOf;      // a resume_stream: the chat it resumes
             public bool LegacyHello;   // a hello without the 1.1 fields
             public int HelloRetries;
@@ -152,7 +153,7 @@ namespace Igi.Sdk
                     if (!transport.IsConnected) { OnDropped(); continue; }
                     received.Clear();
                     bool alive = transport.Receive(PollMs, received);
-                    foreach (var message in received) Handle(message);
+                    foreach (var message in received) HandleSafely(message);
                     if (!alive || transport.SecondsSinceTraffic > options.SidecarSilenceSeconds) OnDropped();
                     CheckSilence();
                 }
@@ -362,6 +363,22 @@ namespace Igi.Sdk
 
         // ---- receiving ----------------------------------------------------------------------
 
+        // One odd message must not end the I/O thread: it is dropped and the loop goes on.
+        void HandleSafely(byte[] message)
+        {
+            try
+            {
+                Handle(message);
+            }
+            catch (Exception e) when (!(e is ThreadAbortException))
+            {
+                DroppedMessages++;
+            }
+        }
+
+        /// <summary>Messages dropped because handling them failed (a client bug if ever non-zero).</summary>
+        public int DroppedMessages;
+
         void Handle(byte[] message)
         {
             long id;
@@ -388,11 +405,7 @@ namespace Igi.Sdk
             if (f.ResumeOf != 0) { OnResumeAnswer(f, type, body); return; }
             if (f.IsStream)
             {
-                if (type == "token")
-                {
-                    f.LastToken = Math.Max(f.LastToken, MsgValue.GetLong(body, "i"));
-                    Forward(id, type, body);
-                }
+                if (type == "token") OnToken(f, body);
                 else if (type == "done" || type == "error")
                 {
                     inflight.Remove(id);
@@ -404,6 +417,32 @@ namespace Igi.Sdk
             inflight.Remove(id);
             if (type == "ok") TrackSessions(f, body);
             if (!f.Internal) Forward(id, type, body);
+        }
+
+        // Tokens go to the game in order, each once. A gap in `i` means events were lost (a
+        // reconnect the transport hid, e.g. libzmq's own): ask the sidecar to replay from the
+        // last one delivered, and drop what comes out of order meanwhile.
+        void OnToken(InFlight f, Dictionary<string, object> body)
+        {
+            long i = MsgValue.GetLong(body, "i");
+            bool canResume = info != null && info.HasFeature(IgiFeatures.ResumeStream);
+            if (i == f.LastToken + 1 || !canResume)
+            {
+                f.LastToken = Math.Max(f.LastToken, i);
+                Forward(f.Id, "token", body);
+                return;
+            }
+            if (i <= f.LastToken || f.ResumeAsked) return;
+            f.ResumeAsked = true;
+            SendResume(f);
+        }
+
+        void SendResume(InFlight f)
+        {
+            var body = new Dictionary<string, object>();
+            body["request"] = f.Id;
+            body["after"] = f.LastToken;
+            SendInternal("resume_stream", body, f.Id);
         }
 
         void HelloAgainThenResend(InFlight f)
@@ -462,10 +501,8 @@ namespace Igi.Sdk
                 f.NeedsResume = false;
                 if (info.HasFeature(IgiFeatures.ResumeStream))
                 {
-                    var body = new Dictionary<string, object>();
-                    body["request"] = f.Id;
-                    body["after"] = f.LastToken;
-                    SendInternal("resume_stream", body, f.Id);
+                    f.ResumeAsked = true;
+                    SendResume(f);
                 }
                 else
                 {
@@ -479,6 +516,9 @@ namespace Igi.Sdk
         void OnResumeAnswer(InFlight f, string type, Dictionary<string, object> body)
         {
             inflight.Remove(f.Id);
+            InFlight stream;
+            // the replay follows this ok: a later gap may ask again
+            if (inflight.TryGetValue(f.ResumeOf, out stream)) stream.ResumeAsked = false;
             if (type != "error" || !inflight.ContainsKey(f.ResumeOf)) return; // ok: the events follow
             inflight.Remove(f.ResumeOf);
             Forward(f.ResumeOf, "error", ErrorBody(IgiError.StreamLost,

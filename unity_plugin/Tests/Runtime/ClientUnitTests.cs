@@ -177,6 +177,41 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(10000)]
+        public void AGapInTokenIndexesIsFilledByResumeStream()
+        {
+            // events lost without a visible disconnect (e.g. libzmq reconnecting by itself)
+            fake.OnRequest = (id, type, body) =>
+            {
+                switch (type)
+                {
+                    case "hello": fake.Reply(id, "ok", FakeTransport.HelloOk()); break;
+                    case "chat":
+                        fake.Reply(id, "token", Map("text", "a", "i", 1L));
+                        fake.Reply(id, "token", Map("text", "b", "i", 2L));
+                        fake.Reply(id, "token", Map("text", "e", "i", 5L)); // 3 and 4 were lost
+                        fake.Reply(id, "token", Map("text", "f", "i", 6L));
+                        break;
+                    case "resume_stream":
+                        long chat = (long)body["request"];
+                        Assert.AreEqual(2L, body["after"]);
+                        fake.Reply(id, "ok", Map("running", false, "replayed", 5L));
+                        foreach (var t in new[] { "c", "d", "e", "f", "g" })
+                            fake.Reply(chat, "token", Map("text", t, "i", (long)(t[0] - 'a' + 1)));
+                        fake.Reply(chat, "done", Map("text", "abcdefg", "finish_reason", "stop"));
+                        break;
+                }
+            };
+            Start();
+            var seen = new List<string>();
+            var stream = client.Chat("s", "hi").OnToken(seen.Add);
+            Pumping.Ok(client, stream, 5);
+            CollectionAssert.AreEqual(new[] { "a", "b", "c", "d", "e", "f", "g" }, seen);
+            Assert.AreEqual("abcdefg", stream.Text);
+            Assert.AreEqual(1, fake.SentOf("resume_stream").Count);
+        }
+
+        [Test]
+        [Timeout(10000)]
         public void NothingBlocksWhileNoSidecarListens()
         {
             fake.Refuse = true;
