@@ -48,6 +48,13 @@ mcs "${flags[@]}" -target:library -r:"$build/Igi.Sdk.Core.dll" -r:"$nunit_dll" \
     -out:"$build/Igi.Sdk.Tests.dll" "${tests[@]}" \
     || { echo "tests: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
 cp "$nunit_dll" "$build/"
+# the native transport's DllImport("libzmq"): Debian ships only libzmq.so.5 without the -dev package
+cat > "$build/Igi.Sdk.Core.dll.config" <<'XML'
+<configuration>
+  <dllmap dll="libzmq" target="libzmq.so.5" os="linux"/>
+  <dllmap dll="libzmq" target="libzmq.5.dylib" os="osx"/>
+</configuration>
+XML
 
 export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
 export IGI_VECTORS_DIR="$root/bridge/vectors"

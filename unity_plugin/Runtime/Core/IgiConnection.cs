@@ -96,6 +96,7 @@ namespace Igi.Sdk
         double sentAt;
         double nextConnectAt;
         int backoffMs = FirstBackoffMs;
+        string lastTransportError; // why the last connect failed, for the unavailable message
         IgiConnectionState postedState = IgiConnectionState.Connecting;
 
         public IgiConnection(IgiClientOptions options)
@@ -207,13 +208,15 @@ namespace Igi.Sdk
             {
                 transport.Connect(options.Endpoint, routingId, ConnectTimeoutMs);
             }
-            catch (IgiTransportException)
+            catch (IgiTransportException e)
             {
+                lastTransportError = e.Message;
                 nextConnectAt = Now + backoffMs / 1000.0;
                 backoffMs = Math.Min(backoffMs * 2, MaxBackoffMs);
                 return;
             }
             backoffMs = FirstBackoffMs;
+            lastTransportError = null;
             greeted = false;
             helloId = 0;
             // a fresh connection says hello at once, unless the game said goodbye and has
@@ -254,7 +257,8 @@ namespace Igi.Sdk
                     var f = waiting[i];
                     waiting.RemoveAt(i);
                     if (!f.Internal)
-                        Forward(f.Id, "error", ErrorBody(IgiError.Unavailable, "no sidecar answered at " + options.Endpoint, true));
+                        Forward(f.Id, "error", ErrorBody(IgiError.Unavailable, "no sidecar answered at " + options.Endpoint +
+                            (lastTransportError != null ? " (" + lastTransportError + ")" : ""), true));
                 }
             }
             // a request fails once the sidecar has said nothing at all for `limit` since it went

@@ -98,14 +98,28 @@ namespace Igi.Sdk
         {
             var clock = Stopwatch.StartNew();
             SendRaw(Greeting());
-            byte[] peer = ReadExactly(GreetingBytes, timeoutMs, clock);
+            byte[] peer;
+            try
+            {
+                peer = ReadExactly(GreetingBytes, timeoutMs, clock);
+            }
+            catch (IgiTransportException)
+            {
+                // libzmq hangs up on a mechanism it does not want, often after sending its own:
+                // name it, so the game learns why rather than just "closed"
+                if (pendingCount >= 32 && pending[0] == 0xff)
+                {
+                    string wanted = Encoding.ASCII.GetString(pending, 12, 20).TrimEnd('\0');
+                    if (wanted != "NULL") throw new IgiTransportException(MechanismRefusal(wanted));
+                }
+                throw;
+            }
             if (peer[0] != 0xff || peer[9] != 0x7f)
                 throw new IgiTransportException("the peer is not a ZeroMQ socket (bad greeting)");
             if (peer[10] < 3)
                 throw new IgiTransportException("the peer speaks ZMTP " + peer[10] + ".x; 3.x is needed");
             string mechanism = Encoding.ASCII.GetString(peer, 12, 20).TrimEnd('\0');
-            if (mechanism != "NULL")
-                throw new IgiTransportException("the sidecar wants the " + mechanism + " security mechanism (CurveZMQ needs the native transport)");
+            if (mechanism != "NULL") throw new IgiTransportException(MechanismRefusal(mechanism));
 
             SendFrame(ReadyCommand(routingId), FlagCommand);
 
@@ -127,8 +141,13 @@ namespace Igi.Sdk
                 int left = timeoutMs - (int)clock.ElapsedMilliseconds;
                 if (left <= 0) throw new IgiTransportException("handshake timed out");
                 if (!Fill(Math.Min(left, 50)))
-                    throw new IgiTransportException("the peer closed the connection during the handshake");
+                    throw new IgiTransportException("the peer closed the connection during the handshake (a sidecar that requires CurveZMQ does so to clients without keys)");
             }
+        }
+
+        static string MechanismRefusal(string mechanism)
+        {
+            return "the sidecar wants the " + mechanism + " security mechanism (CurveZMQ needs ZmqNativeTransport with keys)";
         }
 
         static byte[] Greeting()
@@ -306,7 +325,7 @@ namespace Igi.Sdk
                 int left = timeoutMs - (int)clock.ElapsedMilliseconds;
                 if (left <= 0) throw new IgiTransportException("handshake timed out");
                 if (!Fill(Math.Min(left, 50)))
-                    throw new IgiTransportException("the peer closed the connection during the handshake");
+                    throw new IgiTransportException("the peer closed the connection during the handshake (a sidecar that requires CurveZMQ does so to clients without keys)");
             }
             var result = new byte[count];
             Buffer.BlockCopy(pending, 0, result, 0, count);

@@ -23,7 +23,8 @@ namespace Igi.Sdk.Tests
         readonly StringBuilder log = new StringBuilder();
         volatile bool ready;
 
-        public string Endpoint { get { return "tcp://127.0.0.1:" + Port; } }
+        string endpoint; // null: tcp on the loopback port
+        public string Endpoint { get { return endpoint ?? "tcp://127.0.0.1:" + Port; } }
         public string Log { get { lock (log) return log.ToString(); } }
         public bool IsRunning { get { return process != null && !process.HasExited; } }
 
@@ -45,11 +46,13 @@ namespace Igi.Sdk.Tests
             }
         }
 
-        public static Sidecar Start(string extraArgs = "")
+        /// <summary>A sidecar of its own; <paramref name="endpoint"/> null: a free loopback TCP port.</summary>
+        public static Sidecar Start(string extraArgs = "", string endpoint = null)
         {
             string save = Path.Combine(Path.GetTempPath(), "igi-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8));
             Directory.CreateDirectory(save);
             var sidecar = new Sidecar(FreePort(), save);
+            sidecar.endpoint = endpoint;
             sidecar.Launch(extraArgs);
             return sidecar;
         }
