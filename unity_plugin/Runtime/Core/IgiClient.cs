@@ -30,7 +30,7 @@ namespace Igi.Sdk
 {
     public sealed class IgiClient : IDisposable
     {
-        const int DisposeJoinMs = 1000;
+        const int DisposeJoinMs = 1500;
 
         readonly IgiClientOptions options;
         readonly IgiConnection connection;
@@ -376,7 +376,8 @@ namespace Igi.Sdk
 
         /// <summary>Says goodbye (keep_sessions = Options.KeepSessionsOnDispose; on a 1.0
         /// sidecar closes the sessions instead), ends the I/O thread and closes the socket.
-        /// Waits at most about a second. Pending requests end as failed (disposed) without
+        /// Waits at most about a second and a half (requests made just before
+        /// it are sent and their answers awaited first, bounded). Pending requests end as failed (disposed) without
         /// their callbacks.</summary>
         public void Dispose()
         {

@@ -63,6 +63,7 @@ namespace Igi.Sdk
         const int ConnectTimeoutMs = 2000;
         const int FirstBackoffMs = 100, MaxBackoffMs = 2000;
         const int GoodbyeWaitMs = 300;
+        const int FlushWaitMs = 600;
 
         // requests that may simply be sent again when the connection dropped before the answer
         static readonly HashSet<string> Idempotent = new HashSet<string>
@@ -236,7 +237,13 @@ namespace Igi.Sdk
                 if (f.IsStream) { f.NeedsResume = true; continue; }
                 inflight.Remove(f.Id);
                 if (f.Internal) continue;
-                if (!f.Sent || Idempotent.Contains(f.Type)) { f.Sent = false; requeue.Add(f); continue; }
+                if (!f.Sent || Idempotent.Contains(f.Type))
+                {
+                    f.Sent = false;
+                    f.QueuedAt = Now; // its wait for a connection starts again
+                    requeue.Add(f);
+                    continue;
+                }
                 Forward(f.Id, "error", ErrorBody(IgiError.Unavailable,
                     "the connection to the sidecar dropped before " + f.Type + " was answered", true));
             }
@@ -420,6 +427,7 @@ namespace Igi.Sdk
             if (type != "ok" && type != "error") return;
             inflight.Remove(id);
             if (type == "ok") TrackSessions(f, body);
+            else if (f.Internal && f.Type == "adopt_session") ownedSessions.Remove(f.Session); // gone
             if (!f.Internal) Forward(id, type, body);
         }
 
@@ -454,6 +462,10 @@ namespace Igi.Sdk
             inflight.Remove(f.Id);
             greeted = false;
             if (!farewell && ownedSessions.Count > 0) readoptAfterHello = true;
+            // forgotten (its lease lapsed, e.g. the game sat at a breakpoint) or a new sidecar:
+            // open streams were cancelled there; the hello is followed by a resume for each,
+            // which replays their end or says they are gone
+            foreach (var open in inflight.Values) if (open.IsStream) open.NeedsResume = true;
             if (f.HelloRetries++ < 2)
             {
                 f.Sent = false;
@@ -538,7 +550,7 @@ namespace Igi.Sdk
             {
                 var body = new Dictionary<string, object>();
                 body["session"] = session;
-                SendInternal("adopt_session", body, 0);
+                SendInternal("adopt_session", body, 0).Session = session;
             }
         }
 
@@ -570,8 +582,17 @@ namespace Igi.Sdk
 
         void SayGoodbye()
         {
+            DrainOutbox(); // what the game asked for before Dispose still goes out
             if (!transport.IsConnected || !greeted) return;
             var asked = new List<long>();
+            while (waiting.Count > 0)
+            {
+                var f = waiting[0];
+                waiting.RemoveAt(0);
+                Transmit(f);
+                if (!f.IsStream) asked.Add(f.Id);
+            }
+            AwaitAnswers(asked, FlushWaitMs); // e.g. a save_session must land before goodbye closes it
             if (info != null && info.HasFeature(IgiFeatures.Goodbye))
             {
                 var body = new Dictionary<string, object>();
@@ -588,8 +609,15 @@ namespace Igi.Sdk
                     asked.Add(SendInternal("close_session", body, 0).Id);
                 }
             }
+            AwaitAnswers(asked, GoodbyeWaitMs);
+        }
+
+        // Reads until every id in `asked` is answered or `limitMs` passed (answers are dropped:
+        // the game is gone).
+        void AwaitAnswers(List<long> asked, int limitMs)
+        {
             var clock = Stopwatch.StartNew();
-            while (asked.Count > 0 && clock.ElapsedMilliseconds < GoodbyeWaitMs && transport.IsConnected)
+            while (asked.Count > 0 && clock.ElapsedMilliseconds < limitMs && transport.IsConnected)
             {
                 received.Clear();
                 transport.Receive(10, received);

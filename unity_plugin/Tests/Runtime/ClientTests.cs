@@ -277,6 +277,50 @@ namespace Igi.Sdk.Tests
             Pumping.Ok(client, client.Chat(session, "Thanks.", new ChatOptions { MaxTokens = 4 }), 60);
         }
 
+        [Test]
+        [Timeout(60000)]
+        public void DisposeSendsWhatWasAskedJustBefore()
+        {
+            var client = Pumping.Connect(Sidecar.Shared.Endpoint);
+            string session = Open(client);
+            Pumping.Ok(client, client.Chat(session, "I am the smith's apprentice.", new ChatOptions { MaxTokens = 4 }), 60);
+            string save = Unique("cs-dispose");
+            client.SaveSession(session, save); // and leave at once, as OnDestroy would
+            client.Dispose();
+
+            var next = Connect();
+            Pumping.Ok(next, next.RestoreSession(save));
+        }
+
+        [Test]
+        [Timeout(60000)]
+        public void AFrozenClientWhoseLeaseLapsedTakesItsSessionBack()
+        {
+            // the game sat at a breakpoint longer than its lease: the sidecar orphaned its
+            // session and cancelled its stream; on waking the client says hello again, adopts
+            // the session and learns how the stream ended
+            Cuttable cuttable = null;
+            var client = Connect(o =>
+            {
+                o.LeaseSeconds = 2;
+                o.TransportFactory = () => cuttable = new Cuttable(new ZmtpDealer());
+            });
+            Assert.AreEqual(2.0, client.Server.LeaseSeconds);
+            string session = Open(client);
+            IgiStream stream = null;
+            stream = client.Chat(session, "Tell me a very long story.", new ChatOptions { MaxTokens = 2000 })
+                .OnToken(piece => { if (stream.LastTokenIndex == 2) cuttable.Freeze(3500); });
+            Pumping.Until(client, () => stream.IsDone, 60, "the frozen stream's end");
+            if (stream.Succeeded) Assert.AreEqual("cancelled", stream.FinishReason, "replayed end of the cancelled stream");
+            else Assert.AreEqual(IgiError.StreamLost, stream.Error.Code, stream.Error.ToString());
+            // its next lease ping is answered hello_required: hello again, then adopt
+            Pumping.Until(client, () => { lock (cuttable.SentTypes) return cuttable.SentTypes.Contains("adopt_session"); },
+                10, "the session's adoption");
+            lock (cuttable.SentTypes) Assert.GreaterOrEqual(cuttable.SentTypes.Count(t => t == "hello"), 2);
+            var again = Pumping.Ok(client, client.Chat(session, "Are you still there?", new ChatOptions { MaxTokens = 4 }), 60);
+            Assert.IsNotEmpty(again.Text, "the session was adopted back");
+        }
+
         /// <summary>A transport whose connection the test can cut, as a network failure would.</summary>
         sealed class Cuttable : IIgiTransport
         {
@@ -287,6 +331,9 @@ namespace Igi.Sdk.Tests
 
             public Cuttable(IIgiTransport inner) { this.inner = inner; }
             public void Cut() { cut = true; }
+            volatile int freezeMs;
+            /// <summary>The I/O thread stops for that long at its next receive (a breakpoint).</summary>
+            public void Freeze(int ms) { freezeMs = ms; }
             public void Connect(string endpoint, byte[] routingId, int timeoutMs)
             {
                 inner.Connect(endpoint, routingId, timeoutMs);
@@ -304,6 +351,7 @@ namespace Igi.Sdk.Tests
             public bool Receive(int timeoutMs, List<byte[]> into)
             {
                 if (cut) { cut = false; inner.Close(); return false; }
+                if (freezeMs > 0) { System.Threading.Thread.Sleep(freezeMs); freezeMs = 0; }
                 return inner.Receive(timeoutMs, into);
             }
             public double SecondsSinceTraffic { get { return inner.SecondsSinceTraffic; } }
