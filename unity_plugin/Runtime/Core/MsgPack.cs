@@ -125,7 +125,12 @@ namespace Igi.Sdk
 
         static void WriteString(MemoryStream o, string s)
         {
-            byte[] bytes = StrictUtf8.GetBytes(s);
+            byte[] bytes;
+            try { bytes = StrictUtf8.GetBytes(s); }
+            catch (ArgumentException) // EncoderFallbackException: a lone surrogate
+            {
+                throw new MsgPackException("a string holds a lone UTF-16 surrogate (not valid Unicode)");
+            }
             int n = bytes.Length;
             if (n < 32) o.WriteByte((byte)(0xa0 | n));
             else if (n <= 0xff) { o.WriteByte(0xd9); o.WriteByte((byte)n); }

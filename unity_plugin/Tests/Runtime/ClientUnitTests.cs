@@ -255,6 +255,17 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(10000)]
+        public void TextThatIsNotUnicodeIsRefusedNotThrown()
+        {
+            Start();
+            var broken = client.Chat("s", "half an emoji: \ud83d");
+            var error = Pumping.Fails(client, broken, IgiError.InvalidBody, 5);
+            StringAssert.Contains("surrogate", error.Message);
+            Assert.AreEqual(0, fake.SentOf("chat").Count);
+        }
+
+        [Test]
+        [Timeout(10000)]
         public void OversizedMessagesAreRefusedBeforeSending()
         {
             Start();

@@ -112,6 +112,29 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(60000)]
+        public void OrphanedSessionsGiveWayToALiveClient()
+        {
+            var sidecar = Own(Sidecar.Start("--max-sessions 2"));
+            var first = Pumping.Connect(sidecar.Endpoint);
+            Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = "npc.old" }));
+            Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = "npc.older" }));
+            Assert.AreEqual(2, Pumping.Ok(first, first.Goodbye(true)).GetLong("orphaned"));
+            first.Dispose();
+
+            var second = Own(Pumping.Connect(sidecar.Endpoint));
+            // every slot is held by an orphan: a live client's open takes the oldest one's
+            Pumping.Ok(second, second.OpenSession(new SessionOptions { Persona = "new" }));
+            var listed = Pumping.Ok(second, second.ListSessions());
+            var orphans = MsgValue.GetList(listed.Result, "sessions").Cast<Dictionary<string, object>>()
+                .Where(x => MsgValue.GetString(x, "owner") == "orphaned").Select(x => MsgValue.GetString(x, "session")).ToList();
+            CollectionAssert.AreEqual(new[] { "npc.older" }, orphans, "the oldest orphan gave way");
+            Pumping.Ok(second, second.AdoptSession("npc.older"));
+            var full = Pumping.Fails(second, second.OpenSession(), "too_many_sessions");
+            Assert.IsTrue(full.Retryable, "live clients hold every slot");
+        }
+
+        [Test]
+        [Timeout(60000)]
         public void SixtyFpsLoopNeverStallsWhileAChatStreams()
         {
             var client = Own(Pumping.Connect(Sidecar.Shared.Endpoint));
