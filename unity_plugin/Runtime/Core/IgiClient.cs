@@ -6,19 +6,30 @@
 //                                          // stream tokens, errors and connection changes there
 //   client.State / client.Server / client.ConnectionChanged   (hello is automatic on connect)
 //   IgiRequest r = client.OpenSession(new SessionOptions { Persona = "Brom", Name = "npc.brom" });
-//   r.OnOk(body => ...).OnError(err => ...);  r.Session  (the session id once it succeeded)
+//   r.OnOk(body => ...).OnError(err => ...).OnCompleted(req => ...);  r.Session, r.GetLong(...)
 //   IgiStream s = client.Chat(sessionId, "Hello!", new ChatOptions { MaxTokens = 64 })
 //       .OnToken(piece => ...).OnDone(stream => ... stream.Text ...).OnError(err => ...);
-//   client.Cancel(s); client.SaveSession(id, "brom"); client.RestoreSession("brom");
+//   client.Cancel(s); client.SaveSession(id, "brom"); client.RestoreSession("brom"[, "npc.brom"]);
 //   client.CloseSession(id); client.SetPriority(id, 10); client.ListSessions();
 //   client.AdoptSession(id); client.Goodbye(keepSessions); client.Frame(frame, dtMs, ...);
 //   client.ReserveVram(bytes, frames); client.Stats(); client.LoadModel(path); client.Ping();
-//   client.Send(type, body)                // any other request, raw
-//   client.Dispose();                      // goodbye (bounded), I/O thread ends, socket closed
+//   client.Shutdown(); client.Send(type, body)   // the rest, raw
+//   client.Dispose();                      // sends what is queued, goodbye (bounded), I/O thread
+//                                          // ends, socket closed
+//   Transports: the managed ZMTP 3.1 DEALER (default, tcp://), or
+//   options.TransportFactory = () => new ZmqNativeTransport(IgiCurveKeys.FromCertificateFiles(...))
+//   for CurveZMQ and ipc:// through the system's libzmq.
 //
 // Threading: every call returns its handle at once and never blocks; one background thread does
 // all the I/O. Callbacks run only inside Pump(), on the thread that calls it (the game's main
 // thread). Requests may be made from any thread; Pump and Dispose belong to one.
+//
+// What the client does by itself: hello on every (re)connection (a 1.0 hello for a 1.0 sidecar),
+// hello and resend on hello_required, a ping every lease_s/3, reconnect with back-off 100 ms to
+// 2 s keeping its routing id, resume_stream for open streams after a reconnect (and for gaps in
+// token indexes), adopt_session for its sessions after its lease lapsed. Timeouts restart with
+// every event of a request; 5 s without any message from the sidecar fails what is pending with
+// `unavailable` (retryable).
 //
 // Errors are IgiError {Code, Message, Retryable}: the sidecar's codes (PROTOCOL.md §6) plus the
 // local ones in IgiError (unavailable, timeout, stream_lost, disposed, invalid_body).
