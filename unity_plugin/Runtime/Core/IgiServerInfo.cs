@@ -53,6 +53,7 @@ namespace Igi.Sdk
         public const string SetPriority = "set_priority";
         public const string ResumeStream = "resume_stream";
         public const string JsonSchemaString = "json_schema_string";
+        public const string SessionNames = "session_names";
     }
 
     public enum IgiConnectionState
