@@ -125,6 +125,8 @@ namespace Igi.Sdk
     /// <summary>A chat: token events, then exactly one done (success) or error.</summary>
     public sealed class IgiStream : IgiRequest
     {
+        /// <summary>The session this chat speaks in (<see cref="IgiRequest.Session"/> reads
+        /// the answer's "session" field, which a chat's done does not have).</summary>
         public readonly string SessionId;
         readonly StringBuilder text = new StringBuilder();
         Action<string> tokenCallbacks;

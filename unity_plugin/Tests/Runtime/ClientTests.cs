@@ -293,6 +293,31 @@ namespace Igi.Sdk.Tests
         }
 
         [Test]
+        [Timeout(30000)]
+        public void AnIdleClientKeepsItsLeaseWithPings()
+        {
+            Cuttable cuttable = null;
+            var client = Connect(o =>
+            {
+                o.LeaseSeconds = 2;
+                o.TransportFactory = () => cuttable = new Cuttable(new ZmtpDealer());
+            });
+            string session = Open(client);
+            var clock = System.Diagnostics.Stopwatch.StartNew();
+            Pumping.Until(client, () => clock.Elapsed.TotalSeconds > 5, 10, "5 s of idling"); // 2.5 leases
+            Assert.AreEqual(IgiConnectionState.Ready, client.State, "heartbeats kept coming");
+            var other = Connect();
+            var listed = Pumping.Ok(other, other.ListSessions());
+            Assert.IsFalse(MsgValue.GetList(listed.Result, "sessions").Cast<Dictionary<string, object>>()
+                .Any(s => MsgValue.GetString(s, "session") == session), "not orphaned");
+            lock (cuttable.SentTypes)
+            {
+                Assert.AreEqual(1, cuttable.SentTypes.Count(t => t == "hello"), "never forgotten");
+                Assert.GreaterOrEqual(cuttable.SentTypes.Count(t => t == "ping"), 6, "a ping every lease_s/3");
+            }
+        }
+
+        [Test]
         [Timeout(60000)]
         public void AFrozenClientWhoseLeaseLapsedTakesItsSessionBack()
         {
