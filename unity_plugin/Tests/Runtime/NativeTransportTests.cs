@@ -12,6 +12,7 @@ namespace Igi.Sdk.Tests
     {
         IgiClient client;
         Sidecar own;
+        string ipcPath;
 
         [TearDown]
         public void CleanUp()
@@ -20,6 +21,8 @@ namespace Igi.Sdk.Tests
             if (own != null) own.Dispose();
             client = null;
             own = null;
+            if (ipcPath != null) File.Delete(ipcPath); // a killed sidecar leaves its socket file
+            ipcPath = null;
         }
 
         static void RequireLibzmq()
@@ -57,8 +60,8 @@ namespace Igi.Sdk.Tests
         public void ChatsOverIpc()
         {
             RequireLibzmq();
-            string path = Path.Combine(Path.GetTempPath(), "igi-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8) + ".sock");
-            own = Sidecar.Start("", "ipc://" + path);
+            ipcPath = Path.Combine(Path.GetTempPath(), "igi-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8) + ".sock");
+            own = Sidecar.Start("", "ipc://" + ipcPath);
             ChatThrough(own.Endpoint);
         }
 
