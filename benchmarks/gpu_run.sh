@@ -1,15 +1,49 @@
 #!/usr/bin/env bash
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
-#   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda.sh + wheels) to .gpu/, then
+#   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
+#   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
-#         dense-moe | matrix-a | matrix-b | matrix-c | all
+#         dense-moe | matrix-a | matrix-b | matrix-c | peers | ctx4k | all
 #   (each fits one 10-minute device call)
+# One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
+# libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
+# run beside ours in the same call. A build packed by an earlier call of the same machine kind
+# (.gpu/prebuilt/bld.tar.*, see `pack_build` below) is unpacked instead when it runs here.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
 part=${2:-all}
 mkdir -p "$out" /tmp/igi-bench
-bash .gpu/build-cuda.sh .gpu > "$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
+restore_build() {
+  ls .gpu/prebuilt/bld.tar.* >/dev/null 2>&1 || return 1
+  local dec="xz -d -T0"; ls .gpu/prebuilt/bld.tar.zst* >/dev/null 2>&1 && dec="zstd -d -T0"
+  cat .gpu/prebuilt/bld.tar.* | $dec | tar -x -C / || return 1
+  mkdir -p /tmp/site/llama_cpp/lib && cp -a /tmp/lcpp/build/bin/*.so* /tmp/site/llama_cpp/lib/
+  /tmp/lcpp/build/bin/llama-bench --help > /dev/null 2>&1 || return 1
+  PYTHONPATH=/tmp/site python3 -c "import llama_cpp; assert llama_cpp.llama_supports_gpu_offload()" \
+    || return 1
+  touch /tmp/site/.ready
+}
+pack_build() {  # PACK_BUILD=1: the build, in <= 15 MiB parts under PACK_DIR (default OUTDIR),
+  # for a later call to carry as .gpu/prebuilt/ (skipped when too large to carry)
+  local c="xz -T0 -3" ext=xz
+  command -v zstd > /dev/null && { c="zstd -T0 -12"; ext=zst; }
+  tar -c -C / tmp/lcpp/build/bin --exclude=tmp/site/llama_cpp/lib tmp/site | $c \
+    > /tmp/bld.tar.$ext || return 1
+  local size; size=$(stat -c %s /tmp/bld.tar.$ext)
+  echo "packed build: $size bytes ($ext)"
+  [ "$size" -le $(( 36 * 1024 * 1024 )) ] || { echo "too large to carry: not packed"; return 1; }
+  split -b 15M -d /tmp/bld.tar.$ext "${PACK_DIR:-$out}/bld.tar.$ext."
+}
+t_build=$SECONDS
+if restore_build > "$out/build.txt" 2>&1; then
+  echo "build: restored from .gpu/prebuilt in $(( SECONDS - t_build )) s" | tee -a "$out/build.txt"
+else
+  rm -rf /tmp/site /tmp/lcpp
+  bash .gpu/build-cuda-cmake.sh .gpu >> "$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
+  echo "build: $(( SECONDS - t_build )) s" | tee -a "$out/build.txt"
+  [ "${PACK_BUILD:-0}" = 1 ] && pack_build 2>&1 | tee -a "$out/build.txt"
+fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv > "$out/gpu.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$out/gpu.txt"
@@ -123,4 +157,55 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P0,P1 --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
   python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
+fi
+if [ "$part" = peers ] || [ "$part" = peers2 ]; then
+  # issue 13: ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
+  # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
+  # END: seconds into this call by which everything must be done (the build included).
+  END=${END:-575}
+  m=/tmp/igi-bench/llama3-8b.gguf
+  pb() { local prof=(); [ -f /tmp/igi-bench/profile.json ] && prof=(--profile /tmp/igi-bench/profile.json)
+         python3 benchmarks/planner_bench.py --models llama3-8b --threads "$t" --timeout 90 \
+           --json "$out/planner.json" "${prof[@]}" "$@" 2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/planner.txt"; }
+  up() { [ $(( END - SECONDS )) -gt 40 ] || { echo "skipped peers $*: no time"; return; }
+         python3 benchmarks/upstream_peers.py --model "$m" --threads "$t" \
+           --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
+           | tee -a "$out/peers.txt"; }
+  have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  rm -f /tmp/igi-bench/profile.json  # measured afresh on this machine by the first pb
+  [ -f .gpu/profile.json ] && cp .gpu/profile.json /tmp/igi-bench/profile.json  # or carried
+  mkdir -p "$out/plans"
+  sp="$out/plans/{strategy}-{budget}-{ctx}.json"
+  if [ "$part" = peers ]; then
+    pb --budgets 4 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag ctx2048
+    up --budgets 4
+    have 60 && pb --budgets 4 --cases 1024:4096 --strategies ours --save-plan "$sp" --tag ctx4096
+    # the same placement at the other context: the n_ctx 4096 plan run at 2048 and vice versa
+    have 50 && pb --budgets 4 --cases 1024:2048 --strategies ours --tag plan4096-at-2048 \
+      --plan-file "$out/plans/ours-4.0-4096.json" --plan-ctx 4096
+    have 50 && pb --budgets 4 --cases 1024:4096 --strategies ours --tag plan2048-at-4096 \
+      --plan-file "$out/plans/ours-4.0-2048.json" --plan-ctx 2048
+    have 50 && pb --budgets 2 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag ctx2048
+    up --budgets 2
+  fi
+  if [ "$part" = peers2 ]; then
+    # a second machine: the copy-compute probe at two sizes, ours as shipped and with
+    # libgomp spinning (OMP_WAIT_POLICY=ACTIVE, upstream's default) beside the upstream peers,
+    # upstream with our PASSIVE policy, then 2 and 8 GB
+    python3 benchmarks/stream_probe.py --layers 2,6 --threads "$t" --json "$out/stream_probe.json" \
+      2>&1 | tee "$out/stream_probe.txt"
+    pb --budgets 4 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag ctx2048
+    have 60 && OMP_WAIT_POLICY=ACTIVE pb --budgets 4 --cases 1024:2048 --strategies ours --tag omp-active
+    up --budgets 4
+    ngl=$(python3 -c "import json; print([r for r in json.load(open('$out/peers.json')) if r['strategy']=='ngl-best'][-1]['flags'].split()[-1])" 2>/dev/null)
+    [ -n "$ngl" ] && OMP_WAIT_POLICY=PASSIVE up --budgets 4 --peers "ngl:$ngl" --tag omp-passive
+    have 60 && pb --budgets 2 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag ctx2048
+    up --budgets 2
+    have 60 && OMP_WAIT_POLICY=ACTIVE pb --budgets 2 --cases 1024:2048 --strategies ours --tag omp-active
+    have 60 && pb --budgets 8 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag ctx2048
+    up --budgets 8 --peers fit-expert,fit-default
+    have 60 && pb --budgets 4 --cases 1024:4096 --strategies ours --save-plan "$sp" --tag ctx4096
+  fi
+  cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
+  echo "done at $SECONDS s"
 fi

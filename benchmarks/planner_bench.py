@@ -105,10 +105,19 @@ def child(args: argparse.Namespace) -> dict:
     prof = Profile.load(Path(args.profile))
     n = max(1, args.sessions)
     prompt = args.prompt if n == 1 else 64
-    wl = Workload(n_ctx=args.ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen)
+    plan_ctx = args.plan_ctx or args.ctx
+    wl = Workload(n_ctx=plan_ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen,
+                  pin_host=not args.no_pin)
     t0 = time.perf_counter()
-    plan, vram = _plan(args, inv, prof, wl)
+    if args.plan_file:  # a saved plan, run as it is (e.g. one made for another n_ctx)
+        from igi_sdk.planner import Plan
+
+        plan, vram = Plan.load(args.plan_file), {}
+    else:
+        plan, vram = _plan(args, inv, prof, wl)
     plan_s = time.perf_counter() - t0
+    if args.save_plan:
+        plan.save(args.save_plan)
     if args.sessions > 1:
         wl = dataclasses.replace(wl, n_seqs=n)
     peak = PeakVram()
@@ -125,10 +134,15 @@ def child(args: argparse.Namespace) -> dict:
     results = [g.result() for g in gens]
     wall = time.perf_counter() - t_start
     peak_vram = peak.stop()
+    memory = eng.memory()
     eng.close()
     r0 = results[0]
     out = {
         "model": Path(args.model).stem, "strategy": args.strategy, "plan": plan.name,
+        "plan_ctx": plan_ctx, "plan_file": Path(args.plan_file).name if args.plan_file else None,
+        "cpu_weight_gb": round(sum(t.n_bytes for t in inv.tensors if t.name not in plan.gpu_set
+                                   and t.group != "token_embd") / GB, 3),
+        "memory_mib": {d: {k: round(v / 2**20) for k, v in m.items()} for d, m in memory.items()},
         "budget_gb": args.budget, "prompt": r0.prompt_tokens, "ctx": args.ctx, "sessions": n,
         "n_ubatch": plan.n_ubatch, "flash_attn": plan.flash_attn, "pinned": plan.pinned_host,
         "copy_min_batch": plan.copy_compute_min_batch if plan.op_offload else None,
@@ -145,6 +159,7 @@ def child(args: argparse.Namespace) -> dict:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
         out["pred_decode_tps"] = round(decode_tps(inv, plan, prof, r0.prompt_tokens
                                                   + args.gen // 2), 2)
+        out["turn_s"] = round(r0.ttft_s + args.gen / max(r0.decode_tps, 1e-9), 3)
     else:
         out["pred_total_tps"] = round(decode_tps(inv, plan, prof, prompt + args.gen // 2, n), 2)
     return out
@@ -190,6 +205,13 @@ def main() -> int:
     ap.add_argument("--prompt", type=int, default=1024, help=argparse.SUPPRESS)
     ap.add_argument("--ctx", type=int, default=4096, help=argparse.SUPPRESS)
     ap.add_argument("--peer-slack", type=int, default=0, help=argparse.SUPPRESS)
+    ap.add_argument("--plan-ctx", type=int, default=0,
+                    help="plan for this n_ctx but run at the case's (same placement, other ctx)")
+    ap.add_argument("--plan-file", help="run this saved plan instead of planning")
+    ap.add_argument("--save-plan", help="write the plan each child runs to this path")
+    ap.add_argument("--tag", default="", help="a label stored with every result")
+    ap.add_argument("--no-pin", action="store_true",
+                    help="plan with host weights memory-mapped instead of pinned")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -251,7 +273,13 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
     cmd = [sys.executable, __file__, "--child", "--model", model, "--profile", profile,
            "--strategy", strategy, "--budget", str(budget), "--prompt", str(prompt),
            "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
-           "--sessions", str(args.sessions), "--peer-slack", str(slack)]
+           "--sessions", str(args.sessions), "--peer-slack", str(slack),
+           "--plan-ctx", str(args.plan_ctx)] + (["--no-pin"] if args.no_pin else [])
+    if args.plan_file:
+        cmd += ["--plan-file", args.plan_file]
+    if args.save_plan:
+        cmd += ["--save-plan", args.save_plan.format(strategy=strategy, budget=budget,
+                                                    prompt=prompt, ctx=ctx)]
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
     except subprocess.TimeoutExpired:
@@ -264,6 +292,10 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
               flush=True)
         return None
     r = json.loads(line[7:])
+    if args.tag:
+        r["tag"] = args.tag
+    r["env"] = {k: os.environ[k] for k in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")
+                if k in os.environ}
     print(json.dumps(r), flush=True)
     return r
 

@@ -167,9 +167,71 @@ def test_step_overheads_add_per_block_on_the_device_that_runs_it(dense) -> None:
     gpu_plan = Plan.all_gpu(dense)
     base = 1 / decode_tps(dense, gpu_plan, GPU_PROFILE, 256)
     assert 1 / decode_tps(dense, gpu_plan, prof, 256) == pytest.approx(base + n * 40e-6 + 300e-6)
-    cpu_plan = Plan.all_cpu()
-    base = 1 / decode_tps(dense, cpu_plan, GPU_PROFILE, 256)
-    assert 1 / decode_tps(dense, cpu_plan, prof, 256) == pytest.approx(base + n * 20e-6 + 100e-6)
+    # on the CPU a layer's overhead is its ops' barriers (ATTN + FFN ops = the probe's layer)
+    from igi_sdk.planner.cost import block_ops, block_placement, overhead_seconds
+
+    cpu_blocks = block_placement(dense, frozenset())
+    assert overhead_seconds(prof.model_copy(update={"gpu": None}), cpu_blocks, False,
+                            block_ops(dense)) == pytest.approx(n * 20e-6 + 100e-6)
+
+
+def test_cpu_overhead_is_charged_per_op_and_taken_out_of_the_measured_rates(dense) -> None:
+    from igi_sdk.planner.cost import (
+        ATTN_BLOCK_OPS,
+        FFN_BLOCK_OPS,
+        PROBE_LAYER_OPS,
+        block_ops,
+        cpu_op_overhead,
+        cpu_weight_rate,
+        overhead_seconds,
+    )
+
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.cpu.layer_overhead_s = 19 * 25e-6  # 25 us per op, as a VM with passive waits showed
+    op = cpu_op_overhead(prof)
+    assert op == pytest.approx(prof.cpu.layer_overhead_s / PROBE_LAYER_OPS)
+    # the profile timed one 4096x4096 weight per op, barrier included: the rate without it
+    w = 4096 * 4096 // 32 * 18  # Q4_0 bytes
+    r = prof.cpu.rate("Q4_0", 1)
+    assert cpu_weight_rate(prof, "Q4_0", 1) == pytest.approx(w / (w / r - op))
+    assert r < cpu_weight_rate(prof, "Q4_0", 1) <= 2 * r
+    no_overhead = prof.model_copy(deep=True)
+    no_overhead.cpu.layer_overhead_s = 0.0
+    assert cpu_weight_rate(no_overhead, "Q4_0", 1) == r
+    # an FFN block on the CPU (attention on the GPU, attn-first plans) pays its 7 ops, not half
+    # a layer's 19
+    n = dense.arch.n_layers
+    ops = block_ops(dense)
+    assert ops == [ATTN_BLOCK_OPS, FFN_BLOCK_OPS] * n
+    attn_gpu = [True, False] * n
+    over = overhead_seconds(prof, attn_gpu, False, ops)
+    gpu_part = n * prof.gpu.layer_overhead_s / 2 + prof.gpu.step_overhead_s
+    assert over == pytest.approx(gpu_part + n * FFN_BLOCK_OPS * op)
+
+
+def test_decode_time_follows_cpu_bytes_when_kv_pushes_ffn_off(dense) -> None:
+    # the n_ctx 4096 "drop" (issue 13): a larger context only moves FFN blocks to the CPU;
+    # the predicted step grows by their bytes at the CPU rate plus their ops' barriers, and
+    # the same placement predicts the same decode at either context
+    prof = GPU_PROFILE.model_copy(deep=True)
+    prof.cpu.layer_overhead_s = 19 * 25e-6
+    from igi_sdk.planner.cost import FFN_BLOCK_OPS, cpu_op_overhead, ubatch_cost
+
+    plan = Plan.attention_on_gpu(dense).model_copy(update={"gpu_layers": -1})
+    ffn = [t for t in dense.tensors if t.group == "ffn_dense"]
+    last = dense.arch.n_layers - 1
+    more_gpu = plan.model_copy(update={"gpu_tensors": plan.gpu_tensors + tuple(
+        t.name for t in ffn if t.layer == last)})
+    slow = ubatch_cost(dense, plan, prof, 1, 1000).total
+    fast = ubatch_cost(dense, more_gpu, prof, 1, 1000).total
+    moved = [t for t in ffn if t.layer == last]
+    from igi_sdk.planner.cost import cpu_weight_rate
+
+    cpu_s = sum(t.n_bytes / cpu_weight_rate(prof, t.ggml_type, 1) for t in moved)
+    gpu_s = sum(t.n_bytes / prof.gpu.rate(t.ggml_type, 1) for t in moved)
+    barrier = FFN_BLOCK_OPS * cpu_op_overhead(prof) - prof.gpu.layer_overhead_s / 2
+    splits = prof.split_latency_s  # the last block no longer hands over to the CPU
+    assert slow - fast == pytest.approx(cpu_s - gpu_s + barrier + splits, rel=1e-6)
 
 
 def test_prefix_search_prices_plans_as_the_cost_model_does(dense) -> None:
@@ -222,6 +284,17 @@ def test_stream_rate_is_what_the_prefill_spends_beyond_its_matmuls() -> None:
     # a run faster than the priced matmuls cannot say more than the raw copy rate
     fast = CopyComputeRun(matmul_s / 2, 512, weights, 2)
     assert stream_rate(prof, fast) == prof.h2d_pinned_bps
+    # two probe sizes: the marginal rate, what does not grow with the bytes left out
+    fixed_extra = 0.002  # per ubatch, whatever the size
+    big_w = {t: 3 * b for t, b in weights.items()}
+    big_matmul = sum(b / prof.gpu.rate(t, 512) for t, b in big_w.items())
+    big_fixed = 6 * prof.gpu.layer_overhead_s + prof.gpu.step_overhead_s
+    streamed = sum(weights.values())
+    small = CopyComputeRun(matmul_s + fixed_s + streamed / 20e9 + fixed_extra, 512, weights, 2)
+    big = CopyComputeRun(big_matmul + big_fixed + 3 * streamed / 20e9 + fixed_extra, 512,
+                         big_w, 6)
+    assert stream_rate(prof, small) < 20e9  # the fixed share counted as copying
+    assert stream_rate(prof, big, small) == pytest.approx(20e9)
 
 
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:

@@ -14,8 +14,15 @@ Per tensor, from the machine profile:
   offloaded projections to the attention op and copies the layer's used KV cells over PCIe
   (the KV buffer is ordinary, pageable host memory);
 * every hand-over between CPU and GPU inside the graph costs a fixed latency;
-* every layer block (attention, FFN) costs half the measured per-layer overhead of the device it
-  runs on (kernel launches, thread-pool barriers), and every ubatch one per-step overhead.
+* every layer block (attention, FFN) on the GPU costs half the measured per-layer overhead
+  (kernel launches), and every ubatch one per-step overhead. On the CPU the overhead is the
+  thread pool's barrier after every op (an OpenMP barrier; with the SDK's passive wait policy
+  each one puts the threads to sleep and wakes them): the measured per-layer overhead is
+  spread over the ops of the probe's layer (``PROBE_LAYER_OPS``) and charged per op, so an FFN
+  block (7 ops) costs less than an attention block (12). The profile's CPU matmul rates were
+  timed with one such barrier per weight (a 4096×4096 weight per op), so the per-op cost is
+  taken out of them (``cpu_weight_rate``) rather than counted twice: for a small weight it is
+  a seventh of the time, for a real FFN weight (4096×14336) a twentieth.
 The ops run one after another (llama.cpp's scheduler does not overlap CPU and GPU splits), so
 the ubatch time is the sum.
 """
@@ -26,11 +33,52 @@ import dataclasses
 import itertools
 from dataclasses import dataclass
 
+from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
 from igi_sdk.model import ModelInventory, TensorInfo
 from igi_sdk.planner.plan import Plan
 from igi_sdk.profile import Profile
 
 _SKIP_GROUPS = frozenset({"token_embd"})  # a row lookup, not a matmul
+
+# Ops the CPU backend runs (each followed by a thread-pool barrier; views and reshapes are
+# skipped) in one Llama layer at decode with flash attention: attention block = norm, scale,
+# Q/K/V, two ropes, two KV stores, flash attention, output projection, residual add; dense FFN
+# block = norm, scale, gate, up, SwiGLU, down, residual add. A routed-expert block adds the
+# router, its softmax and top-k, the weights' gather and the weighted sum; a shared expert its
+# own gate/up/down/SwiGLU/add.
+ATTN_BLOCK_OPS = 12
+FFN_BLOCK_OPS = 7
+MOE_EXTRA_OPS = 6
+SHEXP_EXTRA_OPS = 5
+PROBE_LAYER_OPS = ATTN_BLOCK_OPS + FFN_BLOCK_OPS  # the decode-overhead probe's tiny Llama layer
+PROFILE_MATMUL_SHAPE = (4096, 4096)  # the weight of one op in the profile's CPU rate graphs
+
+
+def cpu_op_overhead(prof: Profile) -> float:
+    """Seconds of one CPU op's barrier (and wake-up) at decode, from the per-layer probe."""
+    return prof.cpu.layer_overhead_s / PROBE_LAYER_OPS
+
+
+def _weight_bytes(ggml_type: str, k: int, n: int) -> int:
+    try:
+        block, size = GGML_QUANT_SIZES[GGMLQuantizationType[ggml_type]]
+    except KeyError:
+        block, size = 1, 2
+    return k * n // block * size
+
+
+def cpu_weight_rate(prof: Profile, ggml_type: str, tokens: float) -> float:
+    """CPU weight bytes per second for a batch of ``tokens``, without the one barrier per op
+    the profile's timing included (that is charged per op by ``overhead_seconds``). The
+    correction never takes more than half of the measured time."""
+    rate = prof.cpu.rate(ggml_type, tokens)
+    op = cpu_op_overhead(prof)
+    if op <= 0 or rate <= 0:
+        return rate
+    w = _weight_bytes(ggml_type, *PROFILE_MATMUL_SHAPE)
+    measured = w / rate
+    return w / max(measured - op, measured / 2)
 
 
 @dataclass(frozen=True)
@@ -70,7 +118,7 @@ def tensor_seconds(
     if copy_compute:
         g = nbytes / prof.gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
         return g, 0.0, nbytes / (prof.stream_bps(pinned) or 1.0)
-    return 0.0, nbytes / prof.cpu.rate(t.ggml_type, eff_tok), 0.0
+    return 0.0, nbytes / cpu_weight_rate(prof, t.ggml_type, eff_tok), 0.0
 
 
 def priced_tensors(inv: ModelInventory) -> list[TensorInfo]:
@@ -115,7 +163,8 @@ def ubatch_cost(
                for layer in range(inv.arch.n_layers))
     splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
     return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s,
-                      overhead_seconds(prof, block_placement(inv, gpu_set), copy))
+                      overhead_seconds(prof, block_placement(inv, gpu_set), copy,
+                                       block_ops(inv)))
 
 
 def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:
@@ -135,14 +184,34 @@ def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> 
     return seq
 
 
-def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool) -> float:
+def block_ops(inv: ModelInventory) -> list[int]:
+    """CPU ops of each layer block, in ``block_placement``'s order (attention, then FFN)."""
+    a = inv.arch
+    ops: list[int] = []
+    for layer in range(a.n_layers):
+        groups = {t.group for t in inv.layer_tensors(layer)}
+        if "attn" in groups:
+            ops.append(ATTN_BLOCK_OPS)
+        if any(g.startswith("ffn") for g in groups):
+            n = FFN_BLOCK_OPS + (MOE_EXTRA_OPS if "ffn_exps" in groups else 0)
+            ops.append(n + (SHEXP_EXTRA_OPS if "ffn_shexp" in groups and "ffn_exps" in groups
+                            else 0))
+    return ops
+
+
+def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
+                     ops: list[int] | None = None) -> float:
     """Fixed per-block and per-step cost of one ubatch (every block on the GPU under
-    copy-compute)."""
+    copy-compute): half a GPU layer's overhead per GPU block; per CPU block its ops times the
+    CPU's per-op barrier (``ops``: each block's, default half a probe layer's)."""
+    ops = ops if ops is not None and len(ops) == len(blocks) else (
+        [PROBE_LAYER_OPS / 2] * len(blocks))  # type: ignore[list-item]
+    op_s = cpu_op_overhead(prof)
     if prof.gpu is None:
-        return len(blocks) / 2 * prof.cpu.layer_overhead_s + prof.cpu.step_overhead_s
+        return sum(ops) * op_s + prof.cpu.step_overhead_s
     on_gpu = len(blocks) if copy_compute else sum(blocks)
-    per_block = (on_gpu * prof.gpu.layer_overhead_s
-                 + (len(blocks) - on_gpu) * prof.cpu.layer_overhead_s) / 2
+    cpu_ops = 0 if copy_compute else sum(n for b, n in zip(blocks, ops, strict=True) if not b)
+    per_block = on_gpu * prof.gpu.layer_overhead_s / 2 + cpu_ops * op_s
     step = prof.gpu.step_overhead_s if on_gpu else prof.cpu.step_overhead_s
     return per_block + step
 

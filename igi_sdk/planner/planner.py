@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory, TensorInfo
 from igi_sdk.planner.cost import (
+    block_ops,
     decode_tps,
     kv_gpu_layers,
     layer_attention_seconds,
@@ -242,11 +243,13 @@ def _best_prefix(
                 seq.append(ffn_n[i] * 2 >= ffn_tot[i])
         return seq
 
+    ops = block_ops(inv)
+
     def fixed_costs() -> float:
         """Hand-overs and per-block/per-step overheads of the current prefix, over the turn."""
         seq = blocks()
         splits = sum(1 for x, y in itertools.pairwise(seq) if x != y)
-        over = sum(overhead_seconds(prof, seq, cp) * st.weight
+        over = sum(overhead_seconds(prof, seq, cp, ops) * st.weight
                    for st, cp in zip(schedule, copy, strict=True))
         return splits * prof.split_latency_s * split_weight + over
 

@@ -121,9 +121,9 @@ class CopyComputeRun:
 
 
 def copy_compute_seconds(*, pinned: bool, threads: int, tokens: int = 512,
-                         reps: int = 4) -> CopyComputeRun:
+                         reps: int = 4, n_layers: int = 2) -> CopyComputeRun:
     """Time of one ``tokens``-token prefill ubatch with every weight streamed to the GPU."""
-    spec = spec_with("llama3-8b", n_layers=2, n_vocab=2048)
+    spec = spec_with("llama3-8b", n_layers=n_layers, n_vocab=2048)
     with tempfile.TemporaryDirectory(prefix="igi-copy-") as tmp:
         path = write_synthetic_gguf(Path(tmp) / "copy.gguf", spec)
         inv = read_inventory(path)
