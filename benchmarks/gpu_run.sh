@@ -4,7 +4,7 @@
 #   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
-#         dense-moe | matrix-a | matrix-b | matrix-c | peers | ctx4k | all
+#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
