@@ -51,6 +51,11 @@ class ModelLoadError(ModelError):
     code = "model_load_failed"
 
 
+class DraftMismatchError(ModelLoadError):
+    """The draft model for speculative decoding has another vocabulary than the target: its
+    token ids would mean other text. (On the wire: ``model_load_failed``, as any refused load.)"""
+
+
 # --- plans / placement ---------------------------------------------------------------------------
 
 

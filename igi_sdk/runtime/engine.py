@@ -25,11 +25,12 @@ import time
 import uuid
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
 import llama_cpp
+import numpy as np
 
 from igi_sdk.errors import (
     ContextFullError,
@@ -46,6 +47,7 @@ from igi_sdk.errors import (
 )
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
+from igi_sdk.planner.speculative import draft_n_ctx
 from igi_sdk.runtime import _native, loader, snapshot
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.generation import Generation, GenerationResult
@@ -58,6 +60,16 @@ from igi_sdk.runtime.sampling import (
     prepare_grammar,
 )
 from igi_sdk.runtime.session import Session, Turn
+from igi_sdk.runtime.speculative import (
+    Acceptance,
+    Drafter,
+    DraftRequest,
+    Proposal,
+    SpeculativeConfig,
+    StepTimes,
+    put_token,
+    speculative_pick,
+)
 from igi_sdk.runtime.text import Vocab, parts_after, stop_scan
 
 T = TypeVar("T")
@@ -83,6 +95,9 @@ class EngineConfig:
     # change the last bits of the logits from run to run; a fixed split makes seeded replies
     # reproducible on one machine and plan
     prefill_chunk: int = 0
+    # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
+    draft_model: str | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
 
 class Engine:
@@ -126,6 +141,10 @@ class Engine:
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
+        self._drafter: Drafter | None = None
+        self._acceptance: dict[str, Acceptance] = {}  # per session id
+        self._spec_times = StepTimes()
+        self._spec_totals = {"drafted": 0, "accepted": 0, "steps": 0}
         _native.init_backend(self.plan.copy_compute_min_batch)
         ready: Future = Future()
         self._thread = threading.Thread(
@@ -172,7 +191,30 @@ class Engine:
                 "step": dict(self.step_stats),
                 "copy_compute_min_batch": {
                     "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
-                    "in_effect": _native.copy_compute_threshold_in_effect()}}
+                    "in_effect": _native.copy_compute_threshold_in_effect()},
+                "speculative": self._speculative_status()}
+
+    def _speculative_status(self) -> dict[str, Any]:
+        drafter, totals = self._drafter, dict(self._spec_totals)
+        times = self._spec_times
+        return {
+            "draft": str(drafter.path) if drafter else None,
+            "draft_memory": drafter.memory if drafter else None,
+            "k": self.config.speculative.k,
+            **totals,
+            "alpha": round(totals["accepted"] / totals["drafted"], 4) if totals["drafted"]
+            else None,
+            "step_s": {"plain": times.plain_s, "verify": times.verify_s, "draft": times.draft_s},
+            "sessions": {sid: a.figures() for sid, a in list(self._acceptance.items())},
+        }
+
+    def drop_draft_async(self) -> Future[bool]:
+        return self._submit(self._drop_draft)
+
+    def drop_draft(self) -> bool:
+        """Free the draft model (VRAM pressure: it is the first thing to go); replies in
+        progress go on without drafting. True if there was one."""
+        return self.drop_draft_async().result()
 
     def open_session_async(
         self,
@@ -211,8 +253,10 @@ class Engine:
     def session_info(self) -> dict[str, dict[str, Any]]:
         """Tokens in context, whether replying, and priority of every session, read without
         waiting for the engine thread (figures of the last step, for listings)."""
+        drafts = self._acceptance
         return {sid: {"tokens": len(s.tokens), "busy": s.turn is not None,
-                      "priority": s.priority}
+                      "priority": s.priority,
+                      **({"draft": drafts[sid].figures()} if sid in drafts else {})}
                 for sid, s in list(self._sessions.items())}
 
     def chat_async(
@@ -415,6 +459,8 @@ class Engine:
     def _run(self, ready: Future) -> None:
         try:
             self._load(self.plan)
+            if self.config.draft_model:
+                self._load_draft(self.config.draft_model)
         except BaseException as e:  # noqa: BLE001 - handed to the constructor's thread
             self._finish_thread()
             ready.set_exception(e)
@@ -487,6 +533,7 @@ class Engine:
             if fut.set_running_or_notify_cancel():
                 fut.set_exception(EngineClosedError("the engine is closed"))
         try:
+            self._drop_draft()
             self._unload()
         except Exception:  # best effort at exit
             log.exception("unload at exit failed")
@@ -514,6 +561,21 @@ class Engine:
         self.report, self.gpu, self.plan = loaded.report, loaded.gpu, plan
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
         self._token_s = None  # a new placement: measure its prompt speed again
+
+    def _load_draft(self, path: str | Path) -> None:
+        c = self.config
+        assert self._vocab is not None
+        # its sequences mirror the sessions', plus the drafts beyond them
+        settings = ContextSettings(draft_n_ctx(c.n_ctx, c.max_sessions, c.speculative.k),
+                                   c.max_sessions, c.n_batch, c.n_threads)
+        self._drafter = Drafter(path, self._vocab.vocab, settings,
+                                self.plan.copy_compute_min_batch)
+
+    def _drop_draft(self) -> bool:
+        drafter, self._drafter = self._drafter, None
+        if drafter is not None:
+            drafter.close()
+        return drafter is not None
 
     def _unload(self) -> None:
         """Free the placement; every handle into it is dropped with it."""
@@ -568,6 +630,9 @@ class Engine:
             self._end_turn(s.turn, error=GenerationCancelled(f"session '{sid}' was closed"))
         if self._mem is not None:  # else: dropped when the parked state is put back
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+        if self._drafter is not None:
+            self._drafter.forget(s.seq)
+        self._acceptance.pop(sid, None)
         del self._sessions[sid]
         self._free_seqs.append(s.seq)
         self._free_seqs.sort()
@@ -651,10 +716,17 @@ class Engine:
             turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
-        fed = self._fill_batch(turns, self._token_budget())
+        budget = self._token_budget()
+        drafts = self._propose(turns, budget)
+        fed = self._fill_batch(turns, budget, drafts)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
-        self._learn_speed(self._batch.n_tokens, time.perf_counter() - t0)
+        if rc == 1 and drafts:  # the drafts took the last free cells: decode without them
+            drafts = {}
+            fed = self._fill_batch(turns, budget)
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        self._time_step(fed, drafts, time.perf_counter() - t0)
         if rc == 1:
             # no room in the KV cache: the lowest-priority reply gives way
             victim = fed[-1][0]
@@ -668,10 +740,23 @@ class Engine:
                 self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
             return
         for t, take, idx in fed:
+            proposal = drafts.get(t.session.seq)
+            if proposal is not None:
+                self._verify(t, idx, proposal)
+                continue
             t.session.tokens.extend(t.feed[:take])
             del t.feed[:take]
             if idx >= 0:
                 self._sample(t, idx)
+
+    def _time_step(self, fed: list[tuple[Turn, int, int]], drafts: dict[int, Proposal],
+                   seconds: float) -> None:
+        if not drafts:
+            self._learn_speed(self._batch.n_tokens, seconds)
+        if any(take != 1 and t.session.seq not in drafts for t, take, _ in fed):
+            return  # a prompt chunk rode along: not a decode step's time
+        decay = self.config.speculative.decay
+        self._spec_times.add("verify_s" if drafts else "plain_s", seconds, decay)
 
     def _token_budget(self) -> int:
         """Tokens for the next step: about ``max_step_s`` of work at the measured speed."""
@@ -698,15 +783,28 @@ class Engine:
         per = seconds / n_tokens
         self._token_s = per if self._token_s is None else 0.7 * self._token_s + 0.3 * per
 
-    def _fill_batch(self, turns: list[Turn], budget: int) -> list[tuple[Turn, int, int]]:
+    def _fill_batch(self, turns: list[Turn], budget: int,
+                    drafts: dict[int, Proposal] | None = None) -> list[tuple[Turn, int, int]]:
         """Put up to ``budget`` pending tokens in the (reused) llama_batch; every decoding
-        reply gets its one token even past the budget (bounded by the session count).
+        reply gets its one token even past the budget (bounded by the session count), and its
+        drafts (``drafts``, by sequence, counted in the budget by :meth:`_propose`).
 
-        Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
+        Returns (turn, tokens taken, batch index of its (first) logits or -1) per turn fed."""
         batch, cap = self._batch, self._batch_cap
         fed: list[tuple[Turn, int, int]] = []
         n = 0
         for t in turns:
+            proposal = drafts.get(t.session.seq) if drafts else None
+            if proposal is not None:
+                verify = [t.feed[0], *proposal.tokens]  # logits at every position
+                if n + len(verify) <= cap:
+                    pos0, seq = len(t.session.tokens), t.session.seq
+                    for i, tok in enumerate(verify):
+                        put_token(batch, n + i, tok, pos0 + i, seq, True)
+                    fed.append((t, len(verify), n))
+                    n += len(verify)
+                    continue
+                del drafts[t.session.seq]  # no room left: this one decodes plainly
             room = max(budget - n, 1 if len(t.feed) == 1 else 0)
             take = min(len(t.feed), room, cap - n)
             if take <= 0:
@@ -727,9 +825,14 @@ class Engine:
         return fed
 
     def _sample(self, t: Turn, idx: int) -> None:
-        assert self._vocab is not None and t.chain is not None
+        assert t.chain is not None
+        self._take(t, t.chain.sample(self._ctx, idx, t.session.n_sampled))
+
+    def _take(self, t: Turn, tok: int) -> bool:
+        """Add a sampled token to the reply (emit text, stop strings, end of turn); False once
+        the reply has ended. ``t.feed`` must be empty (what was fed is decoded)."""
+        assert self._vocab is not None
         s = t.session
-        tok = t.chain.sample(self._ctx, idx, s.n_sampled)
         s.n_sampled += 1
         s.history.append(tok)
         if t.t_first is None:
@@ -737,7 +840,7 @@ class Engine:
         if self._vocab.is_eog(tok) and not t.ignore_eos:
             t.generated.append(tok)
             self._end_turn(t, reason="stop")
-            return
+            return False
         t.generated.append(tok)
         t.raw += t.decoder.decode(self._vocab.piece(tok))
         visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)
@@ -745,13 +848,97 @@ class Engine:
             t.session.pending = [tok]
             self._emit_upto(t, visible_end)
             self._end_turn(t, reason="stop_string", visible_end=visible_end)
-            return
+            return False
         self._emit_upto(t, visible_end)
         if len(t.generated) >= t.max_tokens:
             t.session.pending = [tok]
             self._end_turn(t, reason="length")
-            return
+            return False
         t.feed = [tok]
+        return True
+
+    # ============================================================ engine thread: drafting
+
+    def _propose(self, turns: list[Turn], budget: int) -> dict[int, Proposal]:
+        """Draft tokens for the decoding replies where drafting is on (by sequence); the
+        drafts count in the step's token budget, prompt chunks get what is left."""
+        drafter, cfg = self._drafter, self.config.speculative
+        if drafter is None or (cfg.adaptive and self._spec_times.plain_count < cfg.warmup_steps):
+            return {}  # adaptive: a plain step's time is known before anything is drafted
+        room = budget - sum(1 for t in turns if len(t.feed) == 1)
+        requests: list[DraftRequest] = []
+        for t in turns:
+            k = self._draft_k(t, room)
+            if k <= 0:
+                continue
+            room -= k
+            s = t.session
+            sampled = not s.params.greedy
+            requests.append(DraftRequest(
+                s.seq, [*s.tokens, t.feed[0]], k,
+                drafter.chain_for(s.params) if sampled else None,
+                # the step's draws, reproducible from the session's seed and step
+                np.random.default_rng([s.params.seed, s.n_sampled, 0x5bec]) if sampled
+                else None))
+        if not requests:
+            return {}
+        t0 = time.perf_counter()
+        proposals, decodes = drafter.propose(requests, catch_up=budget)
+        if decodes:
+            self._spec_times.add("draft_s", (time.perf_counter() - t0) / decodes, cfg.decay)
+        return proposals
+
+    def _draft_k(self, t: Turn, room: int) -> int:
+        """Tokens to draft for ``t`` this step (0: none). Off for grammar replies: the draft
+        proposes unconstrained text that the grammar would mostly refuse."""
+        s, cfg = t.session, self.config.speculative
+        if len(t.feed) != 1 or t.grammar is not None or t.chain is None:
+            return 0
+        k = min(cfg.k, room,
+                t.max_tokens - len(t.generated) - 1,  # the reply's last token needs no draft
+                self.config.n_ctx - len(s.tokens) - 3)  # as a plain step, the context allows
+        if k <= 0:
+            return 0
+        acceptance = self._acceptance.setdefault(s.id, Acceptance())
+        return k if acceptance.wants_draft(cfg) else 0
+
+    def _verify(self, t: Turn, idx: int, proposal: Proposal) -> None:
+        """Walk the verify batch (the fed token, then the drafts; logits from ``idx`` on): keep
+        drafts while the target agrees, take the target's token at the first disagreement, and
+        cut both the cache and the draft's record after the last position used."""
+        s, cfg = t.session, self.config.speculative
+        fed = [t.feed[0], *proposal.tokens]
+        used = kept = 0
+        for i in range(len(fed)):
+            tok, agreed = self._verify_pick(t, idx + i, proposal, i)
+            used, kept = i + 1, kept + agreed
+            t.feed = []
+            if not self._take(t, tok) or not agreed:
+                break
+        # the cache keeps the tokens whose logits were used; the last pick is the next feed
+        s.tokens.extend(fed[:used])
+        llama_cpp.llama_memory_seq_rm(self._mem, s.seq, len(s.tokens), -1)
+        k = len(proposal.tokens)
+        acceptance = self._acceptance.setdefault(s.id, Acceptance())
+        acceptance.record(k, kept, cfg.decay)
+        acceptance.judge(cfg, self._spec_times.break_even(k))
+        self._spec_totals["drafted"] += k
+        self._spec_totals["accepted"] += kept
+        self._spec_totals["steps"] += 1
+
+    def _verify_pick(self, t: Turn, idx: int, proposal: Proposal, i: int) -> tuple[int, bool]:
+        """The target's token at verify position ``i``, and whether it keeps draft ``i``."""
+        assert t.chain is not None and self._vocab is not None
+        s, k = t.session, len(proposal.tokens)
+        if i == k or proposal.rng is None:
+            # greedy (the chain's pick, exactly as without a draft), or the bonus token after k
+            # kept drafts (an ordinary sample from the target)
+            tok = t.chain.sample(self._ctx, idx, s.n_sampled)
+            return tok, i < k and tok == proposal.tokens[i]
+        p = t.chain.distribution(self._ctx, idx, self._vocab.n_tokens)
+        tok, kept = speculative_pick(p, proposal.dists[i], proposal.tokens[i], proposal.rng)
+        t.chain.accept(tok)  # penalties and grammar see it as if sampled
+        return tok, kept
 
     def _emit_upto(self, t: Turn, end: int) -> None:
         if end > t.emitted:

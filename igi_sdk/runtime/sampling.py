@@ -8,6 +8,7 @@ session seed and *t*, so no RNG state has to be carried.
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import math
@@ -15,6 +16,7 @@ import re
 from typing import Any
 
 import llama_cpp
+import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from igi_sdk.errors import InvalidGrammarError, InvalidSamplingError
@@ -74,6 +76,10 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+# llama_token_data as numpy sees it (id, logit, p)
+_TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
 def step_seed(seed: int, step: int) -> int:
@@ -148,6 +154,35 @@ class SamplerChain:
                 self.chain, llama_cpp.llama_sampler_init_dist(step_seed(self.params.seed, step))
             )
         return llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+
+    def distribution(self, ctx: llama_cpp.llama_context_p, batch_index: int,
+                     n_vocab: int) -> np.ndarray:
+        """The probabilities :meth:`sample` draws from at ``batch_index``: the chain's own
+        transforms (penalties, grammar, top-k/top-p/min-p, temperature) applied to the logits,
+        then a softmax (float64, over the vocabulary). Accepts nothing (see :meth:`accept`)."""
+        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index),
+                                       shape=(n_vocab,))
+        cells = np.empty(n_vocab, dtype=_TOKEN_DATA)
+        cells["id"] = np.arange(n_vocab, dtype=np.int32)
+        cells["logit"] = logits
+        cells["p"] = 0.0
+        arr = llama_cpp.llama_token_data_array(
+            data=ctypes.cast(cells.ctypes.data, ctypes.POINTER(llama_cpp.llama_token_data)),
+            size=n_vocab, selected=-1, sorted=False)
+        llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
+        # the samplers may shrink the array or point it at a buffer of their own
+        kept = np.frombuffer((ctypes.c_char * (arr.size * _TOKEN_DATA.itemsize)).from_address(
+            ctypes.addressof(arr.data.contents)), dtype=_TOKEN_DATA).copy()
+        finite = kept[np.isfinite(kept["logit"])]
+        z = finite["logit"].astype(np.float64)
+        w = np.exp(z - z.max())
+        probs = np.zeros(n_vocab, dtype=np.float64)
+        probs[finite["id"]] = w / w.sum()
+        return probs
+
+    def accept(self, token: int) -> None:
+        """Record ``token`` as sampled (penalty history, grammar state), as :meth:`sample` does."""
+        llama_cpp.llama_sampler_accept(self.chain, token)
 
     def close(self) -> None:
         if self.chain:

@@ -1,0 +1,352 @@
+"""Speculative decoding: a small draft model proposes tokens, the target model verifies them.
+
+Per decoding session and step, the draft (a second GGUF with the target's vocabulary, wholly on
+the GPU when there is one) proposes ``k`` tokens in ``k`` small decodes, batched across sessions;
+the engine then puts the session's last token and the ``k`` drafts into the target's batch with
+logits at every position, and walks them in order with the session's own sampler chain:
+
+* greedy: the target's token at position *i* is the chain's pick there; drafts are kept while
+  they equal it, and the first disagreement is replaced by the target's token (the output is
+  the target's greedy output, penalties included, since the chain accepts the same tokens in the
+  same order);
+* sampled: standard speculative sampling on the distributions after the chain's transforms
+  (:func:`speculative_pick`), so the output keeps the target's distribution (not the same draws
+  as without a draft for a given seed).
+
+The draft keeps its own KV cache, one sequence per session slot, as a pure function of the
+session's tokens: it is synced lazily (common prefix kept, the rest re-decoded), so the target's
+snapshots, saves and reshards never contain draft state and need nothing from it.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import llama_cpp
+import numpy as np
+
+from igi_sdk.errors import DraftMismatchError
+from igi_sdk.model import read_inventory
+from igi_sdk.planner.speculative import break_even_alpha, draft_plan
+from igi_sdk.runtime import loader
+from igi_sdk.runtime.devices import first_gpu
+from igi_sdk.runtime.loader import ContextSettings
+from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
+
+log = logging.getLogger("igi_sdk.runtime")
+
+# Below this acceptance a draft step yields < 1.1 tokens per target pass: it cannot pay for the
+# draft's own decodes whatever the timings say (a floor under the measured break-even).
+MIN_ALPHA = 0.1
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    k: int = 4  # tokens drafted per session and step
+    # turn drafting off in a session whose acceptance is below the measured break-even; False:
+    # draft every eligible step (tests, benchmarks of the mechanism)
+    adaptive: bool = True
+    min_samples: int = 8  # draft steps before a session's acceptance is judged
+    reprobe_after: int = 64  # plain steps of a switched-off session before it tries again
+    warmup_steps: int = 3  # plain decode steps timed before the first draft (adaptive only)
+    decay: float = 0.85  # weight of the past in the acceptance and timing averages
+
+    def __post_init__(self) -> None:
+        if not 1 <= self.k <= 32 or not 0.0 < self.decay < 1.0 or self.min_samples < 1:
+            raise ValueError(f"invalid speculative settings {self}")
+
+
+# --------------------------------------------------------------------------- pure helpers
+
+
+def speculative_pick(p: np.ndarray, q: np.ndarray, drafted: int,
+                     rng: np.random.Generator) -> tuple[int, bool]:
+    """One position of speculative sampling: keep ``drafted`` (drawn from ``q``) with
+    probability min(1, p/q), else draw from the normalized residual max(0, p - q). The token
+    returned is distributed as ``p``. Returns (token, whether the draft was kept)."""
+    px, qx = float(p[drafted]), float(q[drafted])
+    if qx > 0.0 and rng.random() * qx < px:
+        return drafted, True
+    residual = np.maximum(p - q, 0.0)
+    total = residual.sum()
+    if total <= 0.0:  # p == q up to rounding: the residual is empty, p itself is the answer
+        residual, total = p, p.sum()
+    return draw(residual / total, rng), False
+
+
+def draw(probs: np.ndarray, rng: np.random.Generator) -> int:
+    cdf = np.cumsum(probs)
+    return int(min(np.searchsorted(cdf, rng.random() * cdf[-1], side="right"), len(probs) - 1))
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    """Length of the common prefix of two token lists (C-speed slice compares)."""
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:
+        return n
+    lo, hi = 0, n  # a[:lo] == b[:lo], a[:hi] != b[:hi]
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid
+    return lo
+
+
+def check_same_vocab(target: Any, draft: Any) -> None:
+    """Raise :class:`DraftMismatchError` unless the two llama vocabs have the same tokens (text
+    and kind, id by id) and the same special tokens."""
+    n_t, n_d = llama_cpp.llama_vocab_n_tokens(target), llama_cpp.llama_vocab_n_tokens(draft)
+    if n_t != n_d:
+        raise DraftMismatchError(
+            f"the draft model has {n_d} tokens and the target {n_t}: a draft must share the "
+            "target's tokenizer")
+    for name in ("bos", "eos", "eot"):
+        fn = getattr(llama_cpp, f"llama_vocab_{name}")
+        if fn(target) != fn(draft):
+            raise DraftMismatchError(f"the draft model's {name.upper()} token differs from "
+                                     "the target's")
+    for i in range(n_t):
+        if (llama_cpp.llama_vocab_get_text(target, i) != llama_cpp.llama_vocab_get_text(draft, i)
+                or llama_cpp.llama_vocab_get_attr(target, i)
+                != llama_cpp.llama_vocab_get_attr(draft, i)):
+            raise DraftMismatchError(
+                f"token {i} differs between the draft and the target model: a draft must share "
+                "the target's tokenizer")
+
+
+# --------------------------------------------------------------------------- acceptance
+
+
+@dataclass
+class Acceptance:
+    """A session's acceptance record: totals, and a decayed per-token acceptance rate (α,
+    estimated from accepted prefixes: m kept of k proposed is m successes and, if m < k, one
+    failure) that decides whether drafting pays there."""
+
+    drafted: int = 0
+    accepted: int = 0
+    steps: int = 0
+    successes: float = 0.0  # decayed
+    trials: float = 0.0  # decayed
+    judged: int = 0  # draft steps since drafting was (re)enabled
+    off: bool = False
+    plain_steps: int = 0  # steps decoded without a draft while off
+
+    @property
+    def alpha(self) -> float | None:
+        return self.successes / self.trials if self.trials > 0 else None
+
+    def record(self, proposed: int, kept: int, decay: float) -> None:
+        self.drafted += proposed
+        self.accepted += kept
+        self.steps += 1
+        self.judged += 1
+        self.successes = decay * self.successes + kept
+        self.trials = decay * self.trials + kept + (1 if kept < proposed else 0)
+
+    def wants_draft(self, cfg: SpeculativeConfig) -> bool:
+        """Whether to draft this step; a switched-off session re-probes now and then (its
+        draft may agree better in another part of the conversation)."""
+        if not self.off:
+            return True
+        self.plain_steps += 1
+        if self.plain_steps < cfg.reprobe_after:
+            return False
+        self.off, self.judged, self.successes, self.trials = False, 0, 0.0, 0.0
+        return True
+
+    def judge(self, cfg: SpeculativeConfig, break_even: float) -> None:
+        alpha = self.alpha
+        if (cfg.adaptive and self.judged >= cfg.min_samples and alpha is not None
+                and alpha < max(break_even, MIN_ALPHA)):
+            self.off, self.plain_steps = True, 0
+
+    def figures(self) -> dict[str, Any]:
+        a = self.alpha
+        return {"drafted": self.drafted, "accepted": self.accepted,
+                "alpha": None if a is None else round(a, 4), "drafting": not self.off}
+
+
+@dataclass
+class StepTimes:
+    """Decayed seconds of the engine's decode steps, the inputs of the break-even α: a target
+    step of single-token decodes, a target step with verify batches, one draft decode."""
+
+    plain_s: float | None = None
+    verify_s: float | None = None
+    draft_s: float | None = None
+    plain_count: int = 0
+
+    def add(self, name: str, seconds: float, decay: float) -> None:
+        old = getattr(self, name)
+        setattr(self, name, seconds if old is None else decay * old + (1 - decay) * seconds)
+        if name == "plain_s":
+            self.plain_count += 1
+
+    def break_even(self, k: int) -> float:
+        """Acceptance below which drafting ``k`` loses to plain decoding (1.0+ when it always
+        loses; 0 while a figure is missing)."""
+        if self.plain_s is None or self.verify_s is None or self.draft_s is None:
+            return 0.0
+        return break_even_alpha(k, plain_s=self.plain_s, verify_s=self.verify_s,
+                                draft_s=self.draft_s)
+
+
+# --------------------------------------------------------------------------- the draft model
+
+
+@dataclass
+class DraftRequest:
+    seq: int
+    context: list[int]  # what the target has decoded plus the token it is about to decode
+    k: int
+    chain: SamplerChain | None  # the draft's transforms (None: greedy proposals)
+    rng: np.random.Generator | None = None
+
+
+@dataclass
+class Proposal:
+    tokens: list[int] = field(default_factory=list)
+    dists: list[np.ndarray] = field(default_factory=list)  # q per token (sampled only)
+    rng: np.random.Generator | None = None  # sampled: the draws of this step, verify included
+
+
+class Drafter:
+    """The draft model: its own llama.cpp model and context, one sequence per session slot,
+    all on the engine thread. :meth:`close` frees it (what ``Engine.drop_draft`` does)."""
+
+    def __init__(self, path: str | Path, target_vocab: Any, settings: ContextSettings,
+                 copy_compute_min_batch: int) -> None:
+        self.path = Path(path)
+        inventory = read_inventory(self.path)
+        # wholly on the GPU when there is one: it drafts while the target's CPU share idles
+        plan = draft_plan(inventory, gpu=first_gpu() is not None).model_copy(
+            update={"copy_compute_min_batch": copy_compute_min_batch})
+        self._loaded: loader.Loaded | None = loader.load(self.path, inventory, plan, settings)
+        try:
+            self.vocab = llama_cpp.llama_model_get_vocab(self._loaded.model)
+            check_same_vocab(target_vocab, self.vocab)
+            self.n_vocab = llama_cpp.llama_vocab_n_tokens(self.vocab)
+            self._batch_cap = settings.n_batch
+            self._batch = llama_cpp.llama_batch_init(self._batch_cap, 0, 1)
+        except BaseException:
+            loader.free(self._loaded)
+            raise
+        self._ctx = self._loaded.ctx
+        self._mem = llama_cpp.llama_get_memory(self._ctx)
+        self.memory = {d: self._loaded.report.bytes_on(d, self._loaded.gpu)
+                       for d in ("gpu", "cpu")}
+        self._held: dict[int, list[int]] = {}  # tokens in the draft's KV, per sequence
+        self._chains: dict[SamplingParams, SamplerChain] = {}
+
+    def chain_for(self, params: SamplingParams) -> SamplerChain:
+        """The draft's transforms for sampled proposals: the session's, without penalties
+        (any q works as long as the proposal is drawn from it and q is known)."""
+        plain = params.model_copy(update={"repeat_penalty": 1.0})
+        if plain not in self._chains:
+            self._chains[plain] = SamplerChain(plain, self.vocab, grammar=None, history=[],
+                                               reply_tokens=[])
+        return self._chains[plain]
+
+    def forget(self, seq: int) -> None:
+        if self._held.pop(seq, None) is not None:
+            llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
+
+    def propose(self, requests: list[DraftRequest],
+                catch_up: int) -> tuple[dict[int, Proposal], int]:
+        """Proposals per sequence, and the number of draft decodes run. A session whose draft
+        KV is behind (a new prompt, a restore, a reload) is caught up with at most ``catch_up``
+        tokens per step in all, and proposes nothing until it is: the step stays short."""
+        ready: list[tuple[DraftRequest, int]] = []  # (request, batch index of its logits)
+        fed: list[tuple[list[int], list[int]]] = []  # (held list, tokens it gains if decoded)
+        batch, n = self._batch, 0
+        for r in requests:
+            held = self._held.setdefault(r.seq, [])
+            keep = min(common_prefix(held, r.context), len(r.context) - 1)
+            if keep < len(held):  # the target rolled back or moved on: so does the draft
+                llama_cpp.llama_memory_seq_rm(self._mem, r.seq, keep, -1)
+                del held[keep:]
+            missing = r.context[keep:]
+            take = min(len(missing), max(catch_up, len(requests)) - n, self._batch_cap - n)
+            if take <= 0:
+                continue
+            for i in range(take):
+                put_token(batch, n + i, missing[i], keep + i, r.seq, False)
+            if take == len(missing):
+                batch.logits[n + take - 1] = 1
+                ready.append((r, n + take - 1))
+            fed.append((held, missing[:take]))
+            n += take
+        if n == 0:
+            return {}, 0
+        batch.n_tokens = n
+        decodes = 1
+        if not self._decode(requests):
+            return {}, decodes
+        for held, tokens in fed:
+            held.extend(tokens)
+        out: dict[int, Proposal] = {}
+        for r, idx in ready:
+            out[r.seq] = Proposal(rng=r.rng)
+            self._pick(r, idx, out[r.seq])
+        while True:  # one decode per further draft token, every drafting session together
+            more = [r for r, _ in ready if len(out[r.seq].tokens) < r.k]
+            if not more:
+                return out, decodes
+            for i, r in enumerate(more):
+                tok = out[r.seq].tokens[-1]
+                put_token(batch, i, tok, len(self._held[r.seq]), r.seq, True)
+            batch.n_tokens = len(more)
+            decodes += 1
+            if not self._decode(requests):
+                return {}, decodes
+            for i, r in enumerate(more):
+                self._held[r.seq].append(out[r.seq].tokens[-1])
+                self._pick(r, i, out[r.seq])
+
+    def _decode(self, requests: list[DraftRequest]) -> bool:
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc == 0:
+            return True
+        # the draft's cache is only a helper: start its sequences over, never fail the target
+        log.warning("draft decode failed (%d): its sequences are rebuilt", rc)
+        for r in requests:
+            self.forget(r.seq)
+        return False
+
+    def _pick(self, r: DraftRequest, idx: int, into: Proposal) -> None:
+        if r.chain is None:
+            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, idx),
+                                           shape=(self.n_vocab,))
+            into.tokens.append(int(np.argmax(logits)))
+            return
+        assert r.rng is not None
+        q = r.chain.distribution(self._ctx, idx, self.n_vocab)
+        into.tokens.append(draw(q, r.rng))
+        into.dists.append(q)
+
+    def close(self) -> None:
+        for chain in self._chains.values():
+            chain.close()
+        self._chains.clear()
+        if self._batch is not None:
+            llama_cpp.llama_batch_free(self._batch)
+            self._batch = None
+        if self._loaded is not None:
+            loader.free(self._loaded)
+            self._loaded = None
+        self._held.clear()
+
+
+def put_token(batch: Any, i: int, token: int, pos: int, seq: int, logits: bool) -> None:
+    batch.token[i] = token
+    batch.pos[i] = pos
+    batch.n_seq_id[i] = 1
+    batch.seq_id[i][0] = seq
+    batch.logits[i] = 1 if logits else 0
+

@@ -1,0 +1,303 @@
+"""Speculative decoding: exact greedy output, the target's distribution when sampling, acceptance
+tracking, the draft's vocabulary check, dropping the draft mid-reply, and the planner's pricing."""
+
+from __future__ import annotations
+
+import math
+import threading
+
+import numpy as np
+import pytest
+
+from igi_sdk.errors import DraftMismatchError
+from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
+from igi_sdk.planner import Plan, Workload
+from igi_sdk.planner import speculative as pricing
+from igi_sdk.profile import DeviceProfile, Profile
+from igi_sdk.runtime.engine import Engine, EngineConfig
+from igi_sdk.runtime.sampling import SamplingParams
+from igi_sdk.runtime.speculative import (
+    Acceptance,
+    SpeculativeConfig,
+    common_prefix,
+    speculative_pick,
+)
+
+GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+ALWAYS = SpeculativeConfig(k=4, adaptive=False)  # draft every eligible step
+LINES = ("Tell me about the sword on the wall.", "And what would it cost me?")
+
+
+def _config(draft: object = None, spec: SpeculativeConfig = ALWAYS) -> EngineConfig:
+    return EngineConfig(n_ctx=1024, max_sessions=3, n_threads=2, prefill_chunk=64,
+                        draft_model=str(draft) if draft else None, speculative=spec)
+
+
+def _dialogue(model, draft, sampling: SamplingParams, *, stop: tuple[str, ...] = (),
+              n: int = 24, spec: SpeculativeConfig = ALWAYS, npcs: int = 2) -> tuple[list, dict]:
+    """NPCs replying at once (one verify batch holds them all), then a snapshot restored into
+    a new session (its draft cache is rebuilt from the tokens) that replies again."""
+    with Engine(model, Plan.all_cpu(), _config(draft, spec)) as eng:
+        sids = [eng.open_session(f"You are NPC {i}, a blacksmith.", sampling=sampling)
+                for i in range(npcs)]
+        gens = [eng.chat(sid, LINES[0], max_tokens=n, ignore_eos=True, stop=list(stop))
+                for sid in sids]
+        out = [g.result(timeout=120) for g in gens]
+        again = eng.restore(eng.snapshot(sids[0]))
+        out.append(eng.chat(again, LINES[1], max_tokens=n, ignore_eos=True,
+                            stop=list(stop)).result(timeout=120))
+        return [(r.tokens, r.text, r.finish_reason) for r in out], eng.status()["speculative"]
+
+
+@pytest.fixture(scope="module")
+def synthetic_pair(tmp_path_factory) -> tuple:
+    """A target and a draft of the same tokenizer (same n_vocab) with unrelated weights."""
+    d = tmp_path_factory.mktemp("pair")
+    spec = spec_with("tiny-llama", n_vocab=2048)
+    return (write_synthetic_gguf(d / "target.gguf", spec, seed=1),
+            write_synthetic_gguf(d / "draft.gguf", spec_with("tiny-llama", n_layers=1),
+                                 seed=2))
+
+
+# ------------------------------------------------------------------------------ greedy exactness
+
+
+def test_default_model_as_its_own_draft_gives_the_same_greedy_output(default_model) -> None:
+    ref, _ = _dialogue(default_model, None, GREEDY)
+    got, stats = _dialogue(default_model, default_model, GREEDY)
+    assert got == ref
+    assert stats["drafted"] > 20
+    assert stats["accepted"] / stats["drafted"] > 0.8  # its own draft: (nearly) always right
+
+
+def test_penalties_and_stop_strings_stay_exact_while_drafting(default_model) -> None:
+    """A repeat penalty is applied by the target's own chain as each drafted token is walked;
+    a stop string inside a verified run ends the reply where plain decoding would."""
+    sampling = SamplingParams(temperature=0.0, repeat_penalty=1.3, repeat_last_n=32)
+    ref, _ = _dialogue(default_model, None, sampling)
+    text = ref[0][1]
+    stop = text[len(text) // 2: len(text) // 2 + 3]  # a piece from the middle of the reply
+    ref, _ = _dialogue(default_model, None, sampling, stop=(stop,))
+    got, stats = _dialogue(default_model, default_model, sampling, stop=(stop,))
+    assert ref[0][2] == "stop_string"
+    assert got == ref
+    assert stats["drafted"] > 0
+
+
+def test_unrelated_synthetic_draft_is_rarely_right_and_changes_nothing(synthetic_pair) -> None:
+    """Random weights flip a greedy choice on any last-bit change, so this is bit-exactness:
+    one NPC, as drafts take KV cells beyond the plain layout for a moment, which can change
+    how attention is blocked over the cells (docs/architecture.md, "Speculative decoding")."""
+    target, draft = synthetic_pair
+    ref, _ = _dialogue(target, None, GREEDY, n=32, npcs=1)
+    got, stats = _dialogue(target, draft, GREEDY, n=32, npcs=1)
+    assert got == ref
+    assert stats["drafted"] > 30
+    assert stats["accepted"] / stats["drafted"] < 0.3
+
+
+# ------------------------------------------------------------------------------ sampled drafting
+
+
+def test_speculative_pick_keeps_the_target_distribution() -> None:
+    """Draft from q, keep or resample against p: the result is distributed as p (chi-square,
+    p-value far below any flake), including tokens q never proposes and q's tokens p refuses."""
+    rng = np.random.default_rng(5)
+    p = np.array([0.30, 0.25, 0.15, 0.10, 0.10, 0.06, 0.04, 0.0])
+    q = np.array([0.05, 0.40, 0.0, 0.20, 0.05, 0.10, 0.05, 0.15])
+    n = 40_000
+    counts = np.zeros(len(p))
+    kept = 0
+    for _ in range(n):
+        x = int(rng.choice(len(q), p=q))
+        tok, was_kept = speculative_pick(p, q, x, rng)
+        counts[tok] += 1
+        kept += was_kept
+    assert counts[7] == 0  # p(7) = 0: never produced, though q proposes it
+    live = p > 0
+    chi2 = float((((counts - n * p) ** 2)[live] / (n * p[live])).sum())
+    assert chi2 < 29.9  # chi-square, 6 degrees of freedom: P(> 29.9) < 1e-4
+    # acceptance is sum(min(p, q)) in expectation
+    assert abs(kept / n - np.minimum(p, q).sum()) < 0.02
+
+
+def test_chain_distribution_is_what_the_chain_samples(synthetic_pair) -> None:
+    """The distribution the verifier uses (the chain's transforms read back) matches the
+    chain's own draws at the same logits."""
+    import llama_cpp
+
+    from igi_sdk.runtime import loader
+    from igi_sdk.runtime.loader import ContextSettings
+    from igi_sdk.runtime.sampling import SamplerChain
+
+    target, _ = synthetic_pair
+    inv = read_inventory(target)
+    loaded = loader.load(target, inv, Plan.all_cpu(), ContextSettings(256, 1, 64, 2))
+    try:
+        vocab = llama_cpp.llama_model_get_vocab(loaded.model)
+        n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        batch = llama_cpp.llama_batch_get_one((llama_cpp.llama_token * 3)(5, 77, 300), 3)
+        assert llama_cpp.llama_decode(loaded.ctx, batch) == 0
+        params = SamplingParams(temperature=1.5, top_k=30, top_p=0.9, min_p=0.02,
+                                repeat_penalty=1.0, seed=3)
+        chain = SamplerChain(params, vocab, grammar=None, history=[], reply_tokens=[])
+        try:
+            p = chain.distribution(loaded.ctx, -1, n_vocab)
+            n = 6_000
+            counts = np.bincount([chain.sample(loaded.ctx, -1, step) for step in range(n)],
+                                 minlength=n_vocab)
+        finally:
+            chain.close()
+    finally:
+        loader.free(loaded)
+    assert abs(p.sum() - 1.0) < 1e-9
+    assert 1 < np.count_nonzero(p) <= 30
+    assert counts[p == 0].sum() == 0  # the chain never draws what the read-back excludes
+    live = p > 0
+    chi2 = float((((counts - n * p) ** 2)[live] / (n * p[live])).sum())
+    df = int(live.sum()) - 1
+    assert chi2 < df + 6 * math.sqrt(2 * df)  # mean df, sd sqrt(2 df): a 6-sigma bound
+
+
+def test_sampled_sessions_draft_and_finish(default_model) -> None:
+    sampling = SamplingParams(temperature=0.8, seed=11)
+    got, stats = _dialogue(default_model, default_model, sampling)
+    assert all(len(tokens) == 24 for tokens, _, _ in got)
+    assert stats["drafted"] > 0 and stats["accepted"] > 0
+
+
+# ------------------------------------------------------------------------------ tracking
+
+
+def test_acceptance_record_turns_drafting_off_and_reprobes() -> None:
+    cfg = SpeculativeConfig(k=4, min_samples=4, reprobe_after=5)
+    a = Acceptance()
+    for _ in range(4):
+        assert a.wants_draft(cfg)
+        a.record(4, 0, cfg.decay)
+        a.judge(cfg, break_even=0.3)
+    assert a.off and a.alpha == 0.0
+    assert [a.wants_draft(cfg) for _ in range(5)] == [False] * 4 + [True]  # the re-probe
+    assert not a.off and a.alpha is None
+    good = Acceptance()
+    for _ in range(10):
+        good.record(4, 4, cfg.decay)
+        good.judge(cfg, break_even=0.3)
+    assert not good.off and good.alpha == 1.0
+
+
+def test_engine_stops_drafting_where_the_draft_loses(synthetic_pair) -> None:
+    target, draft = synthetic_pair
+    spec = SpeculativeConfig(k=4, min_samples=4, warmup_steps=1, reprobe_after=10_000)
+    with Engine(target, Plan.all_cpu(), _config(draft, spec)) as eng:
+        sid = eng.open_session("You are a guard.", sampling=GREEDY)
+        eng.chat(sid, LINES[0], max_tokens=64, ignore_eos=True).result(timeout=120)
+        stats = eng.status()["speculative"]
+        per_session = eng.session_info()[sid]["draft"]
+    assert per_session["drafting"] is False
+    assert 0 < stats["drafted"] <= 4 * 12  # judged after a few steps, then plain decoding
+
+
+def test_common_prefix() -> None:
+    assert common_prefix([1, 2, 3], [1, 2, 3, 4]) == 3
+    assert common_prefix([1, 2, 3], [1, 9, 3]) == 1
+    assert common_prefix([], [1]) == 0
+    assert common_prefix(list(range(1000)), [*range(700), -1]) == 700
+
+
+# ------------------------------------------------------------------------------ the draft model
+
+
+def test_draft_with_another_vocabulary_is_refused(tmp_path, synthetic_pair) -> None:
+    target, _ = synthetic_pair
+    other = write_synthetic_gguf(tmp_path / "other.gguf", spec_with("tiny-llama", n_vocab=1024))
+    with pytest.raises(DraftMismatchError):
+        Engine(target, Plan.all_cpu(), _config(other))
+
+
+def test_drop_draft_mid_reply_keeps_the_stream_and_its_output(default_model) -> None:
+    with Engine(default_model, Plan.all_cpu(), _config()) as eng:
+        sid = eng.open_session("You are a baker.", sampling=GREEDY)
+        ref = eng.chat(sid, LINES[0], max_tokens=40, ignore_eos=True).result(timeout=120)
+    with Engine(default_model, Plan.all_cpu(), _config(default_model)) as eng:
+        sid = eng.open_session("You are a baker.", sampling=GREEDY)
+        dropped: list = []
+        seen = threading.Event()
+
+        def listener(kind: str, _payload: object) -> None:
+            if kind == "text" and not dropped and eng.status()["speculative"]["drafted"] > 8:
+                dropped.append(eng.drop_draft_async())  # queued: runs between two steps
+                seen.set()
+
+        got = eng.chat(sid, LINES[0], max_tokens=40, ignore_eos=True,
+                       listener=listener).result(timeout=120)
+        assert seen.is_set() and dropped[0].result(timeout=30) is True
+        assert eng.status()["speculative"]["draft"] is None
+        assert eng.drop_draft() is False
+        assert len(got.tokens) == 40
+        assert got.tokens == ref.tokens and got.text == ref.text
+        # and the engine goes on without it
+        more = eng.chat(sid, LINES[1], max_tokens=4).result(timeout=120)
+        assert more.completion_tokens >= 1
+
+
+# ------------------------------------------------------------------------------ planner pricing
+
+
+MIB = 1 << 20
+
+
+def _device(kind: str, bandwidth: float, flops: float) -> DeviceProfile:
+    bpw = {"F16": 2.0, "Q8_0": 1.0625, "Q4_0": 0.5625}
+    rates = {ty: {t: min(bandwidth, flops * b / (2 * t)) for t in (1, 64, 512, 2048)}
+             for ty, b in bpw.items()}
+    return DeviceProfile(name=kind, kind=kind, threads=16, matmul_rate=rates)
+
+
+GPU_PROFILE = Profile(
+    fingerprint={"gpu": "test"}, cpu=_device("cpu", 60e9, 1.5e12),
+    gpu=_device("gpu", 2.0e12, 300e12), h2d_pinned_bps=50e9, h2d_pageable_bps=8e9,
+    gpu_fixed_bytes=300 * MIB,
+)
+
+
+@pytest.fixture(scope="module")
+def priced_pair(tmp_path_factory) -> tuple:
+    d = tmp_path_factory.mktemp("priced")
+    target = write_synthetic_gguf(d / "t.gguf", spec_with(
+        "tiny-llama", n_layers=8, n_embd=1024, n_ff=4096, n_vocab=4096))
+    draft = write_synthetic_gguf(d / "d.gguf", spec_with("tiny-llama", n_vocab=4096))
+    return read_inventory(target), read_inventory(draft)
+
+
+def test_expected_tokens_and_break_even() -> None:
+    assert pricing.expected_tokens_per_pass(0.0, 4) == 1.0
+    assert pricing.expected_tokens_per_pass(1.0, 4) == 5.0
+    assert pricing.expected_tokens_per_pass(0.5, 2) == pytest.approx(1.75)
+    a = pricing.break_even_alpha(4, plain_s=1.0, verify_s=1.1, draft_s=0.1)
+    assert pricing.expected_tokens_per_pass(a, 4) == pytest.approx(1.5, rel=1e-6)
+    assert pricing.break_even_alpha(4, plain_s=1.0, verify_s=1.0, draft_s=2.0) == math.inf
+    assert pricing.break_even_alpha(4, plain_s=1.0, verify_s=0.5, draft_s=0.1) == 0.0
+
+
+def test_draft_pricing_never_exceeds_the_budget_and_wants_acceptance(priced_pair) -> None:
+    target, draft = priced_pair
+    wl = Workload(n_ctx=2048, prompt_tokens=512, gen_tokens=64)
+    dv = pricing.draft_vram(draft, wl, 4)
+    assert dv.weights > 0 and dv.kv > 0 and dv.compute > 0
+    lo = pricing.plan_for(target, GPU_PROFILE, 10**12, wl).minimum_bytes
+    chosen = []
+    for budget in (lo, lo + dv.total // 2, lo + dv.total + target.total_bytes() // 3,
+                   lo + 2 * target.total_bytes()):
+        for alpha in (0.0, 0.9):
+            c = pricing.choose(target, draft, GPU_PROFILE, budget, k=4, alpha=alpha, wl=wl)
+            assert c.vram_total <= budget
+            if c.use_draft:
+                assert c.speculative_plan is not None
+                assert c.speculative_plan.vram_bytes["total"] + dv.total <= budget
+                assert c.speculative_tps > c.plain_tps
+                chosen.append(budget)
+            if alpha == 0.0:
+                assert not c.use_draft  # one token per pass, plus the draft's work
+    assert lo not in chosen  # the draft does not fit the smallest budget
+    assert chosen  # and pays somewhere at α = 0.9 (a partly CPU-resident target)
