@@ -18,6 +18,8 @@ import igi_sdk
 from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError
 
 if TYPE_CHECKING:
+    from igi_sdk.model import ModelInventory
+    from igi_sdk.planner import Workload
     from igi_sdk.profile import Profile
 
 DEFAULT_PERSONA = (
@@ -175,6 +177,7 @@ def _resolve_plan(name: str, inventory: object) -> object:
 def cmd_chat(args: argparse.Namespace) -> int:
     from igi_sdk.model import default_model_path, read_inventory
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+    from igi_sdk.runtime.speculative import SpeculativeConfig
 
     path = Path(args.model) if args.model else default_model_path()
     inventory = read_inventory(path)
@@ -196,7 +199,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
     else:
         plan = _resolve_plan(args.plan, inventory)
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
-    config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads)
+    config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
+                          draft_model=args.draft,
+                          speculative=SpeculativeConfig(k=args.draft_k))
     with _Progress(f"loading {path.name}", eager=args.progress,
                    bar=True if args.progress else None) as progress:
         engine = Engine(path, plan, config, progress=progress)  # type: ignore[arg-type]
@@ -424,10 +429,26 @@ def cmd_plan(args: argparse.Namespace) -> int:
     if v.get("total"):
         print("\nVRAM: " + ", ".join(f"{k} {_fmt_bytes(n)}" for k, n in v.items()))
     print(f"why: {result.why()}")
+    if args.draft:
+        _print_draft_choice(args, inv, prof, budget, wl)
     if args.json:
         best.save(args.json)
         print(f"plan written to {args.json} (use: igi-sdk chat --plan {args.json})")
     return 0
+
+
+def _print_draft_choice(args: argparse.Namespace, inv: ModelInventory, prof: Profile,
+                       budget: int | None, wl: Workload) -> None:
+    from igi_sdk.model import read_inventory
+    from igi_sdk.planner import speculative
+
+    c = speculative.choose(inv, read_inventory(Path(args.draft)), prof, budget, k=args.draft_k,
+                           alpha=args.alpha, wl=wl)
+    d = c.draft_vram
+    print(f"\ndraft {Path(args.draft).name}: VRAM weights {_fmt_bytes(d.weights)}, KV "
+          f"{_fmt_bytes(d.kv)}, compute {_fmt_bytes(d.compute)}; {c.tokens_per_pass:.2f} tokens "
+          f"per target pass at α={c.alpha:.2f}, k={c.k}")
+    print(f"speculative: {'yes' if c.use_draft else 'no'} — {c.why}")
 
 
 # --- sidecar ---------------------------------------------------------------------------------
@@ -472,6 +493,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         profile=Path(args.profile) if args.profile else None,
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
         prefill_chunk=args.prefill_chunk,
+        draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
     )
     try:
         server = build_server(cfg, host)
@@ -579,6 +601,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
 # --- entry point ---------------------------------------------------------------------------------
 
 
+def _draft_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--draft", help="draft GGUF for speculative decoding (the model's tokenizer; "
+                                   "a small model, held wholly on the GPU when there is one)")
+    p.add_argument("--draft-k", type=int, default=4, help="tokens drafted per step (--draft)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="igi-sdk", description=__doc__)
     sub = p.add_subparsers(dest="command", required=True)
@@ -602,6 +630,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="CPU threads (0 = leave the game cores; IGI_SDK_THREADS)")
     c.add_argument("--json-schema", help="constrain the reply to this JSON schema file")
     c.add_argument("--progress", action="store_true", help="show load progress even when piped")
+    _draft_arguments(c)
     c.set_defaults(fn=cmd_chat)
 
     i = sub.add_parser("inspect", help="tensor inventory of a GGUF: bytes per group and layer")
@@ -627,6 +656,9 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gen", type=int, default=128, help="tokens generated per turn")
     pl.add_argument("--profile", help="a profile JSON (default: this machine's, measured once)")
     pl.add_argument("--json", help="write the chosen plan here")
+    _draft_arguments(pl)
+    pl.add_argument("--alpha", type=float, default=0.7,
+                    help="acceptance rate assumed for --draft (published pairs: 0.6-0.8)")
     pl.set_defaults(fn=cmd_plan)
 
     sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")
@@ -659,6 +691,7 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--prefill-chunk", type=int, default=0,
                     help="read prompts in fixed chunks of this many tokens instead (0 = by "
                          "--max-step-ms): seeded replies then repeat exactly run to run")
+    _draft_arguments(sv)
     sv.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")

@@ -301,3 +301,45 @@ def test_draft_pricing_never_exceeds_the_budget_and_wants_acceptance(priced_pair
                 assert not c.use_draft  # one token per pass, plus the draft's work
     assert lo not in chosen  # the draft does not fit the smallest budget
     assert chosen  # and pays somewhere at α = 0.9 (a partly CPU-resident target)
+
+
+# ------------------------------------------------------------------------------ command line
+
+
+def test_chat_with_a_draft_says_the_same_greedy_line(default_model, capsys) -> None:
+    from igi_sdk import cli
+
+    def say(*extra: str) -> str:
+        assert cli.main(["chat", "Hello there, smith.", "--plan", "all-cpu", "--temperature",
+                         "0", "--max-tokens", "12", "--threads", "2", *extra]) == 0
+        return capsys.readouterr().out
+
+    assert say("--draft", str(default_model), "--draft-k", "3") == say()
+
+
+def test_plan_shows_the_draft_decision(priced_pair, tmp_path, capsys) -> None:
+    from igi_sdk import cli
+
+    target, draft = priced_pair
+    prof = tmp_path / "profile.json"
+    prof.write_text(GPU_PROFILE.model_dump_json())
+    assert cli.main(["plan", str(target.path), "--vram", "600MiB", "--ctx", "2048",
+                     "--profile", str(prof), "--draft", str(draft.path), "--alpha", "0.8"]) == 0
+    out = capsys.readouterr().out
+    assert "tokens per target pass at α=0.80" in out and "speculative: yes" in out
+
+
+def test_sidecar_host_loads_the_draft_with_the_model(default_model) -> None:
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.sidecar.host import HostConfig, ModelHost
+
+    host = ModelHost(HostConfig(n_threads=2, arbiter=False, draft_model=default_model,
+                                draft_k=2))
+    host.load_model(default_model, P.LoadModel(path=default_model.name, n_ctx=512,
+                                               max_sessions=2))
+    try:
+        assert host.engine is not None
+        status = host.engine.status()["speculative"]
+        assert status["draft"] == str(default_model) and status["k"] == 2
+    finally:
+        host.engine.close()

@@ -41,6 +41,7 @@ from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.tuning import (
     cached_before_backend,
     load_or_measure,
@@ -63,6 +64,10 @@ class HostConfig:
     grow_hold_s: float = 2.0
     max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
     prefill_chunk: int = 0  # fixed prompt tokens per step instead: reproducible replies
+    # speculative decoding: a draft GGUF of the models' tokenizer, loaded with every model
+    # (a model of another vocabulary is then refused: DraftMismatchError)
+    draft_model: Path | None = None
+    draft_k: int = 4
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -108,7 +113,10 @@ class ModelHost:
     def _open(self, path: Path, request: P.LoadModel) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
-                           prefill_chunk=self.cfg.prefill_chunk)
+                           prefill_chunk=self.cfg.prefill_chunk,
+                           draft_model=str(self.cfg.draft_model) if self.cfg.draft_model
+                           else None,
+                           speculative=SpeculativeConfig(k=self.cfg.draft_k))
         inventory = read_inventory(path)
         setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
