@@ -658,7 +658,7 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", help="write the chosen plan here")
     _draft_arguments(pl)
     pl.add_argument("--alpha", type=float, default=0.7,
-                    help="acceptance rate assumed for --draft (published pairs: 0.6-0.8)")
+                    help="acceptance rate assumed for --draft (published pairs: about 0.5-0.9)")
     pl.set_defaults(fn=cmd_plan)
 
     sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")

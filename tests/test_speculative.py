@@ -343,3 +343,62 @@ def test_sidecar_host_loads_the_draft_with_the_model(default_model) -> None:
         assert status["draft"] == str(default_model) and status["k"] == 2
     finally:
         host.engine.close()
+
+
+def test_arbiter_drops_the_draft_first_when_the_game_needs_memory(tmp_path) -> None:
+    from igi_sdk.arbiter import Arbiter, PlanLadder, PolicyConfig, ScriptedTrace
+
+    path = write_synthetic_gguf(tmp_path / "m.gguf", spec_with(
+        "tiny-llama", n_layers=4, n_embd=256, n_ff=1024))
+    wl = Workload(n_ctx=1024, prompt_tokens=256, gen_tokens=64)
+    ladder = PlanLadder.build(read_inventory(path), GPU_PROFILE, wl, step=8 * MIB)
+    top = ladder.rungs[-1]
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, draft_model=str(path))
+    with Engine(path, top.plan, cfg) as eng:
+        total = top.vram + 64 * MIB + 256 * MIB
+        t = [0.0]
+        trace = ScriptedTrace(total, [(0.0, 0), (1.0, total)],
+                              own=lambda: arb.policy.current.vram, clock=lambda: t[0])
+        arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=64 * MIB),
+                      clock=lambda: t[0])
+        assert arb.policy.current is top
+        arb.tick()
+        assert eng.status()["speculative"]["draft"] is not None  # no pressure: kept
+        t[0] = 1.0
+        decision = arb.tick()
+        assert decision is not None and decision.action in ("shrink", "fast_shrink")
+        assert eng.status()["speculative"]["draft"] is None
+
+
+def test_reshard_mid_reply_with_a_draft_changes_nothing(default_model) -> None:
+    """The draft's cache is its own: a reshard parks and restores the model's state only, and
+    the reply goes on drafting with the same tokens."""
+    def reply(draft, reshard: bool) -> tuple:
+        with Engine(default_model, Plan.all_cpu(), _config(draft)) as eng:
+            sid = eng.open_session("You are a guard.", sampling=GREEDY)
+            gen = eng.chat(sid, LINES[0], max_tokens=32, ignore_eos=True)
+            for i, _piece in enumerate(gen):
+                if reshard and i == 3:
+                    eng.reshard(Plan.all_cpu())
+            res = gen.result(timeout=120)
+            return res.tokens, eng.status()["speculative"]["drafted"]
+
+    ref, _ = reply(None, False)
+    got, drafted = reply(default_model, True)
+    assert got == ref and drafted > 0
+
+
+def test_grammar_replies_are_not_drafted_and_unchanged(default_model) -> None:
+    schema = {"type": "object", "properties": {"mood": {"type": "string"}},
+              "required": ["mood"]}
+
+    def reply(draft) -> tuple:
+        with Engine(default_model, Plan.all_cpu(), _config(draft)) as eng:
+            sid = eng.open_session("You are a guard.", sampling=GREEDY)
+            res = eng.chat(sid, "How are you?", max_tokens=24,
+                           json_schema=schema).result(timeout=120)
+            return res.text, eng.status()["speculative"]["drafted"]
+
+    ref, _ = reply(None)
+    got, drafted = reply(default_model)
+    assert got == ref and drafted == 0

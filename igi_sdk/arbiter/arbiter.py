@@ -30,6 +30,8 @@ log = logging.getLogger("igi_sdk.arbiter")
 
 # what a reservation's waiter is told: None = granted, else the error that ended it
 ReservationDone = Callable[[Reservation, IgiError | None], None]
+# decisions that give VRAM back: a speculative draft model is dropped before the model moves
+_GIVES_BACK = frozenset({"shrink", "fast_shrink", "yield"})
 
 
 class ReshardableEngine(Protocol):
@@ -207,6 +209,9 @@ class Arbiter:
         def on_released() -> None:  # the old plan's VRAM is free: the game may take it now
             self._settle(self._reading())
 
+        if d.action in _GIVES_BACK:
+            self._drop_draft()
+
         machine = ReshardMachine(self.ladder, d.target, self._budget_now, on_released,
                                  clock=self.clock)
         out: ReshardOutcome = self.engine.exclusive(machine).result()
@@ -226,6 +231,18 @@ class Arbiter:
                                "ok": rec.ok, "failures": [f[0] for f in rec.failures]})
         log.info("%s -> %s (%d MiB; target %s) in %.3f s: %s", d.action, rec.plan or "nothing",
                  rec.vram >> 20, rec.target, rec.seconds, d.reason)
+
+    def _drop_draft(self) -> None:
+        """The draft model only speeds decoding up: it is the first thing to go under VRAM
+        pressure (and is not loaded again)."""
+        drop = getattr(self.engine, "drop_draft_async", None)  # engines may have none
+        if drop is None:
+            return
+        try:
+            if drop().result():
+                log.info("dropped the speculative draft model (VRAM pressure)")
+        except IgiError:  # a closed engine: nothing to drop
+            pass
 
     def _settle(self, reading: VramReading | None) -> None:
         """End every reservation that can end now: granted, cannot_free or deadline_missed."""
