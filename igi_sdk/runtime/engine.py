@@ -742,7 +742,7 @@ class Engine:
         for t, take, idx in fed:
             proposal = drafts.get(t.session.seq)
             if proposal is not None:
-                self._verify(t, idx, proposal)
+                self._verify(t, proposal)
                 continue
             t.session.tokens.extend(t.feed[:take])
             del t.feed[:take]
@@ -753,7 +753,7 @@ class Engine:
                    seconds: float) -> None:
         if not drafts:
             self._learn_speed(self._batch.n_tokens, seconds)
-        if any(take != 1 and t.session.seq not in drafts for t, take, _ in fed):
+        if any(take != 1 for _t, take, _ in fed):
             return  # a prompt chunk rode along: not a decode step's time
         decay = self.config.speculative.decay
         self._spec_times.add("verify_s" if drafts else "plain_s", seconds, decay)
@@ -786,25 +786,14 @@ class Engine:
     def _fill_batch(self, turns: list[Turn], budget: int,
                     drafts: dict[int, Proposal] | None = None) -> list[tuple[Turn, int, int]]:
         """Put up to ``budget`` pending tokens in the (reused) llama_batch; every decoding
-        reply gets its one token even past the budget (bounded by the session count), and its
-        drafts (``drafts``, by sequence, counted in the budget by :meth:`_propose`).
+        reply gets its one token even past the budget (bounded by the session count). Then
+        the drafts (:meth:`_add_drafts`).
 
-        Returns (turn, tokens taken, batch index of its (first) logits or -1) per turn fed."""
+        Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
         batch, cap = self._batch, self._batch_cap
         fed: list[tuple[Turn, int, int]] = []
         n = 0
         for t in turns:
-            proposal = drafts.get(t.session.seq) if drafts else None
-            if proposal is not None:
-                verify = [t.feed[0], *proposal.tokens]  # logits at every position
-                if n + len(verify) <= cap:
-                    pos0, seq = len(t.session.tokens), t.session.seq
-                    for i, tok in enumerate(verify):
-                        put_token(batch, n + i, tok, pos0 + i, seq, True)
-                    fed.append((t, len(verify), n))
-                    n += len(verify)
-                    continue
-                del drafts[t.session.seq]  # no room left: this one decodes plainly
             room = max(budget - n, 1 if len(t.feed) == 1 else 0)
             take = min(len(t.feed), room, cap - n)
             if take <= 0:
@@ -822,7 +811,33 @@ class Engine:
             fed.append((t, take, n + take - 1 if wants_logits else -1))
             n += take
         batch.n_tokens = n
+        if drafts:
+            self._add_drafts(fed, drafts)
         return fed
+
+    def _add_drafts(self, fed: list[tuple[Turn, int, int]], drafts: dict[int, Proposal]) -> None:
+        """Append the drafts of the decoding replies after the step's plain tokens, logits at
+        each: the plain tokens (and so the split of prompts into chunks) and their KV cells are
+        those of a step without drafts; drafts past the batch's capacity are cut."""
+        batch = self._batch
+        n = batch.n_tokens
+        room = self._batch_cap - n
+        for t, take, idx in fed:
+            proposal = drafts.get(t.session.seq)
+            if proposal is None:
+                continue
+            keep = min(len(proposal.tokens), room) if take == 1 and idx >= 0 else 0
+            if keep == 0:
+                del drafts[t.session.seq]
+                continue
+            del proposal.tokens[keep:], proposal.dists[keep:]
+            pos0, seq = len(t.session.tokens) + 1, t.session.seq
+            proposal.rows = [idx, *range(n, n + keep)]
+            for i, tok in enumerate(proposal.tokens):
+                put_token(batch, n + i, tok, pos0 + i, seq, True)
+            n += keep
+            room -= keep
+        batch.n_tokens = n
 
     def _sample(self, t: Turn, idx: int) -> None:
         assert t.chain is not None
@@ -860,18 +875,17 @@ class Engine:
     # ============================================================ engine thread: drafting
 
     def _propose(self, turns: list[Turn], budget: int) -> dict[int, Proposal]:
-        """Draft tokens for the decoding replies where drafting is on (by sequence); the
-        drafts count in the step's token budget, prompt chunks get what is left."""
+        """Draft tokens for the decoding replies where drafting is on (by sequence). They come
+        on top of the step's token budget (at most k per decoding reply), so that prompt chunks
+        are split as without drafts; the draft's catch-up is bounded by the budget."""
         drafter, cfg = self._drafter, self.config.speculative
         if drafter is None or (cfg.adaptive and self._spec_times.plain_count < cfg.warmup_steps):
             return {}  # adaptive: a plain step's time is known before anything is drafted
-        room = budget - sum(1 for t in turns if len(t.feed) == 1)
         requests: list[DraftRequest] = []
         for t in turns:
-            k = self._draft_k(t, room)
+            k = self._draft_k(t)
             if k <= 0:
                 continue
-            room -= k
             s = t.session
             sampled = not s.params.greedy
             requests.append(DraftRequest(
@@ -888,13 +902,13 @@ class Engine:
             self._spec_times.add("draft_s", (time.perf_counter() - t0) / decodes, cfg.decay)
         return proposals
 
-    def _draft_k(self, t: Turn, room: int) -> int:
+    def _draft_k(self, t: Turn) -> int:
         """Tokens to draft for ``t`` this step (0: none). Off for grammar replies: the draft
         proposes unconstrained text that the grammar would mostly refuse."""
         s, cfg = t.session, self.config.speculative
         if len(t.feed) != 1 or t.grammar is not None or t.chain is None:
             return 0
-        k = min(cfg.k, room,
+        k = min(cfg.k,
                 t.max_tokens - len(t.generated) - 1,  # the reply's last token needs no draft
                 self.config.n_ctx - len(s.tokens) - 3)  # as a plain step, the context allows
         if k <= 0:
@@ -902,15 +916,15 @@ class Engine:
         acceptance = self._acceptance.setdefault(s.id, Acceptance())
         return k if acceptance.wants_draft(cfg) else 0
 
-    def _verify(self, t: Turn, idx: int, proposal: Proposal) -> None:
-        """Walk the verify batch (the fed token, then the drafts; logits from ``idx`` on): keep
-        drafts while the target agrees, take the target's token at the first disagreement, and
-        cut both the cache and the draft's record after the last position used."""
+    def _verify(self, t: Turn, proposal: Proposal) -> None:
+        """Walk the verify positions (the fed token, then the drafts; logits at the batch rows
+        ``proposal.rows``): keep drafts while the target agrees, take the target's token at the
+        first disagreement, and cut the cache after the last position used."""
         s, cfg = t.session, self.config.speculative
         fed = [t.feed[0], *proposal.tokens]
         used = kept = 0
         for i in range(len(fed)):
-            tok, agreed = self._verify_pick(t, idx + i, proposal, i)
+            tok, agreed = self._verify_pick(t, proposal.rows[i], proposal, i)
             used, kept = i + 1, kept + agreed
             t.feed = []
             if not self._take(t, tok) or not agreed:

@@ -214,6 +214,7 @@ class Proposal:
     tokens: list[int] = field(default_factory=list)
     dists: list[np.ndarray] = field(default_factory=list)  # q per token (sampled only)
     rng: np.random.Generator | None = None  # sampled: the draws of this step, verify included
+    rows: list[int] = field(default_factory=list)  # batch rows of the verify logits (engine)
 
 
 class Drafter:
