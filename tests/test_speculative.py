@@ -81,7 +81,8 @@ def test_penalties_and_stop_strings_stay_exact_while_drafting(default_model) -> 
     got, stats = _dialogue(default_model, default_model, sampling, stop=(stop,))
     assert ref[0][2] == "stop_string"
     assert got == ref
-    assert stats["drafted"] > 0
+    # the draft picks with the session's penalties too: its own draft stays (nearly) right
+    assert stats["drafted"] > 0 and stats["accepted"] / stats["drafted"] > 0.8
 
 
 def test_unrelated_synthetic_draft_is_rarely_right_and_changes_nothing(synthetic_pair) -> None:

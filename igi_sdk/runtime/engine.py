@@ -889,8 +889,7 @@ class Engine:
             s = t.session
             sampled = not s.params.greedy
             requests.append(DraftRequest(
-                s.seq, [*s.tokens, t.feed[0]], k,
-                drafter.chain_for(s.params) if sampled else None,
+                s.seq, [*s.tokens, t.feed[0]], k, s.params, s.history,
                 # the step's draws, reproducible from the session's seed and step
                 np.random.default_rng([s.params.seed, s.n_sampled, 0x5bec]) if sampled
                 else None))

@@ -1,7 +1,8 @@
 """Speculative decoding: a small draft model proposes tokens, the target model verifies them.
 
 Per decoding session and step, the draft (a second GGUF with the target's vocabulary, wholly on
-the GPU when there is one) proposes ``k`` tokens in ``k`` small decodes, batched across sessions;
+the GPU when there is one) proposes ``k`` tokens in ``k`` small decodes, batched across sessions,
+picking with the session's own settings and penalty history (no grammar: drafting is off there);
 the engine then puts the session's last token and the ``k`` drafts into the target's batch with
 logits at every position, and walks them in order with the session's own sampler chain:
 
@@ -205,8 +206,9 @@ class DraftRequest:
     seq: int
     context: list[int]  # what the target has decoded plus the token it is about to decode
     k: int
-    chain: SamplerChain | None  # the draft's transforms (None: greedy proposals)
-    rng: np.random.Generator | None = None
+    params: SamplingParams  # the session's: the draft picks as the target would, penalties too
+    history: list[int]  # the session's sampled tokens (repeat penalty)
+    rng: np.random.Generator | None = None  # sampled sessions: the step's draws
 
 
 @dataclass
@@ -243,16 +245,6 @@ class Drafter:
         self.memory = {d: self._loaded.report.bytes_on(d, self._loaded.gpu)
                        for d in ("gpu", "cpu")}
         self._held: dict[int, list[int]] = {}  # tokens in the draft's KV, per sequence
-        self._chains: dict[SamplingParams, SamplerChain] = {}
-
-    def chain_for(self, params: SamplingParams) -> SamplerChain:
-        """The draft's transforms for sampled proposals: the session's, without penalties
-        (any q works as long as the proposal is drawn from it and q is known)."""
-        plain = params.model_copy(update={"repeat_penalty": 1.0})
-        if plain not in self._chains:
-            self._chains[plain] = SamplerChain(plain, self.vocab, grammar=None, history=[],
-                                               reply_tokens=[])
-        return self._chains[plain]
 
     def forget(self, seq: int) -> None:
         if self._held.pop(seq, None) is not None:
@@ -291,24 +283,32 @@ class Drafter:
             return {}, decodes
         for held, tokens in fed:
             held.extend(tokens)
-        out: dict[int, Proposal] = {}
-        for r, idx in ready:
-            out[r.seq] = Proposal(rng=r.rng)
-            self._pick(r, idx, out[r.seq])
-        while True:  # one decode per further draft token, every drafting session together
-            more = [r for r, _ in ready if len(out[r.seq].tokens) < r.k]
-            if not more:
-                return out, decodes
-            for i, r in enumerate(more):
-                tok = out[r.seq].tokens[-1]
-                put_token(batch, i, tok, len(self._held[r.seq]), r.seq, True)
-            batch.n_tokens = len(more)
-            decodes += 1
-            if not self._decode(requests):
-                return {}, decodes
-            for i, r in enumerate(more):
-                self._held[r.seq].append(out[r.seq].tokens[-1])
-                self._pick(r, i, out[r.seq])
+        # the session's own transforms (no grammar: drafting is off there) with its penalty
+        # history, so that the draft's picks differ from the target's only where the models do
+        chains = {r.seq: SamplerChain(r.params, self.vocab, grammar=None, history=r.history,
+                                      reply_tokens=[]) for r, _ in ready}
+        try:
+            out: dict[int, Proposal] = {}
+            for r, idx in ready:
+                out[r.seq] = Proposal(rng=r.rng)
+                self._pick(r, chains[r.seq], idx, out[r.seq])
+            while True:  # one decode per further draft token, every drafting session together
+                more = [r for r, _ in ready if len(out[r.seq].tokens) < r.k]
+                if not more:
+                    return out, decodes
+                for i, r in enumerate(more):
+                    tok = out[r.seq].tokens[-1]
+                    put_token(batch, i, tok, len(self._held[r.seq]), r.seq, True)
+                batch.n_tokens = len(more)
+                decodes += 1
+                if not self._decode(requests):
+                    return {}, decodes
+                for i, r in enumerate(more):
+                    self._held[r.seq].append(out[r.seq].tokens[-1])
+                    self._pick(r, chains[r.seq], i, out[r.seq])
+        finally:
+            for chain in chains.values():
+                chain.close()
 
     def _decode(self, requests: list[DraftRequest]) -> bool:
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
@@ -320,21 +320,17 @@ class Drafter:
             self.forget(r.seq)
         return False
 
-    def _pick(self, r: DraftRequest, idx: int, into: Proposal) -> None:
-        if r.chain is None:
-            logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(self._ctx, idx),
-                                           shape=(self.n_vocab,))
-            into.tokens.append(int(np.argmax(logits)))
+    def _pick(self, r: DraftRequest, chain: SamplerChain, idx: int, into: Proposal) -> None:
+        if r.rng is None:  # greedy: the chain's pick (accepted into its penalty history)
+            into.tokens.append(chain.sample(self._ctx, idx, 0))
             return
-        assert r.rng is not None
-        q = r.chain.distribution(self._ctx, idx, self.n_vocab)
-        into.tokens.append(draw(q, r.rng))
+        q = chain.distribution(self._ctx, idx, self.n_vocab)
+        x = draw(q, r.rng)
+        chain.accept(x)
+        into.tokens.append(x)
         into.dists.append(q)
 
     def close(self) -> None:
-        for chain in self._chains.values():
-            chain.close()
-        self._chains.clear()
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
             self._batch = None
