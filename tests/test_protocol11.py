@@ -352,3 +352,32 @@ def test_named_restore(endpoint, tmp_path: Path) -> None:
     c.close_session(sid)
     assert c.restore_session("mira-slot1", session="npc.mira") == "npc.mira"
     c.close()
+
+
+def test_load_model_with_a_draft(tmp_path, default_model, tiny_llama) -> None:
+    """``load_model.draft``: the default model drafts for itself; a draft of another
+    vocabulary fails the load with a typed error; a draft path obeys the model directory."""
+    shutil.copy(default_model, tmp_path / "smol.gguf")
+    shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
+    ep = f"ipc://{tmp_path / 's.sock'}"
+    proc = start_sidecar(tmp_path, ep)
+    try:
+        c = Client(ep, timeout=120)
+        assert "draft_model" in c.hello()["features"]
+        with pytest.raises(BridgeError) as e:
+            c.load_model("smol.gguf", draft="../smol.gguf")
+        assert e.value.code == "forbidden_path"
+        c.load_model("smol.gguf", n_ctx=1024, max_sessions=2, draft="smol.gguf")
+        assert c.stats()["engine"]["speculative"]["draft"].endswith("smol.gguf")
+        sid = c.open_session("You are a bard.", sampling=GREEDY)
+        assert c.chat(sid, "Tell me a long tale of the old king.",
+                      max_tokens=48).result()["usage"]["completion_tokens"] > 8
+        assert c.stats()["engine"]["speculative"]["drafted"] > 0
+        with pytest.raises(BridgeError) as e:
+            c.load_model("smol.gguf", n_ctx=1024, max_sessions=2, draft="tiny.gguf")
+        assert e.value.code == "model_load_failed" and not e.value.retryable
+        c.load_model("smol.gguf", n_ctx=1024, max_sessions=2)  # and the sidecar goes on
+        assert c.stats()["engine"]["speculative"]["draft"] is None
+        c.close()
+    finally:
+        stop(proc)

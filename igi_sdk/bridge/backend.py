@@ -36,8 +36,10 @@ class Backend(Protocol):
     @property
     def model_name(self) -> str | None: ...
 
-    def load_model(self, path: Path, request: P.LoadModel) -> dict[str, Any]:
-        """Load (or replace) the model; blocking — the server calls it on a worker thread.
+    def load_model(self, path: Path, request: P.LoadModel,
+                   draft: Path | None = None) -> dict[str, Any]:
+        """Load (or replace) the model, with ``draft`` (a resolved ``request.draft``) for
+        speculative decoding; blocking — the server calls it on a worker thread.
         Returns the ``load_model`` reply body."""
         ...
 

@@ -29,7 +29,7 @@ PROTOCOL_VERSION = 1  # the major version: ``v`` of every message; must match
 PROTOCOL_MINOR = 1  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
-            "resume_stream", "json_schema_string", "session_names")
+            "resume_stream", "json_schema_string", "session_names", "draft_model")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 MAX_MESSAGE_BYTES = 1 << 20
@@ -86,6 +86,9 @@ class LoadModel(Strict):
     vram_budget: int | None = Field(None, ge=0, le=2**50)
     n_ctx: int = Field(4096, ge=256, le=131_072)
     max_sessions: int = Field(8, ge=1, le=64)
+    # a draft model for speculative decoding (same tokenizer), relative to the model directory;
+    # nil: the sidecar's own (--draft), if any
+    draft: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
 
 
 class Sampling(Strict):

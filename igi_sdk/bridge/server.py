@@ -399,13 +399,14 @@ class Server:
         if self.loading:
             raise P.ProtocolError("loading", "a model is already loading", retryable=True)
         path = self._resolve_model(body.path)  # refuse bad paths synchronously
+        draft = self._resolve_model(body.draft) if body.draft is not None else None
         self.loading = True
         self.model_name = None  # the old model goes away first
         done: Future[dict[str, Any]] = Future()
 
         def load() -> None:
             try:
-                done.set_result(self.backend.load_model(path, body))
+                done.set_result(self.backend.load_model(path, body, draft))
             except BaseException as e:  # noqa: BLE001 - answered as a typed error
                 done.set_exception(e)
 

@@ -91,14 +91,15 @@ class ModelHost:
 
     # --- loading -------------------------------------------------------------------------------
 
-    def load_model(self, path: Path, request: P.LoadModel) -> dict[str, Any]:
+    def load_model(self, path: Path, request: P.LoadModel,
+                   draft: Path | None = None) -> dict[str, Any]:
         with self._load_lock:
             waiting = self._stop_arbiter()
             old, self.engine, self._name = self.engine, None, None
             if old is not None:  # a new model: the old sessions cannot follow it
                 old.close()
             try:
-                self._open(path, request)
+                self._open(path, request, draft or self.cfg.draft_model)
             except BaseException:
                 _end_all(waiting, EngineUnavailableError("the model failed to load"))
                 raise
@@ -110,12 +111,11 @@ class ModelHost:
             assert self.engine is not None
             return {"model": path.name, "memory": self.engine.memory()}
 
-    def _open(self, path: Path, request: P.LoadModel) -> None:
+    def _open(self, path: Path, request: P.LoadModel, draft: Path | None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
                            prefill_chunk=self.cfg.prefill_chunk,
-                           draft_model=str(self.cfg.draft_model) if self.cfg.draft_model
-                           else None,
+                           draft_model=str(draft) if draft else None,
                            speculative=SpeculativeConfig(k=self.cfg.draft_k))
         inventory = read_inventory(path)
         setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
