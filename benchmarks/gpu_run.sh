@@ -4,7 +4,7 @@
 #   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
-#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | all
+#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -158,7 +158,7 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
   python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
-if [ "$part" = peers ] || [ "$part" = peers2 ]; then
+if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ]; then
   # issue 13: ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -206,6 +206,47 @@ if [ "$part" = peers ] || [ "$part" = peers2 ]; then
     up --budgets 8 --peers fit-expert,fit-default
     have 60 && pb --budgets 4 --cases 1024:4096 --strategies ours --save-plan "$sp" --tag ctx4096
   fi
+  if [ "$part" = peers3 ]; then
+    # issue 13 part 3, one machine: the planner with the corrected cost model as shipped (it
+    # may choose a q8_0 KV cache), the same with f16 KV only, and with a bounded libgomp spin
+    # (GOMP_SPINCOUNT: the SDK then sets no wait policy), beside upstream --fit expert with and
+    # without a q8_0 KV cache; 4 GB, then 2 GB, then 8 GB
+    pb --budgets 4 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag kv-auto
+    up --budgets 4 --peers fit-expert,fit-expert-q8kv
+    have 60 && pb --budgets 4 --cases 1024:2048 --strategies ours --kv f16 --tag kv-f16
+    have 60 && pb --budgets 2 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag kv-auto
+    up --budgets 2 --peers fit-expert,fit-expert-q8kv
+    have 60 && pb --budgets 2 --cases 1024:2048 --strategies ours --kv f16 --tag kv-f16
+    have 60 && GOMP_SPINCOUNT=${SPIN:-10000} pb --budgets 2 --cases 1024:2048 --strategies ours \
+      --tag "spin${SPIN:-10000}"
+    have 60 && GOMP_SPINCOUNT=${SPIN:-10000} pb --budgets 4 --cases 1024:2048 --strategies ours \
+      --tag "spin${SPIN:-10000}"
+    have 60 && pb --budgets 8 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag kv-auto
+    up --budgets 8 --peers fit-expert
+  fi
+  if [ "$part" = peers4 ]; then
+    # after peers3 (q8_0 KV on CPU-resident layers halved decode at 2 GB): q8_0 KV only with
+    # every layer's KV in VRAM, and the output head may go before attention (output-first).
+    # Ours as shipped, with f16 KV only, and (2 GB) without output-first, beside upstream
+    # --fit expert with and without q8_0 KV; a bounded libgomp spin at 2 GB; then 8 GB
+    pb --budgets 2 --cases 1024:2048 --strategies ours --output-first --save-plan "$sp" \
+      --tag shipped  # run4's default; output-first is off by default since
+    up --budgets 2 --peers fit-expert,fit-expert-q8kv
+    have 60 && pb --budgets 2 --cases 1024:2048 --strategies ours --kv f16 --tag attn-first-f16
+    have 60 && pb --budgets 4 --cases 1024:2048 --strategies ours --output-first \
+      --save-plan "$sp" --tag shipped
+    up --budgets 4 --peers fit-expert,fit-expert-q8kv
+    have 60 && pb --budgets 4 --cases 1024:2048 --strategies ours --kv f16 --tag kv-f16
+    have 60 && GOMP_SPINCOUNT=${SPIN:-10000} pb --budgets 2 --cases 1024:2048 --strategies ours \
+      --tag "spin${SPIN:-10000}"
+    have 60 && pb --budgets 8 --cases 1024:2048 --strategies ours --output-first \
+      --save-plan "$sp" --tag shipped
+    up --budgets 8 --peers fit-expert
+  fi
   cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
   echo "done at $SECONDS s"
+  if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
+    (cd "$out" && tar -czf /tmp/results.tgz --exclude='bld.tar.*' . && \
+      find . -mindepth 1 -not -name 'bld.tar.*' -delete && mv /tmp/results.tgz results.tgz)
+  fi
 fi

@@ -107,7 +107,8 @@ def child(args: argparse.Namespace) -> dict:
     prompt = args.prompt if n == 1 else 64
     plan_ctx = args.plan_ctx or args.ctx
     wl = Workload(n_ctx=plan_ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen,
-                  pin_host=not args.no_pin)
+                  pin_host=not args.no_pin, kv_quant=args.kv == "auto",
+                  output_first=args.output_first)
     t0 = time.perf_counter()
     if args.plan_file:  # a saved plan, run as it is (e.g. one made for another n_ctx)
         from igi_sdk.planner import Plan
@@ -145,6 +146,7 @@ def child(args: argparse.Namespace) -> dict:
         "memory_mib": {d: {k: round(v / 2**20) for k, v in m.items()} for d, m in memory.items()},
         "budget_gb": args.budget, "prompt": r0.prompt_tokens, "ctx": args.ctx, "sessions": n,
         "n_ubatch": plan.n_ubatch, "flash_attn": plan.flash_attn, "pinned": plan.pinned_host,
+        "type_k": plan.type_k, "type_v": plan.type_v,
         "copy_min_batch": plan.copy_compute_min_batch if plan.op_offload else None,
         "gpu_tensors": len(plan.gpu_tensors), "gpu_layers": plan.gpu_layers,
         "ttft_s": round(r0.ttft_s, 3), "decode_tps": round(r0.decode_tps, 2),
@@ -212,6 +214,11 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="a label stored with every result")
     ap.add_argument("--no-pin", action="store_true",
                     help="plan with host weights memory-mapped instead of pinned")
+    ap.add_argument("--kv", choices=("auto", "f16"), default="auto",
+                    help="auto: the planner may choose q8_0 KV (as shipped); f16: it may not")
+    ap.add_argument("--output-first", action=argparse.BooleanOptionalAction, default=False,
+                    help="the planner may put the output head before attention (run4: it did, "
+                         "as the default then)")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -274,7 +281,9 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
            "--strategy", strategy, "--budget", str(budget), "--prompt", str(prompt),
            "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
            "--sessions", str(args.sessions), "--peer-slack", str(slack),
-           "--plan-ctx", str(args.plan_ctx)] + (["--no-pin"] if args.no_pin else [])
+           "--plan-ctx", str(args.plan_ctx), "--kv", args.kv] + (
+               ["--no-pin"] if args.no_pin else []) + (
+               ["--output-first"] if args.output_first else ["--no-output-first"])
     if args.plan_file:
         cmd += ["--plan-file", args.plan_file]
     if args.save_plan:

@@ -7,6 +7,8 @@ for each VRAM budget, as three peers:
   llama-bench's default settings otherwise;
 * ``fit-expert``  — the same fit with what an expert sets by hand: ``-lm none -fa on -ub 2048``
   (weights read into host memory instead of mmap, flash attention, 2048-token ubatches);
+* ``fit-expert-q8kv`` — ``fit-expert`` with a q8_0 KV cache (``-ctk q8_0 -ctv q8_0``), the lever
+  our planner may pull, so that the strongest peer has it too;
 * ``ngl-best``    — the paper's baseline: the largest ``-ngl`` (whole layers from the last) that
   fits the budget, default settings otherwise (``ngl:N``: a fixed ``-ngl N``).
 
@@ -42,6 +44,8 @@ from pathlib import Path
 GB = 10**9
 MIB = 1024**2
 EXPERT = ["-lm", "none", "-fa", "on", "-ub", "2048"]
+KV_Q8 = ["-ctk", "q8_0", "-ctv", "q8_0"]  # a q8_0 KV cache (needs flash attention)
+FIT_EXTRA = {"fit-expert": EXPERT, "fit-expert-q8kv": EXPERT + KV_Q8, "fit-default": []}
 
 
 def _nvml():
@@ -224,7 +228,7 @@ def main() -> int:
             if peer.startswith("fit"):
                 # --fit-target leaves margin = free - budget (+ a safety share); a fit that
                 # still peaks over the budget is recorded, then re-fit with the overshoot added
-                extra = EXPERT if peer == "fit-expert" else []
+                extra = FIT_EXTRA.get(peer, [])
                 add = args.fit_slack_mib
                 for _ in range(3):
                     flags = [*extra, *fit_flags(free_mib, budget, add)]

@@ -9,6 +9,7 @@ import pytest
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan, Workload, decode_tps, plan_for, ttft_seconds
+from igi_sdk.planner.planner import KV_QUANT_MIN_GAIN
 from igi_sdk.profile import DeviceProfile, Profile
 
 MIB = 1024 * 1024
@@ -54,13 +55,16 @@ def _budgets(inv, n: int = 24) -> list[int]:
 @pytest.mark.parametrize("which", ["dense", "moe"])
 def test_never_over_budget_and_more_budget_is_never_slower(which, request) -> None:
     inv = request.getfixturevalue(which)
-    last = float("inf")
+    last, prev_q8 = float("inf"), False
     for budget in _budgets(inv):
         best = plan_for(inv, GPU_PROFILE, budget, WL).best
         assert best.vram_bytes["total"] <= budget
         turn = best.predicted["turn_s"]
-        assert turn <= last * (1 + 1e-9), (budget, best.name)
-        last = turn
+        # where more budget brings f16 KV back, the turn may be up to KV_QUANT_MIN_GAIN longer
+        # than the q8_0 plan's (choose); otherwise never longer
+        tol = KV_QUANT_MIN_GAIN if best.type_k == "f16" and prev_q8 else 0.0
+        assert turn <= last * (1 + tol + 1e-9), (budget, best.name)
+        last, prev_q8 = turn, best.type_k != "f16"
 
 
 @pytest.mark.parametrize("which", ["dense", "moe"])

@@ -9,9 +9,11 @@ Per tensor, from the machine profile:
   prefill (``Profile.stream_bps``), since it falls short of a single large copy's;
 * routed experts only cost the experts the batch's tokens actually pick (expected fraction);
 * attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
-  the device that holds that layer's KV — except that a batch under copy-compute runs the
-  attention of a CPU-KV layer on the GPU too: the scheduler extends the GPU assignment of the
-  offloaded projections to the attention op and copies the layer's used KV cells over PCIe
+  the device that holds that layer's KV (KV bytes at the plan's ``type_k``/``type_v``: a q8_0
+  cache is 34/64 of an f16 one; a batch on the GPU first converts a quantized cache to f16) —
+  except that a batch under copy-compute runs the attention of a CPU-KV layer on the GPU too:
+  the scheduler extends the GPU assignment of the offloaded projections to the attention op
+  and copies the layer's used KV cells over PCIe
   (the KV buffer is ordinary, pageable host memory);
 * every hand-over between CPU and GPU inside the graph costs a fixed latency;
 * every layer block (attention, FFN) on the GPU costs half the measured per-layer overhead
@@ -239,9 +241,19 @@ def layer_attention_seconds(
     kv_tok = inv.kv_bytes_per_token_per_layer(plan.type_k, plan.type_v, layer=layer)
     kv_bytes = kv_tok * (ctx_pos + per_seq) * n_seqs
     seconds = max(flops / dev.attention_flops(), kv_bytes / dev.attention_kv_bps())
+    if tokens > 1 and dev is prof.gpu and quantized_kv(plan):
+        # a batch's flash attention on CUDA (the tensor-core kernel) takes f16 K/V: a quantized
+        # cache is first converted, one read of its used cells and one f16 write per ubatch
+        f16_tok = inv.kv_bytes_per_token_per_layer("f16", "f16", layer=layer)
+        seconds += (kv_tok + f16_tok) * (ctx_pos + per_seq) * n_seqs / dev.attention_kv_bps()
     if streamed:
         seconds += kv_bytes / (prof.h2d_bps(pinned=False) or 1.0)
     return seconds
+
+
+def quantized_kv(plan: Plan) -> bool:
+    """Whether the plan's KV cache is stored quantized (q8_0 / q4_0: flash attention only)."""
+    return plan.type_k not in ("f16", "f32") or plan.type_v not in ("f16", "f32")
 
 
 def count_splits(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> int:

@@ -11,7 +11,14 @@ Strategies considered for every budget (each with several ``n_ubatch`` values):
   (CPU-resident weights always computed on the CPU) and ``copy`` (prefill-sized batches stream
   them to the GPU — copy-compute — with the threshold set per token tier by the cost model);
 * ``layer-offload`` — llama.cpp's classic ``n_gpu_layers``: the largest number of whole layers
-  that fits, as a floor the planner must never fall below.
+  that fits, as a floor the planner must never fall below;
+* ``output-first-copy`` (``Workload.output_first``, off by default: measured slower) —
+  ``attn-first-copy`` with the output head (and global norms) before any attention: at small
+  budgets the output head is the largest CPU-resident weight, read by the CPU at every token and
+  staged whole in the copy-compute buffer;
+* each flash-attention strategy again with a q8_0 KV cache (``...+kv-q8_0``): half the KV bytes,
+  so more weights fit; only with every layer's KV in VRAM, and chosen only for a clearly
+  shorter turn (``choose``).
 The filling is a strict prefix of the priority list (no skipping), so a larger budget places a
 superset of tensors and the predicted speed never drops as the budget grows.
 """
@@ -30,6 +37,7 @@ from igi_sdk.planner.cost import (
     layer_attention_seconds,
     overhead_seconds,
     priced_tensors,
+    quantized_kv,
     tensor_seconds,
     ttft_seconds,
     uses_copy_compute,
@@ -39,6 +47,12 @@ from igi_sdk.profile import Profile
 
 MIB = 1024 * 1024
 UBATCHES = (512, 1024, 2048)
+# The quantized KV cache the planner may choose (llama.cpp needs flash attention for a quantized
+# V cache), and the least predicted gain per turn for which it does: q8_0 KV is not lossless
+# (docs/planner.md, "KV cache quantization"), so it must make the turn at least this much
+# faster than the best f16-KV plan (``choose``).
+KV_QUANT = "q8_0"
+KV_QUANT_MIN_GAIN = 0.02
 _MARGIN_BYTES = 128 * MIB  # llama.cpp's small buffers, the CUDA pool for temporaries, fragmentation
 _MARGIN_FRACTION = 0.05
 
@@ -62,6 +76,14 @@ class Workload:
     # reads it once, when its backend starts): every plan that offloads ops uses and is priced
     # with it. None: the planner chooses (``copy_threshold``).
     copy_min_batch: int | None = None
+    # Whether the planner may store the KV cache as q8_0 (K and V; flash attention on) where
+    # the VRAM it frees buys weights on the GPU (``KV_QUANT_MIN_GAIN``). False: f16 KV only.
+    kv_quant: bool = True
+    # Whether the planner also tries the output head before attention (``output-first-copy``):
+    # off by default, since on an H100 at 2 GB it decoded 6.6 tok/s against attn-first's 9.2
+    # (predicted 12.9 vs 11.9; docs/benchmarks.md, run4): it leaves more layers' attention and
+    # KV on the CPU, which the cost model prices too cheaply.
+    output_first: bool = False
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
@@ -150,17 +172,24 @@ def vram_by_category(
 Item = tuple[list[TensorInfo], int]  # (tensors moved to VRAM together, layers whose KV follows)
 
 
-def _attention_first_items(inv: ModelInventory) -> list[Item]:
+def _attention_first_items(inv: ModelInventory, *, output_first: bool = False) -> list[Item]:
     """VRAM priority: attention + norms + KV layer by layer (from the last layer, the way
     llama.cpp assigns KV), router + global norms, output head, dense FFN / shared experts layer by
-    layer, then routed experts tensor by tensor."""
+    layer, then routed experts tensor by tensor. ``output_first``: the output head (and the
+    global norms) before any attention: at a small budget it is the largest CPU-resident
+    weight, which a copy-compute plan also stages in its compute buffer, so moving it costs
+    little more VRAM than that buffer saves, and takes its bytes off the CPU at every token."""
     n = inv.arch.n_layers
     by_layer = {i: inv.layer_tensors(i) for i in range(n)}
     items: list[Item] = []
+    head = [([t for t in inv.tensors if t.group in ("ffn_router", "norm", "other")], 0),
+            ([t for t in inv.tensors if t.group == "output"], 0)]
+    if output_first:
+        items += head[::-1]
     for i in reversed(range(n)):
         items.append(([t for t in by_layer[i] if t.group in ("attn", "attn_norm")], 1))
-    items.append(([t for t in inv.tensors if t.group in ("ffn_router", "norm", "other")], 0))
-    items.append(([t for t in inv.tensors if t.group == "output"], 0))
+    if not output_first:
+        items += head
     for i in reversed(range(n)):
         items.append(([t for t in by_layer[i] if t.group in ("ffn_dense", "ffn_shexp")], 0))
     for i in reversed(range(n)):
@@ -272,7 +301,10 @@ def _best_prefix(
         return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
 
     weights = kv_layers = 0
-    best_k, best_score = 0, score + fixed_costs()
+    # a quantized KV cache only where every layer's KV is in VRAM: on the CPU, flash attention
+    # over a q8_0 cache halved decode (H100, 2 GB: 5.6 tok/s, docs/benchmarks.md)
+    whole_kv = quantized_kv(base)
+    best_k, best_score = 0, float("inf") if whole_kv else score + fixed_costs()
     if vram(0, 0, 0) > budget:
         return base
     for k, (tensors, kv_add) in enumerate(items, start=1):
@@ -293,6 +325,8 @@ def _best_prefix(
                          for st, cp in zip(schedule, copy, strict=True))
             kv_layers += kv_add
         total = score + fixed_costs()
+        if whole_kv and kv_layers < n:
+            continue
         if longest or total < best_score - 1e-12:
             best_k, best_score = k, total
     chosen = [t.name for tensors, _ in items[:best_k] for t in tensors]
@@ -300,16 +334,29 @@ def _best_prefix(
     return base.model_copy(update={"gpu_tensors": tuple(chosen), "gpu_layers": layers})
 
 
+def _with_kv(plan: Plan, kv: str) -> Plan:
+    """``plan`` with its K and V cache stored as ``kv`` (named ``...+kv-q8_0`` unless f16)."""
+    if kv == "f16":
+        return plan
+    return plan.model_copy(update={"type_k": kv, "type_v": kv, "flash_attn": "on",
+                                   "name": f"{plan.name}+kv-{kv}"})
+
+
 def _attn_first(
-    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, ubatch: int, copy: bool
+    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, ubatch: int, copy: bool,
+    kv: str = "f16", *, output_first: bool = False,
 ) -> Plan:
     pinned = copy and wl.pin_host
     base = Plan(name="attn-first-copy" if copy else "attn-first-static", flash_attn="on",
                 n_ubatch=ubatch, op_offload=copy, pinned_host=pinned, gpu_layers=0)
+    base = _with_kv(base, kv)
     if copy:
         threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned)
         base = base.model_copy(update={"copy_compute_min_batch": threshold})
-    return _best_prefix(inv, prof, wl, budget, base, _attention_first_items(inv))
+    if output_first:
+        base = base.model_copy(update={"name": base.name.replace("attn-first", "output-first")})
+    return _best_prefix(inv, prof, wl, budget, base,
+                        _attention_first_items(inv, output_first=output_first))
 
 
 def _fixed_threshold(plan: Plan, wl: Workload) -> Plan:
@@ -338,7 +385,8 @@ def copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> i
 
 
 def _layer_offload(
-    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, *, tuned: bool
+    inv: ModelInventory, prof: Profile, wl: Workload, budget: int, *, tuned: bool,
+    kv: str = "f16",
 ) -> Plan:
     """Whole layers from the last (llama.cpp's n_gpu_layers): the paper's baseline P0, or P1
     with what an expert sets by hand (flash attention, n_ubatch 2048, pinned host weights)."""
@@ -350,7 +398,7 @@ def _layer_offload(
         op_offload=True,
         gpu_layers=0,
     )
-    base = _fixed_threshold(base, wl)
+    base = _fixed_threshold(_with_kv(base, kv), wl)
     return _best_prefix(inv, prof, wl, budget, base, _layer_items(inv))
 
 
@@ -435,11 +483,37 @@ def plan_for(
         plans += [_fixed_threshold(_all_gpu(inv, ub, output=o), wl) for o in (True, False)]
         plans += [_attn_first(inv, prof, wl, budget, ub, copy=c) for c in (False, True)]
     plans += [_layer_offload(inv, prof, wl, budget, tuned=t) for t in (False, True)]
+    if wl.kv_quant:  # the same searches with a q8_0 KV cache (flash attention on)
+        for ub in UBATCHES:
+            plans += [_fixed_threshold(_with_kv(_all_gpu(inv, ub, output=o), KV_QUANT), wl)
+                      for o in (True, False)]
+            plans += [_attn_first(inv, prof, wl, budget, ub, copy=c, kv=KV_QUANT)
+                      for c in (False, True)]
+        plans.append(_layer_offload(inv, prof, wl, budget, tuned=True, kv=KV_QUANT))
+    if wl.output_first:  # the output head before attention (copy-compute plans); last, so
+        # that where it places the same tensors as attn-first, attn-first's name is kept
+        for kv in ("f16", KV_QUANT) if wl.kv_quant else ("f16",):
+            plans += [_attn_first(inv, prof, wl, budget, ub, copy=True, kv=kv,
+                                  output_first=True) for ub in UBATCHES]
+    n = inv.arch.n_layers  # quantized KV only with every layer's KV in VRAM (_best_prefix)
+    plans = [p for p in plans
+             if not quantized_kv(p) or len(kv_gpu_layers(inv, p, True)) == n]
     cands = [evaluate(inv, p, prof, wl, budget) for p in plans]
-    fitting = [c for c in cands if c.fits]
-    # ties (e.g. two identical fills) go to the plan that leaves the game more VRAM
-    best = min(fitting, key=lambda c: (round(c.score, 6), c.vram["total"]))
+    best = choose(cands)
     return PlanResult(_finish(best.plan, best), cands, budget, minimum)
+
+
+def choose(cands: list[Candidate]) -> Candidate:
+    """The fitting candidate with the shortest predicted turn, a quantized-KV candidate's turn
+    counted ``KV_QUANT_MIN_GAIN`` longer (the KV cache's precision is not traded for noise: in
+    practice q8_0 wins where the VRAM it frees puts weights on the GPU); ties (e.g. two
+    identical fills) go to the plan that leaves the game more VRAM. So more budget never makes
+    the predicted turn longer by more than ``KV_QUANT_MIN_GAIN`` (where f16 KV comes back)."""
+    def key(c: Candidate) -> tuple[float, int]:
+        penalty = 1 + KV_QUANT_MIN_GAIN if quantized_kv(c.plan) else 1.0
+        return (round(c.score * penalty, 6), c.vram["total"])
+
+    return min((c for c in cands if c.fits), key=key)
 
 
 def _finish(plan: Plan, c: Candidate) -> Plan:
