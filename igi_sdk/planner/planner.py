@@ -80,9 +80,8 @@ class Workload:
     # the VRAM it frees buys weights on the GPU (``KV_QUANT_MIN_GAIN``). False: f16 KV only.
     kv_quant: bool = True
     # Whether the planner also tries the output head before attention (``output-first-copy``):
-    # off by default, since on an H100 at 2 GB it decoded 6.6 tok/s against attn-first's 9.2
-    # (predicted 12.9 vs 11.9; docs/benchmarks.md, run4): it leaves more layers' attention and
-    # KV on the CPU, which the cost model prices too cheaply.
+    # off by default, since on an H100 at 2 GB it decoded 6.6 tok/s against attn-first's 9.2,
+    # one run each (predicted 12.9 vs 11.9; docs/planner.md, "Output head first").
     output_first: bool = False
 
     def __post_init__(self) -> None:
@@ -301,8 +300,8 @@ def _best_prefix(
         return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
 
     weights = kv_layers = 0
-    # a quantized KV cache only where every layer's KV is in VRAM: on the CPU, flash attention
-    # over a q8_0 cache halved decode (H100, 2 GB: 5.6 tok/s, docs/benchmarks.md)
+    # a quantized KV cache only where every layer's KV is in VRAM: with q8_0 KV on CPU layers
+    # an H100 plan decoded 5.6 tok/s where 12.5 was predicted (docs/planner.md)
     whole_kv = quantized_kv(base)
     best_k, best_score = 0, float("inf") if whole_kv else score + fixed_costs()
     if vram(0, 0, 0) > budget:
