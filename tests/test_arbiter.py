@@ -357,3 +357,15 @@ def test_reservation_is_acknowledged_as_soon_as_the_old_plan_is_gone(tmp_path) -
     finally:
         loader.load = real_load
         eng.close()
+
+
+def test_every_rung_of_a_ladder_keeps_one_kv_format(tmp_path) -> None:
+    """A reshard moves the KV cache's bytes as they are: rungs of mixed KV types would lose
+    every conversation's cache when the arbiter moves between them."""
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+
+    path = write_synthetic_gguf(tmp_path / "m.gguf", spec_with(
+        "tiny-llama", n_layers=4, n_embd=256, n_ff=1024))
+    ladder = PlanLadder.build(read_inventory(path), GPU_PROFILE, WL, step=8 * MIB)
+    assert len(ladder.rungs) >= 2
+    assert {(r.plan.type_k, r.plan.type_v) for r in ladder.rungs} == {("f16", "f16")}

@@ -73,3 +73,24 @@ def test_planner_keeps_f16_kv_when_told(tiny_llama) -> None:
     wl = Workload(n_ctx=8192, prompt_tokens=512, gen_tokens=64, kv_quant=False)
     for res in _plans(inv, wl):
         assert not any(quantized_kv(c.plan) for c in res.candidates)
+
+
+def test_a_save_from_a_q8_0_cache_restores_on_an_f16_one(tmp_path) -> None:
+    """A player's save game outlives the plan it was made on (another budget, another KV
+    format): the conversation comes back and is read again, instead of being refused."""
+    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+    greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2)
+    q8 = Plan(name="q8", flash_attn="on", type_k="q8_0", type_v="q8_0", gpu_layers=0)
+    with Engine(None, q8, cfg) as eng:
+        sid = eng.open_session("You are Mira, an innkeeper.", sampling=greedy)
+        eng.chat(sid, "My name is Arin. Remember it.", max_tokens=8).result(timeout=120)
+        eng.save_session(sid, tmp_path / "mira.igisession")
+    with Engine(None, Plan.all_cpu(), cfg) as eng:
+        sid = eng.load_session(tmp_path / "mira.igisession")
+        res = eng.chat(sid, "What is my name?", max_tokens=8).result(timeout=120)
+        # the whole conversation was read again: far more than this line's tokens
+        assert res.prompt_tokens > 30
+        info = eng.session_info()[sid]
+        assert info["tokens"] >= res.prompt_tokens

@@ -4,7 +4,7 @@ so that a decision at frame time is a lookup, not a planning run."""
 from __future__ import annotations
 
 from bisect import bisect_right
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory
@@ -42,6 +42,10 @@ class PlanLadder:
     @classmethod
     def build(cls, inv: ModelInventory, prof: Profile, wl: Workload,
               step: int = 256 * MIB) -> PlanLadder:
+        # every rung keeps the f16 KV cache: a reshard carries the KV bytes over whole, and
+        # llama.cpp cannot read one format's cells into another's (a q8_0 rung beside the f16
+        # CPU rung would lose every conversation's cache at the move)
+        wl = replace(wl, kv_quant=False)
         cpu = plan_for(inv, prof, None, wl).best
         rungs = [Rung(prof.gpu_fixed_bytes if prof.gpu else 0, cpu)]
         if prof.gpu is None:

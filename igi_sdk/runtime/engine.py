@@ -1030,7 +1030,8 @@ class Engine:
                 "it after its next reply")
         kv = self._seq_state(s.seq)
         meta = {
-            "model": self._fingerprint(), "params": s.params.model_dump(),
+            "model": self._fingerprint(), "kv_format": self._kv_format(),
+            "params": s.params.model_dump(),
             "priority": s.priority, "messages": s.messages, "committed_text": s.committed_text,
             "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
             "n_sampled": s.n_sampled,
@@ -1064,10 +1065,11 @@ class Engine:
             raise InvalidStateError("the saved session is longer than this engine's context")
         if tokens and not kv:
             raise InvalidStateError("the session snapshot has a conversation but no KV state")
+        same_format = meta.get("kv_format", self._kv_format()) == self._kv_format()
         new_id = self._open(None, params, priority, sid)
         s = self._sessions[new_id]
         try:
-            restored = self._set_seq_state(s.seq, kv)
+            restored = self._set_seq_state(s.seq, kv) if same_format else True
         except BaseException:
             self._close_session(new_id)
             raise
@@ -1078,7 +1080,17 @@ class Engine:
             )
         s.messages, s.committed_text, s.tokens = messages, committed, tokens
         s.pending, s.history, s.n_sampled = pending, history, n_sampled
+        if not same_format:
+            # saved on a plan with another KV format (a q8_0 cache, restored on an f16 one):
+            # llama.cpp cannot read those cells, so the conversation is read again on its
+            # next turn instead
+            s.tokens, s.pending, s.reread = [], [], True
         return new_id
+
+    def _kv_format(self) -> str:
+        """The KV cache's cell format ("f16/f16", "q8_0/q8_0"): saves record it, since
+        llama.cpp reads a sequence's cells back only into a cache of the same format."""
+        return f"{self.plan.type_k}/{self.plan.type_v}"
 
     def _ctx_state(self) -> bytes:
         size = llama_cpp.llama_state_get_size(self._ctx)
