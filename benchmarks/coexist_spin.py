@@ -1,4 +1,4 @@
-"""Decode beside a busy core under several OpenMP wait settings (issue 13 part 3, the wait policy).
+"""Decode beside a busy core under several OpenMP wait settings (the wait policy).
 
 Runs the probe of ``tests/test_cpu_coexist.py`` (two CPUs, the default model, decode idle and
 with one spinning process on one CPU, alternately) once per setting, in a fresh process each

@@ -159,7 +159,7 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ]; then
-  # issue 13: ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
+  # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
   END=${END:-575}
@@ -207,7 +207,7 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
     have 60 && pb --budgets 4 --cases 1024:4096 --strategies ours --save-plan "$sp" --tag ctx4096
   fi
   if [ "$part" = peers3 ]; then
-    # issue 13 part 3, one machine: the planner with the corrected cost model as shipped (it
+    # one machine: the planner with the corrected cost model as shipped (it
     # may choose a q8_0 KV cache), the same with f16 KV only, and with a bounded libgomp spin
     # (GOMP_SPINCOUNT: the SDK then sets no wait policy), beside upstream --fit expert with and
     # without a q8_0 KV cache; 4 GB, then 2 GB, then 8 GB

@@ -1,4 +1,4 @@
-"""Issue 13 part 3: the q8_0 KV lever, output-first and the wait policy, from committed results.
+"""The q8_0 KV lever, output-first and the wait policy, from committed results.
 
 Prints the markdown tables of docs/benchmarks.md ("Planner levers at a fixed budget") and draws
 its plot, from two H100 runs (``gpu_run.sh OUT peers3`` = run3, ``peers4`` = run4: ours and

@@ -1,4 +1,4 @@
-"""Tables and a plot of ours vs the upstream llama.cpp peers (issue 13, part 1).
+"""Tables and a plot of ours vs the upstream llama.cpp peers.
 
 Reads planner_bench rows (ours) and upstream_peers rows of the same runs (a ``run`` field in
 each) and prints, per run and budget, a markdown table: TTFT, decode tok/s, whole turn (TTFT +

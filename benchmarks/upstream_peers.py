@@ -1,4 +1,4 @@
-"""Upstream llama.cpp peers beside ours, same run, same VRAM budget (issue 13, part 1).
+"""Upstream llama.cpp peers beside ours, same run, same VRAM budget.
 
 Runs the vendored llama.cpp's own ``llama-bench`` (built by ``build-cuda-cmake.sh``) on a model
 for each VRAM budget, as three peers:

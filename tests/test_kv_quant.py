@@ -1,4 +1,4 @@
-"""KV-cache quantization as a planner lever (issue 13 part 3): the plan carries ``type_k`` /
+"""KV-cache quantization as a planner lever: the plan carries ``type_k`` /
 ``type_v`` through JSON, llama.cpp really stores the cache that way (read back from its own
 buffer report), and the planner chooses q8_0 only with flash attention and every layer's KV in
 VRAM, never for a predicted gain under ``KV_QUANT_MIN_GAIN``, and not at all when told not to."""

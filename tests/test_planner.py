@@ -214,7 +214,7 @@ def test_cpu_overhead_is_charged_per_op_and_taken_out_of_the_measured_rates(dens
 
 
 def test_decode_time_follows_cpu_bytes_when_kv_pushes_ffn_off(dense) -> None:
-    # the n_ctx 4096 "drop" (issue 13): a larger context only moves FFN blocks to the CPU;
+    # the n_ctx 4096 "drop": a larger context only moves FFN blocks to the CPU;
     # the predicted step grows by their bytes at the CPU rate plus their ops' barriers, and
     # the same placement predicts the same decode at either context
     prof = GPU_PROFILE.model_copy(deep=True)
