@@ -250,3 +250,20 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
       find . -mindepth 1 -not -name 'bld.tar.*' -delete && mv /tmp/results.tgz results.tgz)
   fi
 fi
+if [ "$part" = spec ]; then
+  # speculative decoding's mechanism: decode tok/s vs forced acceptance, a real 0.5B draft of the
+  # target's vocabulary on the GPU; the profile of an earlier run (.gpu/profile.json) plans it
+  END=${END:-570}
+  m=/tmp/igi-bench/llama3-8b.gguf; d=/tmp/igi-bench/llama3-draft.gguf
+  [ -f "$m" ] || python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet | tee "$out/spec.txt"
+  python3 -c "from igi_sdk.model import spec_with, write_synthetic_gguf as w; w('$d', spec_with(
+    'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096,
+    name='llama3-draft-0.5b'))"
+  for gib in 4 2; do
+    [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gib} GiB: no time" | tee -a "$out/spec.txt"; continue; }
+    timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" --draft "$d" \
+      --profile .gpu/profile.json --budget-gib "$gib" --threads "$t" \
+      --json "$out/spec-${gib}gib.json" 2>&1 | grep -v "^llama_context" | tee -a "$out/spec.txt"
+  done
+  echo "done at $SECONDS s"
+fi

@@ -1,0 +1,148 @@
+"""Speculative decoding's mechanism: decode tok/s versus acceptance α, paying a real draft's cost.
+
+    python benchmarks/speculative_bench.py --target llama3-8b.gguf --draft draft.gguf \
+        --profile profile.json --budget-gib 4 --alphas 0.5,0.6,0.7,0.8,0.9 --json out.json
+
+Random-weight models agree on nothing, so a real acceptance rate cannot be shown with them.
+What is measured instead is the mechanism at a chosen rate: the draft model runs for real (its
+decodes cost what they cost), and each of its proposals is then replaced by the target's greedy
+token with probability α, else by a token the target does not pick. The target's greedy
+tokens are read from an undrafted reply on the same engine first, and greedy verification keeps
+the output identical, so the reference stays valid for every run. Rows:
+
+* ``plain-whole-budget``: no draft, the planner's best plan for the whole budget;
+* ``plain-draft-plan``: no draft, the smaller target plan that leaves room for the draft;
+* ``alpha=…``: that plan with the draft, at each forced acceptance rate (the runtime's own
+  acceptance tracking stays on: where drafting loses, it turns itself off, as in a game).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan, Workload, speculative
+from igi_sdk.profile import Profile
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime import speculative as runtime_speculative
+from igi_sdk.runtime.speculative import SpeculativeConfig
+
+GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+SYSTEM = "You are Brom, the blacksmith of Oakvale."
+LINE = "Tell me everything about the swords you forge, the ore, the fire and the old songs."
+
+
+def _reply(eng: Engine, gen: int) -> dict[str, Any]:
+    sid = eng.open_session(SYSTEM, sampling=GREEDY)
+    before = dict(eng.status()["speculative"]) if eng.config.draft_model else {}
+    r = eng.chat(sid, LINE, max_tokens=gen, ignore_eos=True).result(timeout=600)
+    spec = eng.status()["speculative"] if eng.config.draft_model else {}
+    s = eng._sessions[sid]  # the whole token sequence, for the forced-acceptance reference
+    tokens = [*s.tokens, *s.pending]
+    eng.close_session(sid)
+    decode_s = max(r.total_s - r.ttft_s, 1e-9)
+    row = {"ttft_s": round(r.ttft_s, 4),
+           "decode_tps": round((r.completion_tokens - 1) / decode_s, 2),
+           "completion_tokens": r.completion_tokens, "total_s": round(r.total_s, 4)}
+    if spec:
+        drafted = spec["drafted"] - before.get("drafted", 0)
+        accepted = spec["accepted"] - before.get("accepted", 0)
+        row.update(drafted=drafted, accepted=accepted,
+                   measured_alpha=round(accepted / drafted, 3) if drafted else None)
+    return {"row": row, "tokens": tokens}
+
+
+class _ForcedAcceptance:
+    """Replaces each draft proposal by the reference token with probability ``alpha``."""
+
+    def __init__(self, reference: list[int], n_vocab: int, seed: int = 0) -> None:
+        self.reference, self.n_vocab = reference, n_vocab
+        self.alpha = 0.0
+        self.rng = random.Random(seed)
+        self._original = runtime_speculative.Drafter._pick
+
+    def __enter__(self) -> _ForcedAcceptance:
+        forced = self
+
+        def pick(drafter: Any, r: Any, chain: Any, idx: int, into: Any) -> None:
+            forced._original(drafter, r, chain, idx, into)  # the draft's real cost
+            pos = len(r.context) + len(into.tokens) - 1  # the token this proposal predicts
+            if pos >= len(forced.reference):
+                return
+            truth = forced.reference[pos]
+            hit = forced.rng.random() < forced.alpha
+            into.tokens[-1] = truth if hit else (truth + 1) % forced.n_vocab
+
+        runtime_speculative.Drafter._pick = pick  # type: ignore[method-assign]
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        runtime_speculative.Drafter._pick = self._original  # type: ignore[method-assign]
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--target", required=True, type=Path)
+    ap.add_argument("--draft", required=True, type=Path)
+    ap.add_argument("--profile", required=True, type=Path)
+    ap.add_argument("--budget-gib", type=float, default=4.0)
+    ap.add_argument("--alphas", default="0.5,0.6,0.7,0.8,0.9")
+    ap.add_argument("--k", type=int, default=4)
+    ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--ctx", type=int, default=2048)
+    ap.add_argument("--threads", type=int, default=0)
+    ap.add_argument("--json", type=Path)
+    args = ap.parse_args(argv)
+
+    prof = Profile.load(args.profile)
+    inv, dinv = read_inventory(args.target), read_inventory(args.draft)
+    budget = int(args.budget_gib * 2**30)
+    wl = Workload(n_ctx=args.ctx, prompt_tokens=64, gen_tokens=args.gen)
+    choice = speculative.choose(inv, dinv, prof, budget, k=args.k, alpha=0.7, wl=wl)
+    spec_plan: Plan = choice.speculative_plan or choice.plain_plan
+    out: dict[str, Any] = {
+        "target": args.target.name, "draft": args.draft.name, "budget_gib": args.budget_gib,
+        "k": args.k, "gen": args.gen, "n_ctx": args.ctx,
+        "draft_vram": vars(choice.draft_vram), "choice": choice.why,
+        "predicted": {"plain_tps": choice.plain_tps,
+                      "speculative_tps_at_0.7": choice.speculative_tps},
+        "rows": []}
+
+    def emit(name: str, row: dict[str, Any]) -> None:
+        out["rows"].append({"name": name, **row})
+        print(f"{name:22s} {json.dumps(row)}", flush=True)
+
+    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads)
+    for name, plan in (("plain-whole-budget", choice.plain_plan),
+                       ("plain-draft-plan", spec_plan)):
+        with Engine(args.target, plan, cfg) as eng:
+            _reply(eng, 4)  # warm-up
+            emit(name, {**_reply(eng, args.gen)["row"], "plan_vram": plan.vram_bytes})
+
+    spec_cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
+                            draft_model=str(args.draft),
+                            speculative=SpeculativeConfig(k=args.k))
+    with Engine(args.target, spec_plan, spec_cfg) as eng:
+        out["draft_memory"] = eng.status()["speculative"]["draft_memory"]
+        reference = _reply(eng, args.gen)  # the unrelated draft: the target's greedy reply
+        emit("draft-as-is", reference["row"])
+        with _ForcedAcceptance(reference["tokens"], inv.arch.n_vocab) as forced:
+            for alpha in (float(a) for a in args.alphas.split(",")):
+                forced.alpha = alpha
+                got = _reply(eng, args.gen)
+                emit(f"alpha={alpha:.2f}", {**got["row"],
+                                            "same_reply": got["tokens"] == reference["tokens"]})
+    out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    if args.json:
+        args.json.write_text(json.dumps(out, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
