@@ -257,8 +257,7 @@ if [ "$part" = spec ]; then
   m=/tmp/igi-bench/llama3-8b.gguf; d=/tmp/igi-bench/llama3-draft.gguf
   [ -f "$m" ] || python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet | tee "$out/spec.txt"
   python3 -c "from igi_sdk.model import spec_with, write_synthetic_gguf as w; w('$d', spec_with(
-    'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096,
-    name='llama3-draft-0.5b'))"
+    'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096))"
   for gib in 4 2; do
     [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gib} GiB: no time" | tee -a "$out/spec.txt"; continue; }
     timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" --draft "$d" \
