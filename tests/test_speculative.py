@@ -13,7 +13,6 @@ from igi_sdk.errors import DraftMismatchError
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from igi_sdk.planner import Plan, Workload
 from igi_sdk.planner import speculative as pricing
-from igi_sdk.profile import DeviceProfile, Profile
 from igi_sdk.runtime.engine import Engine, EngineConfig
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.speculative import (
@@ -22,6 +21,7 @@ from igi_sdk.runtime.speculative import (
     common_prefix,
     speculative_pick,
 )
+from tests.test_planner import GPU_PROFILE
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 ALWAYS = SpeculativeConfig(k=4, adaptive=False)  # draft every eligible step
@@ -246,20 +246,6 @@ def test_drop_draft_mid_reply_keeps_the_stream_and_its_output(default_model) -> 
 
 
 MIB = 1 << 20
-
-
-def _device(kind: str, bandwidth: float, flops: float) -> DeviceProfile:
-    bpw = {"F16": 2.0, "Q8_0": 1.0625, "Q4_0": 0.5625}
-    rates = {ty: {t: min(bandwidth, flops * b / (2 * t)) for t in (1, 64, 512, 2048)}
-             for ty, b in bpw.items()}
-    return DeviceProfile(name=kind, kind=kind, threads=16, matmul_rate=rates)
-
-
-GPU_PROFILE = Profile(
-    fingerprint={"gpu": "test"}, cpu=_device("cpu", 60e9, 1.5e12),
-    gpu=_device("gpu", 2.0e12, 300e12), h2d_pinned_bps=50e9, h2d_pageable_bps=8e9,
-    gpu_fixed_bytes=300 * MIB,
-)
 
 
 @pytest.fixture(scope="module")
