@@ -425,16 +425,22 @@ class Server:
         self.model_name = self.backend.model_name
         self.sessions.clear()
 
-    def _session_room(self, c: _Client) -> None:
-        """Refuse past the client's cap; make room in the model by closing the longest-waiting
-        orphan when every slot is taken (the engine runs the close before the open)."""
+    def _below_client_cap(self, c: _Client) -> None:
         held = len(self.sessions.owned(c.identity)) + c.opening
         if held >= self.cfg.max_sessions_per_client:
             raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
                                   "sessions; close one first", retryable=True)
-        opening = sum(other.opening for other in self.clients.values())
+
+    def _slots_taken(self) -> int:
+        """Session slots of the model held by open, orphaned and opening sessions."""
+        return len(self.sessions) + sum(other.opening for other in self.clients.values())
+
+    def _session_room(self, c: _Client) -> None:
+        """Refuse past the client's cap; make room in the model by closing the longest-waiting
+        orphan when every slot is taken (the engine runs the close before the open)."""
+        self._below_client_cap(c)
         orphans = self.sessions.orphans()
-        if len(self.sessions) + opening >= self.model_slots and orphans:
+        if self._slots_taken() >= self.model_slots and orphans:
             log.info("closing orphaned session %s to make room", orphans[0])
             self._close_orphan(orphans[0])
 
@@ -644,8 +650,7 @@ class Server:
                 "persona": info.persona, "priority": int(figures.get("priority", 0)),
                 "busy": bool(figures.get("busy", False)), "tokens": int(figures.get("tokens", 0)),
                 "idle_s": round(now - info.since, 3)})
-        opening = sum(other.opening for other in self.clients.values())
-        free = max(0, self.model_slots - len(self.sessions) - opening)
+        free = max(0, self.model_slots - self._slots_taken())
         return {"sessions": listed, "free_slots": free, "others": others}
 
     def _on_adopt_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
@@ -658,10 +663,7 @@ class Server:
         if owner is not None:
             raise P.ProtocolError("session_owned", f"session '{sid}' belongs to a connected "
                                   "client; it can be adopted once that client leaves")
-        held = len(self.sessions.owned(c.identity)) + c.opening
-        if held >= self.cfg.max_sessions_per_client:
-            raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
-                                  "sessions; close one first", retryable=True)
+        self._below_client_cap(c)
         self.sessions.adopt(sid, c.identity)
         return {"session": sid}
 
