@@ -4,7 +4,7 @@
 #   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
-#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | all
+#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -32,7 +32,7 @@ pack_build() {  # PACK_BUILD=1: the build, in <= 15 MiB parts under PACK_DIR (de
     > /tmp/bld.tar.$ext || return 1
   local size; size=$(stat -c %s /tmp/bld.tar.$ext)
   echo "packed build: $size bytes ($ext)"
-  [ "$size" -le $(( 36 * 1024 * 1024 )) ] || { echo "too large to carry: not packed"; return 1; }
+  [ "$size" -le $(( 52 * 1024 * 1024 )) ] || { echo "too large to carry: not packed"; return 1; }
   split -b 15M -d /tmp/bld.tar.$ext "${PACK_DIR:-$out}/bld.tar.$ext."
 }
 t_build=$SECONDS
@@ -245,24 +245,28 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
   fi
   cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
   echo "done at $SECONDS s"
-  if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
-    (cd "$out" && tar -czf /tmp/results.tgz --exclude='bld.tar.*' . && \
-      find . -mindepth 1 -not -name 'bld.tar.*' -delete && mv /tmp/results.tgz results.tgz)
-  fi
 fi
 if [ "$part" = spec ]; then
   # speculative decoding's mechanism: decode tok/s vs forced acceptance, a real 0.5B draft of the
-  # target's vocabulary on the GPU; the profile of an earlier run (.gpu/profile.json) plans it
-  END=${END:-570}
+  # target's vocabulary on the GPU, beside upstream --fit expert at the same budget (GB) and the
+  # same turn (1K prompt, 128 tokens at depth 1K); the profile of an earlier run plans it
+  END=${END:-575}
   m=/tmp/igi-bench/llama3-8b.gguf; d=/tmp/igi-bench/llama3-draft.gguf
   [ -f "$m" ] || python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet | tee "$out/spec.txt"
   python3 -c "from igi_sdk.model import spec_with, write_synthetic_gguf as w; w('$d', spec_with(
     'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096))"
-  for gib in 4 2; do
-    [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gib} GiB: no time" | tee -a "$out/spec.txt"; continue; }
+  for gb in ${SPEC_BUDGETS:-4 2}; do
+    [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gb} GB: no time" | tee -a "$out/spec.txt"; continue; }
     timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" --draft "$d" \
-      --profile .gpu/profile.json --budget-gib "$gib" --threads "$t" \
-      --json "$out/spec-${gib}gib.json" 2>&1 | grep -v "^llama_context" | tee -a "$out/spec.txt"
+      --profile .gpu/profile.json --budget-gb "$gb" --threads "$t" \
+      --json "$out/spec-${gb}gb.json" 2>&1 | grep -v "^llama_context" | tee -a "$out/spec.txt"
+    [ $(( END - SECONDS )) -gt 60 ] && python3 benchmarks/upstream_peers.py --model "$m" \
+      --threads "$t" --budgets "$gb" --peers fit-expert --deadline $(( $(date +%s) + END - SECONDS )) \
+      --json "$out/spec-peers.json" 2>&1 | tee -a "$out/spec.txt"
   done
   echo "done at $SECONDS s"
+fi
+if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
+  (cd "$out" && tar -czf /tmp/results.tgz --exclude='bld.tar.*' . && \
+    find . -mindepth 1 -not -name 'bld.tar.*' -delete && mv /tmp/results.tgz results.tgz)
 fi

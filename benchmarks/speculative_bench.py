@@ -1,7 +1,7 @@
 """Speculative decoding's mechanism: decode tok/s versus acceptance α, paying a real draft's cost.
 
     python benchmarks/speculative_bench.py --target llama3-8b.gguf --draft draft.gguf \
-        --profile profile.json --budget-gib 4 --alphas 0.5,0.6,0.7,0.8,0.9 --json out.json
+        --profile profile.json --budget-gb 4 --alphas 0.5,0.6,0.7,0.8,0.9 --json out.json
 
 Random-weight models agree on nothing, so a real acceptance rate cannot be shown with them.
 What is measured instead is the mechanism at a chosen rate: the draft model runs for real (its
@@ -14,6 +14,10 @@ the output identical, so the reference stays valid for every run. Rows:
 * ``plain-draft-plan``: no draft, the smaller target plan that leaves room for the draft;
 * ``alpha=…``: that plan with the draft, at each forced acceptance rate (the runtime's own
   acceptance tracking stays on: where drafting loses, it turns itself off, as in a game).
+
+A turn is a ``--prompt-tokens`` prompt (a padded system prompt, so decoding runs at the same depth
+as ``upstream_peers.py``'s ``-d``) and ``--gen`` tokens; ``turn_s`` = TTFT + gen / decode tok/s,
+as there. Each engine's peak VRAM (NVML, this process) is recorded beside the budget (GB = 10^9).
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from planner_bench import GB, PeakVram  # benchmarks/, this script's folder
+
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan, Workload, speculative
 from igi_sdk.profile import Profile
@@ -35,11 +41,19 @@ from igi_sdk.runtime.speculative import SpeculativeConfig
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 SYSTEM = "You are Brom, the blacksmith of Oakvale."
+LORE = ("Oakvale lies where the river bends below the old mine; its smiths have forged for the "
+        "king's guard since the war of the three crowns, and every blade carries a rune. ")
 LINE = "Tell me everything about the swords you forge, the ore, the fire and the old songs."
 
 
-def _reply(eng: Engine, gen: int) -> dict[str, Any]:
-    sid = eng.open_session(SYSTEM, sampling=GREEDY)
+def _system_prompt(eng: Engine, tokens: int) -> str:
+    """The system prompt padded with lore to about ``tokens`` tokens (the template adds a few)."""
+    per = max(1, len(eng.tokenize(LORE)))
+    return SYSTEM + " " + LORE * max(0, (tokens - len(eng.tokenize(SYSTEM + LINE))) // per)
+
+
+def _reply(eng: Engine, gen: int, system: str = SYSTEM) -> dict[str, Any]:
+    sid = eng.open_session(system, sampling=GREEDY)
     before = dict(eng.status()["speculative"]) if eng.config.draft_model else {}
     r = eng.chat(sid, LINE, max_tokens=gen, ignore_eos=True).result(timeout=600)
     spec = eng.status()["speculative"] if eng.config.draft_model else {}
@@ -47,9 +61,10 @@ def _reply(eng: Engine, gen: int) -> dict[str, Any]:
     tokens = [*s.tokens, *s.pending]
     eng.close_session(sid)
     decode_s = max(r.total_s - r.ttft_s, 1e-9)
-    row = {"ttft_s": round(r.ttft_s, 4),
-           "decode_tps": round((r.completion_tokens - 1) / decode_s, 2),
-           "completion_tokens": r.completion_tokens, "total_s": round(r.total_s, 4)}
+    tps = (r.completion_tokens - 1) / decode_s
+    row = {"ttft_s": round(r.ttft_s, 4), "decode_tps": round(tps, 2),
+           "prompt_tokens": r.prompt_tokens, "completion_tokens": r.completion_tokens,
+           "total_s": round(r.total_s, 4), "turn_s": round(r.ttft_s + gen / tps, 3)}
     if spec:
         drafted = spec["drafted"] - before.get("drafted", 0)
         accepted = spec["accepted"] - before.get("accepted", 0)
@@ -91,10 +106,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--target", required=True, type=Path)
     ap.add_argument("--draft", required=True, type=Path)
     ap.add_argument("--profile", required=True, type=Path)
-    ap.add_argument("--budget-gib", type=float, default=4.0)
+    ap.add_argument("--budget-gb", type=float, default=4.0, help="total VRAM, GB = 10^9 bytes")
     ap.add_argument("--alphas", default="0.5,0.6,0.7,0.8,0.9")
     ap.add_argument("--k", type=int, default=4)
     ap.add_argument("--gen", type=int, default=128)
+    ap.add_argument("--prompt-tokens", type=int, default=1024)
     ap.add_argument("--ctx", type=int, default=2048)
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--json", type=Path)
@@ -102,12 +118,12 @@ def main(argv: list[str] | None = None) -> int:
 
     prof = Profile.load(args.profile)
     inv, dinv = read_inventory(args.target), read_inventory(args.draft)
-    budget = int(args.budget_gib * 2**30)
-    wl = Workload(n_ctx=args.ctx, prompt_tokens=64, gen_tokens=args.gen)
+    budget = int(args.budget_gb * GB)
+    wl = Workload(n_ctx=args.ctx, prompt_tokens=args.prompt_tokens, gen_tokens=args.gen)
     choice = speculative.choose(inv, dinv, prof, budget, k=args.k, alpha=0.7, wl=wl)
     spec_plan: Plan = choice.speculative_plan or choice.plain_plan
     out: dict[str, Any] = {
-        "target": args.target.name, "draft": args.draft.name, "budget_gib": args.budget_gib,
+        "target": args.target.name, "draft": args.draft.name, "budget_gb": args.budget_gb,
         "k": args.k, "gen": args.gen, "n_ctx": args.ctx,
         "draft_vram": vars(choice.draft_vram), "choice": choice.why,
         "predicted": {"plain_tps": choice.plain_tps,
@@ -119,25 +135,37 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{name:22s} {json.dumps(row)}", flush=True)
 
     cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads)
+    def peak_row(peak: PeakVram) -> dict[str, Any]:
+        vram = peak.stop()
+        return {"peak_vram_gb": round(vram / GB, 3), "fits_budget": vram <= budget}
+
     for name, plan in (("plain-whole-budget", choice.plain_plan),
                        ("plain-draft-plan", spec_plan)):
+        peak = PeakVram()
         with Engine(args.target, plan, cfg) as eng:
+            system = _system_prompt(eng, args.prompt_tokens)
             _reply(eng, 4)  # warm-up
-            emit(name, {**_reply(eng, args.gen)["row"], "plan_vram": plan.vram_bytes})
+            row = _reply(eng, args.gen, system)["row"]
+        emit(name, {**row, "plan_vram": plan.vram_bytes, **peak_row(peak)})
 
     spec_cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                             draft_model=str(args.draft),
                             speculative=SpeculativeConfig(k=args.k))
+    peak = PeakVram()
     with Engine(args.target, spec_plan, spec_cfg) as eng:
         out["draft_memory"] = eng.status()["speculative"]["draft_memory"]
-        reference = _reply(eng, args.gen)  # the unrelated draft: the target's greedy reply
+        system = _system_prompt(eng, args.prompt_tokens)
+        # the unrelated draft: the target's greedy reply
+        reference = _reply(eng, args.gen, system)
         emit("draft-as-is", reference["row"])
         with _ForcedAcceptance(reference["tokens"], inv.arch.n_vocab) as forced:
             for alpha in (float(a) for a in args.alphas.split(",")):
                 forced.alpha = alpha
-                got = _reply(eng, args.gen)
+                got = _reply(eng, args.gen, system)
                 emit(f"alpha={alpha:.2f}", {**got["row"],
                                             "same_reply": got["tokens"] == reference["tokens"]})
+    out["speculative_peak"] = peak_row(peak)
+    print(f"speculative engine peak {json.dumps(out['speculative_peak'])}", flush=True)
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if args.json:
         args.json.write_text(json.dumps(out, indent=1))
