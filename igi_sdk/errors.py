@@ -8,6 +8,8 @@ same request can succeed (``retryable``).
 
 from __future__ import annotations
 
+import errno
+
 
 class IgiError(Exception):
     """Base class of every error the SDK raises on purpose."""
@@ -131,6 +133,25 @@ class DiskFullError(SaveFailedError):
 
     code = "disk_full"
     retryable = True
+
+
+_EDQUOT = getattr(errno, "EDQUOT", -1)
+
+
+def save_io_error(e: OSError, label: str, doing: str = "save") -> SaveFailedError:
+    """A typed error for an OS failure on save ``label``; it names the save, never a path."""
+    reason = {
+        errno.ENOSPC: "the disk is full",
+        _EDQUOT: "the disk quota is used up",
+        errno.EROFS: "the save directory is on a read-only file system",
+        errno.EACCES: "permission denied",
+        errno.EPERM: "permission denied",
+        errno.ENAMETOOLONG: "the name is too long for the file system",
+        errno.EIO: "an I/O error (failing disk?)",
+    }.get(e.errno or 0, e.strerror or type(e).__name__)
+    kept = " (an earlier save of that name is unchanged)" if doing == "save" else ""
+    cls = DiskFullError if e.errno in (errno.ENOSPC, _EDQUOT) else SaveFailedError
+    return cls(f"could not {doing} the session save '{label}': {reason}{kept}")
 
 
 class GenerationCancelled(IgiError):

@@ -424,3 +424,23 @@ def test_reservations_without_an_arbiter_end_at_once() -> None:
     assert reservation_without_arbiter(0) is None  # holds no VRAM: granted
     err = reservation_without_arbiter(3 * 1024**3)  # a fixed GPU plan: nothing can move
     assert err is not None and err.code == "cannot_free" and not err.retryable
+
+
+def test_the_protocol_server_speaks_the_protocol_only() -> None:
+    """The bridge is the protocol over a Backend: importing its server loads none of the model
+    side (engine, llama.cpp, planner, arbiter); the sidecar module composes the two."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import json, sys, igi_sdk.bridge.server; "
+            "print(json.dumps(sorted(m for m in sys.modules "
+            "if m == 'llama_cpp' or m.startswith('igi_sdk.'))))")
+    env = dict(os.environ, IGI_SDK_CLIENT_ONLY="1")  # nothing native preloaded by igi_sdk
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         check=True, timeout=60)
+    loaded = json.loads(out.stdout)
+    model_side = [m for m in loaded if m == "llama_cpp" or m.split(".")[1] in
+                  ("runtime", "planner", "arbiter", "sidecar", "tuning", "model", "profile")]
+    assert not model_side, model_side

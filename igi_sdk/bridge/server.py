@@ -33,8 +33,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
 from igi_sdk.bridge.game_process import alive, is_ancestor
 from igi_sdk.bridge.ownership import RESUME_KEEP_S, Sessions, StreamLog, prune_logs
-from igi_sdk.errors import IgiError
-from igi_sdk.runtime import snapshot
+from igi_sdk.errors import IgiError, save_io_error
 
 log = logging.getLogger("igi_sdk.bridge")
 
@@ -584,7 +583,7 @@ class Server:
         except FileNotFoundError:
             pass
         except OSError as e:
-            raise snapshot.io_error(e, name, "list") from None
+            raise save_io_error(e, name, "list") from None
         return exact, other
 
     def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> None:
@@ -593,7 +592,7 @@ class Server:
         try:
             self.save_dir.mkdir(parents=True, exist_ok=True)
         except OSError as e:
-            raise snapshot.io_error(e, body.name) from None
+            raise save_io_error(e, body.name) from None
         _, other = self._find_save(body.name)
         key = body.name.lower()
         pending = self._saving.get(key)

@@ -40,7 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from igi_sdk.errors import DiskFullError, InvalidStateError, SaveFailedError
+from igi_sdk.errors import InvalidStateError
+from igi_sdk.errors import save_io_error as io_error
 
 MAGIC = b"IGISESS"
 VERSION = 2
@@ -49,7 +50,6 @@ _CRC = struct.Struct("<I")
 _WRITE_CHUNK = 8 << 20
 TEMP_PREFIX, TEMP_SUFFIX = ".igi-save-", ".tmp"
 _STALE_TEMP_S = 15 * 60  # a temporary file this old was left by a killed writer
-_EDQUOT = getattr(errno, "EDQUOT", -1)
 
 
 def header(meta: dict[str, Any]) -> bytes:
@@ -109,22 +109,6 @@ def copy_out(size: int, fill: Callable[[Any], int]) -> bytes:
 
 
 # --- files -----------------------------------------------------------------------------------
-
-
-def io_error(e: OSError, label: str, doing: str = "save") -> SaveFailedError:
-    """A typed error for an OS failure on save ``label``; it names the save, never a path."""
-    reason = {
-        errno.ENOSPC: "the disk is full",
-        _EDQUOT: "the disk quota is used up",
-        errno.EROFS: "the save directory is on a read-only file system",
-        errno.EACCES: "permission denied",
-        errno.EPERM: "permission denied",
-        errno.ENAMETOOLONG: "the name is too long for the file system",
-        errno.EIO: "an I/O error (failing disk?)",
-    }.get(e.errno or 0, e.strerror or type(e).__name__)
-    kept = " (an earlier save of that name is unchanged)" if doing == "save" else ""
-    cls = DiskFullError if e.errno in (errno.ENOSPC, _EDQUOT) else SaveFailedError
-    return cls(f"could not {doing} the session save '{label}': {reason}{kept}")
 
 
 def save(path: str | Path, pieces: list[bytes | memoryview], label: str | None = None) -> int:
