@@ -16,7 +16,7 @@ import functools
 import itertools
 import os
 from collections import Counter
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -24,7 +24,8 @@ from typing import Any, BinaryIO
 import numpy as np
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType, GGUFWriter, LlamaFileType, TokenType
 
-ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe")
+ARCHITECTURES = ("llama", "qwen3moe", "qwen2moe", "qwen2vl")
+_MOE_ARCHITECTURES = ("qwen3moe", "qwen2moe")
 DTYPES = ("F32", "F16", "Q8_0", "Q4_0")
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")  # ids 0, 1, 2
@@ -64,6 +65,8 @@ class SyntheticSpec:
     ``arch`` "llama" is dense, or mixtral-style MoE when ``n_expert`` > 0 (experts then have width
     ``n_ff``, as llama.cpp's llama loader expects). "qwen3moe" and "qwen2moe" are MoE with experts
     of width ``expert_ff``; "qwen2moe" adds a shared expert of width ``shared_expert_ff``.
+    "qwen2vl" is the dense language model of Qwen2-VL/Qwen2.5-VL: q/k/v biases and M-RoPE, whose
+    four ``rope_sections`` (rotary pairs per position axis: time, height, width, unused) it needs.
     ``head_dim`` defaults to ``n_embd // n_head``.
     """
 
@@ -82,6 +85,7 @@ class SyntheticSpec:
     shared_expert_ff: int = 0
     head_dim: int | None = None
     rope_theta: float = 10000.0
+    rope_sections: tuple[int, ...] = ()
     name: str = "synthetic"
 
     def __post_init__(self) -> None:
@@ -106,12 +110,39 @@ def write_synthetic_gguf(
     The file appears at ``path`` only when complete (it is written to ``<path>.part`` first).
     """
     spec = _resolve(spec)
+
+    def metadata(w: GGUFWriter) -> None:
+        _add_hparams(w, spec)
+        _add_tokenizer(w, spec.n_vocab)
+
+    return write_gguf(path, spec.arch, _plan_tensors(spec), metadata, seed=seed, progress=progress)
+
+
+def write_gguf(
+    path: str | Path,
+    arch: str,
+    plan: list[_Planned],
+    metadata: Callable[[GGUFWriter], None],
+    *,
+    seed: int = 0,
+    progress: Callable[[float], None] | None = None,
+    data: bool = True,
+) -> Path:
+    """The streamed writer behind every synthetic file: ``metadata`` adds the key/values, ``plan``
+    is the tensor list (written in order from the random pools).
+
+    With ``data=False`` the tensor data is left as a hole (the file gets its full size, reads as
+    zeros and takes no disk space where the file system supports sparse files): the header and
+    inventory of a multi-GB model, for tests that only read headers.
+    """
     path = Path(path)
-    plan = _plan_tensors(spec)
     partial = path.with_name(path.name + ".part")
     try:
-        alignment = _write_header(partial, spec, plan)
-        _write_data(partial, plan, alignment, np.random.default_rng(seed), progress)
+        alignment = _write_header(partial, arch, plan, metadata)
+        if data:
+            _write_data(partial, plan, alignment, np.random.default_rng(seed), progress)
+        else:
+            _leave_data_out(partial, plan, alignment)
         os.replace(partial, path)
     except BaseException:
         partial.unlink(missing_ok=True)
@@ -146,11 +177,15 @@ def _spec_problems(s: SyntheticSpec) -> Iterable[str]:
         return
     if s.n_head % s.n_head_kv:
         yield "n_head must be a multiple of n_head_kv"
-    moe = s.arch != "llama" or s.n_expert > 0
+    moe = s.arch in _MOE_ARCHITECTURES or s.n_expert > 0
     if moe and not 0 < s.n_expert_used <= s.n_expert:
         yield "MoE needs 0 < n_expert_used <= n_expert"
-    if s.arch != "llama" and s.expert_ff <= 0:
+    if s.arch in _MOE_ARCHITECTURES and s.expert_ff <= 0:
         yield f"{s.arch} needs expert_ff > 0"
+    if s.arch == "qwen2vl":
+        yield from _qwen2vl_problems(s)
+    elif s.rope_sections:
+        yield "rope_sections belong to qwen2vl (M-RoPE)"
     if s.arch == "llama" and s.n_ff <= 0:
         yield "llama needs n_ff > 0 (the dense width, or the expert width when n_expert > 0)"
     if s.arch == "qwen2moe" and s.shared_expert_ff <= 0:
@@ -165,6 +200,18 @@ def _spec_problems(s: SyntheticSpec) -> Iterable[str]:
     widths = (s.n_embd, s.n_ff, s.expert_ff, s.shared_expert_ff, s.d_head * s.n_head)
     if any(w % block for w in widths):
         yield f"{s.dtype} needs n_embd, n_ff, expert_ff, shared_expert_ff, q width % {block} == 0"
+
+
+def _qwen2vl_problems(s: SyntheticSpec) -> Iterable[str]:
+    if s.n_expert or s.n_ff <= 0:
+        yield "qwen2vl is dense: n_expert = 0 and n_ff > 0"
+    if s.head_dim not in (None, s.n_embd // s.n_head):
+        yield "qwen2vl's loader fixes head_dim to n_embd // n_head"
+    # llama.cpp reads exactly four sections; the rotary pairs they cover fit in half a head
+    if len(s.rope_sections) != 4 or min(s.rope_sections) < 0:
+        yield "qwen2vl needs four rope_sections >= 0"
+    elif not 0 < sum(s.rope_sections) <= s.d_head // 2:
+        yield "qwen2vl's rope_sections must sum to 1..head_dim/2 rotary pairs"
 
 
 # After the validation helpers: building a spec validates it.
@@ -217,11 +264,16 @@ class _Planned:
     shape: tuple[int, ...]  # ggml order: shape[0] is the row length (fan-in)
     qtype: GGMLQuantizationType
     fill: str  # "random" (std 1/sqrt(fan-in)), "ones" or "zeros"
+    fan_in: int | None = None  # when it is not shape[0] (a conv kernel: kw * kh * channels)
 
     @property
     def n_bytes(self) -> int:
         block, size = GGML_QUANT_SIZES[self.qtype]
         return int(np.prod(self.shape)) * size // block
+
+    @property
+    def std(self) -> float:
+        return 1.0 / float(np.sqrt(self.fan_in or self.shape[0]))
 
 
 def _plan_tensors(s: SyntheticSpec) -> list[_Planned]:
@@ -252,7 +304,7 @@ def _layer_plan(s: SyntheticSpec, i: int, wtype: GGMLQuantizationType) -> list[_
             _Planned(p + "attn_q_norm.weight", (s.d_head,), f32, "ones"),
             _Planned(p + "attn_k_norm.weight", (s.d_head,), f32, "ones"),
         ]
-    if s.arch == "qwen2moe":  # Qwen1.5/2-MoE carry q/k/v biases
+    if s.arch in ("qwen2moe", "qwen2vl"):  # Qwen1.5/2-MoE and Qwen2-VL carry q/k/v biases
         out += [
             _Planned(p + "attn_q.bias", (q_width,), f32, "zeros"),
             _Planned(p + "attn_k.bias", (kv_width,), f32, "zeros"),
@@ -264,7 +316,7 @@ def _layer_plan(s: SyntheticSpec, i: int, wtype: GGMLQuantizationType) -> list[_
 
 def _ffn_plan(s: SyntheticSpec, p: str, wtype: GGMLQuantizationType) -> list[_Planned]:
     f32 = GGMLQuantizationType.F32
-    if s.arch == "llama" and s.n_expert == 0:
+    if s.arch not in _MOE_ARCHITECTURES and s.n_expert == 0:
         return [
             _Planned(p + "ffn_gate.weight", (s.n_embd, s.n_ff), wtype, "random"),
             _Planned(p + "ffn_up.weight", (s.n_embd, s.n_ff), wtype, "random"),
@@ -292,10 +344,11 @@ def _ffn_plan(s: SyntheticSpec, p: str, wtype: GGMLQuantizationType) -> list[_Pl
 # --- header --------------------------------------------------------------------------------------
 
 
-def _write_header(path: Path, spec: SyntheticSpec, plan: list[_Planned]) -> int:
-    writer = GGUFWriter(path, spec.arch)
-    _add_hparams(writer, spec)
-    _add_tokenizer(writer, spec.n_vocab)
+def _write_header(
+    path: Path, arch: str, plan: list[_Planned], metadata: Callable[[GGUFWriter], None]
+) -> int:
+    writer = GGUFWriter(path, arch)
+    metadata(writer)
     for t in plan:
         # With raw_dtype set, GGUFWriter only looks at the numpy dtype to decide whether the
         # shape is in bytes (uint8); any other dtype keeps our logical shape.
@@ -329,19 +382,28 @@ def _add_hparams(w: GGUFWriter, s: SyntheticSpec) -> None:
     if s.n_expert:
         w.add_expert_count(s.n_expert)
         w.add_expert_used_count(s.n_expert_used)
-    if s.arch != "llama":
+    if s.arch in _MOE_ARCHITECTURES:
         w.add_expert_feed_forward_length(s.expert_ff)
     if s.arch == "qwen2moe":
         w.add_expert_shared_feed_forward_length(s.shared_expert_ff)
+    if s.rope_sections:
+        w.add_rope_dimension_sections(list(s.rope_sections))
 
 
-def _add_tokenizer(w: GGUFWriter, n_vocab: int) -> None:
+def _add_tokenizer(w: GGUFWriter, n_vocab: int, extra_control: Sequence[str] = ()) -> None:
+    """The byte-level BPE vocabulary; ``extra_control`` tokens (a VLM's image markers) take the
+    last ids, as Qwen's added tokens do, so every other id stays what it is without them."""
     tokens, merges = _vocabulary(n_vocab)
     control = len(SPECIAL_TOKENS)
+    if extra_control:
+        if n_vocab - len(extra_control) < MIN_VOCAB:
+            raise ValueError(f"n_vocab must be >= {MIN_VOCAB + len(extra_control)} to hold them")
+        tokens[n_vocab - len(extra_control):] = extra_control
     w.add_tokenizer_model("gpt2")
     w.add_tokenizer_pre("gpt-2")  # the classic GPT-2 split regex; our merges assume it
     w.add_token_list(tokens)
     types = [int(TokenType.CONTROL)] * control + [int(TokenType.NORMAL)] * (n_vocab - control)
+    types[n_vocab - len(extra_control):n_vocab] = [int(TokenType.CONTROL)] * len(extra_control)
     w.add_token_types(types)
     w.add_token_merges([f"{a} {b}" for a, b in merges])
     w.add_bos_token_id(SPECIAL_TOKENS.index(BOS_TOKEN))
@@ -519,7 +581,7 @@ class _NoisePools:
         return blocks
 
     def write(self, f: BinaryIO, t: _Planned) -> None:
-        pool = self.get(t.qtype, 1.0 / float(np.sqrt(t.shape[0])))
+        pool = self.get(t.qtype, t.std)
         granule = GGML_QUANT_SIZES[t.qtype][1]
         pos = int(self.rng.integers(0, len(pool) // granule)) * granule
         remaining = t.n_bytes
@@ -550,6 +612,13 @@ def _write_data(
             done += t.n_bytes
             if progress is not None:
                 progress(done / total)
+
+
+def _leave_data_out(path: Path, plan: list[_Planned], alignment: int) -> None:
+    with path.open("r+b") as f:
+        f.seek(0, os.SEEK_END)
+        end = f.tell() + (-f.tell() % alignment)
+        f.truncate(end + sum(t.n_bytes + (-t.n_bytes % alignment) for t in plan))
 
 
 def _write_tensor(f: BinaryIO, t: _Planned, pools: _NoisePools) -> None:

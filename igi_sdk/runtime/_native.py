@@ -122,6 +122,22 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         log.log(py_level, "%s", _clip(msg.rstrip()))
 
 
+_mtmd_log_routed = False
+
+
+def route_mtmd_log() -> None:
+    """Send llama.cpp's multimodal library (mtmd, clip) to the same sink as llama.cpp's log: it
+    has its own logger, which writes to stderr unless told otherwise. Loads libmtmd; once."""
+    global _mtmd_log_routed
+    with _init_lock:
+        if _mtmd_log_routed:
+            return
+        from llama_cpp import mtmd_cpp  # only processes that use vision load libmtmd
+
+        mtmd_cpp.mtmd_helper_log_set(_on_log, ctypes.c_void_p(0))  # sets mtmd's and clip's too
+        _mtmd_log_routed = True
+
+
 # llama.cpp logs a grammar that fails to parse in full: unclipped, one 91-byte request (a
 # JSON schema that expands) writes a megabyte of log
 _LOG_CLIP = 2000

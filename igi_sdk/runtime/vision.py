@@ -1,0 +1,491 @@
+"""Image input through llama.cpp's multimodal library (mtmd): a typed, thin shell over the
+``llama_cpp.mtmd_cpp`` bindings.
+
+``VisionContext`` opens an mmproj (vision tower + projector) beside a loaded language model with
+explicit options, makes images from PNG/JPEG bytes or raw RGB/RGBA pixels, tokenizes a prompt
+with media markers into chunks (text runs and images) and evaluates them into a llama.cpp
+context's sequence, returning the new ``n_past``. Everything native it creates (the mtmd context,
+bitmaps, chunk lists) is freed by ``close()``, at the latest when the context closes.
+
+What mtmd decides and this module cannot change (see docs: clip.cpp of this build):
+
+* the vision weights live in one buffer of the encoder's backend: VRAM when ``use_gpu`` finds a
+  GPU, host memory otherwise; there is no per-tensor placement (no ``tensor_buft_overrides``);
+* its compute buffer is allocated by a ggml scheduler over [GPU, CPU] on the same backend, sized
+  by the warmup image (``warmup=True``, the model's largest) or by the first image encoded, and
+  grows when a larger image comes;
+* ``flash_attn`` applies to the encoder too; ``auto`` probes the backend when the compute buffer
+  is first reserved.
+
+Like every llama.cpp object it is not thread-safe: the engine thread owns it. The language model
+must outlive it (mtmd keeps the model's vocabulary).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import time
+import weakref
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import llama_cpp
+from llama_cpp import mtmd_cpp
+
+from igi_sdk.errors import (
+    ContextFullError,
+    EngineClosedError,
+    IgiError,
+    InferenceError,
+    ModelFileNotFoundError,
+    ModelLoadError,
+    PromptTooLongError,
+)
+from igi_sdk.runtime import _native
+from igi_sdk.runtime.loader import default_threads
+
+DEFAULT_MARKER = "<__media__>"
+# Bounds on an image before anything decodes it: stb_image would allocate width * height * 3
+# bytes for whatever a header claims. 8192 per side and 32 Mpx cover 4K/8K screenshots.
+MAX_IMAGE_SIDE = 8192
+MAX_IMAGE_PIXELS = 32 << 20
+
+FlashAttn = Literal["auto", "on", "off"]
+_FLASH = {
+    "auto": llama_cpp.LLAMA_FLASH_ATTN_TYPE_AUTO,
+    "on": llama_cpp.LLAMA_FLASH_ATTN_TYPE_ENABLED,
+    "off": llama_cpp.LLAMA_FLASH_ATTN_TYPE_DISABLED,
+}
+_CHUNK_KINDS = {
+    mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_TEXT: "text",
+    mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_IMAGE: "image",
+    mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_AUDIO: "audio",
+}
+_NO_CALLBACK = mtmd_cpp.mtmd_helper_post_decode_callback()  # a NULL function pointer
+_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they carry the size
+_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
+
+
+# --- errors (not wire codes yet: the sidecar protocol has no image requests) ---------------------
+
+
+class VisionLoadError(ModelLoadError):
+    """The mmproj could not be opened for this language model (not a projector, corrupt, or
+    made for a model of another width). On the wire: ``model_load_failed``."""
+
+
+class InvalidImageError(IgiError, ValueError):
+    """Image bytes that are not a PNG/JPEG llama.cpp can decode, or pixels whose size is zero,
+    absurd or does not match the buffer. Nothing was changed."""
+
+    code = "invalid_image"
+
+
+class VisionPromptError(IgiError, ValueError):
+    """A prompt whose media markers do not match the images given with it."""
+
+    code = "invalid_vision_prompt"
+
+
+class VisionClosedError(EngineClosedError):
+    """The vision context (or the image/chunks) was closed."""
+
+
+# --- options -------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class VisionOptions:
+    """How mtmd runs the encoder. Nothing is left to mtmd's defaults (which use the GPU, warm
+    up with the largest image and print timings).
+
+    ``n_threads`` 0 means the runtime's default (the usable cores). ``image_min_tokens`` /
+    ``image_max_tokens`` 0 keep the model's limits (Qwen2.5-VL: 8..4096 tokens per image); the
+    maximum also bounds the encoder's compute buffer.
+    """
+
+    use_gpu: bool = False
+    flash_attn: FlashAttn = "auto"
+    n_threads: int = 0
+    warmup: bool = False
+    image_min_tokens: int = 0
+    image_max_tokens: int = 0
+    media_marker: str = DEFAULT_MARKER
+    print_timings: bool = False
+
+    def __post_init__(self) -> None:
+        if self.flash_attn not in _FLASH:
+            raise ValueError(f"flash_attn must be one of {sorted(_FLASH)}")
+        if min(self.n_threads, self.image_min_tokens, self.image_max_tokens) < 0:
+            raise ValueError("n_threads and image token limits must be >= 0")
+        if self.image_max_tokens and self.image_min_tokens > self.image_max_tokens:
+            raise ValueError("image_min_tokens must be <= image_max_tokens")
+        if not self.media_marker:
+            raise ValueError("media_marker must not be empty")
+
+
+@dataclass(frozen=True)
+class ChunkInfo:
+    """One chunk of a tokenized prompt: ``n_tokens`` KV cells, ``n_pos`` positions (they differ
+    for an image under M-RoPE: a 2-D grid takes max(nx, ny) positions), the grid for images."""
+
+    kind: str
+    n_tokens: int
+    n_pos: int
+    nx: int = 0
+    ny: int = 0
+
+
+@dataclass(frozen=True)
+class EvalResult:
+    n_past: int  # the position after the last evaluated token
+    n_tokens: int  # KV cells written
+    encode_s: tuple[float, ...]  # wall time of each image's encoder pass
+
+
+# --- native handles ------------------------------------------------------------------------------
+
+
+class _Handle:
+    """A native pointer with one owner and one ``free``; later uses raise VisionClosedError."""
+
+    _what = "object"
+
+    def __init__(self, ptr: Any, free: Any) -> None:
+        self._ptr, self._free = ptr, free
+
+    @property
+    def ptr(self) -> Any:
+        if not self._ptr:
+            raise VisionClosedError(f"the {self._what} was closed")
+        return self._ptr
+
+    @property
+    def closed(self) -> bool:
+        return not self._ptr
+
+    def close(self) -> None:
+        ptr, self._ptr = self._ptr, None
+        if ptr:
+            self._free(ptr)
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __del__(self) -> None:  # a safety net only: close() is the deterministic way
+        try:
+            self.close()
+        except Exception:  # noqa: BLE001 - at interpreter exit the bindings may be gone
+            pass
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class Image(_Handle):
+    """An RGB bitmap in mtmd (a copy: the caller's buffer is free once this exists)."""
+
+    _what = "image"
+
+    def __init__(self, ptr: Any) -> None:
+        super().__init__(ptr, mtmd_cpp.mtmd_bitmap_free)
+        self.width = int(mtmd_cpp.mtmd_bitmap_get_nx(ptr))
+        self.height = int(mtmd_cpp.mtmd_bitmap_get_ny(ptr))
+
+
+class Chunks(_Handle):
+    """A tokenized prompt: text runs and preprocessed images (independent of the bitmaps)."""
+
+    _what = "chunks"
+
+    def __init__(self, ptr: Any) -> None:
+        super().__init__(ptr, mtmd_cpp.mtmd_input_chunks_free)
+        self.info: tuple[ChunkInfo, ...] = ()
+
+    def _read_info(self) -> None:
+        self.info = tuple(_chunk_info(self._chunk(i)) for i in range(len(self)))
+
+    def __len__(self) -> int:
+        return int(mtmd_cpp.mtmd_input_chunks_size(self.ptr))
+
+    def _chunk(self, i: int) -> Any:
+        return mtmd_cpp.mtmd_input_chunks_get(self.ptr, i)
+
+    @property
+    def n_tokens(self) -> int:
+        return sum(c.n_tokens for c in self.info)
+
+    @property
+    def n_pos(self) -> int:
+        return sum(c.n_pos for c in self.info)
+
+    @property
+    def image_tokens(self) -> tuple[int, ...]:
+        return tuple(c.n_tokens for c in self.info if c.kind == "image")
+
+
+def _chunk_info(chunk: Any) -> ChunkInfo:
+    kind = _CHUNK_KINDS.get(mtmd_cpp.mtmd_input_chunk_get_type(chunk), "unknown")
+    n_tokens = int(mtmd_cpp.mtmd_input_chunk_get_n_tokens(chunk))
+    n_pos = int(mtmd_cpp.mtmd_input_chunk_get_n_pos(chunk))
+    if kind != "image":
+        return ChunkInfo(kind, n_tokens, n_pos)
+    img = mtmd_cpp.mtmd_input_chunk_get_tokens_image(chunk)
+    nx, ny = mtmd_cpp.mtmd_image_tokens_get_nx(img), mtmd_cpp.mtmd_image_tokens_get_ny(img)
+    return ChunkInfo(kind, n_tokens, n_pos, int(nx), int(ny))
+
+
+# --- the context ---------------------------------------------------------------------------------
+
+
+class VisionContext(_Handle):
+    """mtmd for one language model: ``model`` is a loaded ``llama_model`` pointer that must
+    outlive this context."""
+
+    _what = "vision context"
+
+    def __init__(self, model: Any, mmproj: str | Path, options: VisionOptions | None = None):
+        self.options = options or VisionOptions()
+        self.path = Path(mmproj)
+        if not self.path.is_file():
+            raise ModelFileNotFoundError(f"projector file {self.path} does not exist")
+        if not model:
+            raise VisionLoadError("a vision context needs a loaded language model")
+        _native.route_mtmd_log()
+        self._params = self._context_params()  # its marker string must outlive the init call
+        with _native.capture_log() as lines:
+            ptr = mtmd_cpp.mtmd_init_from_file(str(self.path).encode(), model, self._params)
+        if not ptr:
+            raise VisionLoadError(
+                f"llama.cpp could not open projector {self.path} for this model: "
+                f"{_reason(lines)}"
+            )
+        super().__init__(ptr, mtmd_cpp.mtmd_free)
+        self._children: weakref.WeakSet[_Handle] = weakref.WeakSet()
+        if not mtmd_cpp.mtmd_support_vision(ptr):
+            self.close()
+            raise VisionLoadError(f"projector {self.path} has no vision encoder (audio only?)")
+        self.uses_mrope = bool(mtmd_cpp.mtmd_decode_use_mrope(ptr))
+
+    def _context_params(self) -> Any:
+        o = self.options
+        p = mtmd_cpp.mtmd_context_params_default()
+        p.use_gpu = o.use_gpu
+        p.flash_attn_type = _FLASH[o.flash_attn]
+        p.n_threads = o.n_threads or default_threads()
+        p.warmup = o.warmup
+        p.print_timings = o.print_timings
+        p.image_min_tokens = o.image_min_tokens or -1  # mtmd: <= 0 keeps the model's value
+        p.image_max_tokens = o.image_max_tokens or -1
+        p.media_marker = o.media_marker.encode()
+        return p
+
+    def close(self) -> None:
+        """Free every image and chunk list made here, then the mtmd context. Idempotent."""
+        for child in list(getattr(self, "_children", ())):
+            child.close()
+        super().close()
+
+    def _own(self, handle: Any) -> Any:
+        self._children.add(handle)
+        return handle
+
+    # --- images ----------------------------------------------------------------------------------
+
+    def image_from_bytes(self, data: bytes | bytearray | memoryview) -> Image:
+        """An image from PNG or JPEG file bytes; the size in the header is checked before
+        llama.cpp decodes anything."""
+        raw = bytes(data)
+        width, height = _encoded_size(raw)
+        _check_size(width, height)
+        buf = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)  # read only during the call
+        ptr = mtmd_cpp.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(raw), False)
+        if not ptr:
+            raise InvalidImageError("the image data is corrupt (llama.cpp could not decode it)")
+        image = self._own(Image(ptr))
+        if (image.width, image.height) != (width, height):  # a header that lies
+            image.close()
+            raise InvalidImageError("the image data is corrupt (size differs from its header)")
+        return image
+
+    def image_from_pixels(
+        self, pixels: bytes | bytearray | memoryview, width: int, height: int, channels: int = 3
+    ) -> Image:
+        """An image from raw 8-bit pixels, rows top to bottom: RGB (``channels=3``) or RGBA
+        (``channels=4``, whose alpha is dropped as llama.cpp's own decoder drops it)."""
+        if channels not in (3, 4):
+            raise InvalidImageError(f"channels must be 3 (RGB) or 4 (RGBA), not {channels}")
+        _check_size(width, height)
+        view = memoryview(pixels).cast("B")
+        expected = width * height * channels
+        if view.nbytes != expected:
+            raise InvalidImageError(
+                f"{width}x{height} {('RGB', 'RGBA')[channels - 3]} needs {expected} bytes, "
+                f"got {view.nbytes}"
+            )
+        rgb = _rgb(view, channels)
+        buf = (ctypes.c_uint8 * len(rgb)).from_buffer(rgb)  # mtmd copies it during the call
+        ptr = mtmd_cpp.mtmd_bitmap_init(width, height, buf)
+        if not ptr:
+            raise InvalidImageError(f"llama.cpp refused a {width}x{height} image")
+        return self._own(Image(ptr))
+
+    # --- prompts ---------------------------------------------------------------------------------
+
+    def tokenize(
+        self,
+        prompt: str,
+        images: Sequence[Image] = (),
+        *,
+        add_special: bool = False,
+        parse_special: bool = True,
+    ) -> Chunks:
+        """Split ``prompt`` at its media markers, one per image in order; mtmd adds the model's
+        image delimiters (Qwen: ``<|vision_start|>`` ... ``<|vision_end|>``) itself."""
+        n_markers = prompt.count(self.options.media_marker)
+        if n_markers != len(images):
+            raise VisionPromptError(
+                f"the prompt has {n_markers} media markers ({self.options.media_marker!r}) "
+                f"but {len(images)} images were given"
+            )
+        text = prompt.encode()
+        inp = mtmd_cpp.mtmd_input_text(text, len(text), add_special, parse_special)
+        bitmaps = (mtmd_cpp.mtmd_bitmap_p_ctypes * max(1, len(images)))(
+            *(image.ptr for image in images)
+        )
+        out = mtmd_cpp.mtmd_input_chunks_init()
+        if not out:
+            raise MemoryError("mtmd could not allocate a chunk list")
+        chunks = self._own(Chunks(out))
+        with _native.capture_log() as lines:
+            ret = mtmd_cpp.mtmd_tokenize(self.ptr, out, ctypes.byref(inp), bitmaps, len(images))
+        if ret != 0:
+            chunks.close()
+            reason = _reason(lines)
+            cls = VisionPromptError if "marker" in reason else InvalidImageError
+            raise cls(f"mtmd could not tokenize the prompt (code {ret}): {reason}")
+        chunks._read_info()
+        return chunks
+
+    def eval(
+        self,
+        lctx: Any,
+        chunks: Chunks,
+        n_past: int,
+        *,
+        seq_id: int = 0,
+        n_batch: int | None = None,
+        logits_last: bool = True,
+    ) -> EvalResult:
+        """Evaluate ``chunks`` into ``lctx``'s sequence ``seq_id`` from position ``n_past``.
+
+        Text is decoded in batches of ``n_batch`` (default: the context's), each image is encoded
+        then its embeddings decoded. On a failure the sequence is cut back to ``n_past``, so the
+        context is as it was, and a typed error says why.
+        """
+        n_ctx = int(llama_cpp.llama_n_ctx(lctx))
+        if chunks.n_tokens > n_ctx:
+            raise PromptTooLongError(
+                f"the prompt takes {chunks.n_tokens} tokens, the context holds {n_ctx}"
+            )
+        n_batch = n_batch or int(llama_cpp.llama_n_batch(lctx))
+        pos = llama_cpp.llama_pos(n_past)
+        encode_s: list[float] = []
+        try:
+            for i, info in enumerate(chunks.info):
+                last = logits_last and i == len(chunks.info) - 1
+                chunk = chunks._chunk(i)
+                if info.kind == "text":
+                    ret = mtmd_cpp.mtmd_helper_eval_chunk_single(
+                        self.ptr, lctx, chunk, pos.value, seq_id, n_batch, last, ctypes.byref(pos)
+                    )
+                    _check(ret, "decoding text")
+                    continue
+                t0 = time.perf_counter()
+                _check(mtmd_cpp.mtmd_encode_chunk(self.ptr, chunk), f"encoding an {info.kind}")
+                encode_s.append(time.perf_counter() - t0)
+                embd = mtmd_cpp.mtmd_get_output_embd(self.ptr)
+                ret = mtmd_cpp.mtmd_helper_decode_image_chunk(
+                    self.ptr, lctx, chunk, embd, pos.value, seq_id, n_batch, ctypes.byref(pos),
+                    _NO_CALLBACK, None,
+                )
+                _check(ret, f"decoding an {info.kind}'s embeddings")
+        except BaseException:
+            mem = llama_cpp.llama_get_memory(lctx)
+            llama_cpp.llama_memory_seq_rm(mem, seq_id, n_past, -1)
+            raise
+        return EvalResult(int(pos.value), chunks.n_tokens, tuple(encode_s))
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def _check(ret: int, what: str) -> None:
+    if ret == 0:
+        return
+    if ret == 1:  # llama_decode: no KV slot for the batch
+        raise ContextFullError(f"the context is full ({what})")
+    raise InferenceError(f"llama.cpp failed {what} (code {ret})")
+
+
+def _check_size(width: int, height: int) -> None:
+    if not (isinstance(width, int) and isinstance(height, int)):
+        raise InvalidImageError("width and height must be integers")
+    if width <= 0 or height <= 0:
+        raise InvalidImageError(f"an image of {width}x{height} pixels has nothing in it")
+    if max(width, height) > MAX_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
+        raise InvalidImageError(
+            f"a {width}x{height} image is larger than the {MAX_IMAGE_SIDE}-pixel sides and "
+            f"{MAX_IMAGE_PIXELS >> 20} Mpx accepted: scale it down first"
+        )
+
+
+def _encoded_size(data: bytes) -> tuple[int, int]:
+    """(width, height) from a PNG's IHDR or a JPEG's start-of-frame, without decoding."""
+    if data.startswith(_PNG_MAGIC):
+        if len(data) < 24 or data[12:16] != b"IHDR":
+            raise InvalidImageError("the PNG data is corrupt (no IHDR header)")
+        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
+    if data.startswith(b"\xff\xd8"):
+        return _jpeg_size(data)
+    raise InvalidImageError("the image is neither PNG nor JPEG")
+
+
+def _jpeg_size(data: bytes) -> tuple[int, int]:
+    i = 2
+    while i + 4 <= len(data):
+        if data[i] != 0xFF:
+            break
+        marker = data[i + 1]
+        if marker == 0xFF:  # fill byte
+            i += 1
+            continue
+        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
+            i += 2
+            continue
+        length = int.from_bytes(data[i + 2 : i + 4], "big")
+        if marker in _JPEG_SOF and i + 9 <= len(data):
+            height = int.from_bytes(data[i + 5 : i + 7], "big")
+            return int.from_bytes(data[i + 7 : i + 9], "big"), height
+        if length < 2:
+            break
+        i += 2 + length
+    raise InvalidImageError("the JPEG data is corrupt (no frame header)")
+
+
+def _rgb(view: memoryview, channels: int) -> bytearray:
+    if channels == 3:
+        return bytearray(view)
+    rgba = bytes(view)
+    out = bytearray(len(rgba) // 4 * 3)
+    for c in range(3):  # strided copies: C speed, no numpy round trip
+        out[c::3] = rgba[c::4]
+    return out
+
+
+def _reason(lines: list[str]) -> str:
+    errs = [ln.strip() for ln in lines if "error" in ln.lower() or "failed" in ln.lower()]
+    return errs[-1] if errs else "see the log for details"
