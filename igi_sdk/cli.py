@@ -472,6 +472,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         from igi_sdk.model import default_model_path
 
         default = default_model_path()
+        if model:  # a model of the embedded model's directory: checked before listening too
+            _check_model_dir(default.parent, model)
         model_dir, model = default.parent, model or default.name
         if not args.save_dir:  # never write saved sessions into the installed package
             import os

@@ -123,6 +123,13 @@ def test_serve_refuses_a_missing_model_before_listening(tmp_path) -> None:
     assert r.returncode == 2 and "model_not_found" in r.stderr and "listening" not in r.stderr
 
 
+def test_serve_refuses_a_missing_model_in_the_default_directory(tmp_path) -> None:
+    r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--model", "npc.gguf")
+    assert r.returncode == 2
+    assert "model_not_found" in r.stderr and "npc.gguf" in r.stderr, r.stderr
+    assert "listening" not in r.stderr and "[internal]" not in r.stderr
+
+
 def test_serve_refuses_a_game_pid_that_is_not_running(tiny_llama, tmp_path) -> None:
     models = _tiny_models_dir(tiny_llama, tmp_path)
     gone = subprocess.Popen(["true"])
