@@ -180,3 +180,34 @@ def test_long_llama_cpp_log_lines_are_clipped() -> None:
     line = "x" * 1_000_000
     assert len(_clip(line)) < 3000
     assert _clip("short") == "short"
+
+
+def test_hostile_schemas_get_invalid_grammar_and_the_sidecar_keeps_serving(tiny_dir,
+                                                                            tmp_path) -> None:
+    endpoint = f"ipc://{tmp_path / 'schema.sock'}"
+    proc = start_sidecar(tiny_dir, endpoint, "--model", "tiny.gguf", "--no-arbiter")
+    try:
+        Client(endpoint, timeout=60).wait_ready(60)
+        s = _raw(endpoint)
+        s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION}))
+        _next(s)
+        s.send(P.encode(2, "open_session", {"system_prompt": "npc"}))
+        sid = _next(s)[2]["session"]
+        deep: dict = {"type": "string"}
+        for _ in range(1_000):
+            deep = {"type": "array", "items": deep}
+        hostile = [{"type": "string", "maxLength": 20_000},
+                   {"type": "string", "pattern": "^a{0,20000}$"}, deep]
+        for i, schema in enumerate(hostile, start=10):
+            s.send(P.encode(i, "chat", {"session": sid, "text": "hi", "max_tokens": 2,
+                                        "json_schema": schema}))
+            rid, rtype, body = _next(s)
+            assert (rid, rtype, body["code"]) == (i, "error", "invalid_grammar"), body
+        s.send(P.encode(20, "chat", {"session": sid, "text": "hi", "max_tokens": 2}))
+        while (reply := _next(s))[1] not in ("done", "error"):
+            pass
+        assert reply[:2] == (20, "done"), reply
+        assert proc.poll() is None
+        s.close(0)
+    finally:
+        stop(proc)
