@@ -7,13 +7,14 @@ with media markers into chunks (text runs and images) and evaluates them into a 
 context's sequence, returning the new ``n_past``. Everything native it creates (the mtmd context,
 bitmaps, chunk lists) is freed by ``close()``, at the latest when the context closes.
 
-What mtmd decides and this module cannot change (see docs: clip.cpp of this build):
+What mtmd decides and this module cannot change (tools/mtmd/clip.cpp of this build; see
+docs/architecture.md, "Image input"):
 
 * the vision weights live in one buffer of the encoder's backend: VRAM when ``use_gpu`` finds a
   GPU, host memory otherwise; there is no per-tensor placement (no ``tensor_buft_overrides``);
-* its compute buffer is allocated by a ggml scheduler over [GPU, CPU] on the same backend, sized
-  by the warmup image (``warmup=True``, the model's largest) or by the first image encoded, and
-  grows when a larger image comes;
+* its compute buffer lives on that backend, sized by the warmup image (``warmup=True``: for
+  Qwen2.5-VL 1288x1288 whatever ``image_max_tokens`` says, hundreds of MiB) or by the first
+  image encoded, and grows when a larger image comes; hence no warmup by default;
 * ``flash_attn`` applies to the encoder too; ``auto`` probes the backend when the compute buffer
   is first reserved.
 
