@@ -444,3 +444,61 @@ def test_the_protocol_server_speaks_the_protocol_only() -> None:
     model_side = [m for m in loaded if m == "llama_cpp" or m.split(".")[1] in
                   ("runtime", "planner", "arbiter", "sidecar", "tuning", "model", "profile")]
     assert not model_side, model_side
+
+
+def test_a_reservation_sent_while_a_model_loads_goes_to_the_new_arbiter(
+        small_model, tmp_path, monkeypatch) -> None:
+    """A reservation that arrives while load_model replaces the model is neither granted by
+    nobody nor refused by the half-built host: the new arbiter takes it, grants it once the VRAM
+    is free, and keeps it out of its budget (it does not grow into the memory it promised)."""
+    import json
+
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.sidecar.host import HostConfig, ModelHost
+
+    path, _ = small_model
+    (tmp_path / "profile.json").write_text(GPU_PROFILE.model_dump_json())
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"total": 64 * 1024 * MIB, "points": [{"t": 0.0, "game": 0}]}))
+    host = ModelHost(HostConfig(n_threads=2, vram_trace=trace, profile=tmp_path / "profile.json"))
+    request = P.LoadModel(path=path.name, n_ctx=1024, max_sessions=2)
+    ends: list[object] = []
+    want = 512 * MIB
+    real_open = host._open
+
+    def open_after_a_reservation(*a, **kw):  # the game asks while the new model loads
+        host.reserve_vram(P.ReserveVram(bytes=want, deadline_frames=2), ends.append)
+        return real_open(*a, **kw)
+
+    try:
+        host.load_model(path, request)
+        host._open = open_after_a_reservation  # type: ignore[method-assign]
+        host.load_model(path, request)
+        assert host.arbiter is not None
+        assert ends == [] or ends == [None]
+        deadline = time.monotonic() + 10
+        while not ends and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert ends == [None]  # granted, by the new arbiter
+        assert [r.nbytes for r in host.arbiter.policy.reservations] == [want]
+        # a load that outlasts the reservation's time limit: it ends then, not with the load
+        import igi_sdk.sidecar.host as host_module
+
+        real_config = host_module.PolicyConfig
+        monkeypatch.setattr(host_module, "PolicyConfig", lambda **kw: real_config(
+            **{"reservation_timeout_s": 0.2, **kw}))
+        ends.clear()
+
+        def slow_open(*a, **kw):
+            host.reserve_vram(P.ReserveVram(bytes=want, deadline_frames=2), ends.append)
+            time.sleep(1.0)
+            ended_during_load.extend(ends)
+            return real_open(*a, **kw)
+
+        ended_during_load: list[object] = []
+        host._open = slow_open  # type: ignore[method-assign]
+        host.load_model(path, request)
+        assert [getattr(e, "code", e) for e in ended_during_load] == ["deadline_missed"]
+        assert len(ends) == 1
+    finally:
+        host.close()

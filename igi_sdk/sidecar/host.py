@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
@@ -33,6 +34,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
     CannotFreeError,
+    DeadlineMissedError,
     EngineClosedError,
     EngineUnavailableError,
     IgiError,
@@ -84,6 +86,10 @@ class ModelHost:
         self.pacing = ClientPacing()
         self._name: str | None = None
         self._load_lock = threading.Lock()
+        # reservations that arrive while a model loads wait for the arbiter that comes with it
+        self._reserve_lock = threading.Lock()
+        self._loading = False
+        self._arriving: list[tuple[Reservation, ArbiterDone]] = []
 
     @property
     def model_name(self) -> str | None:
@@ -94,6 +100,8 @@ class ModelHost:
     def load_model(self, path: Path, request: P.LoadModel,
                    draft: Path | None = None) -> dict[str, Any]:
         with self._load_lock:
+            with self._reserve_lock:
+                self._loading = True
             waiting = self._stop_arbiter()
             old, self.engine, self._name = self.engine, None, None
             if old is not None:  # a new model: the old sessions cannot follow it
@@ -101,8 +109,10 @@ class ModelHost:
             try:
                 self._open(path, request, draft or self.cfg.draft_model)
             except BaseException:
-                _end_all(waiting, EngineUnavailableError("the model failed to load"))
+                _end_all(waiting + self._loaded(), EngineUnavailableError(
+                    "the model failed to load"))
                 raise
+            waiting += self._loaded()
             if self.arbiter is not None:
                 self.arbiter.adopt(waiting)
             else:
@@ -110,6 +120,14 @@ class ModelHost:
                     self._settle_without_arbiter(lambda err, r=res, d=done: d(r, err))
             assert self.engine is not None
             return {"model": path.name, "memory": self.engine.memory()}
+
+    def _loaded(self) -> list[tuple[Reservation, ArbiterDone]]:
+        """The load has ended: the reservations that arrived meanwhile (later ones go to the
+        arbiter, or end at once, as usual)."""
+        with self._reserve_lock:
+            self._loading = False
+            arrived, self._arriving = self._arriving, []
+        return arrived
 
     def _open(self, path: Path, request: P.LoadModel, draft: Path | None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
@@ -261,11 +279,31 @@ class ModelHost:
                          request.frame_time_ms, request.target_frame_time_ms)
 
     def reserve_vram(self, request: P.ReserveVram, done: ReservationDone) -> None:
+        with self._reserve_lock:
+            if self._loading:  # for the arbiter of the model being loaded, with its time limit
+                timeout = PolicyConfig().reservation_timeout_s
+                entry: tuple[Reservation, ArbiterDone] = (Reservation(
+                    request.bytes, request.deadline_frames, 0, 0,
+                    expires_at=time.monotonic() + timeout), lambda _res, err: done(err))
+                self._arriving.append(entry)
+                timer = threading.Timer(timeout, self._expire_arriving, (entry,))
+                timer.daemon = True
+                timer.start()
+                return
         arb = self.arbiter
         if arb is not None:
             arb.reserve(request.bytes, request.deadline_frames, lambda _res, err: done(err))
             return
         self._settle_without_arbiter(done)
+
+    def _expire_arriving(self, entry: tuple[Reservation, ArbiterDone]) -> None:
+        """The load outlasted the reservation's time limit: it ends as any late one does."""
+        with self._reserve_lock:
+            if entry not in self._arriving:
+                return  # handed on when the load ended
+            self._arriving.remove(entry)
+        _end_all([entry], DeadlineMissedError(
+            f"{entry[0].nbytes >> 20} MiB were not free in time (a model was loading); ask again"))
 
     def _settle_without_arbiter(self, done: Callable[[Exception | None], None]) -> None:
         eng = self.engine
