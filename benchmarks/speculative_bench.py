@@ -5,15 +5,22 @@
 
 Random-weight models agree on nothing, so a real acceptance rate cannot be shown with them.
 What is measured instead is the mechanism at a chosen rate: the draft model runs for real (its
-decodes cost what they cost), and each of its proposals is then replaced by the target's greedy
-token with probability α, else by a token the target does not pick. The target's greedy
-tokens are read from an undrafted reply on the same engine first, and greedy verification keeps
-the output identical, so the reference stays valid for every run. Rows:
+decodes cost what they cost), the target verifies its k drafts in one batch for real and picks
+its own token at each position, and then the verdict is forced: draft ``i`` is kept with
+probability α (given the ones before it were), else the target's pick replaces it. Every cost is
+the real one (draft decodes, the k+1-token verify, cache trims); only the text differs from the
+target's own greedy reply, since kept drafts are the draft's tokens. (Forcing the draft's
+proposals to match a recorded greedy reply instead breaks on a GPU: a k+1-token verify rounds
+differently from a 1-token decode, random weights give near-ties everywhere, and one flipped
+token misaligns the reference for the rest of the reply.) Rows:
 
 * ``plain-whole-budget``: no draft, the planner's best plan for the whole budget;
 * ``plain-draft-plan``: no draft, the smaller target plan that leaves room for the draft;
-* ``alpha=…``: that plan with the draft, at each forced acceptance rate (the runtime's own
-  acceptance tracking stays on: where drafting loses, it turns itself off, as in a game).
+* ``draft-as-is``: that plan with the (unrelated) draft and the runtime's acceptance tracking on,
+  as in a game: drafting that loses turns itself off;
+* ``alpha=…``: that plan with the draft at each forced acceptance rate, drafting every step
+  (tracking off: the mechanism itself). ``kept_share`` = kept / drafted, ``tokens_per_pass`` =
+  tokens per verify pass (E(α, k) = (1 - α^(k+1)) / (1 - α) expected).
 
 A turn is a ``--prompt-tokens`` prompt (a padded system prompt, so decoding runs at the same depth
 as ``upstream_peers.py``'s ``-d``) and ``--gen`` tokens; ``turn_s`` = TTFT + gen / decode tok/s,
@@ -27,6 +34,7 @@ import json
 import random
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -36,7 +44,6 @@ from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan, Workload, speculative
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
-from igi_sdk.runtime import speculative as runtime_speculative
 from igi_sdk.runtime.speculative import SpeculativeConfig
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
@@ -57,8 +64,6 @@ def _reply(eng: Engine, gen: int, system: str = SYSTEM) -> dict[str, Any]:
     before = dict(eng.status()["speculative"]) if eng.config.draft_model else {}
     r = eng.chat(sid, LINE, max_tokens=gen, ignore_eos=True).result(timeout=600)
     spec = eng.status()["speculative"] if eng.config.draft_model else {}
-    s = eng._sessions[sid]  # the whole token sequence, for the forced-acceptance reference
-    tokens = [*s.tokens, *s.pending]
     eng.close_session(sid)
     decode_s = max(r.total_s - r.ttft_s, 1e-9)
     tps = (r.completion_tokens - 1) / decode_s
@@ -68,37 +73,40 @@ def _reply(eng: Engine, gen: int, system: str = SYSTEM) -> dict[str, Any]:
     if spec:
         drafted = spec["drafted"] - before.get("drafted", 0)
         accepted = spec["accepted"] - before.get("accepted", 0)
-        row.update(drafted=drafted, accepted=accepted,
-                   measured_alpha=round(accepted / drafted, 3) if drafted else None)
-    return {"row": row, "tokens": tokens}
+        passes = spec["steps"] - before.get("steps", 0)
+        row.update(drafted=drafted, accepted=accepted, verify_passes=passes,
+                   kept_share=round(accepted / drafted, 3) if drafted else None,
+                   tokens_per_pass=round((accepted + passes) / passes, 3) if passes else None,
+                   step_s=spec["step_s"])
+    return {"row": row}
 
 
 class _ForcedAcceptance:
-    """Replaces each draft proposal by the reference token with probability ``alpha``."""
+    """Forces greedy verification's verdict: draft ``i`` is kept with probability ``alpha``."""
 
-    def __init__(self, reference: list[int], n_vocab: int, seed: int = 0) -> None:
-        self.reference, self.n_vocab = reference, n_vocab
+    def __init__(self, n_vocab: int, seed: int = 0) -> None:
+        self.n_vocab = n_vocab
         self.alpha = 0.0
         self.rng = random.Random(seed)
-        self._original = runtime_speculative.Drafter._pick
+        self._original = Engine._verify_pick
 
     def __enter__(self) -> _ForcedAcceptance:
         forced = self
 
-        def pick(drafter: Any, r: Any, chain: Any, idx: int, into: Any) -> None:
-            forced._original(drafter, r, chain, idx, into)  # the draft's real cost
-            pos = len(r.context) + len(into.tokens) - 1  # the token this proposal predicts
-            if pos >= len(forced.reference):
-                return
-            truth = forced.reference[pos]
-            hit = forced.rng.random() < forced.alpha
-            into.tokens[-1] = truth if hit else (truth + 1) % forced.n_vocab
+        def verify_pick(eng: Engine, t: Any, idx: int, proposal: Any, i: int) -> tuple[int, bool]:
+            tok, _ = forced._original(eng, t, idx, proposal, i)  # the target's real pick
+            if i >= len(proposal.tokens):
+                return tok, False  # the bonus token after k kept drafts
+            drafted = proposal.tokens[i]
+            if forced.rng.random() < forced.alpha:
+                return drafted, True
+            return (tok if tok != drafted else (tok + 1) % forced.n_vocab), False
 
-        runtime_speculative.Drafter._pick = pick  # type: ignore[method-assign]
+        Engine._verify_pick = verify_pick  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        runtime_speculative.Drafter._pick = self._original  # type: ignore[method-assign]
+        Engine._verify_pick = self._original  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -155,16 +163,14 @@ def main(argv: list[str] | None = None) -> int:
     with Engine(args.target, spec_plan, spec_cfg) as eng:
         out["draft_memory"] = eng.status()["speculative"]["draft_memory"]
         system = _system_prompt(eng, args.prompt_tokens)
-        # the unrelated draft: the target's greedy reply
-        reference = _reply(eng, args.gen, system)
-        emit("draft-as-is", reference["row"])
-        with _ForcedAcceptance(reference["tokens"], inv.arch.n_vocab) as forced:
+        emit("draft-as-is", _reply(eng, args.gen, system)["row"])  # an unrelated draft
+    forced_cfg = replace(spec_cfg, speculative=SpeculativeConfig(k=args.k, adaptive=False))
+    with Engine(args.target, spec_plan, forced_cfg) as eng:
+        with _ForcedAcceptance(inv.arch.n_vocab) as forced:
             for alpha in (float(a) for a in args.alphas.split(",")):
                 forced.alpha = alpha
-                got = _reply(eng, args.gen, system)
-                emit(f"alpha={alpha:.2f}", {**got["row"],
-                                            "same_reply": got["tokens"] == reference["tokens"]})
-    out["speculative_peak"] = peak_row(peak)
+                emit(f"alpha={alpha:.2f}", _reply(eng, args.gen, system)["row"])
+    out["speculative_peak"] = peak_row(peak)  # both engines with the draft
     print(f"speculative engine peak {json.dumps(out['speculative_peak'])}", flush=True)
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if args.json:
