@@ -23,8 +23,9 @@ def setup(tmp_path_factory):
     spec = spec_with("tiny-llama", n_layers=4, n_embd=256, n_ff=1024)
     path = write_synthetic_gguf(d / "m.gguf", spec)
     (d / "profile.json").write_text(GPU_PROFILE.model_dump_json())
-    # the sidecar builds the same ladder (same inventory, profile, workload for n_ctx 2048)
-    wl = arbiter_workload(2048)
+    # the sidecar builds the same ladder (same inventory, profile, workload for n_ctx 2048 and
+    # a logits row for each of its default 8 sessions)
+    wl = arbiter_workload(2048, 8)
     ladder = PlanLadder.build(read_inventory(path), GPU_PROFILE, wl)
     return d, ladder
 

@@ -14,10 +14,12 @@ from igi_sdk.profile import Profile
 MIB = 1024 * 1024
 
 
-def arbiter_workload(n_ctx: int) -> Workload:
-    """What the sidecar's ladder plans for: an NPC turn in a context of ``n_ctx``. Host weights
-    stay memory-mapped, since the arbiter reloads the model at every reshard."""
-    return Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)), pin_host=False)
+def arbiter_workload(n_ctx: int, outputs: int | None = None) -> Workload:
+    """What the sidecar's ladder plans for: an NPC turn in a context of ``n_ctx`` (``outputs``:
+    logits rows per decode step). Host weights stay memory-mapped, since the arbiter reloads the
+    model at every reshard."""
+    return Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)), pin_host=False,
+                    n_outputs=outputs)
 
 
 @dataclass(frozen=True)

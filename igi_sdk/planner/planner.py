@@ -83,12 +83,22 @@ class Workload:
     # off by default, since on an H100 at 2 GB it decoded 6.6 tok/s against attn-first's 9.2,
     # one run each (predicted 12.9 vs 11.9; docs/planner.md, "Output head first").
     output_first: bool = False
+    # Logits rows one decode step asks for (the runtime's n_outputs_max): one per session, more
+    # where a draft's tokens are verified. None: n_seqs.
+    n_outputs: int | None = None
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
             raise ValueError(f"invalid workload {self}")
+        if self.n_outputs is not None and self.n_outputs < 1:
+            raise ValueError(f"invalid workload {self}: n_outputs must be at least 1")
         if self.copy_min_batch is not None and self.copy_min_batch < 1:
             raise ValueError(f"invalid workload {self}: copy_min_batch must be at least 1")
+
+    @property
+    def outputs(self) -> int:
+        """Logits rows of one decode step."""
+        return max(self.n_outputs or 0, self.n_seqs)
 
 
 @dataclass
@@ -128,22 +138,46 @@ class PlanResult:
 def compute_buffer_estimate(inv: ModelInventory, plan: Plan, wl: Workload) -> int:
     """llama.cpp's GPU compute buffer for a plan (checked against a dry-run load at run time).
 
-    Activations of one ubatch (~12 rows of n_embd and 3 of the FFN width, f32), the attention
-    score matrix when flash attention is off, and with copy-compute a staging copy of the
-    largest CPU-resident weight."""
+    Activations of one ubatch, the logits rows when the output head runs on the GPU, and with
+    copy-compute a staging copy of the largest CPU-resident weight that is offloaded. The output
+    head's matmul has ``wl.outputs`` rows (the runtime sets llama.cpp's n_outputs_max to that),
+    so a CPU-resident head is offloaded, and staged, only when that many rows reach the
+    copy-compute threshold."""
+    gpu = plan.gpu_set
+    head = [t for t in inv.tensors if t.group == "output"]
+    head_on_gpu = bool(head) and all(t.name in gpu for t in head)
+    offloaded = _head_offloaded(plan, wl, head_on_gpu)
+    staging = max((t.n_bytes for t in inv.tensors if t.name not in gpu and _staged(t, offloaded)),
+                  default=0) if plan.op_offload else 0
+    return _activation_bytes(inv, plan, wl) + _logits_bytes(inv, plan, wl, head_on_gpu) + staging
+
+
+def _activation_bytes(inv: ModelInventory, plan: Plan, wl: Workload) -> int:
+    """One ubatch's activations (~12 rows of n_embd and 3 of the FFN width, f32), and the
+    attention score matrix when flash attention is off."""
     a = inv.arch
     ffw = max(a.n_ff, a.expert_ff * max(1, a.n_expert_used), a.shared_expert_ff)
-    ub = plan.n_ubatch
-    act = ub * (12 * a.n_embd + 3 * ffw) * 4
+    act = plan.n_ubatch * (12 * a.n_embd + 3 * ffw) * 4
     if plan.flash_attn == "off":
-        act += a.n_head * ub * wl.n_ctx * 4
-    staging = 0
-    if plan.op_offload:
-        gpu = plan.gpu_set
-        cpu_sizes = [t.n_bytes for t in inv.tensors if t.name not in gpu
-                     and t.group != "token_embd"]
-        staging = max(cpu_sizes, default=0)
-    return act + staging
+        act += a.n_head * plan.n_ubatch * wl.n_ctx * 4
+    return act
+
+
+def _head_offloaded(plan: Plan, wl: Workload, head_on_gpu: bool) -> bool:
+    """Whether a CPU-resident output head is streamed to the GPU for the reserved graph."""
+    rows = min(plan.n_ubatch, wl.outputs)
+    return plan.op_offload and not head_on_gpu and rows >= plan.copy_compute_min_batch
+
+
+def _logits_bytes(inv: ModelInventory, plan: Plan, wl: Workload, head_on_gpu: bool) -> int:
+    if head_on_gpu or _head_offloaded(plan, wl, head_on_gpu):
+        return min(plan.n_ubatch, wl.outputs) * inv.arch.n_vocab * 4
+    return 0
+
+
+def _staged(t: TensorInfo, head_offloaded: bool) -> bool:
+    """Whether a CPU-resident weight can be streamed (the token embedding is read by row)."""
+    return t.group != "token_embd" and (t.group != "output" or head_offloaded)
 
 
 def vram_by_category(
@@ -281,21 +315,24 @@ def _best_prefix(
                    for st, cp in zip(schedule, copy, strict=True))
         return splits * prof.split_latency_s * split_weight + over
 
-    # VRAM of each prefix: weights and KV grow, the copy-compute staging buffer is the largest
-    # weight still on the CPU (a suffix maximum)
+    # VRAM of each prefix (compute_buffer_estimate's terms from running sums): weights and KV
+    # grow, the copy-compute staging buffer is the largest weight still on the CPU (a suffix
+    # maximum), the logits rows appear once the output head is in VRAM
+    offloaded = _head_offloaded(base, wl, False)
     staging_suffix = [0] * (len(items) + 1)
     for k in range(len(items) - 1, -1, -1):
-        staging_suffix[k] = max(staging_suffix[k + 1], max(t.n_bytes for t in items[k][0]))
-    a = inv.arch
-    ffw = max(a.n_ff, a.expert_ff * max(1, a.n_expert_used), a.shared_expert_ff)
-    act = base.n_ubatch * (12 * a.n_embd + 3 * ffw) * 4
-    if base.flash_attn == "off":
-        act += a.n_head * base.n_ubatch * wl.n_ctx * 4
+        staging_suffix[k] = max(staging_suffix[k + 1],
+                                max((t.n_bytes for t in items[k][0] if _staged(t, offloaded)),
+                                    default=0))
+    head_in = next((k for k, (tensors, _) in enumerate(items, start=1)
+                    if any(t.group == "output" for t in tensors)), None)
+    act = _activation_bytes(inv, base, wl)
     kv_layer = inv.kv_bytes(wl.n_ctx, base.type_k, base.type_v, swa_full=True) // max(1, n)
 
     def vram(weights: int, kv_layers: int, k: int) -> int:
         staging = staging_suffix[k] if base.op_offload else 0
-        compute = int((act + staging) * wl.compute_scale)
+        logits = _logits_bytes(inv, base, wl, head_in is not None and k >= head_in)
+        compute = int((act + logits + staging) * wl.compute_scale)
         margin = _MARGIN_BYTES + int(_MARGIN_FRACTION * compute)
         return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
 
@@ -350,7 +387,7 @@ def _attn_first(
                 n_ubatch=ubatch, op_offload=copy, pinned_host=pinned, gpu_layers=0)
     base = _with_kv(base, kv)
     if copy:
-        threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned)
+        threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned, wl.outputs + 1)
         base = base.model_copy(update={"copy_compute_min_batch": threshold})
     if output_first:
         base = base.model_copy(update={"name": base.name.replace("attn-first", "output-first")})
@@ -366,11 +403,19 @@ def _fixed_threshold(plan: Plan, wl: Workload) -> Plan:
     return plan.model_copy(update={"copy_compute_min_batch": wl.copy_min_batch})
 
 
-def copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> int:
+def copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True,
+                   at_least: int = 1) -> int:
     """Smallest batch from which streaming CPU-resident weights to the GPU beats computing them
-    on the CPU (the token tier split). Judged on the whole model, so it does not depend on the
-    budget."""
-    for tokens in (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048):
+    on the CPU (the token tier split), and at least ``at_least``. Judged on the whole model, so
+    it does not depend on the budget.
+
+    Callers pass one more than the logits rows of a decode step (``Workload.outputs``): below
+    that, a CPU-resident output head is never offloaded, so llama.cpp reserves no staging copy
+    of it (for an 8B model with a 128K vocabulary, 290 MiB of VRAM held for the rare step that
+    decodes that many sessions at once) and those steps read it on the CPU, which for a few
+    rows costs about what streaming it would."""
+    tiers = (2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2048)
+    for tokens in sorted({max(2, at_least), *(t for t in tiers if t > at_least)}):
         streamed = computed = 0.0
         for t in inv.tensors:
             g, _, x = tensor_seconds(t, inv, prof, tokens, on_gpu=False, copy_compute=True,
@@ -380,7 +425,7 @@ def copy_threshold(inv: ModelInventory, prof: Profile, pinned: bool = True) -> i
                                        pinned=pinned)[1]
         if streamed < computed:
             return tokens
-    return 4096
+    return max(4096, at_least)
 
 
 def _layer_offload(

@@ -15,7 +15,7 @@ weights no longer get: :func:`choose` prices both sides with the planner's own c
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner.cost import ubatch_cost
@@ -151,7 +151,9 @@ def choose(target: ModelInventory, draft: ModelInventory, prof: Profile, budget:
                            plain, None, dv, plain_total,
                            f"the draft's {dv.total >> 20} MiB leave the target less than its "
                            "minimum budget")
-    spec = plan_for(target, prof, left, wl).best if on_gpu else plain
+    # the verify step asks for k + 1 logits rows per session: its output head is sized for them
+    verify_wl = replace(wl, n_outputs=wl.n_seqs * (k + 1))
+    spec = plan_for(target, prof, left, verify_wl).best if on_gpu else plain
     sec = step_seconds(target, spec, draft, prof, ctx, k)
     spec_tps = speculative_tps(alpha, k, verify_s=sec.verify_s, draft_s=sec.draft_s)
     use = spec_tps > plain_tps

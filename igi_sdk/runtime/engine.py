@@ -99,6 +99,12 @@ class EngineConfig:
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
 
+    @property
+    def outputs_per_step(self) -> int:
+        """Logits rows one step may ask for: one per session, plus the drafts it verifies
+        (the planner's ``Workload.n_outputs``)."""
+        return self.max_sessions * (1 + (self.speculative.k if self.draft_model else 0))
+
 
 class Engine:
     """A loaded model with sessions. Every public method is thread-safe."""
@@ -125,6 +131,7 @@ class Engine:
         self._loaded: loader.Loaded | None = None
         self._batch: Any = None
         self._batch_cap = 0
+        self._outputs_cap = 0
         self._ctx: Any = None
         self._mem: Any = None
         self._vocab: Vocab | None = None
@@ -545,7 +552,8 @@ class Engine:
 
     def _load(self, plan: Plan) -> None:
         settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
-                                   self.config.n_batch, self.config.n_threads)
+                                   self.config.n_batch, self.config.n_threads,
+                                   n_outputs=self.config.outputs_per_step)
         loaded = loader.load(self.model_path, self.inventory, plan, settings,
                              progress=self._progress)
         try:
@@ -560,6 +568,7 @@ class Engine:
         self._loaded, self._model, self._ctx = loaded, loaded.model, loaded.ctx
         self.report, self.gpu, self.plan = loaded.report, loaded.gpu, plan
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
+        self._outputs_cap = settings.outputs_max
         self._token_s = None  # a new placement: measure its prompt speed again
 
     def _load_draft(self, path: str | Path) -> None:
@@ -822,11 +831,13 @@ class Engine:
         batch = self._batch
         n = batch.n_tokens
         room = self._batch_cap - n
+        # logits rows: llama.cpp aborts past the context's n_outputs_max
+        rows = min(room, self._outputs_cap - sum(1 for _, _, idx in fed if idx >= 0))
         for t, take, idx in fed:
             proposal = drafts.get(t.session.seq)
             if proposal is None:
                 continue
-            keep = min(len(proposal.tokens), room) if take == 1 and idx >= 0 else 0
+            keep = min(len(proposal.tokens), rows) if take == 1 and idx >= 0 else 0
             if keep == 0:
                 del drafts[t.session.seq]
                 continue
@@ -836,7 +847,7 @@ class Engine:
             for i, tok in enumerate(proposal.tokens):
                 put_token(batch, n + i, tok, pos0 + i, seq, True)
             n += keep
-            room -= keep
+            rows -= keep
         batch.n_tokens = n
 
     def _sample(self, t: Turn, idx: int) -> None:

@@ -87,6 +87,16 @@ class ContextSettings:
     n_seq_max: int
     n_batch: int
     n_threads: int
+    # Logits rows one llama_decode may ask for (0: one per sequence). llama.cpp sizes its
+    # compute buffers for this many output rows; left at its default (n_batch) it reserves the
+    # output head's matmul for a whole ubatch, which with op offload stages the CPU-resident
+    # head (and ubatch x n_vocab logits) in VRAM although a prompt only needs its last row.
+    # A batch asking for more rows than this aborts in llama.cpp: callers must stay below it.
+    n_outputs: int = 0
+
+    @property
+    def outputs_max(self) -> int:
+        return max(self.n_outputs, self.n_seq_max)
 
 
 @dataclass
@@ -185,6 +195,7 @@ def context_params(plan: Plan, s: ContextSettings, gpu: Device | None) -> Any:
     cparams.n_batch = max(s.n_batch, plan.n_ubatch)
     cparams.n_ubatch = plan.n_ubatch
     cparams.n_seq_max = s.n_seq_max
+    cparams.n_outputs_max = s.outputs_max
     cparams.kv_unified = True  # sessions share the cells: an idle NPC holds no reserved KV
     cparams.n_threads = s.n_threads or default_threads()
     cparams.n_threads_batch = cparams.n_threads

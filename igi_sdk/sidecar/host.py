@@ -136,7 +136,8 @@ class ModelHost:
                            draft_model=str(draft) if draft else None,
                            speculative=SpeculativeConfig(k=self.cfg.draft_k))
         inventory = read_inventory(path)
-        setup = self._arbiter_setup(inventory, request) if request.vram_budget is None else None
+        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step)
+                 if request.vram_budget is None else None)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
             ladder = setup[0]
             plan = ladder.cpu.plan
@@ -144,7 +145,8 @@ class ModelHost:
             prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
             plan = plan_for_model(path, inventory, budget=request.vram_budget,
                                   n_ctx=request.n_ctx, max_sessions=request.max_sessions,
-                                  n_threads=self.cfg.n_threads, profile=prof).best
+                                  n_threads=self.cfg.n_threads, profile=prof,
+                                  outputs=cfg.outputs_per_step).best
         else:
             plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg)
@@ -152,9 +154,10 @@ class ModelHost:
         if setup is not None:
             self._start_arbiter(setup[0], setup[1])
 
-    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel
+    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel, outputs: int
                        ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
-        """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None."""
+        """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None.
+        ``outputs``: logits rows per decode step of the engine it plans for."""
         from igi_sdk.runtime.nvml import nvml
 
         cfg = self.cfg
@@ -163,14 +166,14 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        wl = arbiter_workload(request.n_ctx)
+        wl = arbiter_workload(request.n_ctx, outputs)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
         early = (Profile.load(cfg.profile) if cfg.profile is not None
                  else cached_before_backend(cfg.n_threads or None))
         if early is not None:
-            prepare_backend(inventory, early, pinned=wl.pin_host)
+            prepare_backend(inventory, early, pinned=wl.pin_host, outputs=wl.outputs)
         prof = early if cfg.profile is not None and early is not None else load_or_measure(
             threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:

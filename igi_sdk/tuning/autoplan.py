@@ -67,14 +67,16 @@ def plan_checked(
     return result
 
 
-def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True) -> int | None:
+def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True,
+                    outputs: int = 1) -> int | None:
     """Ask llama.cpp, before its backend starts, for the copy-compute threshold the planner
     chooses for this model and machine (``pinned``: host weights pinned, as in
-    ``Workload.pin_host``). Starts nothing; does nothing on a profile without a GPU or once the
-    backend has started. Returns the threshold the start will use (None: nothing asked)."""
+    ``Workload.pin_host``; ``outputs``: logits rows of a decode step, ``Workload.outputs``).
+    Starts nothing; does nothing on a profile without a GPU or once the backend has started.
+    Returns the threshold the start will use (None: nothing asked)."""
     if prof.gpu is None or _native.backend_started():
         return None
-    return _native.prepare_backend(copy_threshold(inv, prof, pinned))
+    return _native.prepare_backend(copy_threshold(inv, prof, pinned, outputs + 1))
 
 
 def with_threshold_in_effect(wl: Workload) -> Workload:
@@ -93,19 +95,22 @@ def plan_for_model(
     gen_tokens: int = 128,
     profile: Profile | None = None,
     progress: Callable[[float, str], None] | None = None,
+    outputs: int | None = None,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
     planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
-    one (measured first if there is none: ``progress`` hears how that goes)."""
+    one (measured first if there is none: ``progress`` hears how that goes). ``outputs``:
+    logits rows per decode step (``EngineConfig.outputs_per_step``; default one per session)."""
+    outputs = outputs or max_sessions
     wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
-                  gen_tokens=gen_tokens)
+                  gen_tokens=gen_tokens, n_outputs=outputs)
     if not _native.backend_started():
         # first_gpu() below starts the backend, and so does load_or_measure (its fingerprint
         # lists llama.cpp's devices): the threshold has to be asked for from a profile found
         # without either
         guess = profile or cached_before_backend(n_threads or None)
         if guess is not None:
-            prepare_backend(inv, guess, pinned=wl.pin_host)
+            prepare_backend(inv, guess, pinned=wl.pin_host, outputs=outputs)
     gpu = first_gpu()
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
@@ -113,5 +118,5 @@ def plan_for_model(
     wl = with_threshold_in_effect(wl)
     if budget is None:
         budget = gpu.free_bytes // 2
-    settings = ContextSettings(n_ctx, max_sessions, 512, n_threads)
+    settings = ContextSettings(n_ctx, max_sessions, 512, n_threads, n_outputs=outputs)
     return plan_checked(path, inv, prof, budget, wl, settings)
