@@ -158,7 +158,8 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
   python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --budgets 2 --cases 1024:4096 \
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
-if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ]; then
+if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ] \
+   || [ "$part" = peers5 ]; then
   # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -242,6 +243,25 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
     have 60 && pb --budgets 8 --cases 1024:2048 --strategies ours --output-first \
       --save-plan "$sp" --tag shipped
     up --budgets 8 --peers fit-expert
+  fi
+  if [ "$part" = peers5 ]; then
+    # logits rows sized to the engine's (no staged output head): ours beside upstream --fit
+    # expert at 2 and 4 GB, ours at llama-bench's own context (p + n + d = 1152 cells) and at
+    # 2048, then the speculative mechanism at 4 GB with what time is left
+    pb --budgets 2 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag rows-ctx1152
+    up --budgets 2 --peers fit-expert
+    have 60 && pb --budgets 2 --cases 1024:2048 --strategies ours --save-plan "$sp" --tag rows
+    have 60 && pb --budgets 4 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag rows-ctx1152
+    up --budgets 4 --peers fit-expert
+    if have 200; then
+      d=/tmp/igi-bench/llama3-draft.gguf
+      python3 -c "from igi_sdk.model import spec_with, write_synthetic_gguf as w; w('$d', spec_with(
+        'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096))"
+      timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" \
+        --draft "$d" --profile /tmp/igi-bench/profile.json --budget-gb 4 --ctx 1152 \
+        --threads "$t" --json "$out/spec-4gb.json" 2>&1 | grep -v "^llama_context" \
+        | tee -a "$out/spec.txt"
+    fi
   fi
   cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
   echo "done at $SECONDS s"
