@@ -278,7 +278,7 @@ if [ "$part" = spec ]; then
   for gb in ${SPEC_BUDGETS:-4 2}; do
     [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gb} GB: no time" | tee -a "$out/spec.txt"; continue; }
     timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" --draft "$d" \
-      --profile .gpu/profile.json --budget-gb "$gb" --threads "$t" \
+      --profile .gpu/profile.json --budget-gb "$gb" --ctx "${SPEC_CTX:-2048}" --threads "$t" \
       --json "$out/spec-${gb}gb.json" 2>&1 | grep -v "^llama_context" | tee -a "$out/spec.txt"
     [ $(( END - SECONDS )) -gt 60 ] && python3 benchmarks/upstream_peers.py --model "$m" \
       --threads "$t" --budgets "$gb" --peers fit-expert --deadline $(( $(date +%s) + END - SECONDS )) \

@@ -147,14 +147,19 @@ def main(argv: list[str] | None = None) -> int:
         vram = peak.stop()
         return {"peak_vram_gb": round(vram / GB, 3), "fits_budget": vram <= budget}
 
-    for name, plan in (("plain-whole-budget", choice.plain_plan),
-                       ("plain-draft-plan", spec_plan)):
+    def plain(name: str, plan: Plan, config: EngineConfig) -> None:
         peak = PeakVram()
-        with Engine(args.target, plan, cfg) as eng:
+        with Engine(args.target, plan, config) as eng:
             system = _system_prompt(eng, args.prompt_tokens)
             _reply(eng, 4)  # warm-up
             row = _reply(eng, args.gen, system)["row"]
         emit(name, {**row, "plan_vram": plan.vram_bytes, **peak_row(peak)})
+
+    plain("plain-whole-budget", choice.plain_plan, cfg)
+    # the same with one session (one logits row per step) and, at the end, again: what a
+    # second process-local load and the session count change
+    plain("plain-whole-budget-1seq", choice.plain_plan, replace(cfg, max_sessions=1))
+    plain("plain-draft-plan", spec_plan, cfg)
 
     spec_cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                             draft_model=str(args.draft),
@@ -171,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
                 forced.alpha = alpha
                 emit(f"alpha={alpha:.2f}", _reply(eng, args.gen, system)["row"])
     out["speculative_peak"] = peak_row(peak)  # both engines with the draft
+    plain("plain-whole-budget-again", choice.plain_plan, cfg)
     print(f"speculative engine peak {json.dumps(out['speculative_peak'])}", flush=True)
     out["finished"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if args.json:
