@@ -96,6 +96,43 @@ def test_schema_output_matches_the_stock_converter() -> None:
     assert S.json_schema_grammar({"type": "string", "maxLength": S.MAX_SCHEMA_REPEAT})
 
 
+@pytest.mark.parametrize("pattern", [
+    "^(a?){0,30}$", "^(a?){0,100}$", "^(a?){0,1000}$", "^((a{0,60}){0,60})$",
+    "^((a{0,1000}){0,1000}){0,1000}$", "^(a?b?){0,30}$", "^(a*)*$", "^(|a)+$", "^(a?)+$",
+    "^([a-z]{0,5} ?){1,50}$", "^(a?){ 0 , 100 }$",  # the converter reads spaced bounds
+])
+def test_pattern_repeating_what_can_match_nothing_is_refused(pattern) -> None:
+    """Measured (7 tokens, 2 cores): (a?){0,30} 0.7 s, (a?b?){0,30} 7 s, (a?){0,100} 10-24 s,
+    ((a{0,60}){0,60}) 13 s, (a?){0,1000} > 60 s, all in one native call on the engine thread."""
+    t0 = time.perf_counter()
+    with pytest.raises(InvalidGrammarError,
+                       match=f"can match nothing|limit is {S.MAX_PATTERN_REPEAT_PRODUCT}"):
+        S.json_schema_grammar({"type": "string", "pattern": pattern})
+    assert time.perf_counter() - t0 < 0.5
+
+
+def test_pattern_nested_repetition_product_is_refused() -> None:
+    limit = S.MAX_PATTERN_REPEAT_PRODUCT
+    for pattern in ("^((ab{1,1000}){1,1000}){1,2}$", "^(((a{1,100}){1,100}){1,100}){2}$",
+                    "^((ab+){1,1000}){1,2}$", "^a{0,3}{0,3}$"):
+        t0 = time.perf_counter()
+        with pytest.raises(InvalidGrammarError, match=f"{limit}|regular expression"):
+            S.json_schema_grammar({"type": "object", "properties": {
+                "name": {"type": "string", "pattern": pattern}}})
+        assert time.perf_counter() - t0 < 0.5
+
+
+@pytest.mark.parametrize("pattern", [
+    "^[A-Z][a-z]{2,20}$", "^(yes|no)$", "^\\d{1,3}(,\\d{3})*$", "^[a-z]+( [a-z]+){0,5}$",
+    "^[a-z]{0,1000}( [a-z]{0,1000}){0,1000}$", "^(a{1,1000}){1,1000}$", "^[a-z]*$",
+    "^(ab?)?$", "^[{}]{1,3}$", "^a{,5}$", "^(a|b)*c$",
+])
+def test_ordinary_patterns_still_pass(pattern) -> None:
+    S.check_schema({"type": "string", "pattern": pattern})
+    if "\\d" not in pattern:  # \d passes the check; llama.cpp's grammar has no \d
+        assert S.json_schema_grammar({"type": "string", "pattern": pattern})
+
+
 def test_grammar_size_and_nesting_limits() -> None:
     nested = "root ::= " + "(" * 2_000 + '"a"' + ")" * 2_000
     with pytest.raises(InvalidGrammarError, match=f"2000 deep; the limit is {S.MAX_GRAMMAR_DEPTH}"):

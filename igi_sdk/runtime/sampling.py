@@ -21,6 +21,14 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from igi_sdk.errors import InvalidGrammarError, InvalidSamplingError
 
+try:  # the stdlib's own regular-expression parser: re._parser since 3.11, sre_parse before
+    from re import _parser as _re_parser
+except ImportError:  # pragma: no cover - without it, patterns are checked as before
+    try:
+        import sre_parse as _re_parser  # type: ignore[no-redef]
+    except ImportError:
+        _re_parser = None  # type: ignore[assignment]
+
 # --- limits on constrained replies (documented in bridge/PROTOCOL.md, section 7) ---------------
 # llama.cpp parses GBNF recursively, one parse_sequence + parse_alternates frame pair (~450 B,
 # measured) per ( ) nesting level, and its left-recursion check recurses once per rule along a
@@ -42,6 +50,15 @@ MAX_SCHEMA_PROPERTIES = 64  # per object: optional ones cost quadratically
 # rule text the converter may write, duplicates included: optional properties cost
 # quadratically and allOf/$ref merges repeat work without growing the schema
 MAX_SCHEMA_WORK_CHARS = 1 << 19
+# A `pattern` whose repeated group can match nothing ((a?){0,n}, (a{0,m}){0,n}, (a*)*) is
+# refused whatever its bounds: llama.cpp's grammar sampler keeps a stack per way of skipping
+# the empty repeats and slows with about the cube of the count, in one native call on the
+# engine thread (7 tokens, 2 cores: (a?){0,30} 0.7 s, (a?b?){0,30} 7 s, (a?){0,100} 10-24 s,
+# ((a{0,60}){0,60}) 13 s, (a?){0,1000} > 60 s). Nested repetitions of groups that cannot
+# match nothing measured 0.2-0.55 s at any size ((a{1,1000}){100,1000}, ((a{1,1000}){1,1000})
+# {1,1000}); their upper bounds multiplied (unbounded counted as MAX_SCHEMA_REPEAT) are still
+# capped at two full bounds, for the shapes not measured.
+MAX_PATTERN_REPEAT_PRODUCT = MAX_SCHEMA_REPEAT**2
 
 
 class SamplingParams(BaseModel):
@@ -284,6 +301,7 @@ def check_schema(schema: object) -> None:
                             n = _int_or_none(part.strip())
                             if n is not None:
                                 _repeat_bound(f"the pattern's {{{q.group(1)}}}", n)
+                    _check_pattern(v)
                 todo.append((v, depth + 1))
     try:
         n = len(json.dumps(schema, ensure_ascii=False))  # depth is bounded by now
@@ -299,6 +317,68 @@ def _repeat_bound(key: str, value: object) -> None:
         raise InvalidGrammarError(
             f"{key} in a JSON schema must be a whole number from 0 to {MAX_SCHEMA_REPEAT} "
             f"(got {str(value)[:32]})")
+
+
+def _check_pattern(pattern: str) -> None:
+    """Refuse a pattern that repeats a group able to match nothing, or whose nested repetitions
+    multiply past MAX_PATTERN_REPEAT_PRODUCT (see there). Read with Python's regex parser, its
+    bounds first written as the converter reads them ({ 0 , 5 } is a quantifier there)."""
+    if _re_parser is None:
+        return
+    text = _QUANTIFIER.sub(_canonical_quantifier, pattern)
+    try:
+        _pattern_nullable(_re_parser.parse(text), 1)
+    except (re.error, RecursionError, OverflowError) as e:
+        raise InvalidGrammarError(
+            f"the JSON schema pattern is not a regular expression the sidecar can check: {e}"
+        ) from None
+
+
+def _canonical_quantifier(m: re.Match[str]) -> str:
+    parts = [_int_or_none(p.strip()) for p in m.group(1).split(",")]
+    if len(parts) == 1 and parts[0] is not None:
+        return f"{{{parts[0]}}}"
+    if len(parts) == 2 and m.group(1).strip() != ",":
+        lo, hi = parts
+        return f"{{{lo or 0},{'' if hi is None else hi}}}"
+    if len(parts) == 2:
+        return "{0,}"
+    return m.group(0)
+
+
+def _pattern_nullable(items: Any, product: int) -> bool:
+    """Whether the parsed ``items`` can match the empty string; refuses as it goes."""
+    P = _re_parser
+    repeats = {getattr(P, n, None) for n in ("MAX_REPEAT", "MIN_REPEAT", "POSSESSIVE_REPEAT")}
+    nullable = True
+    for op, av in items:
+        if op in repeats:
+            lo, hi, body = av
+            bound = MAX_SCHEMA_REPEAT if hi == P.MAXREPEAT else hi
+            inner = product * max(bound, 1)
+            if inner > MAX_PATTERN_REPEAT_PRODUCT:
+                raise InvalidGrammarError(
+                    f"nested repetitions in a JSON schema pattern allow {inner} repeats; the "
+                    f"limit is {MAX_PATTERN_REPEAT_PRODUCT} (upper bounds multiplied, * and + "
+                    f"counted as {MAX_SCHEMA_REPEAT})")
+            body_nullable = _pattern_nullable(body, inner)
+            if body_nullable and (hi > 1 or hi == P.MAXREPEAT):
+                raise InvalidGrammarError(
+                    "a JSON schema pattern repeats a group that can match nothing (such as "
+                    "(a?){0,n} or (a*)*); the limit for such a group is ? (at most once)")
+            item = lo == 0 or body_nullable
+        elif op is P.SUBPATTERN:
+            item = _pattern_nullable(av[-1], product)
+        elif op is getattr(P, "ATOMIC_GROUP", None):
+            item = _pattern_nullable(av, product)
+        elif op is P.BRANCH:
+            item = any([_pattern_nullable(b, product) for b in av[1]])  # each branch checked
+        elif op in (P.LITERAL, P.NOT_LITERAL, P.ANY, P.IN):
+            item = False
+        else:  # ^ $ \b, lookarounds, backreferences, conditionals: may match nothing
+            item = True
+        nullable = nullable and item
+    return nullable
 
 
 def _int_or_none(text: str) -> int | None:
