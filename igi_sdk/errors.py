@@ -113,6 +113,21 @@ class InvalidGrammarError(IgiError, ValueError):
     code = "invalid_grammar"
 
 
+class InvalidImageError(IgiError, ValueError):
+    """Image bytes that are not a PNG/JPEG llama.cpp can decode, pixels whose size is zero,
+    absurd or does not match the buffer, or images that do not match the line's media markers.
+    Nothing was changed: the session is as before the request."""
+
+    code = "invalid_image"
+
+
+class VisionUnavailableError(IgiError):
+    """A line with images for a model loaded without a vision projector (mmproj). Nothing was
+    changed; load the model with its mmproj to send images."""
+
+    code = "vision_unavailable"
+
+
 class InvalidStateError(SessionError):
     """A session snapshot does not belong to this model or is damaged."""
 

@@ -270,6 +270,14 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "context_full": ErrorCode(False, "stream error: the shared KV cache is full; close idle "
                                      "sessions"),
     "invalid_grammar": ErrorCode(False, "grammar or json_schema cannot be compiled"),
+    "invalid_image": ErrorCode(False, "chat.images: an image that is not a PNG/JPEG llama.cpp "
+                                      "can decode, pixels of a zero or absurd size or that do "
+                                      "not match width x height x channels, or media markers in "
+                                      "the text that do not match the images; the session is "
+                                      "unchanged"),
+    "vision_unavailable": ErrorCode(False, "chat.images for a model loaded without a vision "
+                                           "projector (load_model.mmproj / --mmproj); the "
+                                           "session is unchanged"),
     "invalid_sampling": ErrorCode(False, "sampling values refused by the runtime (the body "
                                          "schema normally catches them first: invalid_body)"),
     "cancelled": ErrorCode(False, "stream error: the session was closed while it replied"),

@@ -23,7 +23,7 @@ import queue
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,13 +44,15 @@ from igi_sdk.errors import (
     SessionBusyError,
     TooManySessionsError,
     UnknownSessionError,
+    VisionUnavailableError,
 )
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.planner.speculative import draft_n_ctx
-from igi_sdk.runtime import _native, loader, snapshot
+from igi_sdk.runtime import _native, image_turn, loader, snapshot
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.generation import Generation, GenerationResult
+from igi_sdk.runtime.image_turn import ImageInput, MediaMark
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.placement import LoadReport
 from igi_sdk.runtime.sampling import (
@@ -71,6 +73,7 @@ from igi_sdk.runtime.speculative import (
     speculative_pick,
 )
 from igi_sdk.runtime.text import Vocab, parts_after, stop_scan
+from igi_sdk.runtime.vision import VisionContext, VisionOptions
 
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
@@ -98,6 +101,9 @@ class EngineConfig:
     # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # the model's vision projector (mmproj GGUF): chat turns may then carry images (None: text
+    # only, an image is VisionUnavailableError). Opened on the CPU beside every placement.
+    mmproj: str | None = None
 
     @property
     def outputs_per_step(self) -> int:
@@ -135,6 +141,7 @@ class Engine:
         self._ctx: Any = None
         self._mem: Any = None
         self._vocab: Vocab | None = None
+        self._vision: VisionContext | None = None
         self._parked: bytes | None = None  # the context's state while no placement is loaded
         self._sessions: dict[str, Session] = {}
         self._free_seqs = list(range(self.config.max_sessions))
@@ -261,7 +268,7 @@ class Engine:
         """Tokens in context, whether replying, and priority of every session, read without
         waiting for the engine thread (figures of the last step, for listings)."""
         drafts = self._acceptance
-        return {sid: {"tokens": len(s.tokens), "busy": s.turn is not None,
+        return {sid: {"tokens": len(s.tokens) + s.image_cells, "busy": s.turn is not None,
                       "priority": s.priority,
                       **({"draft": drafts[sid].figures()} if sid in drafts else {})}
                 for sid, s in list(self._sessions.items())}
@@ -277,6 +284,7 @@ class Engine:
         json_schema: str | dict | None = None,
         ignore_eos: bool = False,
         listener: Callable[[str, object], None] | None = None,
+        images: Sequence[ImageInput] = (),
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
         out: Future[Generation] = Future()
@@ -287,7 +295,8 @@ class Engine:
 
         def start(g: str | None) -> Future[Generation]:
             return self._submit(lambda: self._start_turn(session_id, user_text, max_tokens,
-                                                         stops, g, ignore_eos, listener))
+                                                         stops, g, ignore_eos, listener,
+                                                         tuple(images)))
 
         if grammar is None and json_schema is None:
             return start(None)
@@ -324,7 +333,9 @@ class Engine:
     def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
 
-        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``ignore_eos`` (keep
+        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``images`` (a list of
+        :class:`ImageInput`; needs ``EngineConfig.mmproj``; where they go in the line:
+        runtime/image_turn.py), ``ignore_eos`` (keep
         generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(kind,
         payload)`` — called on the engine thread for each event of the reply ("text", "done",
         "error"); it must be quick and must not wait on the engine."""
@@ -570,6 +581,13 @@ class Engine:
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
         self._outputs_cap = settings.outputs_max
         self._token_s = None  # a new placement: measure its prompt speed again
+        if self.config.mmproj:
+            try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
+                self._vision = VisionContext(loaded.model, self.config.mmproj,
+                                             VisionOptions(n_threads=self.config.n_threads))
+            except BaseException:
+                self._unload()
+                raise
 
     def _load_draft(self, path: str | Path) -> None:
         c = self.config
@@ -588,6 +606,9 @@ class Engine:
 
     def _unload(self) -> None:
         """Free the placement; every handle into it is dropped with it."""
+        vision, self._vision = self._vision, None
+        if vision is not None:  # its chunks of pending images too: they are made again
+            vision.close()
         if self._batch is not None:
             llama_cpp.llama_batch_free(self._batch)
         loaded, self._loaded = self._loaded, None
@@ -628,7 +649,9 @@ class Engine:
         sid = sid or uuid.uuid4().hex[:12]
         if sid in self._sessions:
             raise SessionBusyError(f"session '{sid}' already exists")
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        messages = ([{"role": "system", "content": system_prompt.replace(
+                        image_turn.IMAGE_SLOT, "")}]
+                    if system_prompt else [])
         seq = self._free_seqs.pop(0)
         self._sessions[sid] = Session(sid, seq, params, priority, messages)
         return sid
@@ -655,53 +678,86 @@ class Engine:
         grammar: str | None,
         ignore_eos: bool = False,
         listener: Callable[[str, object], None] | None = None,
+        images: tuple[ImageInput, ...] = (),
     ) -> Generation:
         s = self._get(sid)
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
         vocab = self._need_vocab()
-        # the chat template is C text: a NUL would cut the message short
-        messages = [*s.messages, {"role": "user", "content": user_text.replace("\0", "")}]
+        vision = self._vision
+        if images and vision is None:
+            raise VisionUnavailableError(
+                "this model was loaded without a vision projector (mmproj): it cannot see "
+                "images; load it with its mmproj, or send the line without images")
+        # the chat template is C text: a NUL would cut the message short; an image is a slot
+        # character in the content (image_turn.py), which player text cannot hold
+        marker = vision.options.media_marker if vision else ""
+        content = image_turn.user_content(user_text, len(images), marker)
+        messages = [*s.messages, {"role": "user", "content": content}]
         # special tokens come from the template's markup only: every content is data
         parts = vocab.prompt_parts(messages, add_assistant=True)
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         if reset:  # the template re-rendered history differently: re-read it all
-            feed = vocab.tokenize_parts(parts, add_special=True)
+            if s.n_images > len(s.images):
+                raise InvalidStateError(
+                    f"session '{sid}' must re-read its conversation, but its images were not "
+                    "kept (it was restored from a save): open a new session")
+            feed, pending = image_turn.tokenize(vocab, vision, parts, [*s.images, *images],
+                                                add_special=True)
             base = 0
         else:
             delta = parts_after(parts, len(s.committed_text))
-            feed = s.pending + vocab.tokenize_parts(delta, add_special=not s.tokens)
-            base = len(s.tokens)
-        if not feed:
-            raise PromptTooLongError("the chat template produced no tokens for this line")
-        limit = self.config.n_ctx - 1
-        if base + len(feed) + 1 > limit:
-            raise PromptTooLongError(
-                f"this line needs {len(feed)} tokens and the conversation already holds {base}; "
-                f"the context has {self.config.n_ctx}. Shorten the line or open a new session"
+            feed, pending = image_turn.tokenize(vocab, vision, delta, images,
+                                                add_special=not s.tokens)
+            feed = s.pending + feed
+            base = len(s.tokens) + s.image_cells
+        try:
+            n_prompt = len(feed) + image_turn.cells(pending)
+            self._check_prompt(n_prompt, base, pending)
+            handle = Generation(sid, listener=listener)
+            turn = Turn(
+                session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
+                max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
+                start_pending=list(s.pending), order=self._turn_counter + 1,
+                ignore_eos=ignore_eos, images=pending,
             )
-        if self.config.max_prompt_tokens and len(feed) > self.config.max_prompt_tokens:
-            raise PromptTooLongError(
-                f"this line is {len(feed)} tokens; the limit is {self.config.max_prompt_tokens}"
-            )
-        handle = Generation(sid, listener=listener)
+            turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
+        except BaseException:
+            image_turn.release(pending)
+            raise
         self._turn_counter += 1
-        turn = Turn(
-            session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=len(feed),
-            max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
-            start_pending=list(s.pending), order=self._turn_counter, ignore_eos=ignore_eos,
-        )
-        turn.chain = self._make_chain(turn)  # raises InvalidGrammarError before any state moves
         if reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.tokens = []
+            s.image_cells = 0
             s.reread = False
             turn.start_tokens = 0
+        turn.media = MediaMark.of(s)
+        s.images.extend(images)
+        s.n_images += len(images)
         s.pending = []
         s.messages = messages
         s.turn = turn
         return handle
+
+    def _check_prompt(self, n_prompt: int, base: int, pending: list[Any]) -> None:
+        """A line of ``n_prompt`` KV cells after ``base`` must fit (PromptTooLongError)."""
+        if n_prompt == 0:
+            raise PromptTooLongError("the chat template produced no tokens for this line")
+        images = image_turn.cells(pending) - sum(len(p.after) for p in pending)
+        of_images = f" ({images} of them for its images)" if images else ""
+        if base + n_prompt + 1 > self.config.n_ctx - 1:
+            raise PromptTooLongError(
+                f"this line needs {n_prompt} tokens{of_images} and the conversation already "
+                f"holds {base}; the context has {self.config.n_ctx}. Shorten the line, send "
+                "smaller or fewer images, or open a new session"
+            )
+        if self.config.max_prompt_tokens and n_prompt > self.config.max_prompt_tokens:
+            raise PromptTooLongError(
+                f"this line is {n_prompt} tokens{of_images}; the limit is "
+                f"{self.config.max_prompt_tokens}"
+            )
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
@@ -724,6 +780,10 @@ class Engine:
         if self._pace() > 0 and self._steps % 2:  # paced: background NPCs every other step
             turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
+            return
+        waiting = [t for t in turns if t.images and not t.feed]
+        if waiting:  # an image is a step of its own: the encoder, then its embeddings
+            self._image_step(waiting[0])
             return
         budget = self._token_budget()
         drafts = self._propose(turns, budget)
@@ -757,6 +817,14 @@ class Engine:
             del t.feed[:take]
             if idx >= 0:
                 self._sample(t, idx)
+
+    def _image_step(self, t: Turn) -> None:
+        assert self._vision is not None
+        try:
+            image_turn.eval_next(self._vision, self._ctx, t, self._batch_cap)
+        except IgiError as e:  # a full context, an encoder failure: this reply ends, typed
+            self._rollback(t)
+            self._end_turn(t, error=e)
 
     def _time_step(self, fed: list[tuple[Turn, int, int]], drafts: dict[int, Proposal],
                    seconds: float) -> None:
@@ -814,7 +882,8 @@ class Engine:
                 batch.n_seq_id[n + i] = 1
                 batch.seq_id[n + i][0] = seq
                 batch.logits[n + i] = 0
-            wants_logits = take == len(t.feed)  # the prompt is complete: sample after it
+            # the prompt is complete (no image left to read): sample after it
+            wants_logits = take == len(t.feed) and not t.images
             if wants_logits:
                 batch.logits[n + take - 1] = 1
             fed.append((t, take, n + take - 1 if wants_logits else -1))
@@ -916,8 +985,8 @@ class Engine:
         """Tokens to draft for ``t`` this step (0: none). Off for grammar replies: the draft
         proposes unconstrained text that the grammar would mostly refuse."""
         s, cfg = t.session, self.config.speculative
-        if len(t.feed) != 1 or t.grammar is not None or t.chain is None:
-            return 0
+        if len(t.feed) != 1 or t.grammar is not None or t.chain is None or s.n_images:
+            return 0  # the draft cannot see images
         k = min(cfg.k,
                 t.max_tokens - len(t.generated) - 1,  # the reply's last token needs no draft
                 self.config.n_ctx - len(s.tokens) - 3)  # as a plain step, the context allows
@@ -975,6 +1044,8 @@ class Engine:
         if self._mem is not None:  # else: trimmed when the parked state is put back
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, t.start_tokens, -1)
         del s.tokens[t.start_tokens :]
+        if t.media is not None:
+            t.media.restore(s)
         s.pending = list(t.start_pending)
         s.messages = s.messages[:-1]
 
@@ -990,6 +1061,7 @@ class Engine:
         if t.chain is not None:
             t.chain.close()
             t.chain = None
+        image_turn.release(t.images)
         s.turn = None
         if error is None and not t.generated and reason == "cancelled":
             # cancelled before the first token: as if the line was never said
@@ -1003,7 +1075,7 @@ class Engine:
                 self._emit_upto(t, visible_end)
             # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
             # template: leave them out of both sides so the next turn's prefix still matches
-            said = t.raw.replace("\0", "")
+            said = image_turn.clean(t.raw)
             s.messages.append({"role": "assistant", "content": said})
             s.committed_text = t.prompt_text + said
         now = time.perf_counter()
@@ -1045,7 +1117,7 @@ class Engine:
             "params": s.params.model_dump(),
             "priority": s.priority, "messages": s.messages, "committed_text": s.committed_text,
             "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
-            "n_sampled": s.n_sampled,
+            "n_sampled": s.n_sampled, "image_cells": s.image_cells, "n_images": s.n_images,
         }
         return snapshot.header(meta), kv  # the header is encoded here: the lists are live
 
@@ -1071,12 +1143,17 @@ class Engine:
             fields = _snapshot_fields(meta, self.inventory.arch.n_vocab)
         except Exception as e:  # noqa: BLE001 - a well-formed file with bad content
             raise InvalidStateError(f"damaged session snapshot: {e}") from None
-        params, messages, committed, tokens, pending, history, n_sampled, priority = fields
-        if len(tokens) >= self.config.n_ctx:
+        params, messages, committed, tokens, pending, history, n_sampled, priority = fields[:8]
+        image_cells, n_images = fields[8:]
+        if len(tokens) + image_cells >= self.config.n_ctx:
             raise InvalidStateError("the saved session is longer than this engine's context")
         if tokens and not kv:
             raise InvalidStateError("the session snapshot has a conversation but no KV state")
         same_format = meta.get("kv_format", self._kv_format()) == self._kv_format()
+        if n_images and not same_format:
+            raise InvalidStateError(
+                "this session has images and was saved with another KV cache format: its cells "
+                "cannot be read here and saves do not keep images to re-read it")
         new_id = self._open(None, params, priority, sid)
         s = self._sessions[new_id]
         try:
@@ -1091,6 +1168,7 @@ class Engine:
             )
         s.messages, s.committed_text, s.tokens = messages, committed, tokens
         s.pending, s.history, s.n_sampled = pending, history, n_sampled
+        s.image_cells, s.n_images = image_cells, n_images
         if not same_format:
             # saved on a plan with another KV format (a q8_0 cache, restored on an f16 one):
             # llama.cpp cannot read those cells, so the conversation is read again on its
@@ -1141,8 +1219,12 @@ def _snapshot_fields(meta: dict[str, Any], n_vocab: int) -> tuple[Any, ...]:
     n_sampled = integer("n_sampled")
     if n_sampled < 0:
         raise ValueError("'n_sampled' is negative")
+    image_cells, n_images = integer("image_cells", 0), integer("n_images", 0)
+    if image_cells < 0 or n_images < 0:
+        raise ValueError("'image_cells' or 'n_images' is negative")
     return (SamplingParams(**meta["params"]), messages, committed, token_list("tokens"),
-            token_list("pending"), token_list("history"), n_sampled, integer("priority", 0))
+            token_list("pending"), token_list("history"), n_sampled, integer("priority", 0),
+            image_cells, n_images)
 
 
 def _chain(first: Future, then: Callable[[Any], Future[T]]) -> Future[T]:
@@ -1215,7 +1297,7 @@ class EngineOps:
             # closed sessions and rolled-back turns left behind since
             if lost:
                 llama_cpp.llama_memory_seq_rm(e._mem, s.seq, -1, -1)
-                s.tokens, s.pending, s.reread = [], [], True
+                s.tokens, s.pending, s.reread, s.image_cells = [], [], True, 0
             else:
                 llama_cpp.llama_memory_seq_rm(e._mem, s.seq, len(s.tokens), -1)
         used = {s.seq for s in e._sessions.values()}

@@ -26,6 +26,12 @@ class Session:
     n_sampled: int = 0
     turn: Turn | None = None
     reread: bool = False  # its KV cache was lost: re-read the conversation on the next turn
+    # images (runtime/image_turn.py): ``tokens`` has one entry per position, an image's cells
+    # beyond its positions are counted here; the inputs are kept to re-read the conversation
+    # (not after a restore: saves hold the KV state, not the images)
+    image_cells: int = 0
+    n_images: int = 0
+    images: list[Any] = field(default_factory=list)
 
 
 @dataclass
@@ -51,3 +57,5 @@ class Turn:
     ignore_eos: bool = False
     t0: float = field(default_factory=time.perf_counter)
     t_first: float | None = None
+    images: list[Any] = field(default_factory=list)  # image_turn.PendingImage, in order
+    media: Any = None  # image_turn.MediaMark at the start (rollback)

@@ -38,8 +38,8 @@ from llama_cpp import mtmd_cpp
 from igi_sdk.errors import (
     ContextFullError,
     EngineClosedError,
-    IgiError,
     InferenceError,
+    InvalidImageError,
     ModelFileNotFoundError,
     ModelLoadError,
     PromptTooLongError,
@@ -70,7 +70,20 @@ _PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
 _JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
-# --- errors (not wire codes yet: the sidecar protocol has no image requests) ---------------------
+# --- errors (InvalidImageError lives in igi_sdk.errors: a wire code) -----------------------------
+
+__all__ = [
+    "ChunkInfo",
+    "Chunks",
+    "EvalResult",
+    "Image",
+    "InvalidImageError",
+    "VisionClosedError",
+    "VisionContext",
+    "VisionLoadError",
+    "VisionOptions",
+    "VisionPromptError",
+]
 
 
 class VisionLoadError(ModelLoadError):
@@ -78,17 +91,9 @@ class VisionLoadError(ModelLoadError):
     made for a model of another width). On the wire: ``model_load_failed``."""
 
 
-class InvalidImageError(IgiError, ValueError):
-    """Image bytes that are not a PNG/JPEG llama.cpp can decode, or pixels whose size is zero,
-    absurd or does not match the buffer. Nothing was changed."""
-
-    code = "invalid_image"
-
-
-class VisionPromptError(IgiError, ValueError):
-    """A prompt whose media markers do not match the images given with it."""
-
-    code = "invalid_vision_prompt"
+class VisionPromptError(InvalidImageError):
+    """A prompt whose media markers do not match the images given with it (on the wire:
+    ``invalid_image``)."""
 
 
 class VisionClosedError(EngineClosedError):
@@ -214,6 +219,12 @@ class Chunks(_Handle):
 
     def _chunk(self, i: int) -> Any:
         return mtmd_cpp.mtmd_input_chunks_get(self.ptr, i)
+
+    def text_tokens(self, i: int) -> list[int]:
+        """The token ids of text chunk ``i`` (e.g. the delimiters mtmd puts around an image)."""
+        n = ctypes.c_size_t(0)
+        toks = mtmd_cpp.mtmd_input_chunk_get_tokens_text(self._chunk(i), ctypes.byref(n))
+        return [int(toks[k]) for k in range(n.value)]
 
     @property
     def n_tokens(self) -> int:
@@ -405,20 +416,50 @@ class VisionContext(_Handle):
                     )
                     _check(ret, "decoding text")
                     continue
-                t0 = time.perf_counter()
-                _check(mtmd_cpp.mtmd_encode_chunk(self.ptr, chunk), f"encoding an {info.kind}")
-                encode_s.append(time.perf_counter() - t0)
-                embd = mtmd_cpp.mtmd_get_output_embd(self.ptr)
-                ret = mtmd_cpp.mtmd_helper_decode_image_chunk(
-                    self.ptr, lctx, chunk, embd, pos.value, seq_id, n_batch, ctypes.byref(pos),
-                    _NO_CALLBACK, None,
-                )
-                _check(ret, f"decoding an {info.kind}'s embeddings")
+                encode_s.append(self._encode_decode(lctx, chunk, info, pos, seq_id, n_batch))
         except BaseException:
             mem = llama_cpp.llama_get_memory(lctx)
             llama_cpp.llama_memory_seq_rm(mem, seq_id, n_past, -1)
             raise
         return EvalResult(int(pos.value), chunks.n_tokens, tuple(encode_s))
+
+    def eval_media(
+        self, lctx: Any, chunks: Chunks, index: int, n_past: int, *, seq_id: int = 0,
+        n_batch: int | None = None,
+    ) -> EvalResult:
+        """Encode chunk ``index`` of ``chunks`` (an image) and decode its embeddings into
+        ``seq_id`` from ``n_past``, without logits: the caller feeds the text around it itself
+        (the engine, in its own batches). Cut back to ``n_past`` on failure, as :meth:`eval`."""
+        info = chunks.info[index]
+        if info.kind == "text":
+            raise ValueError(f"chunk {index} is text, not media")
+        n_ctx = int(llama_cpp.llama_n_ctx(lctx))
+        if info.n_tokens > n_ctx:
+            raise PromptTooLongError(
+                f"the image takes {info.n_tokens} tokens, the context holds {n_ctx}")
+        pos = llama_cpp.llama_pos(n_past)
+        try:
+            encode_s = self._encode_decode(lctx, chunks._chunk(index), info, pos, seq_id,
+                                           n_batch or int(llama_cpp.llama_n_batch(lctx)))
+        except BaseException:
+            llama_cpp.llama_memory_seq_rm(llama_cpp.llama_get_memory(lctx), seq_id, n_past, -1)
+            raise
+        return EvalResult(int(pos.value), info.n_tokens, (encode_s,))
+
+    def _encode_decode(self, lctx: Any, chunk: Any, info: ChunkInfo, pos: Any, seq_id: int,
+                       n_batch: int) -> float:
+        """Run the encoder on one media chunk and decode its embeddings from ``pos`` (advanced
+        in place); the encoder's wall time."""
+        t0 = time.perf_counter()
+        _check(mtmd_cpp.mtmd_encode_chunk(self.ptr, chunk), f"encoding an {info.kind}")
+        encode_s = time.perf_counter() - t0
+        embd = mtmd_cpp.mtmd_get_output_embd(self.ptr)
+        ret = mtmd_cpp.mtmd_helper_decode_image_chunk(
+            self.ptr, lctx, chunk, embd, pos.value, seq_id, n_batch, ctypes.byref(pos),
+            _NO_CALLBACK, None,
+        )
+        _check(ret, f"decoding an {info.kind}'s embeddings")
+        return encode_s
 
 
 # --- helpers -------------------------------------------------------------------------------------
