@@ -159,7 +159,7 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ] \
-   || [ "$part" = peers5 ]; then
+   || [ "$part" = peers5 ] || [ "$part" = peers6 ]; then
   # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -169,7 +169,7 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
          python3 benchmarks/planner_bench.py --models llama3-8b --threads "$t" --timeout 90 \
            --json "$out/planner.json" "${prof[@]}" "$@" 2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/planner.txt"; }
   up() { [ $(( END - SECONDS )) -gt 40 ] || { echo "skipped peers $*: no time"; return; }
-         python3 benchmarks/upstream_peers.py --model "$m" --threads "$t" \
+         python3 benchmarks/upstream_peers.py --model "${UPM:-$m}" --threads "$t" \
            --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
            | tee -a "$out/peers.txt"; }
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
@@ -262,6 +262,21 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
         --threads "$t" --json "$out/spec-4gb.json" 2>&1 | grep -v "^llama_context" \
         | tee -a "$out/spec.txt"
     fi
+  fi
+  if [ "$part" = peers6 ]; then
+    # a 64 MiB margin and the dry run's slack given to weights: ours at 2, 4 and 8 GB (at
+    # llama-bench's own context) beside upstream --fit expert; the MoE at 4 GB beside --fit
+    # expert and --n-cpu-moe; then a 16K-context row for the cost model
+    pb --budgets 2,4,8 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag slack
+    up --budgets 2,4,8 --peers fit-expert
+    if have 240; then
+      python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" --timeout 120 \
+        --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --budgets 4 \
+        --cases 1024:1152 --strategies ours --tag moe 2>&1 | grep -v "^{" | grep -v "^$" \
+        | tee -a "$out/planner.txt"
+      UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
+    fi
+    have 100 && pb --budgets 4 --cases 4096:16384 --strategies ours --tag ctx16k
   fi
   cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
   echo "done at $SECONDS s"

@@ -10,7 +10,10 @@ for each VRAM budget, as three peers:
 * ``fit-expert-q8kv`` — ``fit-expert`` with a q8_0 KV cache (``-ctk q8_0 -ctv q8_0``), the lever
   our planner may pull, so that the strongest peer has it too;
 * ``ngl-best``    — the paper's baseline: the largest ``-ngl`` (whole layers from the last) that
-  fits the budget, default settings otherwise (``ngl:N``: a fixed ``-ngl N``).
+  fits the budget, default settings otherwise (``ngl:N``: a fixed ``-ngl N``);
+* ``ncmoe-best``  — for mixture-of-experts models, what an expert sets by hand: every layer on the
+  GPU (``-ngl 99``) with the expert settings above and the expert FFNs of the first N layers in
+  host memory (``--n-cpu-moe N``), N the smallest that fits the budget.
 
 Every invocation's peak VRAM is read from NVML in a side thread (every 20 ms): the llama-bench
 process's own figure and the device's ``memory.used`` minus the idle baseline taken before it
@@ -186,6 +189,34 @@ def layer_bytes(model: str) -> int:
     return max(1, Path(model).stat().st_size // 33)
 
 
+def n_layers(model: str) -> int:
+    from igi_sdk.model import read_inventory
+
+    return read_inventory(model).arch.n_layers
+
+
+def smallest_fitting_ncmoe(args, nv, handle, limit: float) -> tuple[list[str], dict,
+                                                                   dict[int, float]]:
+    """Bisect --n-cpu-moe for the smallest N whose TTFT run fits ``limit``: (its flags, its TTFT
+    run, peak GB per probe)."""
+    def flags(n: int) -> list[str]:
+        return [*EXPERT, "-ngl", "99", "-ncmoe", str(n)]
+
+    lo, hi = 0, n_layers(args.model)  # hi: every expert FFN in host memory
+    runs: dict[int, dict] = {}
+    while lo < hi:
+        mid = (lo + hi) // 2
+        runs[mid] = pp_run(args, nv, handle, flags(mid))
+        if runs[mid]["rows"] and _peak(runs[mid]) <= limit:
+            hi = mid
+        else:
+            lo = mid + 1
+    if lo not in runs:
+        runs[lo] = pp_run(args, nv, handle, flags(lo))
+    return flags(lo), runs[lo], {n: round(_peak(r) / GB, 3) for n, r in sorted(runs.items())
+                          if r["rows"]}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("--model", required=True)
@@ -242,6 +273,11 @@ def main() -> int:
                     print(f"  {peer} {budget} GB: {_peak(pp) / GB:.3f} GB, re-fit", flush=True)
                     add += math.ceil((_peak(pp) - limit) / MIB) + 32
                 save(measure_peer(args, nv, handle, peer, budget, flags, pp))
+            elif peer == "ncmoe-best":
+                flags, pp, probes = smallest_fitting_ncmoe(args, nv, handle, limit)
+                r = measure_peer(args, nv, handle, peer, budget, flags, pp)
+                r["ncmoe_probes"] = probes
+                save(r)
             elif peer.startswith("ngl:"):  # a fixed -ngl (e.g. the best found before)
                 save(measure_peer(args, nv, handle, peer, budget, ["-ngl", peer[4:]]))
             elif peer == "ngl-best":

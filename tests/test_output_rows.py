@@ -111,3 +111,39 @@ def test_threshold_stays_above_the_decode_rows(big_head_inventory) -> None:
                   if c.plan.name.startswith("attn-first-copy")]
     assert copy_plans
     assert all(p.copy_compute_min_batch == 2 * free + 1 for p in copy_plans)
+
+
+def test_dry_run_slack_goes_to_weights(monkeypatch, big_head, big_head_inventory) -> None:
+    """A dry run that measures half the compute estimate re-plans with the measured scale: more
+    weights in VRAM, still within the budget by the second dry run; and a second dry run that
+    would not fit keeps the first plan."""
+    from igi_sdk.tuning import autoplan
+
+    inv = big_head_inventory
+    wl = Workload(n_ctx=512, prompt_tokens=256, gen_tokens=32)
+    lo = plan_for(inv, GPU_PROFILE, 10**12, wl).minimum_bytes
+    budget = lo + inv.total_bytes() // 3
+    first = plan_for(inv, GPU_PROFILE, budget, wl).best
+    monkeypatch.setattr(autoplan.loader, "first_gpu", lambda: object())
+    calls: list[Plan] = []
+    overshoot = {"by": 0}
+
+    def fake_measure(path, inv_, plan, prof, wl_, settings):
+        calls.append(plan)
+        vram = dict(plan.vram_bytes)
+        measured = int(compute_buffer_estimate(inv_, plan, wl) * 0.5)
+        total = vram["total"] - vram["compute"] + measured
+        if len(calls) > 1:
+            total += overshoot["by"]
+        return dict(vram, compute=measured, total=total), measured
+
+    monkeypatch.setattr(autoplan, "measured_vram", fake_measure)
+    settings = loader.ContextSettings(512, 1, 512, 1)
+    got = autoplan.plan_checked(big_head, inv, GPU_PROFILE, budget, wl, settings).best
+    assert len(calls) == 2 and len(got.gpu_tensors) > len(first.gpu_tensors)
+    assert got.vram_bytes["total"] <= budget
+
+    calls.clear()
+    overshoot["by"] = budget  # the re-planned placement's own dry run does not fit
+    kept = autoplan.plan_checked(big_head, inv, GPU_PROFILE, budget, wl, settings).best
+    assert len(calls) == 2 and kept.gpu_tensors == first.gpu_tensors

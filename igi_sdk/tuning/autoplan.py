@@ -2,7 +2,9 @@
 
 The planner estimates llama.cpp's compute buffers; a ``no_alloc`` dry run of the chosen plan
 measures them. If the measured plan would exceed the budget, the estimate is scaled by what was
-measured and the planner runs again (at most a few rounds).
+measured and the planner runs again (at most a few rounds). If it measured clearly less than
+estimated, the planner runs once more with the measured scale, so the VRAM the estimate held
+back goes to weights, and that plan is kept only if its own dry run fits too.
 """
 
 from __future__ import annotations
@@ -57,14 +59,41 @@ def plan_checked(
         return result
     for _ in range(_ROUNDS):
         vram, measured = measured_vram(path, inv, result.best, prof, wl, settings)
-        if vram["total"] <= budget:
-            best = result.best.model_copy(update={"vram_bytes": vram})
-            return dataclasses.replace(result, best=best)
         est = result.best.vram_bytes.get("compute", 1) or 1
+        if vram["total"] <= budget:
+            checked = _checked(result, vram)
+            if measured < _SLACK * est:
+                return _fill_slack(path, inv, prof, budget, wl, settings, checked, measured / est)
+            return checked
         scale = wl.compute_scale * max(1.05, measured / est * 1.05)
         wl = dataclasses.replace(wl, compute_scale=scale)
         result = plan_for(inv, prof, budget, wl)
     return result
+
+
+_SLACK = 0.85  # a dry run measuring below this share of the compute estimate re-plans once
+
+
+def _checked(result: PlanResult, vram: dict[str, int]) -> PlanResult:
+    return dataclasses.replace(result, best=result.best.model_copy(update={"vram_bytes": vram}))
+
+
+def _fill_slack(
+    path: Path, inv: ModelInventory, prof: Profile, budget: int, wl: Workload,
+    settings: ContextSettings, checked: PlanResult, ratio: float,
+) -> PlanResult:
+    """Re-plan with the compute estimate scaled to what the dry run measured (plus 5%), and keep
+    the new plan if it places more and its own dry run fits; else ``checked``."""
+    tighter = dataclasses.replace(wl, compute_scale=wl.compute_scale * ratio * 1.05)
+    result = plan_for(inv, prof, budget, tighter)
+    if result.best.gpu_tensors == checked.best.gpu_tensors and \
+            result.best.n_ubatch == checked.best.n_ubatch:
+        return checked
+    vram, _ = measured_vram(path, inv, result.best, prof, tighter, settings)
+    if vram["total"] > budget or result.best.predicted.get("turn_s", float("inf")) >= \
+            checked.best.predicted.get("turn_s", float("inf")):
+        return checked
+    return _checked(result, vram)
 
 
 def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True,
