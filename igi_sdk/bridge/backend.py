@@ -37,9 +37,10 @@ class Backend(Protocol):
     def model_name(self) -> str | None: ...
 
     def load_model(self, path: Path, request: P.LoadModel,
-                   draft: Path | None = None) -> dict[str, Any]:
+                   draft: Path | None = None, mmproj: Path | None = None) -> dict[str, Any]:
         """Load (or replace) the model, with ``draft`` (a resolved ``request.draft``) for
-        speculative decoding; blocking — the server calls it on a worker thread.
+        speculative decoding and ``mmproj`` (a resolved ``request.mmproj``) for image input;
+        blocking — the server calls it on a worker thread.
         Returns the ``load_model`` reply body."""
         ...
 

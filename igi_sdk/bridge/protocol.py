@@ -29,10 +29,16 @@ PROTOCOL_VERSION = 1  # the major version: ``v`` of every message; must match
 PROTOCOL_MINOR = 1  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
-            "resume_stream", "json_schema_string", "session_names", "draft_model")
+            "resume_stream", "json_schema_string", "session_names", "draft_model",
+            "images")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
-MAX_MESSAGE_BYTES = 1 << 20
+# One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
+# holds one such image and the rest of a chat, so several images share 17 MiB together.
+MAX_IMAGE_BYTES = 16 << 20
+MAX_IMAGES = 4
+MAX_MESSAGE_BYTES = MAX_IMAGE_BYTES + (1 << 20)
+MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 MAX_TEXT_CHARS = 32_000
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
@@ -89,6 +95,8 @@ class LoadModel(Strict):
     # a draft model for speculative decoding (same tokenizer), relative to the model directory;
     # nil: the sidecar's own (--draft), if any
     draft: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
+    # the model's vision projector (mmproj GGUF), a path like ``path``; nil: text only
+    mmproj: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
 
 
 class Sampling(Strict):
@@ -111,6 +119,24 @@ class OpenSession(Strict):
     name: Name | None = None  # a stable session id chosen by the game ("npc.brom")
 
 
+class ChatImage(Strict):
+    """One image of a chat line: PNG/JPEG file bytes (``data``), or raw 8-bit pixels, rows top
+    to bottom (``pixels`` with ``width``, ``height``, ``channels`` 3 = RGB or 4 = RGBA)."""
+
+    data: Annotated[bytes, Field(min_length=1, max_length=MAX_IMAGE_BYTES)] | None = None
+    pixels: Annotated[bytes, Field(min_length=1, max_length=MAX_IMAGE_BYTES)] | None = None
+    # pixels only; sizes are checked where the image is read (invalid_image)
+    width: int = Field(0, ge=0, le=65_535)
+    height: int = Field(0, ge=0, le=65_535)
+    channels: int = Field(3, ge=3, le=4)
+
+    @model_validator(mode="after")
+    def _one_source(self) -> ChatImage:
+        if (self.data is None) == (self.pixels is None):
+            raise ValueError("an image has either data (PNG/JPEG bytes) or pixels")
+        return self
+
+
 class Chat(Strict):
     """``grammar`` (GBNF) and ``json_schema`` constrain the reply; give at most one."""
 
@@ -122,6 +148,9 @@ class Chat(Strict):
     grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
     # a map, or the same as a JSON string (engines without a JSON tree type send text)
     json_schema: dict[str, Any] | Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    # images the NPC sees with this line (a model loaded with its mmproj); where they go:
+    # PROTOCOL.md, ``chat``
+    images: list[ChatImage] = Field(default_factory=list, max_length=MAX_IMAGES)
 
     @field_validator("json_schema")
     @classmethod
@@ -339,8 +368,8 @@ def parse_request(frame: bytes) -> Request:
 
 
 def _unpack(frame: bytes) -> Any:
-    return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES,
-                           max_str_len=MAX_MESSAGE_BYTES, max_array_len=4096, max_map_len=256)
+    return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_IMAGE_BYTES,
+                           max_str_len=MAX_STR_BYTES, max_array_len=4096, max_map_len=256)
 
 
 def _best_effort_id(frame: bytes) -> int:

@@ -47,6 +47,7 @@ class ServerConfig:
     model_dir: Path = field(default_factory=Path.cwd)
     save_dir: Path | None = None  # default: <model_dir>/sessions
     model: str | None = None  # loaded at start (relative to model_dir or absolute inside it)
+    mmproj: str | None = None  # the start model's vision projector (like ``model``)
     n_ctx: int = 4096
     max_sessions: int = 8
     max_sessions_per_client: int = 8
@@ -163,9 +164,10 @@ class Server:
     def serve_forever(self) -> None:
         if self.cfg.model:  # fail fast: a sidecar started with a model it cannot load exits
             body = P.LoadModel(path=self.cfg.model, n_ctx=self.cfg.n_ctx,
-                               max_sessions=self.cfg.max_sessions)
+                               max_sessions=self.cfg.max_sessions, mmproj=self.cfg.mmproj)
             try:
-                self.backend.load_model(self._resolve_model(body.path), body)
+                mmproj = self._resolve_model(body.mmproj) if body.mmproj else None
+                self.backend.load_model(self._resolve_model(body.path), body, mmproj=mmproj)
                 self.model_name = self.backend.model_name
             except P.ProtocolError as e:
                 self.close()
@@ -399,13 +401,14 @@ class Server:
             raise P.ProtocolError("loading", "a model is already loading", retryable=True)
         path = self._resolve_model(body.path)  # refuse bad paths synchronously
         draft = self._resolve_model(body.draft) if body.draft is not None else None
+        mmproj = self._resolve_model(body.mmproj) if body.mmproj is not None else None
         self.loading = True
         self.model_name = None  # the old model goes away first
         done: Future[dict[str, Any]] = Future()
 
         def load() -> None:
             try:
-                done.set_result(self.backend.load_model(path, body, draft))
+                done.set_result(self.backend.load_model(path, body, draft, mmproj))
             except BaseException as e:  # noqa: BLE001 - answered as a typed error
                 done.set_exception(e)
 
