@@ -42,7 +42,7 @@ from igi_sdk.errors import (
 from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
-from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.tuning import (
     cached_before_backend,
@@ -98,7 +98,7 @@ class ModelHost:
     # --- loading -------------------------------------------------------------------------------
 
     def load_model(self, path: Path, request: P.LoadModel,
-                   draft: Path | None = None) -> dict[str, Any]:
+                   draft: Path | None = None, mmproj: Path | None = None) -> dict[str, Any]:
         with self._load_lock:
             with self._reserve_lock:
                 self._loading = True
@@ -107,7 +107,7 @@ class ModelHost:
             if old is not None:  # a new model: the old sessions cannot follow it
                 old.close()
             try:
-                self._open(path, request, draft or self.cfg.draft_model)
+                self._open(path, request, draft or self.cfg.draft_model, mmproj)
             except BaseException:
                 _end_all(waiting + self._loaded(), EngineUnavailableError(
                     "the model failed to load"))
@@ -129,12 +129,14 @@ class ModelHost:
             arrived, self._arriving = self._arriving, []
         return arrived
 
-    def _open(self, path: Path, request: P.LoadModel, draft: Path | None) -> None:
+    def _open(self, path: Path, request: P.LoadModel, draft: Path | None,
+              mmproj: Path | None = None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
                            prefill_chunk=self.cfg.prefill_chunk,
                            draft_model=str(draft) if draft else None,
-                           speculative=SpeculativeConfig(k=self.cfg.draft_k))
+                           speculative=SpeculativeConfig(k=self.cfg.draft_k),
+                           mmproj=str(mmproj) if mmproj else None)
         inventory = read_inventory(path)
         setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step)
                  if request.vram_budget is None else None)
@@ -246,7 +248,8 @@ class ModelHost:
             return _failed(e)
         return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
                               stop=request.stop, grammar=request.grammar,
-                              json_schema=request.json_schema, listener=listener)
+                              json_schema=request.json_schema, listener=listener,
+                              images=[ImageInput(**i.model_dump()) for i in request.images])
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         try:
