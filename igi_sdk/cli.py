@@ -176,7 +176,7 @@ def _resolve_plan(name: str, inventory: object) -> object:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     from igi_sdk.model import default_model_path, read_inventory
-    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+    from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
     from igi_sdk.runtime.speculative import SpeculativeConfig
 
     path = Path(args.model) if args.model else default_model_path()
@@ -201,16 +201,18 @@ def cmd_chat(args: argparse.Namespace) -> int:
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
     config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                           draft_model=args.draft,
-                          speculative=SpeculativeConfig(k=args.draft_k))
+                          speculative=SpeculativeConfig(k=args.draft_k), mmproj=args.mmproj)
     with _Progress(f"loading {path.name}", eager=args.progress,
                    bar=True if args.progress else None) as progress:
         engine = Engine(path, plan, config, progress=progress)  # type: ignore[arg-type]
     with engine:
         sid = engine.open_session(args.system, sampling=sampling, priority=1)
         schema = Path(args.json_schema).read_text() if args.json_schema else None
+        images = [ImageInput.from_file(f) for f in args.image]
         if lines is not None:
             for line in lines:
-                _say(engine, sid, line, args, schema)
+                _say(engine, sid, line, args, schema, images)
+                images = []  # seen with the first line; the conversation remembers them
             return 0
         print("(type a line for the NPC; an empty line or /quit ends)", file=sys.stderr)
         while True:
@@ -220,7 +222,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
                 break
             if not line or line == "/quit":
                 break
-            _say(engine, sid, line, args, schema)
+            _say(engine, sid, line, args, schema, images)
+            images = []
     return 0
 
 
@@ -235,9 +238,11 @@ def _piped_lines(stream: Iterable[str]) -> Iterator[str]:
             yield line
 
 
-def _say(engine: object, sid: str, line: str, args: argparse.Namespace, schema: str | None) -> None:
-    print(f"you> {line}")
-    gen = engine.chat(sid, line, max_tokens=args.max_tokens, json_schema=schema)  # type: ignore[attr-defined]
+def _say(engine: object, sid: str, line: str, args: argparse.Namespace, schema: str | None,
+         images: list | None = None) -> None:
+    print(f"you> {line}" + "".join(f" [image {i + 1}]" for i in range(len(images or []))))
+    gen = engine.chat(sid, line, max_tokens=args.max_tokens, json_schema=schema,  # type: ignore[attr-defined]
+                      images=images or [])
     sys.stdout.write("npc> ")
     for piece in gen:
         sys.stdout.write(piece)
@@ -480,6 +485,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
             data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
             args.save_dir = str(Path(data) / "igi-sdk" / "sessions")
+    if args.mmproj:  # the projector obeys the model directory as the model does
+        _check_model_dir(model_dir, args.mmproj, inventory=False)
     cfg = ServerConfig(
         endpoint=args.endpoint, model_dir=model_dir,
         save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
@@ -488,6 +495,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         orphan_ttl_s=args.orphan_ttl,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
+        mmproj=args.mmproj,
     )
     host = HostConfig(
         n_threads=args.threads, arbiter=not args.no_arbiter,
@@ -523,8 +531,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _check_model_dir(model_dir: Path, model: str | None) -> None:
-    """``serve --model-dir DIR [--model FILE]``: DIR exists, FILE is a GGUF model inside it."""
+def _check_model_dir(model_dir: Path, model: str | None, *, inventory: bool = True) -> None:
+    """``serve --model-dir DIR [--model FILE]``: DIR exists, FILE is a GGUF model inside it
+    (``inventory=False``: any file inside it, e.g. a vision projector)."""
     from igi_sdk.model import read_inventory
 
     if not model_dir.is_dir():
@@ -545,7 +554,8 @@ def _check_model_dir(model_dir: Path, model: str | None) -> None:
         raise ModelFileNotFoundError(
             f"no model file '{model}' in {model_dir} (--model names a GGUF file inside "
             "--model-dir: put your model there, or leave both out to serve the default model)")
-    read_inventory(path)  # not a GGUF, truncated: its typed error now, not after "listening"
+    if inventory:
+        read_inventory(path)  # not a GGUF, truncated: its typed error now, not after "listening"
 
 
 def _check_game(pid: int) -> None:
@@ -631,6 +641,10 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--threads", type=int, default=0,
                    help="CPU threads (0 = leave the game cores; IGI_SDK_THREADS)")
     c.add_argument("--json-schema", help="constrain the reply to this JSON schema file")
+    c.add_argument("--mmproj", help="the model's vision projector GGUF (image input)")
+    c.add_argument("--image", action="append", default=[],
+                   help="a PNG/JPEG the NPC sees with the first line (repeatable; needs "
+                        "--mmproj); a '<__media__>' in the line places it, else it goes first")
     c.add_argument("--progress", action="store_true", help="show load progress even when piped")
     _draft_arguments(c)
     c.set_defaults(fn=cmd_chat)
@@ -669,6 +683,8 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model-dir", help="the only directory load_model may read "
                                         "(default: the embedded model's)")
     sv.add_argument("--model", help="model to load at start, inside --model-dir")
+    sv.add_argument("--mmproj", help="the --model's vision projector GGUF, inside --model-dir "
+                                     "(chat.images; load_model.mmproj names one per load)")
     sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)

@@ -298,8 +298,29 @@ class Client:
     def chat(self, session: str, text: str, **options: Any) -> ChatStream:
         if not self._greeted:
             self.hello()
-        msg_id = self.send("chat", {"session": session, "text": text, **options})
+        msg_id = self.send("chat", {"session": session, "text": text, **_wire_images(options)})
         return ChatStream(self, msg_id)
+
+
+def _wire_images(options: dict[str, Any]) -> dict[str, Any]:
+    """``images=[...]`` as the wire wants them: PNG/JPEG ``bytes`` become ``{"data": ...}``;
+    maps (``{"data"}`` or ``{"pixels", "width", "height", "channels"}``) and objects with
+    those attributes (``runtime.ImageInput``) are sent as given."""
+    images = options.get("images")
+    if not images:
+        return options
+
+    def one(image: Any) -> dict[str, Any]:
+        if isinstance(image, bytes | bytearray | memoryview):
+            return {"data": bytes(image)}
+        if isinstance(image, dict):
+            return image
+        if getattr(image, "data", None) is not None:
+            return {"data": bytes(image.data)}
+        return {"pixels": bytes(image.pixels), "width": image.width, "height": image.height,
+                "channels": image.channels}
+
+    return {**options, "images": [one(i) for i in images]}
 
 
 class ChatStream:
@@ -384,7 +405,7 @@ class AsyncClient:
             await self.request("ping")
         msg_id = next(self._ids)
         await self._sock.send(P.encode(msg_id, "chat", {"session": session, "text": text,
-                                                       **options}))
+                                                       **_wire_images(options)}))
         while True:
             rtype, body = await self._next(msg_id)
             if rtype == "token":

@@ -7,6 +7,7 @@ from __future__ import annotations
 import llama_cpp  # before numpy: with the CUDA build, numpy first crashes model loading
 
 # isort: split
+import shutil
 import struct
 import zlib
 from collections.abc import Iterator
@@ -15,6 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from igi_sdk.client import BridgeError, Client
 from igi_sdk.errors import (
     InvalidImageError,
     InvalidStateError,
@@ -260,3 +262,117 @@ def test_reshard_keeps_image_sessions(engine: Engine, session: str) -> None:
         assert _say(engine, other, "And how much would you pay?").tokens == reference[1]
     finally:
         engine.close_session(other)
+
+
+# --- over the real sidecar -----------------------------------------------------------------------
+
+WIRE_GREEDY = {"temperature": 0.0, "repeat_penalty": 1.0}
+
+
+@pytest.fixture(scope="module")
+def sidecar(vlm: VLMFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    from tests.test_bridge import start_sidecar, stop
+
+    d = tmp_path_factory.mktemp("vlm-models")
+    shutil.copy(vlm.model, d / "tiny-vl.gguf")
+    shutil.copy(vlm.mmproj, d / "mmproj-tiny-vl.gguf")
+    ep = f"ipc://{tmp_path_factory.mktemp('ipc-vl') / 's.sock'}"
+    proc = start_sidecar(d, ep, "--model", "tiny-vl.gguf", "--mmproj", "mmproj-tiny-vl.gguf",
+                         "--ctx", "1024", "--prefill-chunk", "48", "--no-arbiter")
+    probe = Client(ep, timeout=60)
+    probe.wait_ready(60)
+    probe.close()
+    yield ep
+    stop(proc)
+
+
+def _wire(c: Client, sid: str, text: str, images: list | None = None) -> str:
+    done = c.chat(sid, text, images=images or [], max_tokens=6, ignore_eos=True).result()
+    assert done["usage"]["completion_tokens"] == 6
+    return done["text"]
+
+
+def _wire_conversation(c: Client, image_bytes: bytes) -> list[str]:
+    sid = c.open_session(NPC, sampling=WIRE_GREEDY)
+    try:
+        return [_wire(c, sid, "What do you think of this sword?", [image_bytes]),
+                _wire(c, sid, "And how much would you pay?")]
+    finally:
+        c.close_session(sid)
+
+
+def _code(call) -> str:
+    with pytest.raises(BridgeError) as e:
+        call()
+    return e.value.code
+
+
+def test_image_chat_over_the_sidecar(sidecar: str) -> None:
+    c = Client(sidecar, timeout=60)
+    try:
+        assert "images" in c.hello()["features"]
+        reference = _wire_conversation(c, png(_pixels(0)))
+        assert _wire_conversation(c, png(_pixels(0))) == reference
+        raw = {"pixels": _pixels(1).tobytes(), "width": W, "height": H, "channels": 3}
+        assert _wire_conversation(c, raw)[0] != reference[0]  # type: ignore[arg-type]
+        # saved and restored over the wire: the next turn is the uninterrupted one's
+        sid = c.open_session(NPC, sampling=WIRE_GREEDY)
+        assert _wire(c, sid, "What do you think of this sword?", [png(_pixels(0))]) \
+            == reference[0]
+        c.save_session(sid, "brom-sword")
+        c.close_session(sid)
+        sid = c.restore_session("brom-sword")
+        assert _wire(c, sid, "And how much would you pay?") == reference[1]
+        c.close_session(sid)
+    finally:
+        c.close()
+
+
+def test_bad_images_over_the_wire_are_typed_and_change_nothing(sidecar: str) -> None:
+    c = Client(sidecar, timeout=60)
+    try:
+        reference = _wire_conversation(c, png(_pixels(0)))
+        sid = c.open_session(NPC, sampling=WIRE_GREEDY)
+        assert _wire(c, sid, "What do you think of this sword?", [png(_pixels(0))]) \
+            == reference[0]
+        tokens = next(s["tokens"] for s in c.request("list_sessions")["sessions"]
+                      if s["session"] == sid)
+        huge = {"pixels": bytes(1008 * 1008 * 3), "width": 1008, "height": 1008}  # 1296 tokens
+        cases = {
+            "invalid_image": [[png(_pixels(0))[:60]], [b"GIF89a" + bytes(64)],
+                              [{"pixels": b"\0" * 3, "width": 0, "height": 1}],
+                              [{"pixels": b"\0" * 3, "width": 9000, "height": 9000}],
+                              [{"pixels": bytes(10), "width": W, "height": H}]],
+            "invalid_body": [[png(_pixels(0))] * 5, [{"data": png(_pixels(0)), "channels": 2}]],
+            "prompt_too_long": [[huge]],
+        }
+        for code, image_lists in cases.items():
+            for images in image_lists:
+                assert _code(lambda i=images: c.chat(sid, "And this?", images=i).result()) \
+                    == code
+        assert _code(lambda: c.chat(sid, "<__media__> <__media__>",
+                                    images=[png(_pixels(0))]).result()) == "invalid_image"
+        listed = next(s for s in c.request("list_sessions")["sessions"] if s["session"] == sid)
+        assert (listed["tokens"], listed["busy"]) == (tokens, False)
+        assert _wire(c, sid, "And how much would you pay?") == reference[1]
+        c.close_session(sid)
+    finally:
+        c.close()
+
+
+def test_projector_per_load_and_text_only_models(sidecar: str) -> None:
+    c = Client(sidecar, timeout=60)
+    try:
+        assert _code(lambda: c.load_model("tiny-vl.gguf", mmproj="../mmproj-tiny-vl.gguf")) \
+            == "forbidden_path"
+        c.load_model("tiny-vl.gguf", n_ctx=1024)  # no projector: text only
+        sid = c.open_session(NPC, sampling=WIRE_GREEDY)
+        assert _code(lambda: c.chat(sid, "Look", images=[png(_pixels(0))]).result()) \
+            == "vision_unavailable"
+        _wire(c, sid, "Look")  # and the session goes on
+        c.load_model("tiny-vl.gguf", n_ctx=1024, mmproj="mmproj-tiny-vl.gguf")
+        sid = c.open_session(NPC, sampling=WIRE_GREEDY)
+        _wire(c, sid, "Look", [png(_pixels(0))])
+        c.close_session(sid)
+    finally:
+        c.close()

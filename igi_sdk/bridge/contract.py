@@ -551,6 +551,12 @@ def vectors() -> list[Vector]:
         _bad("invalid_save_name_device", _env(34, "restore_session", {"name": "Con.txt"}),
              "invalid_body", 34, "Windows device names (CON, PRN, AUX, NUL, COM0-9, LPT0-9, "
              "any case, any extension) are not save names"),
+        _bad("invalid_chat_image_source", _env(35, "chat", {"session": SID, "text": "Look!",
+                                                            "images": [{"width": 64}]}),
+             "invalid_body", 35, "an image has either data (PNG/JPEG bin) or pixels (bin)"),
+        _bad("invalid_chat_images_too_many", _env(36, "chat", {
+            "session": SID, "text": "Look!", "images": [{}] * (P.MAX_IMAGES + 1)}),
+             "invalid_body", 36, f"at most {P.MAX_IMAGES} images per chat"),
         # --- replies and events ---
         _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION,
                                           "minor": P.PROTOCOL_MINOR,

@@ -63,8 +63,11 @@ class ImageInput:
 
     @classmethod
     def from_file(cls, path: str) -> ImageInput:
-        with open(path, "rb") as f:
-            return cls(data=f.read())
+        try:
+            with open(path, "rb") as f:
+                return cls(data=f.read())
+        except OSError as e:
+            raise InvalidImageError(f"cannot read image {path}: {e.strerror}") from None
 
     def open(self, vision: VisionContext) -> Image:
         """The mtmd bitmap (sizes checked before anything is decoded)."""
