@@ -159,7 +159,7 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ] \
-   || [ "$part" = peers5 ] || [ "$part" = peers6 ]; then
+   || [ "$part" = peers5 ] || [ "$part" = peers6 ] || [ "$part" = peers7 ]; then
   # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -263,11 +263,30 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
         | tee -a "$out/spec.txt"
     fi
   fi
+  if [ "$part" = peers7 ]; then
+    # after run 6 (2 GB: the q8_0-KV plan the dry run's slack made possible decoded 10.6
+    # tok/s): at 2 GB the shipped f16 plan, the q8_0 plan again, upstream --fit expert; then the
+    # MoE at 4 GB beside --fit expert and --n-cpu-moe (upstream's own thread waits)
+    pb --budgets 2 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag f16-slack
+    have 60 && pb --budgets 2 --cases 1024:1152 --strategies ours --kv q8-allowed --tag q8-slack
+    up --budgets 2 --peers fit-expert
+    have 60 && pb --budgets 4 --cases 1024:1152 --strategies ours --tag f16-slack
+    up --budgets 4 --peers fit-expert
+    if have 240; then
+      python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" --timeout 120 \
+        --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --budgets 4 \
+        --cases 1024:1152 --strategies ours --tag moe 2>&1 | grep -v "^{" | grep -v "^$" \
+        | tee -a "$out/planner.txt"
+      UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
+    fi
+  fi
   if [ "$part" = peers6 ]; then
     # a 64 MiB margin and the dry run's slack given to weights: ours at 2, 4 and 8 GB (at
     # llama-bench's own context) beside upstream --fit expert; the MoE at 4 GB beside --fit
-    # expert and --n-cpu-moe; then a 16K-context row for the cost model
-    pb --budgets 2,4,8 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag slack
+    # expert and --n-cpu-moe; then a 16K-context row for the cost model. PEERS6_KV=q8-allowed
+    # lets the planner choose q8_0 KV (run 6 did; f16 is the default since)
+    pb --budgets 2,4,8 --cases 1024:1152 --strategies ours --save-plan "$sp" --tag slack \
+      --kv "${PEERS6_KV:-f16}"
     up --budgets 2,4,8 --peers fit-expert
     if have 240; then
       python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" --timeout 120 \

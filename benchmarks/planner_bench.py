@@ -107,7 +107,7 @@ def child(args: argparse.Namespace) -> dict:
     prompt = args.prompt if n == 1 else 64
     plan_ctx = args.plan_ctx or args.ctx
     wl = Workload(n_ctx=plan_ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen,
-                  pin_host=not args.no_pin, kv_quant=args.kv == "auto",
+                  pin_host=not args.no_pin, kv_quant=args.kv == "q8-allowed",
                   output_first=args.output_first)
     t0 = time.perf_counter()
     if args.plan_file:  # a saved plan, run as it is (e.g. one made for another n_ctx)
@@ -214,8 +214,9 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="a label stored with every result")
     ap.add_argument("--no-pin", action="store_true",
                     help="plan with host weights memory-mapped instead of pinned")
-    ap.add_argument("--kv", choices=("auto", "f16"), default="auto",
-                    help="auto: the planner may choose q8_0 KV (as shipped); f16: it may not")
+    ap.add_argument("--kv", choices=("f16", "q8-allowed"), default="f16",
+                    help="f16: f16 KV only (as shipped); q8-allowed: the planner may choose "
+                    "q8_0 KV")
     ap.add_argument("--output-first", action=argparse.BooleanOptionalAction, default=False,
                     help="the planner may put the output head before attention (run4: it did, "
                          "as the default then)")

@@ -190,9 +190,13 @@ def layer_bytes(model: str) -> int:
 
 
 def n_layers(model: str) -> int:
-    from igi_sdk.model import read_inventory
+    """The model's block count, read with gguf-py (importing igi_sdk would set its thread-wait
+    policy in this process's environment, which llama-bench children inherit)."""
+    from gguf import GGUFReader
 
-    return read_inventory(model).arch.n_layers
+    reader = GGUFReader(model)
+    arch = bytes(reader.fields["general.architecture"].parts[-1]).decode()
+    return int(reader.fields[f"{arch}.block_count"].parts[-1][0])
 
 
 def smallest_fitting_ncmoe(args, nv, handle, limit: float) -> tuple[list[str], dict,

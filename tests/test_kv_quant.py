@@ -53,7 +53,7 @@ def _plans(inv, wl: Workload):
 
 def test_planner_chooses_q8_0_only_with_every_layer_kv_in_vram(tiny_llama) -> None:
     inv = read_inventory(tiny_llama)
-    wl = Workload(n_ctx=8192, prompt_tokens=512, gen_tokens=64)
+    wl = Workload(n_ctx=8192, prompt_tokens=512, gen_tokens=64, kv_quant=True)
     chosen = set()
     for res in _plans(inv, wl):
         for c in res.candidates:
@@ -68,9 +68,9 @@ def test_planner_chooses_q8_0_only_with_every_layer_kv_in_vram(tiny_llama) -> No
     assert "q8_0" in chosen  # at a long context the freed VRAM buys the weights' place
 
 
-def test_planner_keeps_f16_kv_when_told(tiny_llama) -> None:
+def test_planner_keeps_f16_kv_unless_asked(tiny_llama) -> None:
     inv = read_inventory(tiny_llama)
-    wl = Workload(n_ctx=8192, prompt_tokens=512, gen_tokens=64, kv_quant=False)
+    wl = Workload(n_ctx=8192, prompt_tokens=512, gen_tokens=64)  # the default: f16 only
     for res in _plans(inv, wl):
         assert not any(quantized_kv(c.plan) for c in res.candidates)
 

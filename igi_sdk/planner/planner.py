@@ -80,8 +80,10 @@ class Workload:
     # with it. None: the planner chooses (``copy_threshold``).
     copy_min_batch: int | None = None
     # Whether the planner may store the KV cache as q8_0 (K and V; flash attention on) where
-    # the VRAM it frees buys weights on the GPU (``KV_QUANT_MIN_GAIN``). False: f16 KV only.
-    kv_quant: bool = True
+    # the VRAM it frees buys weights on the GPU (``KV_QUANT_MIN_GAIN``). Off by default: on
+    # H100s it decoded +1%, +30% and -0.3% at 4 GB but 10.6 tok/s against 14.3 at 2 GB (one
+    # run each, docs/planner.md), so the lossy cache is not yet a reliable gain.
+    kv_quant: bool = False
     # Whether the planner also tries the output head before attention (``output-first-copy``):
     # off by default, since on an H100 at 2 GB it decoded 6.6 tok/s against attn-first's 9.2,
     # one run each (predicted 12.9 vs 11.9; docs/planner.md, "Output head first").
