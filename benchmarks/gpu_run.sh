@@ -159,7 +159,8 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
     --strategies ours,P2,P1,full --threads "$t" --timeout 120 --json "$out/planner.json" 2>&1 | grep -v "^{"
 fi
 if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ] \
-   || [ "$part" = peers5 ] || [ "$part" = peers6 ] || [ "$part" = peers7 ]; then
+   || [ "$part" = peers5 ] || [ "$part" = peers6 ] || [ "$part" = peers7 ] \
+   || [ "$part" = spin ]; then
   # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -279,6 +280,23 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
         | tee -a "$out/planner.txt"
       UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
     fi
+  fi
+  if [ "$part" = spin ]; then
+    # how the engine's thread waits cost decode (the SDK's default: OMP_WAIT_POLICY=PASSIVE,
+    # threads sleep at every barrier so a game keeps its cores): the MoE (many barriers per
+    # token) and the dense model at 4 GB, passive / spinning / a bounded spin, beside upstream
+    moe() { python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" \
+              --timeout 120 --json "$out/planner.json" --profile /tmp/igi-bench/profile.json \
+              --budgets 4 --cases 1024:1152 --strategies ours "$@" 2>&1 | grep -v "^{" \
+              | grep -v "^$" | tee -a "$out/planner.txt"; }
+    moe --tag passive
+    OMP_WAIT_POLICY=ACTIVE moe --tag active
+    have 90 && GOMP_SPINCOUNT=${SPIN:-20000} moe --tag "spin${SPIN:-20000}"
+    UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert
+    have 60 && pb --budgets 4 --cases 1024:1152 --strategies ours --tag passive
+    have 60 && OMP_WAIT_POLICY=ACTIVE pb --budgets 4 --cases 1024:1152 --strategies ours \
+      --tag active
+    up --budgets 4 --peers fit-expert
   fi
   if [ "$part" = peers6 ]; then
     # a 64 MiB margin and the dry run's slack given to weights: ours at 2, 4 and 8 GB (at
