@@ -390,3 +390,17 @@ def test_a_tied_output_head_is_priced(default_model) -> None:
     head = heads[0].n_bytes / cpu.cpu.rate(heads[0].ggml_type, 1)
     without = ubatch_cost(inv, Plan.all_cpu(), cpu, 1, 64, output_tokens=0).cpu_s
     assert one - without == pytest.approx(head)
+
+
+def test_models_with_experts_keep_a_larger_margin(tiny_llama, tiny_moe) -> None:
+    """The CUDA pool's share for temporaries: 64 MiB for dense models, 128 MiB with routed
+    experts (a 30B-A3B plan went over its budget on an H100 with 64 MiB)."""
+    from igi_sdk.planner.planner import vram_by_category
+
+    wl = Workload(n_ctx=512)
+    plan = Plan(name="cpu-ish", gpu_layers=0, flash_attn="on", n_ubatch=512, op_offload=False)
+    dense = vram_by_category(read_inventory(tiny_llama), plan, GPU_PROFILE, wl)
+    moe = vram_by_category(read_inventory(tiny_moe), plan, GPU_PROFILE, wl)
+    mib = 1024 * 1024
+    assert dense["margin"] - int(0.05 * dense["compute"]) == 64 * mib
+    assert moe["margin"] - int(0.05 * moe["compute"]) == 128 * mib

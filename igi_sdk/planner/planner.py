@@ -53,11 +53,18 @@ UBATCHES = (512, 1024, 2048)
 # faster than the best f16-KV plan (``choose``).
 KV_QUANT = "q8_0"
 KV_QUANT_MIN_GAIN = 0.02
-# llama.cpp's small buffers, the CUDA pool for temporaries, fragmentation: on an H100 (8B Q4_0,
-# 2 and 4 GB, n_ubatch 512) the NVML peak stayed 120 MB below a plan priced with 128 MiB here
-# and a dry-run-measured compute buffer, so most of 128 MiB was VRAM taken from weights
+# llama.cpp's small buffers, the CUDA pool for temporaries, fragmentation. On an H100 (n_ubatch
+# 512, dry-run-measured compute buffers) a dense 8B Q4_0 plan peaked 120 MB below a 128 MiB
+# margin at 2 and 4 GB, while a 30B-A3B MoE plan went 22 MB over a 64 MiB one (the routed
+# experts' matmuls take more from the CUDA pool): 64 MiB for dense models, 128 MiB with experts
 _MARGIN_BYTES = 64 * MIB
+_MARGIN_BYTES_MOE = 128 * MIB
 _MARGIN_FRACTION = 0.05
+
+
+def _margin(inv: ModelInventory, compute: int) -> int:
+    fixed = _MARGIN_BYTES_MOE if inv.arch.is_moe else _MARGIN_BYTES
+    return fixed + int(_MARGIN_FRACTION * compute)
 
 
 @dataclass(frozen=True)
@@ -197,7 +204,7 @@ def vram_by_category(
     kv_all = inv.kv_bytes(wl.n_ctx, plan.type_k, plan.type_v, swa_full=True)
     kv = kv_all * len(layers) // max(1, inv.arch.n_layers)
     compute = int(compute_buffer_estimate(inv, plan, wl) * compute_scale)
-    margin = _MARGIN_BYTES + int(_MARGIN_FRACTION * compute)
+    margin = _margin(inv, compute)
     fixed = prof.gpu_fixed_bytes
     total = fixed + weights + kv + compute + margin
     return {"fixed": fixed, "weights": weights, "kv": kv, "compute": compute, "margin": margin,
@@ -338,7 +345,7 @@ def _best_prefix(
         staging = staging_suffix[k] if base.op_offload else 0
         logits = _logits_bytes(inv, base, wl, head_in is not None and k >= head_in)
         compute = int((act + logits + staging) * wl.compute_scale)
-        margin = _MARGIN_BYTES + int(_MARGIN_FRACTION * compute)
+        margin = _margin(inv, compute)
         return prof.gpu_fixed_bytes + weights + kv_layers * kv_layer + compute + margin
 
     weights = kv_layers = 0
