@@ -160,7 +160,7 @@ if [ "$part" = dense-moe ] || [ "$part" = all ]; then
 fi
 if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$part" = peers4 ] \
    || [ "$part" = peers5 ] || [ "$part" = peers6 ] || [ "$part" = peers7 ] \
-   || [ "$part" = spin ]; then
+   || [ "$part" = spin ] || [ "$part" = fresh ]; then
   # ours (planner_bench) beside upstream llama-bench peers at the same VRAM (NVML
   # peak), and the n_ctx 2048 -> 4096 decode drop with the same placement at both contexts.
   # END: seconds into this call by which everything must be done (the build included).
@@ -280,6 +280,13 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
         | tee -a "$out/planner.txt"
       UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
     fi
+  fi
+  if [ "$part" = fresh ]; then
+    # the cost model with a profile measured on this machine (run without .gpu/profile.json):
+    # dense 2, 4 and 8 GB at llama-bench's context, 4 GB at 16K, beside upstream at 4 GB
+    pb --budgets 2,4,8 --cases 1024:1152 --strategies ours --tag fresh-profile
+    have 90 && pb --budgets 4 --cases 4096:16384 --strategies ours --tag fresh-profile-16k
+    up --budgets 4 --peers fit-expert
   fi
   if [ "$part" = spin ]; then
     # how the engine's thread waits cost decode (the SDK's default: OMP_WAIT_POLICY=PASSIVE,
