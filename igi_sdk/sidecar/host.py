@@ -33,6 +33,7 @@ from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
+    BudgetTooSmallError,
     CannotFreeError,
     DeadlineMissedError,
     EngineClosedError,
@@ -40,7 +41,8 @@ from igi_sdk.errors import (
     IgiError,
 )
 from igi_sdk.model import ModelInventory, read_inventory
-from igi_sdk.planner import Plan
+from igi_sdk.planner import Plan, Workload
+from igi_sdk.planner.speculative import draft_vram
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
 from igi_sdk.runtime.speculative import SpeculativeConfig
@@ -138,17 +140,28 @@ class ModelHost:
                            speculative=SpeculativeConfig(k=self.cfg.draft_k),
                            mmproj=str(mmproj) if mmproj else None)
         inventory = read_inventory(path)
-        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step)
+        # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
+        # budget (an explicit one, or each rung of the arbiter's ladder)
+        drafted = _draft_vram(draft, request, self.cfg.draft_k) if draft else 0
+        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step, drafted)
                  if request.vram_budget is None else None)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
             ladder = setup[0]
             plan = ladder.cpu.plan
         elif request.vram_budget is not None:  # plans (and asks for) its own threshold
             prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
-            plan = plan_for_model(path, inventory, budget=request.vram_budget,
-                                  n_ctx=request.n_ctx, max_sessions=request.max_sessions,
-                                  n_threads=self.cfg.n_threads, profile=prof,
-                                  outputs=cfg.outputs_per_step).best
+            try:
+                plan = plan_for_model(path, inventory, budget=request.vram_budget - drafted,
+                                      n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                                      n_threads=self.cfg.n_threads, profile=prof,
+                                      outputs=cfg.outputs_per_step).best
+            except BudgetTooSmallError as e:
+                if not drafted:
+                    raise
+                raise BudgetTooSmallError(
+                    f"{e} (the draft model takes {drafted >> 20} MiB of the "
+                    f"{request.vram_budget >> 20} MiB budget; load without it or raise the "
+                    "budget)", e.minimum_bytes + drafted) from None
         else:
             plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg)
@@ -156,10 +169,12 @@ class ModelHost:
         if setup is not None:
             self._start_arbiter(setup[0], setup[1])
 
-    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel, outputs: int
+    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel, outputs: int,
+                       draft_vram: int = 0,
                        ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
         """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None.
-        ``outputs``: logits rows per decode step of the engine it plans for."""
+        ``outputs``: logits rows per decode step of the engine it plans for; ``draft_vram``:
+        what a draft model adds to every GPU rung."""
         from igi_sdk.runtime.nvml import nvml
 
         cfg = self.cfg
@@ -180,7 +195,8 @@ class ModelHost:
             threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:
             return None
-        ladder = PlanLadder.build(inventory, prof, with_threshold_in_effect(wl))
+        ladder = PlanLadder.build(inventory, prof, with_threshold_in_effect(wl),
+                                  draft_vram=draft_vram)
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
         return ladder, trace, prof
 
@@ -353,3 +369,10 @@ def reservation_without_arbiter(held_vram: int) -> IgiError | None:
     return CannotFreeError(
         f"the model holds {held_vram >> 20} MiB of VRAM on a fixed plan (a vram_budget was "
         "given, or the arbiter is off), so none of it can be given back")
+
+
+def _draft_vram(draft: Path, request: P.LoadModel, k: int) -> int:
+    """VRAM of a draft held wholly on the GPU beside the target (weights, its KV cache for
+    every session plus ``k`` drafts each, compute buffer): planner.speculative's pricing."""
+    wl = Workload(n_ctx=request.n_ctx, n_seqs=request.max_sessions)
+    return draft_vram(read_inventory(draft), wl, k).total
