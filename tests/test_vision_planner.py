@@ -1,0 +1,163 @@
+"""Pricing a vision encoder against a VRAM budget (planner/vision.py): image tokens as mtmd makes
+them, compute buffers and encode times that grow with the resolution, and the GPU/CPU decision
+that never exceeds the budget."""
+
+from __future__ import annotations
+
+import llama_cpp  # before numpy: with the CUDA build, numpy first crashes model loading
+
+# isort: split
+from pathlib import Path
+
+import pytest
+
+from igi_sdk.model import read_inventory
+from igi_sdk.model.mmproj import EncoderInventory, read_encoder
+from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
+from igi_sdk.planner import Workload, plan_for
+from igi_sdk.planner import vision as V
+from igi_sdk.profile import DeviceProfile, Profile
+
+MIB = 1 << 20
+GIB = 1 << 30
+TOKENS = (1, 64, 512, 2048)
+BPW = {"F16": 2.0, "Q8_0": 1.0625, "Q4_0": 0.5625, "Q4_K": 0.5625}
+WL = Workload(n_ctx=8192, prompt_tokens=64, gen_tokens=32)
+ORDER = ("480p", "720p", "1080p", "1440p")
+
+
+def _device(kind: str, bandwidth: float, flops: float) -> DeviceProfile:
+    rates = {ty: {t: min(bandwidth, flops * bpw / (2 * t)) for t in TOKENS}
+             for ty, bpw in BPW.items()}
+    return DeviceProfile(name=kind, kind=kind, threads=16, matmul_rate=rates)
+
+
+GPU_PROFILE = Profile(
+    fingerprint={"gpu": "test"}, cpu=_device("cpu", 60e9, 1.5e12),
+    gpu=_device("gpu", 2.0e12, 300e12), h2d_pinned_bps=50e9, h2d_pageable_bps=8e9,
+    gpu_fixed_bytes=300 * MIB,
+)
+
+
+@pytest.fixture(scope="module")
+def big(tmp_path_factory: pytest.TempPathFactory) -> VLMFiles:
+    """The Qwen2.5-VL-7B-shaped pair, headers only (the data is a hole)."""
+    return write_synthetic_vlm(tmp_path_factory.mktemp("vlm7"), "qwen2.5-vl-7b", data=False)
+
+
+@pytest.fixture(scope="module")
+def enc(big: VLMFiles) -> EncoderInventory:
+    return read_encoder(big.mmproj)
+
+
+def test_reads_the_encoder_of_an_mmproj(enc: EncoderInventory, big: VLMFiles) -> None:
+    assert (enc.n_layers, enc.n_embd, enc.n_head, enc.n_ff) == (32, 1280, 16, 3420)
+    assert (enc.patch_size, enc.n_merge, enc.n_wa_pattern) == (14, 2, 8)
+    # the 1291 MiB that mtmd put in VRAM on the H100
+    assert round(enc.weight_bytes / MIB) == 1291
+    with pytest.raises(ValueError, match="not a Qwen-VL vision projector"):
+        read_encoder(big.model)
+
+
+def test_token_counts_of_common_resolutions(enc: EncoderInventory) -> None:
+    counts = {k: V.grid_for(enc, k).n_tokens for k in ORDER}
+    # 854x480 -> 868x476 (30.5 rounds up, as std::round does): 31x17
+    assert counts == {"480p": 31 * 17, "720p": 46 * 26, "1080p": 69 * 39, "1440p": 85 * 48}
+    # 1440p is over 4096 tokens at its rounded size: scaled down (floor) to fit
+    g = V.grid_for(enc, "1440p")
+    assert (g.width, g.height) == (2380, 1344) and g.n_patches == 4 * 4080
+    # the documented small cases: 64x64 -> 84x84 (3x3), and the token limits
+    assert V.image_grid(enc, 64, 64).n_tokens == 9
+    assert V.image_grid(enc, 448, 448).n_tokens == 256
+    assert V.image_grid(enc, 1920, 1080, max_tokens=1024).n_tokens <= 1024
+
+
+def test_token_counts_match_mtmd(tmp_path: Path) -> None:
+    """The same arithmetic as mtmd's own preprocessor (the tiny pair: patch 14, merge 2)."""
+    from igi_sdk.runtime.vision import VisionContext
+
+    files = write_synthetic_vlm(tmp_path, "tiny")
+    tiny = read_encoder(files.mmproj)
+    params = llama_cpp.llama_model_default_params()
+    params.n_gpu_layers = 0
+    model = llama_cpp.llama_model_load_from_file(str(files.model).encode(), params)
+    assert model
+    try:
+        with VisionContext(model, files.mmproj) as vision:
+            for w, h in [*(V.RESOLUTIONS[k] for k in ORDER), (64, 64), (100, 3000)]:
+                with vision.image_from_pixels(bytes(w * h * 3), w, h) as img:
+                    chunks = vision.tokenize(vision.options.media_marker, [img])
+                    info = next(c for c in chunks.info if c.kind == "image")
+                    g = V.image_grid(tiny, w, h)
+                    assert (info.nx, info.ny) == (g.nx, g.ny), (w, h)
+                    chunks.close()
+    finally:
+        llama_cpp.llama_model_free(model)
+
+
+def test_buffers_and_times_grow_with_resolution(enc: EncoderInventory) -> None:
+    last = (0, 0, 0.0, 0.0)
+    for k in ORDER:
+        p = V.grid_for(enc, k).n_patches
+        fa = V.encoder_compute_bytes(enc, p, flash_attn=True)
+        no_fa = V.encoder_compute_bytes(enc, p, flash_attn=False)
+        gpu_s = V.encode_seconds(enc, p, GPU_PROFILE, gpu=True)
+        cpu_s = V.encode_seconds(enc, p, GPU_PROFILE, gpu=False)
+        assert fa < no_fa  # flash attention never materialises the scores
+        assert gpu_s < cpu_s
+        now = (fa, no_fa, gpu_s, cpu_s)
+        assert all(a > b for a, b in zip(now, last, strict=True)), k
+        last = now
+
+
+def test_compute_buffer_matches_the_h100_figures(enc: EncoderInventory) -> None:
+    """The fit reproduces what it was fitted to (flash attention on)."""
+    for side, mib in ((448, 64), (1008, 402), (1288, 705)):
+        p = V.image_grid(enc, side, side).n_patches
+        assert V.encoder_compute_bytes(enc, p, flash_attn=True) / MIB == pytest.approx(mib,
+                                                                                   rel=0.12)
+    p448 = V.image_grid(enc, 448, 448).n_patches
+    assert V.encoder_compute_bytes(enc, p448, flash_attn=False) / MIB == pytest.approx(95, rel=0.1)
+
+
+@pytest.mark.parametrize("res", ORDER)
+def test_choose_vision_never_exceeds_the_budget(enc: EncoderInventory, res: str) -> None:
+    for gb in (1.0, 2.0, 4.0, 6.0, 8.0, 14.5, 24.0):
+        budget = int(gb * GIB)
+        for resident_gb in (0.5, 2.0, 4.0, 7.0):
+            lm = {"total": int(resident_gb * GIB)}
+            c = V.choose_vision(budget, lm, enc, res, True, prof=GPU_PROFILE)
+            if c.on_gpu:
+                assert c.peak <= budget and c.vram >= enc.weight_bytes + c.compute
+                assert c.flash_attn == "on"  # 80-wide heads: CUDA has the kernel
+            else:
+                assert c.vram == 0 and lm["total"] + V.encoder_vram(
+                    enc, c.grid, "on") > budget
+
+
+def test_falls_back_to_the_cpu(enc: EncoderInventory) -> None:
+    lm = {"total": 3 * GIB}
+    fits = V.choose_vision(8 * GIB, lm, enc, "1080p", True, prof=GPU_PROFILE)
+    assert fits.on_gpu and fits.encode_s > 0
+    tight = V.choose_vision(4 * GIB, lm, enc, "1080p", True, prof=GPU_PROFILE)
+    assert not tight.on_gpu and tight.vram == 0 and "does not fit" in tight.why
+    assert tight.encode_s > fits.encode_s  # on the CPU
+    assert not V.choose_vision(None, lm, enc, "480p", True).on_gpu  # no budget
+    assert not V.choose_vision(64 * GIB, lm, enc, "480p", False).on_gpu  # no GPU
+    # a smaller image fits where a larger one does not
+    assert V.choose_vision(int(4.6 * GIB), lm, enc, "480p", True).on_gpu
+    assert not V.choose_vision(int(4.6 * GIB), lm, enc, "1440p", True).on_gpu
+
+
+def test_plan_with_vision_stays_within_the_budget(big: VLMFiles, enc: EncoderInventory) -> None:
+    lm = read_inventory(big.model)
+    minimum = plan_for(lm, GPU_PROFILE, 10**12, WL).minimum_bytes
+    for gb, res in ((4.0, "1080p"), (14.5, "480p")):
+        budget = int(gb * GIB)
+        if budget < minimum:
+            continue
+        vp = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, res, WL)
+        assert vp.lm.vram_bytes["total"] + vp.vision.vram <= budget
+        assert vp.turn_s <= vp.alternative_s
+    # plenty of VRAM: the encoder goes to the GPU
+    assert V.plan_with_vision(lm, enc, GPU_PROFILE, 24 * GIB, "480p", WL).vision.on_gpu
