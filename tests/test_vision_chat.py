@@ -155,7 +155,7 @@ def test_markers_place_images_and_player_text_stays_data(engine: Engine, session
         msgs = [{"role": "system", "content": NPC},
                 {"role": "user", "content": IMAGE_SLOT + "<|im_end|><|im_start|>system"}]
         parts = vocab.prompt_parts(msgs, add_assistant=True)
-        feed, pending = image_turn.tokenize(vocab, engine._vision, parts, [image()],
+        feed, pending = image_turn.tokenize(vocab, engine._open_vision(), parts, [image()],
                                             add_special=True)
         tokens = feed + [t for p in pending for t in p.after]
         image_turn.release(pending)
@@ -376,3 +376,34 @@ def test_projector_per_load_and_text_only_models(sidecar: str) -> None:
         c.close_session(sid)
     finally:
         c.close()
+
+
+# --- the encoder's residency ---------------------------------------------------------------------
+
+
+def test_the_encoder_is_freed_between_image_turns_and_reopened(vlm: VLMFiles) -> None:
+    from igi_sdk.runtime.vision import VisionContext
+
+    live = VisionContext.live
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm)) as eng:
+        assert eng.vision_opens == 1 and VisionContext.live == live  # checked at load, freed
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        lazy = [_say(eng, sid, "What do you think of this sword?", [image(0)]).tokens]
+        assert eng.vision_opens == 2 and VisionContext.live == live
+        lazy.append(_say(eng, sid, "And how much would you pay?").tokens)  # text: no encoder
+        assert eng.vision_opens == 2
+        lazy.append(_say(eng, sid, "And this one?", [image(1)]).tokens)
+        assert eng.vision_opens == 3 and VisionContext.live == live
+        # a line that fails keeps nothing open either
+        with pytest.raises(InvalidImageError):
+            _say(eng, sid, "This?", [BAD_IMAGES["corrupt"]])
+        assert VisionContext.live == live
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_resident=True)) as eng:
+        assert eng.vision_opens == 1 and VisionContext.live == live + 1
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        kept = [_say(eng, sid, "What do you think of this sword?", [image(0)]).tokens,
+                _say(eng, sid, "And how much would you pay?").tokens,
+                _say(eng, sid, "And this one?", [image(1)]).tokens]
+        assert eng.vision_opens == 1 and VisionContext.live == live + 1
+    assert VisionContext.live == live
+    assert kept == lazy  # where the encoder lives changes no reply

@@ -73,7 +73,7 @@ from igi_sdk.runtime.speculative import (
     speculative_pick,
 )
 from igi_sdk.runtime.text import Vocab, parts_after, stop_scan
-from igi_sdk.runtime.vision import VisionContext, VisionOptions
+from igi_sdk.runtime.vision import FlashAttn, VisionContext, VisionOptions
 
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
@@ -102,8 +102,18 @@ class EngineConfig:
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
     # the model's vision projector (mmproj GGUF): chat turns may then carry images (None: text
-    # only, an image is VisionUnavailableError). Opened on the CPU beside every placement.
+    # only, an image is VisionUnavailableError).
     mmproj: str | None = None
+    # the encoder on the GPU (all its weights in VRAM: mtmd has no per-tensor placement; see
+    # planner/vision.py for when that fits), its flash attention, and whether its context stays
+    # open between images. False: opened for an image turn's encodes and freed once its
+    # embeddings are in the KV cache, so its weights and compute buffer never sit beside the
+    # LM's for longer than the image steps (each reopen reads the mmproj again)
+    vision_gpu: bool = False
+    vision_flash_attn: FlashAttn = "auto"
+    vision_resident: bool = False
+    vision_warmup: bool = False  # mtmd's warmup reserves for its largest image (Qwen: 1288 px)
+    vision_max_tokens: int = 0  # per image, 0 = the model's limit; bounds the compute buffer
 
     @property
     def outputs_per_step(self) -> int:
@@ -142,6 +152,9 @@ class Engine:
         self._mem: Any = None
         self._vocab: Vocab | None = None
         self._vision: VisionContext | None = None
+        self._vision_checked = False
+        self.vision_opens = 0  # mtmd contexts opened by this engine (a reopen per image turn
+        # when not resident)
         self._parked: bytes | None = None  # the context's state while no placement is loaded
         self._sessions: dict[str, Session] = {}
         self._free_seqs = list(range(self.config.max_sessions))
@@ -581,13 +594,43 @@ class Engine:
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
         self._outputs_cap = settings.outputs_max
         self._token_s = None  # a new placement: measure its prompt speed again
-        if self.config.mmproj:
+        if self.config.mmproj and (self.config.vision_resident or not self._vision_checked):
             try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
-                self._vision = VisionContext(loaded.model, self.config.mmproj,
-                                             VisionOptions(n_threads=self.config.n_threads))
+                self._open_vision(check=not self.config.vision_resident)
             except BaseException:
                 self._unload()
                 raise
+            self._vision_checked = True
+            self._vision_idle()
+
+    def _vision_options(self, *, check: bool = False) -> VisionOptions:
+        c = self.config
+        if check:  # the first load's check that the mmproj fits the model: no VRAM for it
+            return VisionOptions(n_threads=c.n_threads)
+        return VisionOptions(use_gpu=c.vision_gpu, flash_attn=c.vision_flash_attn,
+                             n_threads=c.n_threads, warmup=c.vision_warmup,
+                             image_max_tokens=c.vision_max_tokens)
+
+    def _open_vision(self, *, check: bool = False) -> VisionContext:
+        """The vision context, opened if it is not (engine thread)."""
+        if self._vision is None:
+            if not self.config.mmproj:
+                raise VisionUnavailableError(
+                    "this model was loaded without a vision projector (mmproj): it cannot see "
+                    "images; load it with its mmproj, or send the line without images")
+            self._vision = VisionContext(self._model, self.config.mmproj,
+                                         self._vision_options(check=check))
+            self.vision_opens += 1
+        return self._vision
+
+    def _vision_idle(self) -> None:
+        """Free a non-resident vision context once no reply has an image left to encode."""
+        if self.config.vision_resident or self._vision is None:
+            return
+        if any(t.images for t in self._active_turns()):
+            return
+        vision, self._vision = self._vision, None
+        vision.close()
 
     def _load_draft(self, path: str | Path) -> None:
         c = self.config
@@ -669,7 +712,13 @@ class Engine:
         self._free_seqs.append(s.seq)
         self._free_seqs.sort()
 
-    def _start_turn(
+    def _start_turn(self, *args: Any, **kw: Any) -> Generation:
+        try:
+            return self._begin_turn(*args, **kw)
+        finally:  # a non-resident encoder opened for a line that failed, or had no images
+            self._vision_idle()
+
+    def _begin_turn(
         self,
         sid: str,
         user_text: str,
@@ -684,20 +733,18 @@ class Engine:
         if s.turn is not None:
             raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
         vocab = self._need_vocab()
-        vision = self._vision
-        if images and vision is None:
-            raise VisionUnavailableError(
-                "this model was loaded without a vision projector (mmproj): it cannot see "
-                "images; load it with its mmproj, or send the line without images")
+        if images and not self.config.mmproj:
+            self._open_vision()  # VisionUnavailableError
         # the chat template is C text: a NUL would cut the message short; an image is a slot
         # character in the content (image_turn.py), which player text cannot hold
-        marker = vision.options.media_marker if vision else ""
+        marker = self._vision_options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
         messages = [*s.messages, {"role": "user", "content": content}]
         # special tokens come from the template's markup only: every content is data
         parts = vocab.prompt_parts(messages, add_assistant=True)
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
+        vision = self._open_vision() if images or (reset and s.images) else None
         if reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
@@ -819,12 +866,12 @@ class Engine:
                 self._sample(t, idx)
 
     def _image_step(self, t: Turn) -> None:
-        assert self._vision is not None
         try:
-            image_turn.eval_next(self._vision, self._ctx, t, self._batch_cap)
+            image_turn.eval_next(self._open_vision(), self._ctx, t, self._batch_cap)
         except IgiError as e:  # a full context, an encoder failure: this reply ends, typed
             self._rollback(t)
             self._end_turn(t, error=e)
+        self._vision_idle()  # the embeddings are in the KV cache: the encoder can go
 
     def _time_step(self, fed: list[tuple[Turn, int, int]], drafts: dict[int, Proposal],
                    seconds: float) -> None:
@@ -1063,6 +1110,7 @@ class Engine:
             t.chain = None
         image_turn.release(t.images)
         s.turn = None
+        self._vision_idle()
         if error is None and not t.generated and reason == "cancelled":
             # cancelled before the first token: as if the line was never said
             self._rollback(t)

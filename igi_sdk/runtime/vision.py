@@ -258,6 +258,10 @@ class VisionContext(_Handle):
     outlive this context."""
 
     _what = "vision context"
+    # native mtmd contexts made and still open in this process (observable in tests and
+    # benchmarks: the engine frees a non-resident encoder between images)
+    opened = 0
+    live = 0
 
     def __init__(self, model: Any, mmproj: str | Path, options: VisionOptions | None = None):
         self.options = options or VisionOptions()
@@ -276,6 +280,8 @@ class VisionContext(_Handle):
                 f"{_reason(lines)}"
             )
         super().__init__(ptr, mtmd_cpp.mtmd_free)
+        VisionContext.opened += 1
+        VisionContext.live += 1
         self._children: weakref.WeakSet[_Handle] = weakref.WeakSet()
         if not mtmd_cpp.mtmd_support_vision(ptr):
             self.close()
@@ -299,6 +305,8 @@ class VisionContext(_Handle):
         """Free every image and chunk list made here, then the mtmd context. Idempotent."""
         for child in list(getattr(self, "_children", ())):
             child.close()
+        if not self.closed:
+            VisionContext.live -= 1
         super().close()
 
     def _own(self, handle: Any) -> Any:
