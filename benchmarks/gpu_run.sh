@@ -4,7 +4,8 @@
 #   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
-#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec | all
+#         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
+#         vlm | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -343,6 +344,16 @@ if [ "$part" = spec ]; then
       --threads "$t" --budgets "$gb" --peers fit-expert --deadline $(( $(date +%s) + END - SECONDS )) \
       --json "$out/spec-peers.json" 2>&1 | tee -a "$out/spec.txt"
   done
+  echo "done at $SECONDS s"
+fi
+if [ "$part" = vlm ]; then
+  # image chat within a VRAM budget (docs/vlm.md): the synthetic Qwen2.5-VL-7B pair (Q4_0 LM,
+  # F16 tower, zero weights), images at 1080p, 720p, 1440p, 480p and budgets 8, 4, 14.5 GB,
+  # naive / upstream-defaults / ours, one process each; rows that cannot start in time skipped
+  END=${END:-575}
+  python3 benchmarks/vlm_bench.py --profile .gpu/profile.json --threads "$t" --timeout 90 \
+    --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/vlm.json" 2>&1 \
+    | grep -v "^llama_context" | tee "$out/vlm.txt"
   echo "done at $SECONDS s"
 fi
 if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
