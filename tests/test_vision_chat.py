@@ -385,7 +385,7 @@ def test_the_encoder_is_freed_between_image_turns_and_reopened(vlm: VLMFiles) ->
     from igi_sdk.runtime.vision import VisionContext
 
     live = VisionContext.live
-    with Engine(vlm.model, Plan.all_cpu(), _config(vlm)) as eng:
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_resident=False)) as eng:
         assert eng.vision_opens == 1 and VisionContext.live == live  # checked at load, freed
         sid = eng.open_session(NPC, sampling=GREEDY)
         lazy = [_say(eng, sid, "What do you think of this sword?", [image(0)]).tokens]
@@ -398,7 +398,7 @@ def test_the_encoder_is_freed_between_image_turns_and_reopened(vlm: VLMFiles) ->
         with pytest.raises(InvalidImageError):
             _say(eng, sid, "This?", [BAD_IMAGES["corrupt"]])
         assert VisionContext.live == live
-    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_resident=True)) as eng:
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm)) as eng:  # on the CPU: kept
         assert eng.vision_opens == 1 and VisionContext.live == live + 1
         sid = eng.open_session(NPC, sampling=GREEDY)
         kept = [_say(eng, sid, "What do you think of this sword?", [image(0)]).tokens,
@@ -407,3 +407,12 @@ def test_the_encoder_is_freed_between_image_turns_and_reopened(vlm: VLMFiles) ->
         assert eng.vision_opens == 1 and VisionContext.live == live + 1
     assert VisionContext.live == live
     assert kept == lazy  # where the encoder lives changes no reply
+
+
+def test_the_encoder_stays_by_default_on_the_cpu_and_goes_on_the_gpu(vlm: VLMFiles) -> None:
+    """Freeing the encoder gives VRAM back to the game; on the CPU it would only reread the
+    mmproj every image turn."""
+    assert _config(vlm).keeps_vision
+    assert not _config(vlm, vision_gpu=True).keeps_vision
+    assert _config(vlm, vision_gpu=True, vision_resident=True).keeps_vision
+    assert not _config(vlm, vision_resident=False).keeps_vision

@@ -108,12 +108,19 @@ class EngineConfig:
     # planner/vision.py for when that fits), its flash attention, and whether its context stays
     # open between images. False: opened for an image turn's encodes and freed once its
     # embeddings are in the KV cache, so its weights and compute buffer never sit beside the
-    # LM's for longer than the image steps (each reopen reads the mmproj again)
+    # LM's for longer than the image steps (each reopen reads the mmproj again). None: freed
+    # when the encoder is on the GPU (its VRAM goes back to the game), kept on the CPU (host
+    # memory is not what the game is short of, and rereading a 1.3 GB tower costs every turn)
     vision_gpu: bool = False
     vision_flash_attn: FlashAttn = "auto"
-    vision_resident: bool = False
+    vision_resident: bool | None = None
     vision_warmup: bool = False  # mtmd's warmup reserves for its largest image (Qwen: 1288 px)
     vision_max_tokens: int = 0  # per image, 0 = the model's limit; bounds the compute buffer
+
+    @property
+    def keeps_vision(self) -> bool:
+        """Whether the vision context stays open between image turns (``vision_resident``)."""
+        return self.vision_resident if self.vision_resident is not None else not self.vision_gpu
 
     @property
     def outputs_per_step(self) -> int:
@@ -594,9 +601,9 @@ class Engine:
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
         self._outputs_cap = settings.outputs_max
         self._token_s = None  # a new placement: measure its prompt speed again
-        if self.config.mmproj and (self.config.vision_resident or not self._vision_checked):
+        if self.config.mmproj and (self.config.keeps_vision or not self._vision_checked):
             try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
-                self._open_vision(check=not self.config.vision_resident)
+                self._open_vision(check=not self.config.keeps_vision)
             except BaseException:
                 self._unload()
                 raise
@@ -625,7 +632,7 @@ class Engine:
 
     def _vision_idle(self) -> None:
         """Free a non-resident vision context once no reply has an image left to encode."""
-        if self.config.vision_resident or self._vision is None:
+        if self.config.keeps_vision or self._vision is None:
             return
         if any(t.images for t in self._active_turns()):
             return
