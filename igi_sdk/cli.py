@@ -201,7 +201,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
     config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                           draft_model=args.draft,
-                          speculative=SpeculativeConfig(k=args.draft_k), mmproj=args.mmproj)
+                          speculative=SpeculativeConfig(k=args.draft_k), mmproj=args.mmproj,
+                          vision_gpu=args.vision_gpu)
     with _Progress(f"loading {path.name}", eager=args.progress,
                    bar=True if args.progress else None) as progress:
         engine = Engine(path, plan, config, progress=progress)  # type: ignore[arg-type]
@@ -504,6 +505,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
+        vision_gpu=args.vision_gpu,
     )
     try:
         server = build_server(cfg, host)
@@ -645,6 +647,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--image", action="append", default=[],
                    help="a PNG/JPEG the NPC sees with the first line (repeatable; needs "
                         "--mmproj); a '<__media__>' in the line places it, else it goes first")
+    c.add_argument("--vision-gpu", action="store_true",
+                   help="encode images on the GPU (the encoder's weights go to VRAM for each "
+                        "image turn; docs/vlm.md)")
     c.add_argument("--progress", action="store_true", help="show load progress even when piped")
     _draft_arguments(c)
     c.set_defaults(fn=cmd_chat)
@@ -685,6 +690,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--model", help="model to load at start, inside --model-dir")
     sv.add_argument("--mmproj", help="the --model's vision projector GGUF, inside --model-dir "
                                      "(chat.images; load_model.mmproj names one per load)")
+    sv.add_argument("--vision-gpu", action="store_true",
+                    help="encode images on the GPU (the encoder's weights go to VRAM for each "
+                         "image turn; docs/vlm.md)")
     sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)

@@ -416,3 +416,21 @@ def test_the_encoder_stays_by_default_on_the_cpu_and_goes_on_the_gpu(vlm: VLMFil
     assert not _config(vlm, vision_gpu=True).keeps_vision
     assert _config(vlm, vision_gpu=True, vision_resident=True).keeps_vision
     assert not _config(vlm, vision_resident=False).keeps_vision
+
+
+def test_vision_gpu_reaches_the_engine_from_the_command_line(vlm: VLMFiles) -> None:
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.cli import build_parser
+    from igi_sdk.sidecar.host import HostConfig, ModelHost
+
+    args = build_parser().parse_args(["serve", "--vision-gpu", "--no-arbiter"])
+    assert args.vision_gpu
+    assert build_parser().parse_args(["chat", "--vision-gpu"]).vision_gpu
+    host = ModelHost(HostConfig(n_threads=1, arbiter=False, vision_gpu=args.vision_gpu))
+    host.load_model(vlm.model, P.LoadModel(path=vlm.model.name, n_ctx=512, max_sessions=1),
+                    mmproj=vlm.mmproj)
+    try:
+        assert host.engine is not None
+        assert host.engine.config.vision_gpu and not host.engine.config.keeps_vision
+    finally:
+        host.engine.close()

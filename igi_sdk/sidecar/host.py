@@ -72,6 +72,9 @@ class HostConfig:
     # (a model of another vocabulary is then refused: DraftMismatchError)
     draft_model: Path | None = None
     draft_k: int = 4
+    # image input: the vision encoder on the GPU (all its weights in VRAM, freed between image
+    # turns) instead of the CPU (docs/vlm.md)
+    vision_gpu: bool = False
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -138,7 +141,8 @@ class ModelHost:
                            prefill_chunk=self.cfg.prefill_chunk,
                            draft_model=str(draft) if draft else None,
                            speculative=SpeculativeConfig(k=self.cfg.draft_k),
-                           mmproj=str(mmproj) if mmproj else None)
+                           mmproj=str(mmproj) if mmproj else None,
+                           vision_gpu=self.cfg.vision_gpu)
         inventory = read_inventory(path)
         # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
         # budget (an explicit one, or each rung of the arbiter's ladder)
