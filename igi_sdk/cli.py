@@ -505,7 +505,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
-        vision_gpu=args.vision_gpu,
+        vision_gpu=args.vision_gpu, vision_max_tokens=args.vision_max_tokens,
     )
     try:
         server = build_server(cfg, host)
@@ -692,7 +692,10 @@ def build_parser() -> argparse.ArgumentParser:
                                      "(chat.images; load_model.mmproj names one per load)")
     sv.add_argument("--vision-gpu", action="store_true",
                     help="encode images on the GPU (the encoder's weights go to VRAM for each "
-                         "image turn; docs/vlm.md)")
+                         "image turn, and out of a load_model VRAM budget; docs/vlm.md)")
+    sv.add_argument("--vision-max-tokens", type=int, default=0,
+                    help="image tokens per image at most (0: the model's limit); larger images "
+                         "are scaled down, and the encoder's VRAM is sized for this")
     sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)

@@ -423,7 +423,7 @@ def test_a_draft_takes_its_vram_from_the_targets_budget(default_model, monkeypat
         assert host.engine is not None
         host.engine.close()
     tight = request.model_copy(update={"vram_budget": drafted + 1024})
-    with pytest.raises(BudgetTooSmallError, match="draft model takes"):
+    with pytest.raises(BudgetTooSmallError, match="draft model and the vision encoder"):
         ModelHost(HostConfig(n_threads=2, arbiter=False, draft_model=default_model,
                              draft_k=2)).load_model(default_model, tight)
 
@@ -433,7 +433,7 @@ def test_ladder_rungs_on_the_gpu_count_the_draft(tiny_llama) -> None:
 
     inv, wl = read_inventory(tiny_llama), arbiter_workload(512)
     plain = PlanLadder.build(inv, GPU_PROFILE, wl)
-    drafted = PlanLadder.build(inv, GPU_PROFILE, wl, draft_vram=100 * 1024 * 1024)
+    drafted = PlanLadder.build(inv, GPU_PROFILE, wl, extra_vram=100 * 1024 * 1024)
     assert drafted.cpu.vram == plain.cpu.vram
     assert [r.vram - 100 * 1024 * 1024 for r in drafted.rungs[1:]] == \
         [r.vram for r in plain.rungs[1:]]

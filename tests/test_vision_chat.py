@@ -434,3 +434,38 @@ def test_vision_gpu_reaches_the_engine_from_the_command_line(vlm: VLMFiles) -> N
         assert host.engine.config.vision_gpu and not host.engine.config.keeps_vision
     finally:
         host.engine.close()
+
+
+def test_an_encoder_on_the_gpu_takes_its_vram_from_the_budget(vlm: VLMFiles, monkeypatch) -> None:
+    """With the encoder on the GPU the LM is planned for what the encoder needs for the largest
+    image it takes (fails before: the LM got the whole budget); a token cap shrinks that."""
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.model.mmproj import read_encoder
+    from igi_sdk.planner import PlanResult
+    from igi_sdk.planner.vision import encoder_vram, flash_attn_for, largest_grid
+    from igi_sdk.sidecar import host as host_module
+    from igi_sdk.sidecar.host import HostConfig, ModelHost
+
+    budgets: list[int] = []
+
+    def fake_plan(path, inv, *, budget, **kw):
+        budgets.append(budget)
+        return PlanResult(Plan.all_cpu(), [], budget, 0)
+
+    monkeypatch.setattr(host_module, "plan_for_model", fake_plan)
+    enc = read_encoder(vlm.mmproj)
+    request = P.LoadModel(path=vlm.model.name, n_ctx=512, max_sessions=1, vram_budget=2**31)
+    for cap in (0, 64):
+        host = ModelHost(HostConfig(n_threads=1, arbiter=False, vision_gpu=True,
+                                    vision_max_tokens=cap))
+        host.load_model(vlm.model, request, mmproj=vlm.mmproj)
+        assert host.engine is not None
+        host.engine.close()
+        need = encoder_vram(enc, largest_grid(enc, cap), flash_attn_for(enc, gpu=True))
+        assert budgets[-1] == 2**31 - need
+    assert budgets[0] < budgets[1]  # 64 tokens at most: a smaller compute buffer
+    cpu = ModelHost(HostConfig(n_threads=1, arbiter=False))
+    cpu.load_model(vlm.model, request, mmproj=vlm.mmproj)
+    assert cpu.engine is not None
+    cpu.engine.close()
+    assert budgets[-1] == 2**31  # the encoder on the CPU takes no VRAM

@@ -43,10 +43,10 @@ class PlanLadder:
 
     @classmethod
     def build(cls, inv: ModelInventory, prof: Profile, wl: Workload,
-              step: int = 256 * MIB, draft_vram: int = 0) -> PlanLadder:
+              step: int = 256 * MIB, extra_vram: int = 0) -> PlanLadder:
         """Rungs from the CPU plan up to what unlimited VRAM would run, ``step`` apart.
-        ``draft_vram``: a draft model held in VRAM beside every GPU plan (the arbiter drops it
-        first under pressure, so the CPU rung does not count it)."""
+        ``extra_vram``: a draft model or a vision encoder held in VRAM beside every GPU plan
+        (the arbiter drops the draft first under pressure, so the CPU rung does not count it)."""
         # every rung keeps the f16 KV cache: a reshard carries the KV bytes over whole, and
         # llama.cpp cannot read one format's cells into another's (a q8_0 rung beside the f16
         # CPU rung would lose every conversation's cache at the move)
@@ -67,7 +67,7 @@ class PlanLadder:
             key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload)
             if key not in seen:
                 seen.add(key)
-                rungs.append(Rung(int(plan.vram_bytes["total"]) + draft_vram, plan))
+                rungs.append(Rung(int(plan.vram_bytes["total"]) + extra_vram, plan))
             if budget >= ceiling:
                 break
             budget += step

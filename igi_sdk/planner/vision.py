@@ -214,6 +214,14 @@ def encoder_vram(enc: EncoderInventory, grid: ImageGrid, flash_attn: FlashAttn) 
             + ENCODER_MARGIN)
 
 
+def largest_grid(enc: EncoderInventory, max_tokens: int = 0) -> ImageGrid:
+    """The grid of the largest image the encoder takes (``max_tokens`` 0: the model's limit),
+    square: what a budget must hold when any image may come."""
+    side = math.isqrt(max_tokens or enc.max_tokens)
+    return ImageGrid(side * enc.patch_size * enc.n_merge, side * enc.patch_size * enc.n_merge,
+                     side, side, enc.n_merge)
+
+
 def choose_vision(budget: int | None, lm_plan_vram: Mapping[str, int], encoder: EncoderInventory,
                   resolution: str | tuple[int, int] | ImageGrid, gpu_available: bool, *,
                   prof: Profile | None = None, max_tokens: int = 0) -> VisionChoice:

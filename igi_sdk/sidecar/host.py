@@ -41,8 +41,10 @@ from igi_sdk.errors import (
     IgiError,
 )
 from igi_sdk.model import ModelInventory, read_inventory
+from igi_sdk.model.mmproj import read_encoder
 from igi_sdk.planner import Plan, Workload
 from igi_sdk.planner.speculative import draft_vram
+from igi_sdk.planner.vision import encoder_vram, flash_attn_for, largest_grid
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
 from igi_sdk.runtime.speculative import SpeculativeConfig
@@ -73,8 +75,10 @@ class HostConfig:
     draft_model: Path | None = None
     draft_k: int = 4
     # image input: the vision encoder on the GPU (all its weights in VRAM, freed between image
-    # turns) instead of the CPU (docs/vlm.md)
+    # turns) instead of the CPU (docs/vlm.md), and the image tokens it takes at most (0: the
+    # model's limit), which bounds its compute buffer
     vision_gpu: bool = False
+    vision_max_tokens: int = 0
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -142,12 +146,16 @@ class ModelHost:
                            draft_model=str(draft) if draft else None,
                            speculative=SpeculativeConfig(k=self.cfg.draft_k),
                            mmproj=str(mmproj) if mmproj else None,
-                           vision_gpu=self.cfg.vision_gpu)
+                           vision_gpu=self.cfg.vision_gpu,
+                           vision_max_tokens=self.cfg.vision_max_tokens)
         inventory = read_inventory(path)
         # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
         # budget (an explicit one, or each rung of the arbiter's ladder)
-        drafted = _draft_vram(draft, request, self.cfg.draft_k) if draft else 0
-        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step, drafted)
+        beside = _draft_vram(draft, request, self.cfg.draft_k) if draft else 0
+        # so does an encoder on the GPU, priced for the largest image it takes
+        if mmproj and self.cfg.vision_gpu:
+            beside += _encoder_vram(mmproj, self.cfg.vision_max_tokens)
+        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step, beside)
                  if request.vram_budget is None else None)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
             ladder = setup[0]
@@ -155,17 +163,18 @@ class ModelHost:
         elif request.vram_budget is not None:  # plans (and asks for) its own threshold
             prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
             try:
-                plan = plan_for_model(path, inventory, budget=request.vram_budget - drafted,
+                plan = plan_for_model(path, inventory, budget=request.vram_budget - beside,
                                       n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                                       n_threads=self.cfg.n_threads, profile=prof,
                                       outputs=cfg.outputs_per_step).best
             except BudgetTooSmallError as e:
-                if not drafted:
+                if not beside:
                     raise
                 raise BudgetTooSmallError(
-                    f"{e} (the draft model takes {drafted >> 20} MiB of the "
-                    f"{request.vram_budget >> 20} MiB budget; load without it or raise the "
-                    "budget)", e.minimum_bytes + drafted) from None
+                    f"{e} (the draft model and the vision encoder on the GPU take "
+                    f"{beside >> 20} MiB of the {request.vram_budget >> 20} MiB budget; load "
+                    "without them, lower --vision-max-tokens or raise the budget)",
+                    e.minimum_bytes + beside) from None
         else:
             plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg)
@@ -174,11 +183,11 @@ class ModelHost:
             self._start_arbiter(setup[0], setup[1])
 
     def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel, outputs: int,
-                       draft_vram: int = 0,
+                       extra_vram: int = 0,
                        ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
         """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None.
-        ``outputs``: logits rows per decode step of the engine it plans for; ``draft_vram``:
-        what a draft model adds to every GPU rung."""
+        ``outputs``: logits rows per decode step of the engine it plans for; ``extra_vram``:
+        what a draft model or a vision encoder on the GPU adds to every GPU rung."""
         from igi_sdk.runtime.nvml import nvml
 
         cfg = self.cfg
@@ -200,7 +209,7 @@ class ModelHost:
         if prof.gpu is None:
             return None
         ladder = PlanLadder.build(inventory, prof, with_threshold_in_effect(wl),
-                                  draft_vram=draft_vram)
+                                  extra_vram=extra_vram)
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
         return ladder, trace, prof
 
@@ -380,3 +389,10 @@ def _draft_vram(draft: Path, request: P.LoadModel, k: int) -> int:
     every session plus ``k`` drafts each, compute buffer): planner.speculative's pricing."""
     wl = Workload(n_ctx=request.n_ctx, n_seqs=request.max_sessions)
     return draft_vram(read_inventory(draft), wl, k).total
+
+
+def _encoder_vram(mmproj: Path, max_tokens: int) -> int:
+    """VRAM of the vision encoder on the GPU for the largest image it takes (weights, compute
+    buffer with flash attention where the GPU has it, margin): planner.vision's pricing."""
+    enc = read_encoder(mmproj)
+    return encoder_vram(enc, largest_grid(enc, max_tokens), flash_attn_for(enc, gpu=True))
