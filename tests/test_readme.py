@@ -2,8 +2,10 @@
 commands aside: CI runs those itself).
 
 The commands run in a temporary directory holding what the README's placeholders stand for:
-``my.gguf`` and ``models/npc.gguf`` are a synthetic model (random weights), the game's PID
-``1234`` a live process of the test's own, and ``.venv/bin/`` the interpreter running the tests.
+``my.gguf``, ``models/npc.gguf`` and ``draft.gguf`` are a synthetic model (random weights),
+``vlm.gguf`` and ``mmproj.gguf`` a synthetic vision-language pair, ``view.png`` a small image,
+the game's PID ``1234`` a live process of the test's own, and ``.venv/bin/`` the interpreter
+running the tests.
 This machine's profile is cached there first (a synthetic one: measuring takes minutes), so
 ``plan`` and ``profile`` answer from the cache, as they do after the first run. Sidecars listen
 on a free port instead of 5599 (so that a sidecar someone runs beside the tests is no matter);
@@ -20,16 +22,19 @@ import shutil
 import signal
 import socket
 import stat
+import struct
 import subprocess
 import sys
 import threading
 import time
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
 from igi_sdk.model import default_model_path, read_inventory, write_synthetic_gguf
+from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
 from igi_sdk.planner import Plan
 from igi_sdk.profile import DeviceProfile, Profile
 
@@ -40,7 +45,9 @@ QUICK_START = [
     "bash tests/run.sh",
 ]
 # placeholder in a command -> how the text around the commands names it
-PLACEHOLDERS = {"my.gguf": "my.gguf", "npc.gguf": "models/npc.gguf", "1234": "1234"}
+PLACEHOLDERS = {"my.gguf": "my.gguf", "npc.gguf": "models/npc.gguf", "1234": "1234",
+                "draft.gguf": "draft.gguf", "vlm.gguf": "vlm.gguf",
+                "mmproj.gguf": "mmproj.gguf", "view.png": "view.png"}
 GAME_PID = "--game-pid 1234"
 TIMEOUT = 240
 
@@ -117,8 +124,26 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     write_synthetic_gguf(work / "my.gguf", "tiny-llama")
     (work / "models").mkdir()
     shutil.copy(work / "my.gguf", work / "models" / "npc.gguf")
+    shutil.copy(work / "my.gguf", work / "draft.gguf")  # a draft of the same vocabulary
+    vlm = write_synthetic_vlm(work / "vlm", "tiny")  # an LM and its vision projector
+    shutil.move(vlm.model, work / "vlm.gguf")
+    shutil.move(vlm.mmproj, work / "mmproj.gguf")
+    (work / "view.png").write_bytes(_png(32, 24))
     _seed_profile(work / "cache")
     return work
+
+
+def _png(width: int, height: int) -> bytes:
+    """A small 8-bit RGB PNG (a gradient), zlib only: what the NPC sees."""
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        body = kind + data
+        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
+
+    rows = b"".join(b"\0" + bytes((x * 7 + y * 3) % 256 for x in range(width) for _ in range(3))
+                    for y in range(height))
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows))
+            + chunk(b"IEND", b""))
 
 
 def _seed_profile(cache: Path) -> None:
@@ -234,7 +259,11 @@ def _check_command(cmd: str, workdir: Path, env: dict[str, str]) -> None:
     if sub == "chat":
         said = re.findall(r"'([^']*)'", cmd.split("|")[0]) if "|" in cmd else []
         lines = [x for s in said for x in s.split("\\n") if x] or re.findall(r'"([^"]*)"', cmd)
-        assert [x[5:] for x in r.stdout.splitlines() if x.startswith("you> ")] == lines, r.stdout
+        said_lines = [x[5:] for x in r.stdout.splitlines() if x.startswith("you> ")]
+        if "--image" in cmd:  # the line that carries the image says so
+            assert said_lines and said_lines[0].endswith(" [image 1]"), r.stdout
+            said_lines[0] = said_lines[0].removesuffix(" [image 1]")
+        assert said_lines == lines, r.stdout
         assert r.stdout.count("npc> ") == len(lines), r.stdout
     elif sub == "plan":
         assert "chosen: " in r.stdout and "why: " in r.stdout, r.stdout
