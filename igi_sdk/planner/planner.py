@@ -16,9 +16,9 @@ Strategies considered for every budget (each with several ``n_ubatch`` values):
   ``attn-first-copy`` with the output head (and global norms) before any attention: at small
   budgets the output head is the largest CPU-resident weight, read by the CPU at every token and
   staged whole in the copy-compute buffer;
-* each flash-attention strategy again with a q8_0 KV cache (``...+kv-q8_0``): half the KV bytes,
-  so more weights fit; only with every layer's KV in VRAM, and chosen only for a clearly
-  shorter turn (``choose``).
+* with ``Workload.kv_quant`` (off by default), each flash-attention strategy again with a q8_0
+  KV cache (``...+kv-q8_0``): half the KV bytes, so more weights fit; only with every layer's
+  KV in VRAM, and chosen only for a clearly shorter turn (``choose``).
 The filling is a strict prefix of the priority list (no skipping), so a larger budget places a
 superset of tensors and the predicted speed never drops as the budget grows.
 """
