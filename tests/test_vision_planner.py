@@ -120,6 +120,16 @@ def test_compute_buffer_matches_the_h100_figures(enc: EncoderInventory) -> None:
     assert V.encoder_compute_bytes(enc, p448, flash_attn=False) / MIB == pytest.approx(95, rel=0.1)
 
 
+def test_encoder_vram_covers_the_h100_peaks(enc: EncoderInventory) -> None:
+    """What the encoder was priced at, beside the LM plan each row ran, covers the NVML peak the
+    process reached (benchmarks/results/h100-vlm.json, 4 GiB rows; at 1440p it went 344 MiB over
+    before the pool term)."""
+    for res, lm_plan_mib, peak_mib in (("480p", 2544, 3984), ("720p", 2368, 4050),
+                                       ("1080p", 1708, 3922), ("1440p", 1146, 4420)):
+        need = V.encoder_vram(enc, V.grid_for(enc, res), "on") / MIB
+        assert lm_plan_mib + need >= peak_mib, (res, need)
+
+
 @pytest.mark.parametrize("res", ORDER)
 def test_choose_vision_never_exceeds_the_budget(enc: EncoderInventory, res: str) -> None:
     for gb in (1.0, 2.0, 4.0, 6.0, 8.0, 14.5, 24.0):

@@ -56,6 +56,11 @@ MASK_BYTES = 2
 KQ_SHARE = 31 / 64
 # allocator rounding and the encoder's small graph inputs (positions, window indices)
 ENCODER_MARGIN = 32 * MIB
+# What NVML sees beyond the reported compute buffer while an image is encoded (the CUDA pool's
+# temporaries), growing with P²: on an H100 (benchmarks/results/h100-vlm.json) the process
+# peaked up to 344 MiB above weights + buffer + margin at 1440p (16320 patches), within noise at
+# 480p-1080p; 2 bytes per P² covers 1440p (532 MiB) and costs 221 MiB at 1080p.
+POOL_BYTES = 2
 
 # --- encode time: fitted, not derived ------------------------------------------------------------
 # FLOPs over the H100 profile's rates (.gpu/profile.json: F16 matmul rate at P tokens, flash
@@ -211,7 +216,7 @@ def encoder_vram(enc: EncoderInventory, grid: ImageGrid, flash_attn: FlashAttn) 
     """VRAM of the encoder on the GPU for one image of ``grid``."""
     return (enc.weight_bytes + encoder_compute_bytes(enc, grid.n_patches,
                                                      flash_attn=flash_attn != "off")
-            + ENCODER_MARGIN)
+            + grid.n_patches ** 2 * POOL_BYTES + ENCODER_MARGIN)
 
 
 def largest_grid(enc: EncoderInventory, max_tokens: int = 0) -> ImageGrid:
