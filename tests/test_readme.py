@@ -22,12 +22,10 @@ import shutil
 import signal
 import socket
 import stat
-import struct
 import subprocess
 import sys
 import threading
 import time
-import zlib
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -37,6 +35,7 @@ from igi_sdk.model import default_model_path, read_inventory, write_synthetic_gg
 from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
 from igi_sdk.planner import Plan
 from igi_sdk.profile import DeviceProfile, Profile
+from tests.images import card, png
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 QUICK_START = [
@@ -128,22 +127,9 @@ def workdir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     vlm = write_synthetic_vlm(work / "vlm", "tiny")  # an LM and its vision projector
     shutil.move(vlm.model, work / "vlm.gguf")
     shutil.move(vlm.mmproj, work / "mmproj.gguf")
-    (work / "view.png").write_bytes(_png(32, 24))
+    (work / "view.png").write_bytes(png(card(0, 32, 24)))
     _seed_profile(work / "cache")
     return work
-
-
-def _png(width: int, height: int) -> bytes:
-    """A small 8-bit RGB PNG (a gradient), zlib only: what the NPC sees."""
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    rows = b"".join(b"\0" + bytes((x * 7 + y * 3) % 256 for x in range(width) for _ in range(3))
-                    for y in range(height))
-    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(rows))
-            + chunk(b"IEND", b""))
 
 
 def _seed_profile(cache: Path) -> None:

@@ -9,7 +9,6 @@ import llama_cpp  # before numpy/gguf: with the CUDA build, numpy first crashes 
 import io
 import struct
 import time
-import zlib
 from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
@@ -38,31 +37,14 @@ from igi_sdk.runtime.vision import (
     VisionOptions,
     VisionPromptError,
 )
+from tests.images import card, png
 
 PROMPT = "<|im_start|>user\n<__media__>What is in the picture?<|im_end|>\n<|im_start|>assistant\n"
 W = H = 64
 
 
 def _pixels(seed: int = 0) -> np.ndarray:
-    """A 64x64 RGB test card: smooth gradients plus noise (something for the encoder to see)."""
-    y, x = np.mgrid[0:H, 0:W]
-    noise = np.random.default_rng(seed).integers(0, 64, (H, W))
-    rgb = np.stack([x * 4, y * 4, (x + y) * 2 + noise], axis=-1)
-    return np.clip(rgb, 0, 255).astype(np.uint8)
-
-
-def _png(rgb: np.ndarray) -> bytes:
-    """A minimal 8-bit RGB PNG (no filter on every row), with zlib only."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\0" + rgb[r].tobytes() for r in range(h))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
+    return card(seed, W, H)
 
 
 # --- fixtures ------------------------------------------------------------------------------------
@@ -213,8 +195,8 @@ def test_invalid_text_specs() -> None:
 
 
 def test_png_is_encoded_evaluated_and_generated_from(model, vision) -> None:
-    png = _png(_pixels())
-    info, result, tokens = _run(model, vision, lambda v: v.image_from_bytes(png))
+    encoded = png(_pixels())
+    info, result, tokens = _run(model, vision, lambda v: v.image_from_bytes(encoded))
     kinds = [c.kind for c in info]
     assert kinds == ["text", "image", "text"]
     image = info[1]
@@ -227,13 +209,13 @@ def test_png_is_encoded_evaluated_and_generated_from(model, vision) -> None:
     assert len(result.encode_s) == 1 and result.encode_s[0] < 0.5
     assert len(tokens) == 4
     # deterministic: a fresh context, the same image, the same tokens
-    assert _run(model, vision, lambda v: v.image_from_bytes(png))[2] == tokens
+    assert _run(model, vision, lambda v: v.image_from_bytes(encoded))[2] == tokens
 
 
-def test_raw_rgba_is_the_same_image_as_the_png(model, vision) -> None:
+def test_raw_rgba_is_the_same_image_as_thepng(model, vision) -> None:
     rgb = _pixels()
     rgba = np.concatenate([rgb, np.full((H, W, 1), 7, np.uint8)], axis=-1)  # alpha is dropped
-    from_png = _run(model, vision, lambda v: v.image_from_bytes(_png(rgb)))
+    from_png = _run(model, vision, lambda v: v.image_from_bytes(png(rgb)))
     from_rgba = _run(model, vision, lambda v: v.image_from_pixels(rgba.tobytes(), W, H, 4))
     from_rgb = _run(model, vision, lambda v: v.image_from_pixels(memoryview(rgb), W, H))
     assert from_png[0] == from_rgba[0] == from_rgb[0]
@@ -265,17 +247,17 @@ def test_image_tokens_follow_the_size(vision) -> None:
 
 
 def _bad_png_header(width: int, height: int) -> bytes:
-    png = bytearray(_png(_pixels()))
-    png[16:24] = struct.pack(">II", width, height)  # the CRC is wrong too: never decoded
-    return bytes(png)
+    encoded = bytearray(png(_pixels()))
+    encoded[16:24] = struct.pack(">II", width, height)  # the CRC is wrong too: never decoded
+    return bytes(encoded)
 
 
 @pytest.mark.parametrize("data,message", [
     (b"", "neither PNG nor JPEG"),
     (b"GIF89a" + bytes(64), "neither PNG nor JPEG"),
     (b"\x89PNG\r\n\x1a\n" + bytes(4), "no IHDR"),
-    (_png(_pixels())[:60], "corrupt"),  # cut inside the compressed rows
-    (_png(_pixels())[:33] + b"IDAT" + bytes(200), "corrupt"),
+    (png(_pixels())[:60], "corrupt"),  # cut inside the compressed rows
+    (png(_pixels())[:33] + b"IDAT" + bytes(200), "corrupt"),
     (b"\xff\xd8\xff\xe0\x00\x10JFIF" + bytes(40), "no frame header"),
     (_bad_png_header(0, 64), "nothing in it"),
     (_bad_png_header(100_000, 100_000), "larger than"),
@@ -302,10 +284,10 @@ def test_bad_pixels_are_typed(vision, size, channels: int, message: str) -> None
 
 
 def test_bad_input_leaves_the_context_usable(model, vision) -> None:
-    good = _run(model, vision, lambda v: v.image_from_bytes(_png(_pixels())))
+    good = _run(model, vision, lambda v: v.image_from_bytes(png(_pixels())))
     ctx = _context(model)
     try:
-        with vision.image_from_bytes(_png(_pixels())) as image:
+        with vision.image_from_bytes(png(_pixels())) as image:
             with pytest.raises(VisionPromptError, match="2 media markers"):
                 vision.tokenize(PROMPT + "<__media__>", [image])
             with pytest.raises(VisionPromptError, match="0 media markers"):
@@ -324,7 +306,7 @@ def test_a_full_context_is_typed_and_rolled_back(model, vision) -> None:
     ctx = _context(model, n_ctx=256)  # llama.cpp's smallest context
     n_ctx = llama_cpp.llama_n_ctx(ctx)
     try:
-        with vision.image_from_bytes(_png(_pixels())) as image, \
+        with vision.image_from_bytes(png(_pixels())) as image, \
                 vision.tokenize(PROMPT, [image]) as chunks:
             n_past, n_cells = 0, 0
             while n_cells + chunks.n_tokens <= n_ctx:  # 33 cells a time
@@ -371,7 +353,7 @@ def test_close_frees_everything_it_made(model, pair) -> None:
     assert v.closed and image.closed and chunks.closed
     v.close()  # idempotent
     with pytest.raises(VisionClosedError):
-        v.image_from_bytes(_png(_pixels()))
+        v.image_from_bytes(png(_pixels()))
     with pytest.raises(VisionClosedError):
         len(chunks)
 
@@ -406,7 +388,7 @@ def test_encode_time_of_the_tiny_model(model, vision) -> None:
     """The tiny pair's encoder pass for a 64x64 image: milliseconds on 2 CPU cores."""
     ctx = _context(model)
     try:
-        with vision.image_from_bytes(_png(_pixels())) as image, \
+        with vision.image_from_bytes(png(_pixels())) as image, \
                 vision.tokenize("<__media__>", [image]) as chunks:
             times = []
             for _ in range(5):

@@ -8,8 +8,6 @@ import llama_cpp  # before numpy: with the CUDA build, numpy first crashes model
 
 # isort: split
 import shutil
-import struct
-import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -27,6 +25,7 @@ from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, image_turn, snapshot
 from igi_sdk.runtime.image_turn import IMAGE_SLOT, ImageInput
+from tests.images import card, png
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 NPC = "You are Brom, the blacksmith. Describe what the player shows you."
@@ -35,24 +34,7 @@ REPLY = {"max_tokens": 6, "ignore_eos": True}
 
 
 def _pixels(seed: int = 0) -> np.ndarray:
-    y, x = np.mgrid[0:H, 0:W]
-    noise = np.random.default_rng(seed).integers(0, 64, (H, W))
-    rgb = np.stack([x * 4, y * 4, (x + y) * 2 + noise], axis=-1)
-    return np.clip(rgb, 0, 255).astype(np.uint8)
-
-
-def png(rgb: np.ndarray) -> bytes:
-    """A minimal 8-bit RGB PNG, zlib only."""
-    h, w, _ = rgb.shape
-    raw = b"".join(b"\0" + rgb[r].tobytes() for r in range(h))
-
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        body = kind + data
-        return struct.pack(">I", len(data)) + body + struct.pack(">I", zlib.crc32(body))
-
-    ihdr = struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", zlib.compress(raw))
-            + chunk(b"IEND", b""))
+    return card(seed, W, H)
 
 
 def image(seed: int = 0) -> ImageInput:

@@ -16,27 +16,12 @@ from igi_sdk.model.mmproj import EncoderInventory, read_encoder
 from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
 from igi_sdk.planner import Workload, plan_for
 from igi_sdk.planner import vision as V
-from igi_sdk.profile import DeviceProfile, Profile
+from tests.test_planner import GPU_PROFILE
 
 MIB = 1 << 20
 GIB = 1 << 30
-TOKENS = (1, 64, 512, 2048)
-BPW = {"F16": 2.0, "Q8_0": 1.0625, "Q4_0": 0.5625, "Q4_K": 0.5625}
 WL = Workload(n_ctx=8192, prompt_tokens=64, gen_tokens=32)
 ORDER = ("480p", "720p", "1080p", "1440p")
-
-
-def _device(kind: str, bandwidth: float, flops: float) -> DeviceProfile:
-    rates = {ty: {t: min(bandwidth, flops * bpw / (2 * t)) for t in TOKENS}
-             for ty, bpw in BPW.items()}
-    return DeviceProfile(name=kind, kind=kind, threads=16, matmul_rate=rates)
-
-
-GPU_PROFILE = Profile(
-    fingerprint={"gpu": "test"}, cpu=_device("cpu", 60e9, 1.5e12),
-    gpu=_device("gpu", 2.0e12, 300e12), h2d_pinned_bps=50e9, h2d_pageable_bps=8e9,
-    gpu_fixed_bytes=300 * MIB,
-)
 
 
 @pytest.fixture(scope="module")
