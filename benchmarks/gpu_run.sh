@@ -175,6 +175,11 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
            --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
            | tee -a "$out/peers.txt"; }
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  # the MoE (Qwen3-30B-A3B) at 4 GB and llama-bench's context, ours
+  moe() { python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" \
+            --timeout 120 --json "$out/planner.json" --profile /tmp/igi-bench/profile.json \
+            --budgets 4 --cases 1024:1152 --strategies ours "$@" 2>&1 | grep -v "^{" \
+            | grep -v "^$" | tee -a "$out/planner.txt"; }
   rm -f /tmp/igi-bench/profile.json  # measured afresh on this machine by the first pb
   [ -f .gpu/profile.json ] && cp .gpu/profile.json /tmp/igi-bench/profile.json  # or carried
   mkdir -p "$out/plans"
@@ -275,10 +280,7 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
     have 60 && pb --budgets 4 --cases 1024:1152 --strategies ours --tag f16-slack
     up --budgets 4 --peers fit-expert
     if have 240; then
-      python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" --timeout 120 \
-        --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --budgets 4 \
-        --cases 1024:1152 --strategies ours --tag moe 2>&1 | grep -v "^{" | grep -v "^$" \
-        | tee -a "$out/planner.txt"
+      moe --tag moe
       UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
     fi
   fi
@@ -293,10 +295,6 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
     # how the engine's thread waits cost decode (the SDK's default: OMP_WAIT_POLICY=PASSIVE,
     # threads sleep at every barrier so a game keeps its cores): the MoE (many barriers per
     # token) and the dense model at 4 GB, passive / spinning / a bounded spin, beside upstream
-    moe() { python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" \
-              --timeout 120 --json "$out/planner.json" --profile /tmp/igi-bench/profile.json \
-              --budgets 4 --cases 1024:1152 --strategies ours "$@" 2>&1 | grep -v "^{" \
-              | grep -v "^$" | tee -a "$out/planner.txt"; }
     moe --tag passive
     OMP_WAIT_POLICY=ACTIVE moe --tag active
     have 90 && GOMP_SPINCOUNT=${SPIN:-20000} moe --tag "spin${SPIN:-20000}"
@@ -315,10 +313,7 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
       --kv "${PEERS6_KV:-f16}"
     up --budgets 2,4,8 --peers fit-expert
     if have 240; then
-      python3 benchmarks/planner_bench.py --models qwen3-30b-a3b --threads "$t" --timeout 120 \
-        --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --budgets 4 \
-        --cases 1024:1152 --strategies ours --tag moe 2>&1 | grep -v "^{" | grep -v "^$" \
-        | tee -a "$out/planner.txt"
+      moe --tag moe
       UPM=/tmp/igi-bench/qwen3-30b-a3b.gguf up --budgets 4 --peers fit-expert,ncmoe-best
     fi
     have 100 && pb --budgets 4 --cases 4096:16384 --strategies ours --tag ctx16k
