@@ -38,6 +38,16 @@ def _raw(endpoint: str) -> zmq.Socket:
     return s
 
 
+def _raw_session(endpoint: str) -> tuple[zmq.Socket, str]:
+    """A raw DEALER that said hello (ids 1, 2) to a ready sidecar, and the session it opened."""
+    Client(endpoint, timeout=60).wait_ready(60)
+    s = _raw(endpoint)
+    s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION}))
+    _next(s)
+    s.send(P.encode(2, "open_session", {"system_prompt": "npc"}))
+    return s, _next(s)[2]["session"]
+
+
 def _next(s: zmq.Socket, timeout_ms: int = 10_000) -> tuple[int, str, dict]:
     while True:
         assert s.poll(timeout_ms), "no reply"
@@ -120,12 +130,7 @@ def test_a_duplicate_chat_id_does_not_end_the_live_stream(tiny_dir, tmp_path) ->
     endpoint = f"ipc://{tmp_path / 'dup.sock'}"
     proc = start_sidecar(tiny_dir, endpoint, "--model", "tiny.gguf", "--no-arbiter")
     try:
-        Client(endpoint, timeout=60).wait_ready(60)
-        s = _raw(endpoint)
-        s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION}))
-        _next(s)
-        s.send(P.encode(2, "open_session", {"system_prompt": "npc"}))
-        sid = _next(s)[2]["session"]
+        s, sid = _raw_session(endpoint)
         chat = {"session": sid, "text": "Tell me everything.", "max_tokens": 40}
         s.send(P.encode(7, "chat", chat))
         s.send(P.encode(7, "chat", chat))
@@ -187,12 +192,7 @@ def test_hostile_schemas_get_invalid_grammar_and_the_sidecar_keeps_serving(tiny_
     endpoint = f"ipc://{tmp_path / 'schema.sock'}"
     proc = start_sidecar(tiny_dir, endpoint, "--model", "tiny.gguf", "--no-arbiter")
     try:
-        Client(endpoint, timeout=60).wait_ready(60)
-        s = _raw(endpoint)
-        s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION}))
-        _next(s)
-        s.send(P.encode(2, "open_session", {"system_prompt": "npc"}))
-        sid = _next(s)[2]["session"]
+        s, sid = _raw_session(endpoint)
         deep: dict = {"type": "string"}
         for _ in range(1_000):
             deep = {"type": "array", "items": deep}
