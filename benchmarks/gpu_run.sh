@@ -346,7 +346,9 @@ if [ "$part" = vlm ]; then
   # F16 tower, zero weights), images at 1080p, 720p, 1440p, 480p and budgets 8, 4, 14.5 GB,
   # naive / upstream-defaults / ours, one process each; rows that cannot start in time skipped
   END=${END:-575}
-  python3 benchmarks/vlm_bench.py --profile .gpu/profile.json --threads "$t" --timeout 90 \
+  # VLM_ARGS: e.g. "--configs ours,paper-baseline --budgets 4 --gen 100"
+  # shellcheck disable=SC2086
+  python3 benchmarks/vlm_bench.py --profile .gpu/profile.json --threads "$t" --timeout 90 ${VLM_ARGS:-} \
     --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/vlm.json" 2>&1 \
     | grep -v "^llama_context" | tee "$out/vlm.txt"
   echo "done at $SECONDS s"

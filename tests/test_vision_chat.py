@@ -451,3 +451,66 @@ def test_an_encoder_on_the_gpu_takes_its_vram_from_the_budget(vlm: VLMFiles, mon
     assert cpu.engine is not None
     cpu.engine.close()
     assert budgets[-1] == 2**31  # the encoder on the CPU takes no VRAM
+
+
+# --- the encoder borrowing the LM's VRAM ---------------------------------------------------------
+
+
+def test_the_lm_moves_for_the_encoder_and_back_and_replies_do_not_change(vlm: VLMFiles) -> None:
+    """``vision_plan``: each image turn reshards the LM to the encoder's placement, encodes,
+    frees the encoder and moves back; text turns do not move it; replies are the same."""
+    from igi_sdk.runtime.vision import VisionContext
+
+    main = Plan.all_cpu()
+    for_encoder = main.model_copy(update={"name": "for-encoder"})
+    seen: list[str] = []
+
+    def vision_plan(current: Plan) -> Plan:
+        seen.append(current.name)
+        return for_encoder
+
+    live = VisionContext.live
+    lines = [("What do you think of this sword?", [image(0)]), ("And how much?", None),
+             ("And this one?", [image(1)])]
+    with Engine(vlm.model, main, _config(vlm), vision_plan=vision_plan) as eng:
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        moved = []
+        for text, imgs in lines:
+            moved.append(_say(eng, sid, text, imgs).tokens)
+            assert eng.plan == main and VisionContext.live == live  # back, encoder freed
+        assert eng.vision_borrows == 2 and eng.reshard_count == 4 and seen == ["all-cpu"] * 2
+        saved = eng.snapshot(sid)
+    with Engine(vlm.model, main, _config(vlm)) as eng:
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        kept = [_say(eng, sid, text, imgs).tokens for text, imgs in lines]
+        assert eng.reshard_count == 0
+        assert eng.snapshot(sid) == saved
+    assert moved == kept
+
+
+def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
+        vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder's placement cannot load (out of VRAM): the line ends typed, the session is
+    as before it, the LM is back on its own placement and the next line works."""
+    from igi_sdk.errors import ModelLoadError
+    from igi_sdk.runtime import loader
+
+    real_load = loader.load
+
+    def no_room(path, inv, plan, settings, **kw):  # injected: the smaller placement OOMs
+        if plan.name == "for-encoder":
+            raise ModelLoadError("injected: out of VRAM")
+        return real_load(path, inv, plan, settings, **kw)
+
+    monkeypatch.setattr(loader, "load", no_room)
+    for_encoder = Plan.all_cpu().model_copy(update={"name": "for-encoder"})
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm),
+                vision_plan=lambda _p: for_encoder) as eng:
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        first = _say(eng, sid, "Hello there.").tokens
+        saved = eng.snapshot(sid)
+        with pytest.raises(ModelLoadError):
+            _say(eng, sid, "What is this?", [image(0)])
+        assert eng.plan.name == "all-cpu" and eng.state == "ready" and eng.vision_borrows == 0
+        assert eng.snapshot(sid) == saved
+        assert len(_say(eng, sid, "Hello again.").tokens) == len(first)

@@ -152,7 +152,41 @@ def test_plan_with_vision_stays_within_the_budget(big: VLMFiles, enc: EncoderInv
         if budget < minimum:
             continue
         vp = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, res, WL)
-        assert vp.lm.vram_bytes["total"] + vp.vision.vram <= budget
+        assert vp.peak_vram <= budget
+        assert vp.lm.vram_bytes["total"] + vp.vision.vram <= budget or vp.mode == "borrowed"
         assert vp.turn_s <= vp.alternative_s
     # plenty of VRAM: the encoder goes to the GPU
     assert V.plan_with_vision(lm, enc, GPU_PROFILE, 24 * GIB, "480p", WL).vision.on_gpu
+
+
+def test_the_lm_borrows_for_the_encoder_within_the_budget(big: VLMFiles,
+                                                          enc: EncoderInventory) -> None:
+    """``borrowed``: the LM gets the whole budget between image turns and moves to a smaller
+    placement while the encoder is open; both placements fit, memory-mapped, one threshold."""
+    lm = read_inventory(big.model)
+    budget = 4 * GIB
+    vp = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1080p", WL, modes=("borrowed",))
+    assert vp.mode == "borrowed" and vp.encode_lm is not None and vp.vision.on_gpu
+    main, small = vp.lm, vp.encode_lm
+    assert main.vram_bytes["total"] <= budget
+    assert small.vram_bytes["total"] + vp.vision.vram <= budget and vp.peak_vram <= budget
+    assert small.vram_bytes["weights"] < main.vram_bytes["weights"]
+    assert not main.pinned_host and not small.pinned_host
+    assert main.copy_compute_min_batch == small.copy_compute_min_batch
+    # the price: two reshards of the LM on top of the reserved mode's encode
+    reserved = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1080p", WL, modes=("reserved",))
+    assert vp.predicted.keys() == {"cpu", "reserved", "borrowed"}
+    assert vp.predicted["reserved"] == reserved.turn_s
+    assert V.reshard_seconds(small, GPU_PROFILE) >= V.RESHARD_FIXED_S
+    # the chosen mode is the fastest predicted one
+    auto = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1080p", WL)
+    assert auto.turn_s == min(auto.predicted.values())
+    assert V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1080p", WL,
+                              modes=("cpu",)).mode == "cpu"
+
+
+def test_nothing_is_borrowed_where_the_whole_budget_leaves_room(big: VLMFiles,
+                                                                enc: EncoderInventory) -> None:
+    lm = read_inventory(big.model)
+    vp = V.plan_with_vision(lm, enc, GPU_PROFILE, 64 * GIB, "480p", WL)
+    assert vp.mode == "reserved" and vp.encode_lm is None and "borrowed" not in vp.predicted

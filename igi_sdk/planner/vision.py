@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 import struct
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
+from typing import Literal
 
 from igi_sdk.model import ModelInventory
 from igi_sdk.model.mmproj import EncoderInventory
@@ -261,42 +262,109 @@ def choose_vision(budget: int | None, lm_plan_vram: Mapping[str, int], encoder: 
     return VisionChoice(False, "on", grid, weights, compute, 0, resident, seconds(False), why)
 
 
+VisionMode = Literal["cpu", "reserved", "borrowed"]
+
+# A reshard of the LM (park the KV cache, free, reload, restore) beyond copying its VRAM
+# weights: context and graph reserve, state copies. The H200 arbiter runs measured 0.52-1.34 s
+# per reload of an 8B model with memory-mapped host weights (docs/benchmarks.md), of which the
+# weights' copy was at most 0.45 s.
+RESHARD_FIXED_S = 0.35
+
+
+def reshard_seconds(plan: Plan, prof: Profile) -> float:
+    """Predicted time to move the LM onto ``plan`` (its VRAM weights copied from the page cache
+    at pageable speed; host weights stay memory-mapped, since pinning them takes seconds)."""
+    rate = prof.h2d_bps(False) or prof.h2d_bps(True) or 1e10
+    return RESHARD_FIXED_S + plan.vram_bytes.get("weights", 0) / rate
+
+
 @dataclass(frozen=True)
 class VisionPlan:
+    """Where the LM and the encoder go for image turns within one budget.
+
+    ``mode``: ``cpu`` (encoder on the CPU, the LM has the whole budget), ``reserved`` (encoder
+    on the GPU beside the LM, which is planned for what it leaves) or ``borrowed`` (the LM has
+    the whole budget between image turns, and moves to ``encode_lm`` while the encoder is open:
+    ``Engine(vision_plan=...)``)."""
+
     lm: Plan
     vision: VisionChoice
     turn_s: float  # predicted: encode + the LM's turn with the image's tokens in the prompt
-    alternative_s: float  # the other side's prediction (inf where it does not fit)
+    alternative_s: float  # the best other mode's prediction (inf where none fits)
+    mode: VisionMode = "cpu"
+    encode_lm: Plan | None = None  # the LM while the encoder is open (borrowed only)
+    predicted: dict[str, float] = field(default_factory=dict)  # seconds by mode
+
+    @property
+    def peak_vram(self) -> int:
+        """The most VRAM it holds: the LM alone, or the LM beside the encoder."""
+        beside = (self.encode_lm or self.lm).vram_bytes.get("total", 0) + self.vision.vram
+        return max(self.lm.vram_bytes.get("total", 0), beside)
+
+
+def _turn_s(plan: Plan) -> float:
+    return plan.predicted.get("turn_s", 0.0)
 
 
 def plan_with_vision(lm: ModelInventory, enc: EncoderInventory, prof: Profile,
                      budget: int | None, resolution: str | tuple[int, int] | ImageGrid,
-                     wl: Workload | None = None, *, max_tokens: int = 0) -> VisionPlan:
-    """The LM plan and encoder placement with the shortest predicted image turn within
-    ``budget``: the LM planned at the whole budget with the encoder on the CPU, against the LM
-    planned for what the encoder leaves with the encoder on the GPU. The image's tokens are
-    part of the turn's prompt."""
+                     wl: Workload | None = None, *, max_tokens: int = 0,
+                     modes: tuple[VisionMode, ...] = ("cpu", "reserved", "borrowed"),
+                     ) -> VisionPlan:
+    """The mode with the shortest predicted image turn within ``budget`` (see
+    :class:`VisionPlan`); every mode stays within the budget at its peak. The image's tokens
+    are part of the turn's prompt.
+
+    * ``cpu``: the encoder's time on the CPU + the LM's turn planned at the whole budget;
+    * ``reserved``: the GPU encoder's time + the LM's turn planned for what it leaves (or at
+      the whole budget where that plan already leaves room);
+    * ``borrowed``: the GPU encoder's time + two reshards + the prompt on the smaller
+      placement + the reply at the whole budget's decode speed. Host weights stay
+      memory-mapped in both placements (a reshard that pins them takes seconds)."""
     wl = wl or Workload()
     grid = grid_for(enc, resolution, max_tokens)
     wl = replace(wl, prompt_tokens=wl.prompt_tokens + grid.n_tokens)
-    cpu_lm = plan_for(lm, prof, budget, wl).best
-    cpu_vis = choose_vision(budget, cpu_lm.vram_bytes, enc, grid, False, prof=prof)
-    cpu_s = cpu_lm.predicted.get("turn_s", 0.0) + cpu_vis.encode_s
-    if prof.gpu is None or budget is None:
-        return VisionPlan(cpu_lm, cpu_vis, cpu_s, math.inf)
-    if cpu_lm.uses_gpu():  # the whole budget's plan may already leave room
-        direct = choose_vision(budget, cpu_lm.vram_bytes, enc, grid, True, prof=prof)
+    whole = plan_for(lm, prof, budget, wl).best
+    options: dict[VisionMode, VisionPlan] = {}
+    cpu_vis = choose_vision(budget, whole.vram_bytes, enc, grid, False, prof=prof)
+    options["cpu"] = VisionPlan(whole, cpu_vis, _turn_s(whole) + cpu_vis.encode_s, math.inf)
+    if prof.gpu is not None and budget is not None:
+        options.update(_gpu_options(lm, enc, prof, budget, grid, wl, whole))
+    allowed = {m: o for m, o in options.items() if m in modes} or {"cpu": options["cpu"]}
+    ranked = sorted(allowed.values(), key=lambda o: o.turn_s)
+    best = ranked[0]
+    return replace(best, alternative_s=ranked[1].turn_s if len(ranked) > 1 else math.inf,
+                   predicted={o.mode: o.turn_s for o in options.values()})
+
+
+def _gpu_options(lm: ModelInventory, enc: EncoderInventory, prof: Profile, budget: int,
+                 grid: ImageGrid, wl: Workload, whole: Plan) -> dict[VisionMode, VisionPlan]:
+    out: dict[VisionMode, VisionPlan] = {}
+    if whole.uses_gpu():  # the whole budget's plan may already leave room
+        direct = choose_vision(budget, whole.vram_bytes, enc, grid, True, prof=prof)
         if direct.on_gpu:
-            s = cpu_lm.predicted.get("turn_s", 0.0) + direct.encode_s
-            return VisionPlan(cpu_lm, direct, s, cpu_s)
+            out["reserved"] = VisionPlan(whole, direct, _turn_s(whole) + direct.encode_s,
+                                         math.inf, "reserved")
+            return out  # nothing to borrow
     left = budget - encoder_vram(enc, grid, flash_attn_for(enc, gpu=True))
     if left < minimum_budget(lm, prof, wl):
-        return VisionPlan(cpu_lm, cpu_vis, cpu_s, math.inf)
-    gpu_lm = plan_for(lm, prof, left, wl).best
-    gpu_vis = choose_vision(budget, gpu_lm.vram_bytes, enc, grid, True, prof=prof)
-    if not gpu_vis.on_gpu:
-        return VisionPlan(cpu_lm, cpu_vis, cpu_s, math.inf)
-    gpu_s = gpu_lm.predicted.get("turn_s", 0.0) + gpu_vis.encode_s
-    if gpu_s < cpu_s:
-        return VisionPlan(gpu_lm, gpu_vis, gpu_s, cpu_s)
-    return VisionPlan(cpu_lm, cpu_vis, cpu_s, gpu_s)
+        return out
+    beside = plan_for(lm, prof, left, wl).best
+    vis = choose_vision(budget, beside.vram_bytes, enc, grid, True, prof=prof)
+    if not vis.on_gpu:
+        return out
+    out["reserved"] = VisionPlan(beside, vis, _turn_s(beside) + vis.encode_s, math.inf,
+                                 "reserved")
+    # borrowed: both placements memory-mapped, one copy-compute threshold (llama.cpp reads it
+    # once per process)
+    mapped = replace(wl, pin_host=False)
+    main = plan_for(lm, prof, budget, mapped).best
+    mapped = replace(mapped, copy_min_batch=main.copy_compute_min_batch)
+    small = plan_for(lm, prof, left, mapped).best
+    vis_b = choose_vision(budget, small.vram_bytes, enc, grid, True, prof=prof)
+    tps = main.predicted.get("decode_tps", 0.0)
+    if vis_b.on_gpu and tps > 0:
+        seconds = (vis_b.encode_s + small.predicted.get("ttft_s", 0.0) + wl.gen_tokens / tps
+                   + reshard_seconds(small, prof) + reshard_seconds(main, prof))
+        out["borrowed"] = VisionPlan(main, vis_b, seconds, math.inf, "borrowed", small)
+    return out

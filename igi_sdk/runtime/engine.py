@@ -139,7 +139,13 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         progress: Callable[[float], None] | None = None,
+        vision_plan: Callable[[Plan], Plan | None] | None = None,
     ) -> None:
+        """``vision_plan``: the LM placement to move to while the vision encoder is open, given
+        the current one (None: stay). With it the encoder borrows its VRAM from the LM for each
+        image turn: the engine reshards to that placement, encodes, frees the encoder and moves
+        back, so the LM has the whole budget between images (``planner.vision`` prices when
+        that pays). The encoder is then never resident between image turns."""
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.inventory: ModelInventory = read_inventory(self.model_path)
         self.config = config or EngineConfig()
@@ -160,6 +166,9 @@ class Engine:
         self._vocab: Vocab | None = None
         self._vision: VisionContext | None = None
         self._vision_checked = False
+        self._vision_plan = vision_plan
+        self._lent_from: Plan | None = None  # the LM's placement while the encoder borrows
+        self.vision_borrows = 0  # image turns that moved the LM for the encoder
         self.vision_opens = 0  # mtmd contexts opened by this engine (a reopen per image turn
         # when not resident)
         self._parked: bytes | None = None  # the context's state while no placement is loaded
@@ -539,6 +548,8 @@ class Engine:
                     item = None
             if self._ctx is not None and self._active_turns():
                 self._guarded_step()
+            if self._lent_from is not None:
+                self._give_back()
 
     def _guarded_step(self) -> None:
         """One decode step; a failure ends the replies it was computing, not the engine."""
@@ -601,9 +612,9 @@ class Engine:
         self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
         self._outputs_cap = settings.outputs_max
         self._token_s = None  # a new placement: measure its prompt speed again
-        if self.config.mmproj and (self.config.keeps_vision or not self._vision_checked):
+        if self.config.mmproj and (self._keeps_vision or not self._vision_checked):
             try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
-                self._open_vision(check=not self.config.keeps_vision)
+                self._open_vision(check=not self._keeps_vision)
             except BaseException:
                 self._unload()
                 raise
@@ -625,14 +636,58 @@ class Engine:
                 raise VisionUnavailableError(
                     "this model was loaded without a vision projector (mmproj): it cannot see "
                     "images; load it with its mmproj, or send the line without images")
+            if not check:
+                self._borrow_for_encoder()
             self._vision = VisionContext(self._model, self.config.mmproj,
                                          self._vision_options(check=check))
             self.vision_opens += 1
         return self._vision
 
+    @property
+    def _keeps_vision(self) -> bool:
+        # an encoder that borrows the LM's VRAM must give it back after every image turn
+        return self.config.keeps_vision and self._vision_plan is None
+
+    def _borrow_for_encoder(self) -> None:
+        """Move the LM to ``vision_plan``'s placement before the encoder opens (engine thread).
+        A placement that fails to load puts the old one back and raises its typed error."""
+        if self._vision_plan is None or self._lent_from is not None:
+            return
+        smaller = self._vision_plan(self.plan)
+        if smaller is None or smaller == self.plan:
+            return
+        main = self.plan
+        self._move(smaller)
+        self._lent_from = main
+        self.vision_borrows += 1
+
+    def _give_back(self) -> None:
+        """Once the encoder is closed, move the LM back to the placement it lent from. If that
+        fails the LM stays on the smaller one, which fits (loaded a moment ago)."""
+        if self._lent_from is None or self._vision is not None:
+            return
+        main, self._lent_from = self._lent_from, None
+        try:
+            self._move(main)
+        except IgiError as e:
+            log.warning("could not move the model back after an image turn (%s); it stays on "
+                        "the placement used for the encoder", e)
+
+    def _move(self, plan: Plan) -> None:
+        """Reshard to ``plan`` on the engine thread, keeping every session and reply; on a
+        failed load the previous placement is loaded again and the error raised."""
+        previous = self.plan
+        ops = EngineOps(self)
+        ops.park_and_release()
+        try:
+            ops.load_and_restore(plan)
+        except IgiError:
+            ops.load_and_restore(previous)
+            raise
+
     def _vision_idle(self) -> None:
         """Free a non-resident vision context once no reply has an image left to encode."""
-        if self.config.keeps_vision or self._vision is None:
+        if self._keeps_vision or self._vision is None:
             return
         if any(t.images for t in self._active_turns()):
             return
@@ -752,6 +807,7 @@ class Engine:
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         vision = self._open_vision() if images or (reset and s.images) else None
+        vocab = self._need_vocab()  # opening the encoder may have moved the model (vision_plan)
         if reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
@@ -1342,6 +1398,7 @@ class EngineOps:
         e = self._e
         if e._ctx is not None:
             raise InvalidStateError("release the current placement first")
+        e._lent_from = None  # a reshard from outside decides the placement from here on
         t0 = time.perf_counter()
         e._load(plan)  # frees whatever it allocated when it fails
         e.state = "ready"
