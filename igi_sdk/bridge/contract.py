@@ -18,6 +18,7 @@ from __future__ import annotations
 import json
 import struct
 import sys
+import zlib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -427,6 +428,27 @@ MEMORY = {"cpu": {"compute": 8_650_752, "kv": 25_165_824, "weights": 90_177_536}
           "gpu": {"compute": 0, "kv": 0, "weights": 0}}
 
 
+def _stored_png(width: int, height: int, rgb: bytes) -> bytes:
+    """An 8-bit RGB PNG whose zlib stream is stored (not compressed): the same bytes with any
+    zlib, so the vector files do not depend on the machine that writes them."""
+    rows = b"".join(b"\0" + rgb[y * width * 3:(y + 1) * width * 3] for y in range(height))
+    stream = (b"\x78\x01\x01" + struct.pack("<HH", len(rows), len(rows) ^ 0xFFFF) + rows
+              + struct.pack(">I", zlib.adler32(rows)))
+
+    def chunk(kind: bytes, data: bytes) -> bytes:
+        return (struct.pack(">I", len(data)) + kind + data
+                + struct.pack(">I", zlib.crc32(kind + data)))
+
+    ihdr = struct.pack(">IIBBBBB", width, height, 8, 2, 0, 0, 0)  # 8-bit RGB
+    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", ihdr) + chunk(b"IDAT", stream)
+            + chunk(b"IEND", b""))
+
+
+# a 2x2 picture: red, green / blue, white (rows top to bottom), as PNG and as raw RGBA pixels
+_RGB_2X2 = bytes([255, 0, 0, 0, 255, 0, 0, 0, 255, 255, 255, 255])
+_RGBA_2X2 = b"".join(_RGB_2X2[i:i + 3] + b"\xff" for i in range(0, 12, 3))
+
+
 def vectors() -> list[Vector]:
     """The golden cases, in a fixed order (one session's ids run 1, 2, 3, ...)."""
     hello = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR, "engine": "unity",
@@ -457,6 +479,12 @@ def vectors() -> list[Vector]:
              {"session": SID, "text": "Your price?", "json_schema": {
                  "type": "object", "properties": {"price": {"type": "integer"}},
                  "required": ["price"]}}, "constrained reply (json_schema wins over grammar)"),
+        _req("request_chat_images", 5, "chat",
+             {"session": SID, "text": "What do you make of this?", "max_tokens": 64, "images": [
+                 {"data": _stored_png(2, 2, _RGB_2X2)},
+                 {"pixels": _RGBA_2X2, "width": 2, "height": 2, "channels": 4}]},
+             "images (feature images): PNG/JPEG file bytes, or raw pixels rows top to bottom; "
+             "both msgpack bin"),
         _req("request_cancel", 6, "cancel", {"request": 5}, "stop the chat whose id is 5"),
         _req("request_save_session", 7, "save_session", {"session": SID, "name": "brom-day1"},
              "a name, not a path"),
@@ -628,12 +656,24 @@ def vectors() -> list[Vector]:
     ]
 
 
+def json_twin(value: Any) -> Any:
+    """A decoded message as its JSON twin shows it: msgpack ``bin`` (``bytes``) becomes
+    ``{"$bin": "<hex>"}``; everything else is JSON already."""
+    if isinstance(value, bytes):
+        return {"$bin": value.hex()}
+    if isinstance(value, dict):
+        return {k: json_twin(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [json_twin(v) for v in value]
+    return value
+
+
 def vector_files() -> dict[str, bytes]:
     """File name -> bytes of every file in ``bridge/vectors/``."""
     files: dict[str, bytes] = {}
     for v in vectors():
         twin: dict[str, Any] = {"name": v.name, "direction": v.direction, "note": v.note,
-                                "message": v.message}
+                                "message": json_twin(v.message)}
         if v.message is None:
             twin["msgpack_hex"] = v.frame.hex()
         if v.expect is not None:

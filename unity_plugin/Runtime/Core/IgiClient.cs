@@ -9,6 +9,8 @@
 //   r.OnOk(body => ...).OnError(err => ...).OnCompleted(req => ...);  r.Session, r.GetLong(...)
 //   IgiStream s = client.Chat(sessionId, "Hello!", new ChatOptions { MaxTokens = 64 })
 //       .OnToken(piece => ...).OnDone(stream => ... stream.Text ...).OnError(err => ...);
+//   client.Chat(sessionId, "What do you see?", new ChatOptions { Images = new[] {
+//       IgiImage.FromEncoded(png), IgiImage.FromRgba32(texture.GetRawTextureData(), w, h) } });
 //   client.Cancel(s); client.SaveSession(id, "brom"); client.RestoreSession("brom"[, "npc.brom"]);
 //   client.CloseSession(id); client.SetPriority(id, 10); client.ListSessions();
 //   client.AdoptSession(id); client.Goodbye(keepSessions); client.Frame(frame, dtMs, ...);
@@ -32,7 +34,7 @@
 // `unavailable` (retryable).
 //
 // Errors are IgiError {Code, Message, Retryable}: the sidecar's codes (PROTOCOL.md §6) plus the
-// local ones in IgiError (unavailable, timeout, stream_lost, disposed, invalid_body).
+// local ones in IgiError (unavailable, timeout, stream_lost, disposed, invalid_body, unsupported).
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -200,8 +202,30 @@ namespace Igi.Sdk
             if (chat.Grammar != null) body["grammar"] = chat.Grammar;
             if (chat.JsonSchema != null) body["json_schema"] = chat.JsonSchema;
             string refusal = text == null ? "text is required" : TooLong("text", text, TextLimit)
-                ?? TooLong("grammar", chat.Grammar, TextLimit);
-            return (IgiStream)Submit("chat", body, refusal, session);
+                ?? TooLong("grammar", chat.Grammar, TextLimit) ?? ImagesProblem(chat.Images);
+            bool images = chat.Images != null && chat.Images.Length > 0;
+            if (images && refusal == null) body["images"] = ImagesBody(chat.Images);
+            return (IgiStream)Submit("chat", body, refusal, session, images ? IgiFeatures.Images : null);
+        }
+
+        static string ImagesProblem(IgiImage[] images)
+        {
+            if (images == null) return null;
+            if (images.Length > IgiImage.MaxImages)
+                return "images has " + images.Length + " images (limit " + IgiImage.MaxImages + ")";
+            for (int i = 0; i < images.Length; i++)
+            {
+                string problem = images[i] == null ? "is null" : images[i].Problem();
+                if (problem != null) return "images[" + i + "] " + problem;
+            }
+            return null;
+        }
+
+        static List<object> ImagesBody(IgiImage[] images)
+        {
+            var list = new List<object>(images.Length);
+            foreach (var image in images) list.Add(image.ToWire());
+            return list;
         }
 
         /// <summary>Asks the stream to stop; it still ends with done (finish_reason "cancelled").</summary>
@@ -295,14 +319,18 @@ namespace Igi.Sdk
 
         public IgiRequest Stats() { return Submit("stats", null); }
 
-        /// <summary>Answered when the load ends (its timeout is LoadModelTimeoutSeconds).</summary>
-        public IgiRequest LoadModel(string path, long? vramBudget = null, int? nCtx = null, int? maxSessions = null)
+        /// <summary>Answered when the load ends (its timeout is LoadModelTimeoutSeconds).
+        /// <paramref name="mmproj"/>: the model's vision projector (protocol 1.1 feature images),
+        /// a path like <paramref name="path"/>; null: text only.</summary>
+        public IgiRequest LoadModel(string path, long? vramBudget = null, int? nCtx = null, int? maxSessions = null,
+            string mmproj = null)
         {
             var body = Body("path", path);
             if (vramBudget.HasValue) body["vram_budget"] = vramBudget.Value;
             if (nCtx.HasValue) body["n_ctx"] = (long)nCtx.Value;
             if (maxSessions.HasValue) body["max_sessions"] = (long)maxSessions.Value;
-            return Submit("load_model", body);
+            if (mmproj != null) body["mmproj"] = mmproj;
+            return Submit("load_model", body, null, null, mmproj != null ? IgiFeatures.Images : null);
         }
 
         /// <summary>Stops the sidecar (any client may).</summary>
@@ -346,7 +374,10 @@ namespace Igi.Sdk
             return options.RequestTimeoutSeconds;
         }
 
-        IgiRequest Submit(string type, Dictionary<string, object> body, string refusal = null, string session = null)
+        /// <summary><paramref name="feature"/>: the protocol feature the request needs; checked
+        /// against the hello of the connection it goes out on (<c>unsupported</c> if absent).</summary>
+        IgiRequest Submit(string type, Dictionary<string, object> body, string refusal = null, string session = null,
+            string feature = null)
         {
             long id = connection.NextId();
             IgiRequest request = type == "chat"
@@ -380,7 +411,7 @@ namespace Igi.Sdk
             connection.Enqueue(new IgiConnection.Outgoing
             {
                 Kind = IgiConnection.OutKind.Send, Id = id, Type = type, Bytes = bytes,
-                IsStream = type == "chat", Session = session,
+                IsStream = type == "chat", Session = session, Feature = feature,
             });
             return request;
         }

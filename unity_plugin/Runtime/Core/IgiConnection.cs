@@ -28,6 +28,7 @@ namespace Igi.Sdk
             public byte[] Bytes;
             public bool IsStream;
             public string Session; // the session a close_session names
+            public string Feature; // the protocol feature it needs (null: none)
         }
 
         internal sealed class Incoming
@@ -55,6 +56,7 @@ namespace Igi.Sdk
             public bool LegacyHello;   // a hello without the 1.1 fields
             public int HelloRetries;
             public string Session;
+            public string Feature;
             public double QueuedAt;
             public double SentAt;
         }
@@ -193,7 +195,7 @@ namespace Igi.Sdk
                         waiting.Add(new InFlight
                         {
                             Id = o.Id, Type = o.Type, Bytes = o.Bytes, IsStream = o.IsStream,
-                            Session = o.Session, QueuedAt = Now,
+                            Session = o.Session, Feature = o.Feature, QueuedAt = Now,
                         });
                         if (o.Type != "goodbye") farewell = false;
                         break;
@@ -320,6 +322,13 @@ namespace Igi.Sdk
             {
                 var f = waiting[0];
                 waiting.RemoveAt(0);
+                if (f.Feature != null && !info.HasFeature(f.Feature))
+                {
+                    // this sidecar would ignore what the request is for: refuse it unsent
+                    Forward(f.Id, "error", ErrorBody(IgiError.Unsupported, f.Type + " needs the protocol feature '" +
+                        f.Feature + "', which the sidecar at " + options.Endpoint + " does not offer", false));
+                    continue;
+                }
                 inflight[f.Id] = f;
                 Transmit(f);
             }

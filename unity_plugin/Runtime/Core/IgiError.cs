@@ -19,6 +19,18 @@ namespace Igi.Sdk
         public const string Disposed = "disposed";
         /// <summary>Local: refused before sending (text too long, message too large, bad argument).</summary>
         public const string InvalidBody = "invalid_body";
+        /// <summary>Local: the sidecar does not offer the protocol feature the request needs (not
+        /// in its hello's features: an older sidecar, see <see cref="IgiServerInfo.HasFeature"/>).
+        /// Nothing was sent.</summary>
+        public const string Unsupported = "unsupported";
+
+        // Codes of the sidecar that a game may want to tell apart (PROTOCOL.md §6 has them all).
+        /// <summary>chat.images: an image the sidecar cannot decode (corrupt, not PNG/JPEG), or
+        /// media markers in the text that do not match the images. The session is unchanged.</summary>
+        public const string InvalidImage = "invalid_image";
+        /// <summary>chat.images: the model was loaded without its vision projector (mmproj).
+        /// The session is unchanged.</summary>
+        public const string VisionUnavailable = "vision_unavailable";
 
         public readonly string Code;
         public readonly string Message;

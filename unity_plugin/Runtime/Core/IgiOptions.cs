@@ -66,5 +66,9 @@ namespace Igi.Sdk
         /// <summary>A JSON Schema as JSON text (protocol 1.1 json_schema_string): the sidecar
         /// parses it, so the engine needs no JSON tree.</summary>
         public string JsonSchema;
+        /// <summary>Protocol 1.1 feature images: up to 4 images the NPC sees with this line
+        /// (the model needs its vision projector). A <c>&lt;__media__&gt;</c> in the text places
+        /// each, in order; without markers they go before the text.</summary>
+        public IgiImage[] Images;
     }
 }

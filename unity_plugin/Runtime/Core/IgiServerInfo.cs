@@ -54,6 +54,8 @@ namespace Igi.Sdk
         public const string ResumeStream = "resume_stream";
         public const string JsonSchemaString = "json_schema_string";
         public const string SessionNames = "session_names";
+        /// <summary>chat.images (<see cref="ChatOptions.Images"/>) and load_model.mmproj.</summary>
+        public const string Images = "images";
     }
 
     public enum IgiConnectionState

@@ -103,8 +103,10 @@ namespace Igi.Sdk.Unity
             if (_pendingLine != null)
             {
                 string line = _pendingLine;
+                var images = _pendingImages;
                 _pendingLine = null;
-                Say(line);
+                _pendingImages = null;
+                Say(line, images);
             }
         }
 
@@ -123,6 +125,7 @@ namespace Igi.Sdk.Unity
             _acquiring = false;
             _retryUntil = -1f;
             _pendingLine = null;
+            _pendingImages = null;
             RaiseError(error.Code, "no session for " + _baseName + ": " + error.Message);
         }
 

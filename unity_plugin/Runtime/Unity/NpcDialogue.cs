@@ -72,6 +72,7 @@ namespace Igi.Sdk.Unity
         bool _restoring;
         IgiRequest _closing; // the session a restore replaced, being closed
         string _pendingLine;
+        IgiImage[] _pendingImages;
         int? _priorityOverride;
         int _sentPriority = int.MinValue;
         bool _destroyed;
@@ -174,6 +175,17 @@ namespace Igi.Sdk.Unity
         /// </summary>
         public bool Say(string playerLine)
         {
+            return Say(playerLine, null);
+        }
+
+        /// <summary>
+        /// <see cref="Say(string)"/> with what the NPC sees (up to 4 images; the sidecar's model
+        /// needs its vision projector, else <see cref="OnError"/> gets <c>vision_unavailable</c>).
+        /// Unity's pixel rows run bottom to top: <c>IgiImage.FromRgba32(texture.GetRawTextureData(),
+        /// w, h)</c> flips them; <c>IgiImage.FromEncoded(texture.EncodeToPNG())</c> needs nothing.
+        /// </summary>
+        public bool Say(string playerLine, params IgiImage[] images)
+        {
             if (string.IsNullOrEmpty(playerLine) || _destroyed) return false;
             if (IsReplying || _restoring)
             {
@@ -183,12 +195,14 @@ namespace Igi.Sdk.Unity
             if (!IsReady)
             {
                 _pendingLine = playerLine;
+                _pendingImages = images;
                 if (_claimed && !_acquiring && _sidecar != null && _sidecar.IsReady) Acquire();
                 return true;
             }
             var chat = new ChatOptions { MaxTokens = maxTokens };
             var stops = NonEmpty(stopStrings);
             if (stops.Length > 0) chat.Stop = stops;
+            if (images != null && images.Length > 0) chat.Images = images;
             IgiStream stream = Client.Chat(_session, playerLine, chat);
             _stream = stream;
             stream.OnToken(piece => { if (!_destroyed) RaiseToken(piece); })
@@ -214,6 +228,7 @@ namespace Igi.Sdk.Unity
         public void Cancel()
         {
             _pendingLine = null;
+            _pendingImages = null;
             if (IsReplying && Client != null) Client.Cancel(_stream);
         }
 

@@ -45,7 +45,8 @@ namespace Igi.Sdk.Tests
             Assert.AreEqual(15.0, client.Server.LeaseSeconds);
             Assert.IsNotNull(client.Server.Model);
             foreach (var feature in new[] { IgiFeatures.Goodbye, IgiFeatures.Leases, IgiFeatures.ListSessions,
-                IgiFeatures.AdoptSession, IgiFeatures.SetPriority, IgiFeatures.ResumeStream, IgiFeatures.JsonSchemaString })
+                IgiFeatures.AdoptSession, IgiFeatures.SetPriority, IgiFeatures.ResumeStream, IgiFeatures.JsonSchemaString,
+                IgiFeatures.Images })
                 Assert.IsTrue(client.Server.HasFeature(feature), "feature " + feature);
             Assert.AreEqual(32000, client.Server.MaxTextChars);
             var ping = Pumping.Ok(client, client.Ping());

@@ -6,7 +6,7 @@ using NUnit.Framework;
 namespace Igi.Sdk.Tests
 {
     /// <summary>Deep comparison of decoded trees: numbers by value (JSON 1.0 == msgpack 1),
-    /// maps without regard to order.</summary>
+    /// maps without regard to order, a JSON twin's {"$bin": hex} equal to the bytes.</summary>
     public static class ValueAssert
     {
         public static void AreEqual(object expected, object actual, string where)
@@ -25,6 +25,9 @@ namespace Igi.Sdk.Tests
                     return Convert.ToDecimal(expected) == Convert.ToDecimal(actual) ? null : path + ": " + expected + " != " + actual;
                 return Convert.ToDouble(expected) == Convert.ToDouble(actual) ? null : path + ": " + expected + " != " + actual;
             }
+            string hex = BinHex(expected);
+            if (hex != null && actual is byte[])
+                return hex == BitConverter.ToString((byte[])actual).Replace("-", "").ToLowerInvariant() ? null : path + ": bytes differ";
             var em = expected as IDictionary<string, object>;
             var am = actual as IDictionary<string, object>;
             if (em != null || am != null)
@@ -57,6 +60,14 @@ namespace Igi.Sdk.Tests
             if (expected is byte[] && actual is byte[])
                 return Convert.ToBase64String((byte[])expected) == Convert.ToBase64String((byte[])actual) ? null : path + ": bytes differ";
             return Equals(expected, actual) ? null : path + ": " + Show(expected) + " != " + Show(actual);
+        }
+
+        /// <summary>The hex of a JSON twin's bin ({"$bin": "0a1b..."}), or null.</summary>
+        public static string BinHex(object o)
+        {
+            var map = o as IDictionary<string, object>;
+            if (map == null || map.Count != 1 || !map.ContainsKey("$bin")) return null;
+            return map["$bin"] as string;
         }
 
         static bool IsNumber(object o) { return o is long || o is ulong || o is double || o is int; }

@@ -141,6 +141,16 @@ namespace Igi.Sdk.Tests
                 {
                     JsonSchema = "{\"type\":\"object\",\"properties\":{\"price\":{\"type\":\"integer\"}},\"required\":[\"price\"]}",
                 }));
+                Check(client, fake, "request_chat_images", client.Chat("3f2a9c0d81be", "What do you make of this?", new ChatOptions
+                {
+                    MaxTokens = 64,
+                    Images = new[]
+                    {
+                        IgiImage.FromEncoded(VectorImage("request_chat_images", 0, "data")),
+                        // the same 2x2 picture as Unity holds it: RGBA, the bottom row first
+                        IgiImage.FromRgba32(new byte[] { 0, 0, 255, 255, 255, 255, 255, 255, 255, 0, 0, 255, 0, 255, 0, 255 }, 2, 2),
+                    },
+                }));
                 Check(client, fake, "request_cancel", client.Cancel(5));
                 Check(client, fake, "request_save_session", client.SaveSession("3f2a9c0d81be", "brom-day1"));
                 Check(client, fake, "request_restore_session", client.RestoreSession("brom-day1"));
@@ -157,6 +167,17 @@ namespace Igi.Sdk.Tests
                 Check(client, fake, "request_adopt_session", client.AdoptSession("npc.brom"));
                 Check(client, fake, "request_goodbye", client.Goodbye(true));
             }
+        }
+
+        /// <summary>The bytes of a bin field of an image in a vector's twin.</summary>
+        static byte[] VectorImage(string vector, int index, string field)
+        {
+            var image = (Dictionary<string, object>)MsgValue.GetList(VectorBody(vector), "images")[index];
+            string hex = ValueAssert.BinHex(image[field]);
+            Assert.IsNotNull(hex, vector + " images[" + index + "]." + field + " is not a {\"$bin\": hex}");
+            var bytes = new byte[hex.Length / 2];
+            for (int i = 0; i < bytes.Length; i++) bytes[i] = Convert.ToByte(hex.Substring(2 * i, 2), 16);
+            return bytes;
         }
 
         static void Check(IgiClient client, FakeTransport fake, string vector, IgiRequest request)
