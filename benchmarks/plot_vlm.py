@@ -16,7 +16,14 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # after the backend is chosen
 
 SIZES = ("480p", "720p", "1080p", "1440p")
-CONFIGS = {"ours": "tab:blue", "naive": "tab:red", "upstream-defaults": "tab:gray"}
+CONFIGS = {"ours": "tab:blue", "ours-reserved": "tab:cyan", "ours-borrowed": "tab:purple",
+           "naive": "tab:red", "upstream-defaults": "tab:gray", "paper-baseline": "tab:orange"}
+
+
+def _as_asked(r: dict) -> bool:
+    """False for a row of a forced mode (``ours-borrowed``) that ran another one."""
+    forced = r["config"].partition("ours-")[2]
+    return not forced or r.get("mode") == forced
 
 
 def main() -> None:
@@ -30,7 +37,7 @@ def main() -> None:
     for col, budget in enumerate(budgets):
         for config, color in CONFIGS.items():
             got = {r["res"]: r for r in rows if r["budget_gb"] == budget and r["config"] == config
-                   and r.get("ran")}
+                   and r.get("ran") and _as_asked(r)}
             xs = [i for i, s in enumerate(SIZES) if s in got]
             axes[0][col].plot(xs, [got[SIZES[i]]["peak_vram_mib"] / 1024 for i in xs], "o-",
                               color=color, label=config)
@@ -40,7 +47,10 @@ def main() -> None:
         axes[0][col].set_title(f"budget {budget:g} GiB")
         axes[1][col].set_xticks(range(len(SIZES)), SIZES)
     axes[0][0].set_ylabel("NVML peak (GiB)")
-    axes[1][0].set_ylabel("end to end, 32 tokens (s)")
+    tokens = max((r.get("completion_tokens", 0) for r in rows), default=0)
+    axes[1][0].set_ylabel(f"end to end, {tokens} tokens (s)")
+    for ax in axes[1]:
+        ax.set_yscale("log")
     axes[0][0].legend(fontsize=7)
     fig.suptitle("Synthetic Qwen2.5-VL-7B (Q4_0 LM, F16 tower), one image, H100", fontsize=10)
     fig.tight_layout()

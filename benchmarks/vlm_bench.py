@@ -125,6 +125,9 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     if args.config.startswith("ours"):
         modes = MODES.get(args.config, ("cpu", "reserved", "borrowed"))
         vp = plan_with_vision(inv, enc, prof, budget, grid, wl, modes=modes)
+        if args.config in MODES and vp.mode not in modes:
+            row["error"] = f"no {modes[0]} mode at this budget and image size"
+            return row
         plan, v = vp.lm, vp.vision
         # reserved: the encoder's VRAM is set aside, so it stays open (reopening it costs
         # every image turn and frees nothing the budget could use)

@@ -505,7 +505,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
-        vision_gpu=args.vision_gpu, vision_max_tokens=args.vision_max_tokens,
+        vision_gpu=args.vision_gpu or args.vision_borrow,
+        vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
     )
     try:
         server = build_server(cfg, host)
@@ -693,6 +694,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--vision-gpu", action="store_true",
                     help="encode images on the GPU (the encoder's weights go to VRAM for each "
                          "image turn, and out of a load_model VRAM budget; docs/vlm.md)")
+    sv.add_argument("--vision-borrow", action="store_true",
+                    help="encode on the GPU (implies --vision-gpu) with VRAM borrowed from the "
+                         "model for each line with images (the model moves to a smaller "
+                         "placement and back) instead of having it set aside: faster replies "
+                         "in a small budget, about 2 s more TTFT on those lines (docs/vlm.md)")
     sv.add_argument("--vision-max-tokens", type=int, default=0,
                     help="image tokens per image at most (0: the model's limit); larger images "
                          "are scaled down, and the encoder's VRAM is sized for this")

@@ -8,6 +8,7 @@ import llama_cpp  # before numpy: with the CUDA build, numpy first crashes model
 
 # isort: split
 import shutil
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -472,7 +473,7 @@ def test_the_lm_moves_for_the_encoder_and_back_and_replies_do_not_change(vlm: VL
     live = VisionContext.live
     lines = [("What do you think of this sword?", [image(0)]), ("And how much?", None),
              ("And this one?", [image(1)])]
-    with Engine(vlm.model, main, _config(vlm), vision_plan=vision_plan) as eng:
+    with Engine(vlm.model, main, _config(vlm, vision_gpu=True), vision_plan=vision_plan) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
         moved = []
         for text, imgs in lines:
@@ -504,7 +505,7 @@ def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
 
     monkeypatch.setattr(loader, "load", no_room)
     for_encoder = Plan.all_cpu().model_copy(update={"name": "for-encoder"})
-    with Engine(vlm.model, Plan.all_cpu(), _config(vlm),
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
                 vision_plan=lambda _p: for_encoder) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
         first = _say(eng, sid, "Hello there.").tokens
@@ -514,3 +515,79 @@ def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
         assert eng.plan.name == "all-cpu" and eng.state == "ready" and eng.vision_borrows == 0
         assert eng.snapshot(sid) == saved
         assert len(_say(eng, sid, "Hello again.").tokens) == len(first)
+
+
+def test_the_encoder_opens_on_the_cpu_where_vision_plan_finds_no_room(
+        vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``vision_plan`` answering None (the arbiter's CPU rung: the game has the GPU) keeps a
+    ``vision_gpu`` encoder off the GPU for that turn; a placement puts it there. The engine's
+    status tells which, and counts the moves."""
+    from igi_sdk.runtime import engine as engine_module
+
+    placed: list[bool] = []
+
+    class Recorded(engine_module.VisionContext):  # type: ignore[misc,valid-type]
+        def __init__(self, model: object, path: str, options: object) -> None:
+            placed.append(options.use_gpu)  # type: ignore[attr-defined]
+            super().__init__(model, path, options)
+
+    monkeypatch.setattr(engine_module, "VisionContext", Recorded)
+    room: list[Plan | None] = [None]
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
+                vision_plan=lambda _p: room[0]) as eng:
+        assert placed == [False]  # the load's check of the mmproj: always on the CPU
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        _say(eng, sid, "What is this?", [image(0)])
+        room[0] = eng.plan  # room where it is: no move, the encoder on the GPU
+        _say(eng, sid, "And this?", [image(1)])
+        assert placed == [False, False, True]
+        end = eng.status()["vision"]
+        assert end == {"open": False, "gpu": None, "opens": 3, "borrows": 0, "lent_from": None}
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm)) as eng:  # resident on the CPU
+        assert eng.status()["vision"]["open"] and eng.status()["vision"]["gpu"] is False
+
+
+def test_under_the_arbiter_the_encoder_borrows_vram_from_the_model_and_gives_it_back(
+        sidecar: str, vlm: VLMFiles, tmp_path: Path) -> None:
+    """``serve --vision-borrow`` with an arbiter (a scripted trace and a GPU profile): the model
+    climbs to a GPU rung; each line with images moves it to a rung that leaves the encoder
+    room and back; the words are those of the sidecar without an arbiter."""
+    import json
+
+    from tests.test_bridge import start_sidecar, stop
+    from tests.test_planner import GPU_PROFILE
+
+    shutil.copy(vlm.model, tmp_path / "tiny-vl.gguf")
+    shutil.copy(vlm.mmproj, tmp_path / "mmproj-tiny-vl.gguf")
+    (tmp_path / "profile.json").write_text(GPU_PROFILE.model_dump_json())
+    total = 64 << 30  # the game holds nothing: the arbiter climbs to the top rung
+    (tmp_path / "trace.json").write_text(json.dumps({"total": total,
+                                                     "points": [{"t": 0, "game": 0}]}))
+    ep = f"ipc://{tmp_path / 'b.sock'}"
+    proc = start_sidecar(tmp_path, ep, "--model", "tiny-vl.gguf", "--mmproj",
+                         "mmproj-tiny-vl.gguf", "--ctx", "1024", "--prefill-chunk", "48",
+                         "--vision-borrow", "--vision-max-tokens", "16", "--vram-trace",
+                         str(tmp_path / "trace.json"),
+                         "--profile", str(tmp_path / "profile.json"), "--grow-hold", "0.1")
+    try:
+        c = Client(ep, timeout=60)
+        c.wait_ready(60)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not c.stats()["arbiter"]["reshards"]:
+            time.sleep(0.1)  # the climb from the CPU rung
+        top = c.stats()["plan"]
+        said = _wire_conversation(c, png(_pixels(0)))
+        st = c.stats()
+        vision = st["engine"]["vision"]
+        assert vision["borrows"] == 1 and vision["lent_from"] is None and not vision["open"]
+        # the arbiter never saw the moves as an unloaded engine (it would have reloaded it)
+        assert st["arbiter"]["reshards"] == 1, st["arbiter"]["decisions"]
+        assert st["plan"] == top and top != "all-cpu"
+        c.close()
+    finally:
+        stop(proc)
+    plain = Client(sidecar, timeout=60)
+    try:
+        assert said == _wire_conversation(plain, png(_pixels(0)))
+    finally:
+        plain.close()

@@ -14,7 +14,7 @@ import pytest
 from igi_sdk.model import read_inventory
 from igi_sdk.model.mmproj import EncoderInventory, read_encoder
 from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
-from igi_sdk.planner import Workload, plan_for
+from igi_sdk.planner import Plan, Workload, plan_for
 from igi_sdk.planner import vision as V
 from tests.test_planner import GPU_PROFILE
 
@@ -190,3 +190,34 @@ def test_nothing_is_borrowed_where_the_whole_budget_leaves_room(big: VLMFiles,
     lm = read_inventory(big.model)
     vp = V.plan_with_vision(lm, enc, GPU_PROFILE, 64 * GIB, "480p", WL)
     assert vp.mode == "reserved" and vp.encode_lm is None and "borrowed" not in vp.predicted
+
+
+def test_under_the_arbiter_the_encoder_borrows_from_the_rung_it_is_on(
+        big: VLMFiles, enc: EncoderInventory) -> None:
+    """``encoder_room``: from a GPU rung the model moves to the fastest rung that leaves the
+    encoder's VRAM free within the current rung's; from the CPU rung (the game has the GPU), or
+    where nothing leaves room, the encoder runs on the CPU; set aside, it stays."""
+    from igi_sdk.arbiter import PlanLadder
+    from igi_sdk.arbiter.ladder import arbiter_workload
+    from igi_sdk.sidecar.host import encoder_room
+
+    lm = read_inventory(big.model)
+    ladder = PlanLadder.build(lm, GPU_PROFILE, arbiter_workload(4096))
+    need = V.encoder_vram(enc, V.largest_grid(enc, 1024), "on")
+    borrow = encoder_room(ladder, need, borrow=True)
+    assert borrow(ladder.cpu.plan) is None
+    moved = 0
+    for rung in ladder.rungs[1:]:
+        target = borrow(rung.plan)
+        if target is None:
+            assert all(r.vram > rung.vram - need for r in ladder.rungs)
+            continue
+        landed = next(r for r in ladder.rungs if r.plan == target)
+        assert landed.vram + need <= rung.vram and landed.vram < rung.vram
+        assert landed == ladder.best_within(rung.vram - need)
+        moved += 1
+    assert moved >= len(ladder.rungs) // 2  # the big rungs have room to lend
+    set_aside = encoder_room(ladder, need, borrow=False)
+    assert set_aside(ladder.cpu.plan) is None
+    assert all(set_aside(r.plan) == r.plan for r in ladder.rungs[1:])
+    assert borrow(Plan(name="not-a-rung")) is None

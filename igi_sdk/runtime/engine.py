@@ -141,11 +141,13 @@ class Engine:
         progress: Callable[[float], None] | None = None,
         vision_plan: Callable[[Plan], Plan | None] | None = None,
     ) -> None:
-        """``vision_plan``: the LM placement to move to while the vision encoder is open, given
-        the current one (None: stay). With it the encoder borrows its VRAM from the LM for each
-        image turn: the engine reshards to that placement, encodes, frees the encoder and moves
-        back, so the LM has the whole budget between images (``planner.vision`` prices when
-        that pays). The encoder is then never resident between image turns."""
+        """``vision_plan`` (with ``config.vision_gpu``): asked, each time the encoder opens,
+        for the LM placement to hold while it is open on the GPU, given the current one; None:
+        there is no room, the encoder opens on the CPU this time. A smaller placement than the
+        current one means the encoder borrows its VRAM from the LM: the engine reshards to it,
+        encodes, frees the encoder and moves back, so the LM has the whole budget between
+        images (``planner.vision`` prices when that pays). With it the encoder is never
+        resident between image turns."""
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.inventory: ModelInventory = read_inventory(self.model_path)
         self.config = config or EngineConfig()
@@ -235,7 +237,16 @@ class Engine:
                 "copy_compute_min_batch": {
                     "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
                     "in_effect": _native.copy_compute_threshold_in_effect()},
-                "speculative": self._speculative_status()}
+                "speculative": self._speculative_status(), "vision": self._vision_status()}
+
+    def _vision_status(self) -> dict[str, Any] | None:
+        if not self.config.mmproj:
+            return None
+        vision = self._vision  # one read: the engine thread may close it meanwhile
+        return {"open": vision is not None,
+                "gpu": vision.options.use_gpu if vision is not None else None,
+                "opens": self.vision_opens, "borrows": self.vision_borrows,
+                "lent_from": self._lent_from.name if self._lent_from is not None else None}
 
     def _speculative_status(self) -> dict[str, Any]:
         drafter, totals = self._drafter, dict(self._spec_totals)
@@ -621,11 +632,12 @@ class Engine:
             self._vision_checked = True
             self._vision_idle()
 
-    def _vision_options(self, *, check: bool = False) -> VisionOptions:
+    def _vision_options(self, *, check: bool = False, gpu: bool | None = None) -> VisionOptions:
         c = self.config
         if check:  # the first load's check that the mmproj fits the model: no VRAM for it
             return VisionOptions(n_threads=c.n_threads)
-        return VisionOptions(use_gpu=c.vision_gpu, flash_attn=c.vision_flash_attn,
+        return VisionOptions(use_gpu=c.vision_gpu if gpu is None else gpu,
+                             flash_attn=c.vision_flash_attn,
                              n_threads=c.n_threads, warmup=c.vision_warmup,
                              image_max_tokens=c.vision_max_tokens)
 
@@ -636,10 +648,9 @@ class Engine:
                 raise VisionUnavailableError(
                     "this model was loaded without a vision projector (mmproj): it cannot see "
                     "images; load it with its mmproj, or send the line without images")
-            if not check:
-                self._borrow_for_encoder()
+            gpu = None if check else self._place_encoder()
             self._vision = VisionContext(self._model, self.config.mmproj,
-                                         self._vision_options(check=check))
+                                         self._vision_options(check=check, gpu=gpu))
             self.vision_opens += 1
         return self._vision
 
@@ -648,18 +659,23 @@ class Engine:
         # an encoder that borrows the LM's VRAM must give it back after every image turn
         return self.config.keeps_vision and self._vision_plan is None
 
-    def _borrow_for_encoder(self) -> None:
-        """Move the LM to ``vision_plan``'s placement before the encoder opens (engine thread).
-        A placement that fails to load puts the old one back and raises its typed error."""
+    def _place_encoder(self) -> bool:
+        """Whether the encoder about to open goes on the GPU, moving the LM to
+        ``vision_plan``'s placement first where that is smaller (engine thread). A placement
+        that fails to load puts the old one back and raises its typed error."""
+        if not self.config.vision_gpu:
+            return False
         if self._vision_plan is None or self._lent_from is not None:
-            return
-        smaller = self._vision_plan(self.plan)
-        if smaller is None or smaller == self.plan:
-            return
-        main = self.plan
-        self._move(smaller)
-        self._lent_from = main
-        self.vision_borrows += 1
+            return True
+        target = self._vision_plan(self.plan)
+        if target is None:
+            return False
+        if target != self.plan:
+            main = self.plan
+            self._move(target)
+            self._lent_from = main
+            self.vision_borrows += 1
+        return True
 
     def _give_back(self) -> None:
         """Once the encoder is closed, move the LM back to the placement it lent from. If that
@@ -678,11 +694,15 @@ class Engine:
         failed load the previous placement is loaded again and the error raised."""
         previous = self.plan
         ops = EngineOps(self)
-        ops.park_and_release()
+        ops.park_and_release(briefly=True)
         try:
             ops.load_and_restore(plan)
         except IgiError:
-            ops.load_and_restore(previous)
+            try:
+                ops.load_and_restore(previous)
+            except BaseException:
+                self.state = "unavailable"  # nothing loads: the arbiter's recovery takes over
+                raise
             raise
 
     def _vision_idle(self) -> None:
@@ -1375,8 +1395,10 @@ class EngineOps:
     def loaded(self) -> bool:
         return self._e._ctx is not None
 
-    def park_and_release(self) -> None:
-        """Copy the whole context's state to host memory, then free the placement.
+    def park_and_release(self, *, briefly: bool = False) -> None:
+        """Copy the whole context's state to host memory, then free the placement (``briefly``:
+        the engine thread loads another at once, so the engine is not shown as unavailable
+        meanwhile, and the arbiter does not step in).
 
         The whole context, not one sequence at a time: llama.cpp puts it back cell for cell in
         the same order, so attention sums over the same layout and replies continue bit for bit
@@ -1390,7 +1412,8 @@ class EngineOps:
                 s.turn.chain.close()
                 s.turn.chain = None
         e._unload()
-        e.state = "unavailable"
+        if not briefly:
+            e.state = "unavailable"
 
     def load_and_restore(self, plan: Plan) -> None:
         """Load ``plan`` and put the parked state back; raises the load's typed error and

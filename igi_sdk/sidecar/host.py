@@ -79,6 +79,11 @@ class HostConfig:
     # model's limit), which bounds its compute buffer
     vision_gpu: bool = False
     vision_max_tokens: int = 0
+    # with vision_gpu: the encoder borrows its VRAM from the model for each image turn (the
+    # model moves to a smaller placement while it is open, and back) instead of having it set
+    # aside out of the model's budget: faster replies at small budgets, a longer TTFT for the
+    # lines with images (two reshards; docs/vlm.md)
+    vision_borrow: bool = False
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -152,9 +157,14 @@ class ModelHost:
         # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
         # budget (an explicit one, or each rung of the arbiter's ladder)
         beside = _draft_vram(draft, request, self.cfg.draft_k) if draft else 0
-        # so does an encoder on the GPU, priced for the largest image it takes
-        if mmproj and self.cfg.vision_gpu:
-            beside += _encoder_vram(mmproj, self.cfg.vision_max_tokens)
+        # so does an encoder on the GPU, priced for the largest image it takes, unless it
+        # borrows that VRAM from the model for each image turn
+        encoder = (_encoder_vram(mmproj, self.cfg.vision_max_tokens)
+                   if mmproj and self.cfg.vision_gpu else 0)
+        borrow = bool(encoder) and self.cfg.vision_borrow
+        if not borrow:
+            beside += encoder
+        vision_plan: Callable[[Plan], Plan | None] | None = None
         setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step, beside)
                  if request.vram_budget is None else None)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
@@ -162,22 +172,32 @@ class ModelHost:
             plan = ladder.cpu.plan
         elif request.vram_budget is not None:  # plans (and asks for) its own threshold
             prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
-            try:
-                plan = plan_for_model(path, inventory, budget=request.vram_budget - beside,
-                                      n_ctx=request.n_ctx, max_sessions=request.max_sessions,
-                                      n_threads=self.cfg.n_threads, profile=prof,
-                                      outputs=cfg.outputs_per_step).best
-            except BudgetTooSmallError as e:
-                if not beside:
-                    raise
-                raise BudgetTooSmallError(
-                    f"{e} (the draft model and the vision encoder on the GPU take "
-                    f"{beside >> 20} MiB of the {request.vram_budget >> 20} MiB budget; load "
-                    "without them, lower --vision-max-tokens or raise the budget)",
-                    e.minimum_bytes + beside) from None
+
+            def planned(budget: int, taken: int) -> Plan:
+                try:  # borrowing: host weights memory-mapped, so that a move takes ~1 s
+                    return plan_for_model(path, inventory, budget=budget, n_ctx=request.n_ctx,
+                                          max_sessions=request.max_sessions,
+                                          n_threads=self.cfg.n_threads, profile=prof,
+                                          outputs=cfg.outputs_per_step,
+                                          pin_host=not borrow).best
+                except BudgetTooSmallError as e:
+                    if not taken:
+                        raise
+                    raise BudgetTooSmallError(
+                        f"{e} (the draft model and the vision encoder on the GPU take "
+                        f"{taken >> 20} MiB of the {request.vram_budget >> 20} MiB budget; "
+                        "load without them, lower --vision-max-tokens or raise the budget)",
+                        e.minimum_bytes + taken) from None
+
+            plan = planned(request.vram_budget - beside, beside)
+            if borrow:
+                small = planned(request.vram_budget - beside - encoder, beside + encoder)
+                vision_plan = lambda _current: small  # noqa: E731 - nothing else moves it
         else:
             plan = Plan.all_cpu()
-        self.engine = Engine(path, plan, cfg)
+        if setup is not None and encoder:
+            vision_plan = encoder_room(setup[0], encoder, borrow)
+        self.engine = Engine(path, plan, cfg, vision_plan=vision_plan)
         self._name = path.name
         if setup is not None:
             self._start_arbiter(setup[0], setup[1])
@@ -364,6 +384,27 @@ class ModelHost:
                 eng.close()
             except Exception:
                 log.exception("engine close failed")
+
+
+def encoder_room(ladder: PlanLadder, encoder: int,
+                 borrow: bool) -> Callable[[Plan], Plan | None]:
+    """The engine's ``vision_plan`` under the arbiter: the encoder goes to the GPU only from a
+    GPU rung (on the CPU rung the game has the VRAM). Set aside (``borrow`` False), every GPU
+    rung already counts it; borrowed, the model moves to the fastest rung that leaves the
+    encoder's ``encoder`` bytes free within the current rung's VRAM, or the encoder runs on the
+    CPU where none does."""
+
+    def for_encoder(current: Plan) -> Plan | None:
+        rung = next((r for r in ladder.rungs if r.plan == current), None)
+        if rung is None or rung is ladder.cpu:
+            return None
+        if not borrow:
+            return current
+        room = rung.vram - encoder
+        smaller = ladder.best_within(room)
+        return smaller.plan if smaller.vram <= room else None
+
+    return for_encoder
 
 
 def _end_all(waiting: list[tuple[Reservation, ArbiterDone]], error: IgiError) -> None:

@@ -125,14 +125,17 @@ def plan_for_model(
     profile: Profile | None = None,
     progress: Callable[[float, str], None] | None = None,
     outputs: int | None = None,
+    pin_host: bool = True,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one, the
     planner for ``budget`` (default: half the GPU's free memory) from ``profile`` or the cached
     one (measured first if there is none: ``progress`` hears how that goes). ``outputs``:
-    logits rows per decode step (``EngineConfig.outputs_per_step``; default one per session)."""
+    logits rows per decode step (``EngineConfig.outputs_per_step``; default one per session).
+    ``pin_host`` False: host weights stay memory-mapped (a placement the engine moves away from
+    and back to, as for an encoder that borrows VRAM)."""
     outputs = outputs or max_sessions
     wl = Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)),
-                  gen_tokens=gen_tokens, n_outputs=outputs)
+                  gen_tokens=gen_tokens, n_outputs=outputs, pin_host=pin_host)
     if not _native.backend_started():
         # first_gpu() below starts the backend, and so does load_or_measure (its fingerprint
         # lists llama.cpp's devices): the threshold has to be asked for from a profile found
