@@ -591,3 +591,28 @@ def test_under_the_arbiter_the_encoder_borrows_vram_from_the_model_and_gives_it_
         assert said == _wire_conversation(plain, png(_pixels(0)))
     finally:
         plain.close()
+
+
+def test_borrowing_never_puts_the_encoder_beside_the_lms_whole_placement(
+        vlm: VLMFiles, caplog: pytest.LogCaptureFixture) -> None:
+    """Read back from llama.cpp's buffer logs, in order, for a line with an image: the LM's
+    smaller placement reserves its compute buffer, then the encoder its own; the encoder is
+    freed; only then does the LM's whole placement reserve its compute buffer again."""
+    import logging
+
+    caplog.set_level(logging.DEBUG, logger="igi_sdk.llama")
+    caplog.set_level(logging.DEBUG, logger="igi_sdk.runtime")
+    smaller = Plan.all_cpu().model_copy(update={"name": "for-encoder"})
+    with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
+                vision_plan=lambda _p: smaller) as eng:
+        sid = eng.open_session(NPC, sampling=GREEDY)
+        caplog.clear()
+        _say(eng, sid, "What is this?", [image(0)])
+
+    def kind(message: str) -> str | None:
+        if "compute buffer size" in message:
+            return "encoder" if message.startswith("reserve_compute_meta") else "lm"
+        return "encoder freed" if message.startswith("vision context freed") else None
+
+    events = [k for r in caplog.records if (k := kind(r.getMessage()))]
+    assert events == ["lm", "encoder", "encoder freed", "lm"], events

@@ -25,6 +25,7 @@ must outlive it (mtmd keeps the model's vocabulary).
 from __future__ import annotations
 
 import ctypes
+import logging
 import time
 import weakref
 from collections.abc import Sequence
@@ -46,6 +47,8 @@ from igi_sdk.errors import (
 )
 from igi_sdk.runtime import _native
 from igi_sdk.runtime.loader import default_threads
+
+log = logging.getLogger("igi_sdk.runtime")
 
 DEFAULT_MARKER = "<__media__>"
 # Bounds on an image before anything decodes it: stb_image would allocate width * height * 3
@@ -307,7 +310,10 @@ class VisionContext(_Handle):
             child.close()
         if not self.closed:
             VisionContext.live -= 1
-        super().close()
+            super().close()
+            # llama.cpp logs every buffer it reserves but not the frees: this line completes
+            # the record that shows when the encoder's memory was gone
+            log.debug("vision context freed (weights and compute buffer)")
 
     def _own(self, handle: Any) -> Any:
         self._children.add(handle)
