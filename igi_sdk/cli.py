@@ -437,6 +437,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"why: {result.why()}")
     if args.draft:
         _print_draft_choice(args, inv, prof, budget, wl)
+    if args.mmproj:
+        _print_vision_choice(args, inv, prof, budget, wl)
     if args.json:
         best.save(args.json)
         print(f"plan written to {args.json} (use: igi-sdk chat --plan {args.json})")
@@ -455,6 +457,30 @@ def _print_draft_choice(args: argparse.Namespace, inv: ModelInventory, prof: Pro
           f"{_fmt_bytes(d.kv)}, compute {_fmt_bytes(d.compute)}; {c.tokens_per_pass:.2f} tokens "
           f"per target pass at α={c.alpha:.2f}, k={c.k}")
     print(f"speculative: {'yes' if c.use_draft else 'no'} — {c.why}")
+
+
+def _print_vision_choice(args: argparse.Namespace, inv: ModelInventory, prof: Profile,
+                        budget: int | None, wl: Workload) -> None:
+    from igi_sdk.model.mmproj import read_encoder
+    from igi_sdk.planner import vision
+
+    enc = read_encoder(Path(args.mmproj))
+    size = args.image_size
+    if "x" in size:
+        w, _, h = size.partition("x")
+        resolution: str | tuple[int, int] = (int(w), int(h))
+    else:
+        resolution = size
+    vp = vision.plan_with_vision(inv, enc, prof, budget, resolution, wl)
+    v = vp.vision
+    print(f"\nimage {size}: {v.grid.n_tokens} tokens; encoder {_fmt_bytes(v.weights)} of weights, "
+          f"compute buffer {_fmt_bytes(v.compute)} on the {'GPU' if v.on_gpu else 'CPU'} "
+          f"(flash attention {v.flash_attn}), encode ~{v.encode_s:.2f} s")
+    print("vision modes (predicted turn with the image): " + ", ".join(
+        f"{m} {s:.2f} s" for m, s in sorted(vp.predicted.items(), key=lambda kv: kv[1])))
+    lent = f", {vp.encode_lm.name} while the encoder is open" if vp.encode_lm else ""
+    print(f"vision: {vp.mode} — the LM on {vp.lm.name}{lent}; peak "
+          f"{_fmt_bytes(vp.peak_vram)}; {v.why}")
 
 
 # --- sidecar ---------------------------------------------------------------------------------
@@ -681,6 +707,10 @@ def build_parser() -> argparse.ArgumentParser:
     _draft_arguments(pl)
     pl.add_argument("--alpha", type=float, default=0.7,
                     help="acceptance rate assumed for --draft (published pairs: about 0.5-0.9)")
+    pl.add_argument("--mmproj", help="the model's vision projector: also plan where the image "
+                                     "encoder goes (docs/vlm.md)")
+    pl.add_argument("--image-size", default="1080p",
+                    help="the image to plan for with --mmproj: 480p, 720p, 1080p, 1440p or WxH")
     pl.set_defaults(fn=cmd_plan)
 
     sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")

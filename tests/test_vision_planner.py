@@ -221,3 +221,22 @@ def test_under_the_arbiter_the_encoder_borrows_from_the_rung_it_is_on(
     assert set_aside(ladder.cpu.plan) is None
     assert all(set_aside(r.plan) == r.plan for r in ladder.rungs[1:])
     assert borrow(Plan(name="not-a-rung")) is None
+
+
+def test_plan_shows_where_the_encoder_goes(big: VLMFiles, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    from igi_sdk.cli import build_parser
+
+    (tmp_path / "gpu.json").write_text(GPU_PROFILE.model_dump_json())
+    args = build_parser().parse_args([
+        "plan", str(big.model), "--vram", "4GiB", "--profile", str(tmp_path / "gpu.json"),
+        "--ctx", "3072", "--prompt", "32", "--gen", "100", "--mmproj", str(big.mmproj),
+        "--image-size", "1920x1080"])
+    assert args.fn(args) == 0
+    out = capsys.readouterr().out
+    lm, enc = read_inventory(big.model), read_encoder(big.mmproj)
+    vp = V.plan_with_vision(lm, enc, GPU_PROFILE, 4 * GIB, (1920, 1080),
+                            Workload(n_ctx=3072, prompt_tokens=32, gen_tokens=100))
+    assert f"image 1920x1080: {vp.vision.grid.n_tokens} tokens" in out
+    assert f"vision: {vp.mode} — the LM on {vp.lm.name}" in out
+    assert all(f"{m} {s:.2f} s" in out for m, s in vp.predicted.items())
