@@ -44,6 +44,7 @@ from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan, Workload, speculative
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime.drafting import Drafting
 from igi_sdk.runtime.speculative import SpeculativeConfig
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
@@ -82,19 +83,23 @@ def _reply(eng: Engine, gen: int, system: str = SYSTEM) -> dict[str, Any]:
 
 
 class _ForcedAcceptance:
-    """Forces greedy verification's verdict: draft ``i`` is kept with probability ``alpha``."""
+    """Forces greedy verification's verdict: draft ``i`` is kept with probability ``alpha``.
+
+    Patches the engine's verify seam, ``Drafting.verify_pick`` (runtime/drafting.py), on the
+    class while active: every engine's drafting then goes through it."""
 
     def __init__(self, n_vocab: int, seed: int = 0) -> None:
         self.n_vocab = n_vocab
         self.alpha = 0.0
         self.rng = random.Random(seed)
-        self._original = Engine._verify_pick
+        self._original = Drafting.verify_pick
 
     def __enter__(self) -> _ForcedAcceptance:
         forced = self
 
-        def verify_pick(eng: Engine, t: Any, idx: int, proposal: Any, i: int) -> tuple[int, bool]:
-            tok, _ = forced._original(eng, t, idx, proposal, i)  # the target's real pick
+        def verify_pick(d: Drafting, t: Any, idx: int, proposal: Any, i: int,
+                        *target: Any) -> tuple[int, bool]:
+            tok, _ = forced._original(d, t, idx, proposal, i, *target)  # the target's real pick
             if i >= len(proposal.tokens):
                 return tok, False  # the bonus token after k kept drafts
             drafted = proposal.tokens[i]
@@ -102,11 +107,11 @@ class _ForcedAcceptance:
                 return drafted, True
             return (tok if tok != drafted else (tok + 1) % forced.n_vocab), False
 
-        Engine._verify_pick = verify_pick  # type: ignore[method-assign]
+        Drafting.verify_pick = verify_pick  # type: ignore[method-assign]
         return self
 
     def __exit__(self, *exc: object) -> None:
-        Engine._verify_pick = self._original  # type: ignore[method-assign]
+        Drafting.verify_pick = self._original  # type: ignore[method-assign]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,13 +1,16 @@
-"""What the engine keeps per NPC conversation (a session) and per reply being generated (a turn);
-plain data, owned by the engine thread."""
+"""What the engine keeps per NPC conversation (a session) and per reply being generated (a turn),
+and its table of sessions; plain data, owned by the engine thread."""
 
 from __future__ import annotations
 
 import codecs
 import time
+import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
+from igi_sdk.runtime import image_turn
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
 
@@ -59,3 +62,42 @@ class Turn:
     t_first: float | None = None
     images: list[Any] = field(default_factory=list)  # image_turn.PendingImage, in order
     media: Any = None  # image_turn.MediaMark at the start (rollback)
+
+
+class SessionTable:
+    """The sessions by id and the llama.cpp sequences free for new ones. Changed on the engine
+    thread only; ``by_id`` is also read (copied) from other threads without waiting."""
+
+    def __init__(self, max_sessions: int) -> None:
+        self.max_sessions = max_sessions
+        self.by_id: dict[str, Session] = {}
+        self.free_seqs = list(range(max_sessions))
+
+    def get(self, session_id: str) -> Session:
+        s = self.by_id.get(session_id)
+        if s is None:
+            raise UnknownSessionError(f"no session '{session_id}' (closed, or never opened)")
+        return s
+
+    def open(
+        self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None
+    ) -> str:
+        if not self.free_seqs:
+            raise TooManySessionsError(
+                f"all {self.max_sessions} session slots are in use; close one first"
+            )
+        sid = sid or uuid.uuid4().hex[:12]
+        if sid in self.by_id:
+            raise SessionBusyError(f"session '{sid}' already exists")
+        messages = ([{"role": "system", "content": system_prompt.replace(
+                        image_turn.IMAGE_SLOT, "")}]
+                    if system_prompt else [])
+        seq = self.free_seqs.pop(0)
+        self.by_id[sid] = Session(sid, seq, params, priority, messages)
+        return sid
+
+    def remove(self, s: Session) -> None:
+        """Forget ``s`` and free its sequence (its KV cells are the caller's to drop)."""
+        del self.by_id[s.id]
+        self.free_seqs.append(s.seq)
+        self.free_seqs.sort()

@@ -1,0 +1,101 @@
+"""One decode step's batch: how many prompt tokens it takes (about ``max_step_s`` of work at
+the measured speed), and which tokens of which replies go in the engine's reused llama_batch,
+drafts after the plain tokens. Functions of their inputs, called on the engine thread."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from igi_sdk.planner import Plan
+from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime.session import Turn
+from igi_sdk.runtime.speculative import Proposal, put_token
+
+# the first prompt chunk on a fresh placement, before its per-token cost is known
+_PROBE_CHUNK = 32
+
+# (turn, tokens taken, batch index of its logits or -1) per turn fed
+Fed = list[tuple[Turn, int, int]]
+
+
+def token_budget(config: EngineConfig, plan: Plan, on_gpu: bool, cap: int,
+                 token_s: float | None) -> int:
+    """Tokens for the next step: about ``max_step_s`` of work at the measured speed
+    (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``."""
+    if plan.op_offload and on_gpu and plan.n_ubatch > 1:
+        # each chunk streams the CPU-resident weights once: smaller chunks multiply that
+        floor = min(cap, plan.n_ubatch)
+    else:
+        floor = 1
+    if config.prefill_chunk > 0:
+        budget = config.prefill_chunk
+    elif token_s is None:
+        budget = _PROBE_CHUNK
+    else:
+        budget = int(config.max_step_s / max(token_s, 1e-7))
+    return max(floor, min(cap, budget))
+
+
+def learn_speed(token_s: float | None, n_tokens: int, seconds: float) -> float | None:
+    """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``."""
+    if n_tokens < 8:  # single-token steps are dominated by fixed costs
+        return token_s
+    per = seconds / n_tokens
+    return per if token_s is None else 0.7 * token_s + 0.3 * per
+
+
+def fill_batch(batch: Any, cap: int, turns: list[Turn], budget: int) -> Fed:
+    """Put up to ``budget`` pending tokens in the (reused) llama_batch of ``cap`` tokens; every
+    decoding reply gets its one token even past the budget (bounded by the session count).
+
+    Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
+    fed: Fed = []
+    n = 0
+    for t in turns:
+        room = max(budget - n, 1 if len(t.feed) == 1 else 0)
+        take = min(len(t.feed), room, cap - n)
+        if take <= 0:
+            continue
+        pos0, seq = len(t.session.tokens), t.session.seq
+        for i in range(take):
+            batch.token[n + i] = t.feed[i]
+            batch.pos[n + i] = pos0 + i
+            batch.n_seq_id[n + i] = 1
+            batch.seq_id[n + i][0] = seq
+            batch.logits[n + i] = 0
+        # the prompt is complete (no image left to read): sample after it
+        wants_logits = take == len(t.feed) and not t.images
+        if wants_logits:
+            batch.logits[n + take - 1] = 1
+        fed.append((t, take, n + take - 1 if wants_logits else -1))
+        n += take
+    batch.n_tokens = n
+    return fed
+
+
+def add_drafts(batch: Any, cap: int, outputs_cap: int, fed: Fed,
+               drafts: dict[int, Proposal]) -> None:
+    """Append the drafts of the decoding replies after the step's plain tokens, logits at
+    each: the plain tokens (and so the split of prompts into chunks) and their KV cells are
+    those of a step without drafts; drafts past the batch's capacity are cut (and dropped
+    from ``drafts``), each kept one's ``rows`` set to its verify positions' logits rows."""
+    n = batch.n_tokens
+    room = cap - n
+    # logits rows: llama.cpp aborts past the context's n_outputs_max
+    rows = min(room, outputs_cap - sum(1 for _, _, idx in fed if idx >= 0))
+    for t, take, idx in fed:
+        proposal = drafts.get(t.session.seq)
+        if proposal is None:
+            continue
+        keep = min(len(proposal.tokens), rows) if take == 1 and idx >= 0 else 0
+        if keep == 0:
+            del drafts[t.session.seq]
+            continue
+        del proposal.tokens[keep:], proposal.dists[keep:]
+        pos0, seq = len(t.session.tokens) + 1, t.session.seq
+        proposal.rows = [idx, *range(n, n + keep)]
+        for i, tok in enumerate(proposal.tokens):
+            put_token(batch, n + i, tok, pos0 + i, seq, True)
+        n += keep
+        rows -= keep
+    batch.n_tokens = n

@@ -1,0 +1,55 @@
+"""The engine's settings (:class:`EngineConfig`): fixed for an engine's life, plain data."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from igi_sdk.runtime.speculative import SpeculativeConfig
+from igi_sdk.runtime.vision import FlashAttn
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    n_ctx: int = 4096  # KV cells shared by all sessions
+    max_sessions: int = 8  # llama.cpp sequences
+    n_batch: int = 512  # tokens per llama_decode across all sessions
+    n_threads: int = 0  # 0 = leave the game cores (loader.default_threads, IGI_SDK_THREADS)
+    max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
+    # one decode step's target duration: prompts are fed in chunks that take about this long,
+    # so commands wait at most about one such step (copy-compute plans feed at least a whole
+    # ubatch, since each chunk streams the CPU-resident weights once)
+    max_step_s: float = 0.05
+    # fixed prompt tokens per step instead (0 = sized from max_step_s). llama.cpp's kernels sum
+    # in an order that depends on the batch size, so a split that follows the measured speed can
+    # change the last bits of the logits from run to run; a fixed split makes seeded replies
+    # reproducible on one machine and plan
+    prefill_chunk: int = 0
+    # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
+    draft_model: str | None = None
+    speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # the model's vision projector (mmproj GGUF): chat turns may then carry images (None: text
+    # only, an image is VisionUnavailableError).
+    mmproj: str | None = None
+    # the encoder on the GPU (all its weights in VRAM: mtmd has no per-tensor placement; see
+    # planner/vision.py for when that fits), its flash attention, and whether its context stays
+    # open between images. False: opened for an image turn's encodes and freed once its
+    # embeddings are in the KV cache, so its weights and compute buffer never sit beside the
+    # LM's for longer than the image steps (each reopen reads the mmproj again). None: freed
+    # when the encoder is on the GPU (its VRAM goes back to the game), kept on the CPU (host
+    # memory is not what the game is short of, and rereading a 1.3 GB tower costs every turn)
+    vision_gpu: bool = False
+    vision_flash_attn: FlashAttn = "auto"
+    vision_resident: bool | None = None
+    vision_warmup: bool = False  # mtmd's warmup reserves for its largest image (Qwen: 1288 px)
+    vision_max_tokens: int = 0  # per image, 0 = the model's limit; bounds the compute buffer
+
+    @property
+    def keeps_vision(self) -> bool:
+        """Whether the vision context stays open between image turns (``vision_resident``)."""
+        return self.vision_resident if self.vision_resident is not None else not self.vision_gpu
+
+    @property
+    def outputs_per_step(self) -> int:
+        """Logits rows one step may ask for: one per session, plus the drafts it verifies
+        (the planner's ``Workload.n_outputs``)."""
+        return self.max_sessions * (1 + (self.speculative.k if self.draft_model else 0))

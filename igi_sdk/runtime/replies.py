@@ -1,0 +1,129 @@
+"""One reply's bookkeeping (a :class:`Turn`): its prompt's limits, each sampled token (text,
+stop strings, length), and its end (the conversation committed or rolled back, the handle
+finished). Functions of the turn and what they need, called by the engine on its thread; the
+engine decides when a reply ends and what else that frees."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import llama_cpp
+
+from igi_sdk.errors import PromptTooLongError
+from igi_sdk.runtime import image_turn
+from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime.generation import GenerationResult
+from igi_sdk.runtime.session import Turn
+from igi_sdk.runtime.text import Vocab, stop_scan
+
+
+def check_prompt(config: EngineConfig, n_prompt: int, base: int, pending: list[Any]) -> None:
+    """A line of ``n_prompt`` KV cells after ``base`` must fit (PromptTooLongError)."""
+    if n_prompt == 0:
+        raise PromptTooLongError("the chat template produced no tokens for this line")
+    images = image_turn.cells(pending) - sum(len(p.after) for p in pending)
+    of_images = f" ({images} of them for its images)" if images else ""
+    if base + n_prompt + 1 > config.n_ctx - 1:
+        raise PromptTooLongError(
+            f"this line needs {n_prompt} tokens{of_images} and the conversation already "
+            f"holds {base}; the context has {config.n_ctx}. Shorten the line, send "
+            "smaller or fewer images, or open a new session"
+        )
+    if config.max_prompt_tokens and n_prompt > config.max_prompt_tokens:
+        raise PromptTooLongError(
+            f"this line is {n_prompt} tokens{of_images}; the limit is "
+            f"{config.max_prompt_tokens}"
+        )
+
+
+def take(t: Turn, tok: int, vocab: Vocab) -> tuple[str, int | None] | None:
+    """Add a sampled token to the reply (emit text, stop strings, end of turn). When the
+    reply ends with it: (finish reason, visible end or None), for the caller to end it; None
+    while it goes on. ``t.feed`` must be empty (what was fed is decoded)."""
+    s = t.session
+    s.n_sampled += 1
+    s.history.append(tok)
+    if t.t_first is None:
+        t.t_first = time.perf_counter()
+    if vocab.is_eog(tok) and not t.ignore_eos:
+        t.generated.append(tok)
+        return "stop", None
+    t.generated.append(tok)
+    t.raw += t.decoder.decode(vocab.piece(tok))
+    visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)
+    if hit:
+        t.session.pending = [tok]
+        emit_upto(t, visible_end)
+        return "stop_string", visible_end
+    emit_upto(t, visible_end)
+    if len(t.generated) >= t.max_tokens:
+        t.session.pending = [tok]
+        return "length", None
+    t.feed = [tok]
+    return None
+
+
+def emit_upto(t: Turn, end: int) -> None:
+    if end > t.emitted:
+        t.handle._emit(t.raw[t.emitted : end])
+        t.emitted = end
+
+
+def rollback(t: Turn, mem: Any) -> None:
+    """Undo a turn that produced nothing: the conversation is as before the request (``mem``:
+    the KV cache's, None while no placement is loaded)."""
+    s = t.session
+    if mem is not None:  # else: trimmed when the parked state is put back
+        llama_cpp.llama_memory_seq_rm(mem, s.seq, t.start_tokens, -1)
+    del s.tokens[t.start_tokens :]
+    if t.media is not None:
+        t.media.restore(s)
+    s.pending = list(t.start_pending)
+    s.messages = s.messages[:-1]
+
+
+def detach(t: Turn) -> None:
+    """The first step of ending a reply: its sampler and pending images are freed and its
+    session is idle again."""
+    if t.chain is not None:
+        t.chain.close()
+        t.chain = None
+    image_turn.release(t.images)
+    t.session.turn = None
+
+
+def commit(t: Turn, visible_end: int | None) -> int:
+    """A reply that ended without error: the rest of its text is emitted and it joins the
+    conversation; returns where its visible text ends."""
+    s = t.session
+    if t.feed and t.generated:  # sampled but not decoded yet
+        s.pending = [t.generated[-1]]
+    t.raw += t.decoder.decode(b"", final=True)
+    if visible_end is None:
+        visible_end, _ = stop_scan(t.raw, t.emitted, t.stop, final=True)
+        emit_upto(t, visible_end)
+    # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
+    # template: leave them out of both sides so the next turn's prefix still matches
+    said = image_turn.clean(t.raw)
+    s.messages.append({"role": "assistant", "content": said})
+    s.committed_text = t.prompt_text + said
+    return visible_end
+
+
+def settle(t: Turn, reason: str, error: BaseException | None, visible_end: int | None) -> None:
+    """The last step of ending a reply: its handle fails with ``error`` or finishes."""
+    now = time.perf_counter()
+    if error is not None:
+        t.handle._fail(error)
+        return
+    t.handle._finish(GenerationResult(
+        session_id=t.session.id,
+        text=t.raw[:visible_end],
+        tokens=tuple(t.generated),
+        finish_reason=reason,
+        prompt_tokens=t.prompt_tokens,
+        completion_tokens=len(t.generated),
+        ttft_s=(t.t_first or now) - t.t0,
+        total_s=now - t.t0,
+    ))
