@@ -344,7 +344,7 @@ def test_arbiter_drops_the_draft_first_when_the_game_needs_memory(tmp_path) -> N
     with Engine(path, top.plan, cfg) as eng:
         total = top.vram + 64 * MIB + 256 * MIB
         t = [0.0]
-        trace = ScriptedTrace(total, [(0.0, 0), (1.0, total)],
+        trace = ScriptedTrace(total, [(0.0, 0), (1.0, total), (2.0, 0)],
                               own=lambda: arb.policy.current.vram, clock=lambda: t[0])
         arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=64 * MIB),
                       clock=lambda: t[0])
@@ -355,6 +355,18 @@ def test_arbiter_drops_the_draft_first_when_the_game_needs_memory(tmp_path) -> N
         decision = arb.tick()
         assert decision is not None and decision.action in ("shrink", "fast_shrink")
         assert eng.status()["speculative"]["draft"] is None
+        # the game lets go: once the budget has held, the model grows back and the draft
+        # comes with it (every GPU rung counts it), and replies draft again
+        sid = eng.open_session("You are a guard.", sampling=GREEDY)
+        t[0] = 2.0
+        while t[0] < 6.0 and eng.status()["speculative"]["draft"] is None:
+            arb.tick()
+            t[0] += 0.5
+        assert eng.status()["speculative"]["draft"] is not None
+        assert arb.policy.current is not ladder.cpu
+        before = eng.status()["speculative"]["drafted"]
+        eng.chat(sid, LINES[0], max_tokens=16, ignore_eos=True).result(timeout=120)
+        assert eng.status()["speculative"]["drafted"] > before
 
 
 def test_reshard_mid_reply_with_a_draft_changes_nothing(default_model) -> None:

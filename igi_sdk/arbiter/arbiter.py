@@ -218,6 +218,8 @@ class Arbiter:
         self.unavailable = out.landed is None
         # on no placement the model holds only what the CPU rung holds: the GPU's fixed share
         self.policy.applied(out.landed or self.ladder.cpu)
+        if d.action not in _GIVES_BACK and out.landed not in (None, self.ladder.cpu):
+            self._restore_draft()  # every GPU rung counts the draft's VRAM
         rec = ReshardRecord(time.time(), d.action, out.landed.plan.name if out.landed else "",
                             out.landed.vram if out.landed else 0, out.seconds, d.reason,
                             out.landed is d.target, out.released_s, d.target.plan.name,
@@ -234,7 +236,7 @@ class Arbiter:
 
     def _drop_draft(self) -> None:
         """The draft model only speeds decoding up: it is the first thing to go under VRAM
-        pressure (and is not loaded again)."""
+        pressure (and comes back with the VRAM: ``_restore_draft``)."""
         drop = getattr(self.engine, "drop_draft_async", None)  # engines may have none
         if drop is None:
             return
@@ -243,6 +245,18 @@ class Arbiter:
                 log.info("dropped the speculative draft model (VRAM pressure)")
         except IgiError:  # a closed engine: nothing to drop
             pass
+
+    def _restore_draft(self) -> None:
+        """VRAM came back (a grow, a recovery onto a GPU rung): load the draft dropped under
+        pressure again. Its sessions' draft caches catch up as they decode."""
+        restore = getattr(self.engine, "restore_draft_async", None)
+        if restore is None:
+            return
+        try:
+            if restore().result():
+                log.info("loaded the speculative draft model again (VRAM is back)")
+        except IgiError as e:  # it did not fit after all: decoding goes on without it
+            log.warning("could not load the draft model again: %s", e)
 
     def _settle(self, reading: VramReading | None) -> None:
         """End every reservation that can end now: granted, cannot_free or deadline_missed."""

@@ -206,6 +206,20 @@ class Engine:
         progress go on without drafting. True if there was one."""
         return self.drop_draft_async().result()
 
+    def restore_draft_async(self) -> Future[bool]:
+        """Load the configured draft model again after :meth:`drop_draft` (the VRAM came
+        back). True if it was loaded now; False if it is loaded already, there is none, or no
+        placement is loaded. A draft that fails to load raises its typed error; decoding goes
+        on without it."""
+        return self._submit(self._restore_draft)
+
+    def _restore_draft(self) -> bool:
+        c = self.config
+        if not c.draft_model or self._drafting.drafter is not None or self._vocab is None:
+            return False
+        self._drafting.load(c.draft_model, self._vocab, self.plan.copy_compute_min_batch)
+        return True
+
     def open_session_async(
         self,
         system_prompt: str | None = None,
