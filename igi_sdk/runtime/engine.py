@@ -229,7 +229,8 @@ class Engine:
         session_id: str | None = None,
     ) -> Future[str]:
         params = sampling or SamplingParams()
-        return self._submit(lambda: self._table.open(system_prompt, params, priority, session_id))
+        prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
+        return self._submit(lambda: self._table.open(prompt, params, priority, session_id))
 
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,

@@ -10,7 +10,6 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
-from igi_sdk.runtime import image_turn
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
 
@@ -89,9 +88,8 @@ class SessionTable:
         sid = sid or uuid.uuid4().hex[:12]
         if sid in self.by_id:
             raise SessionBusyError(f"session '{sid}' already exists")
-        messages = ([{"role": "system", "content": system_prompt.replace(
-                        image_turn.IMAGE_SLOT, "")}]
-                    if system_prompt else [])
+        # image slots are already out of the prompt (Engine.open_session_async)
+        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
         seq = self.free_seqs.pop(0)
         self.by_id[sid] = Session(sid, seq, params, priority, messages)
         return sid
