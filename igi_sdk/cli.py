@@ -728,7 +728,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="encode on the GPU (implies --vision-gpu) with VRAM borrowed from the "
                          "model for each line with images (the model moves to a smaller "
                          "placement and back) instead of having it set aside: faster replies "
-                         "in a small budget, about 2 s more TTFT on those lines (docs/vlm.md)")
+                         "in a small budget, about 3 s more TTFT on those lines (docs/vlm.md)")
     sv.add_argument("--vision-max-tokens", type=int, default=0,
                     help="image tokens per image at most (0: the model's limit); larger images "
                          "are scaled down, and the encoder's VRAM is sized for this")
