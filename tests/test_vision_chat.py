@@ -616,3 +616,54 @@ def test_borrowing_never_puts_the_encoder_beside_the_lms_whole_placement(
 
     events = [k for r in caplog.records if (k := kind(r.getMessage()))]
     assert events == ["lm", "encoder", "encoder freed", "lm"], events
+
+
+def test_with_a_budget_a_borrowing_sidecar_plans_both_placements(
+        vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``load_model`` with a VRAM budget and ``--vision-borrow``: the model is planned at the
+    whole budget and, for the encoder, at the budget less the encoder's VRAM, both with host
+    weights memory-mapped; set aside, only the second; a budget the encoder leaves too little
+    of is a typed error that names it."""
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.errors import BudgetTooSmallError
+    from igi_sdk.planner import PlanResult
+    from igi_sdk.sidecar import host as host_module
+    from igi_sdk.sidecar.host import HostConfig, ModelHost
+
+    calls: list[tuple[int, bool]] = []
+    floor = 64 << 20
+
+    def fake_plan(path, inv, *, budget, pin_host=True, **kw):
+        calls.append((budget, pin_host))
+        if budget < floor:
+            raise BudgetTooSmallError("too small", floor)
+        return PlanResult(Plan.all_cpu().model_copy(update={"name": f"at-{budget}"}), [],
+                          budget, 0)
+
+    monkeypatch.setattr(host_module, "plan_for_model", fake_plan)
+    budget = 8 << 30
+    request = P.LoadModel(path=vlm.model.name, n_ctx=512, max_sessions=1, vram_budget=budget)
+    encoder = host_module._encoder_vram(vlm.mmproj, 16)
+    for borrow, expected in ((True, [(budget, False), (budget - encoder, False)]),
+                             (False, [(budget - encoder, True)])):
+        calls.clear()
+        host = ModelHost(HostConfig(n_threads=1, arbiter=False, vision_gpu=True,
+                                    vision_borrow=borrow, vision_max_tokens=16))
+        host.load_model(vlm.model, request, mmproj=vlm.mmproj)
+        try:
+            assert calls == expected
+            assert host.engine is not None
+            assert host.engine.plan.name == f"at-{expected[0][0]}"
+            lend = host.engine._encoder.vision_plan
+            if borrow:  # the engine moves to the second placement for the encoder
+                assert lend is not None and lend(host.engine.plan).name == f"at-{expected[1][0]}"
+            else:
+                assert lend is None
+        finally:
+            assert host.engine is not None
+            host.engine.close()
+    tight = request.model_copy(update={"vram_budget": encoder + floor // 2})
+    with pytest.raises(BudgetTooSmallError, match="vision encoder"):
+        ModelHost(HostConfig(n_threads=1, arbiter=False, vision_gpu=True, vision_borrow=True,
+                             vision_max_tokens=16)).load_model(vlm.model, tight,
+                                                               mmproj=vlm.mmproj)
