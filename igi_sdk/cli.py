@@ -481,6 +481,10 @@ def _print_vision_choice(args: argparse.Namespace, inv: ModelInventory, prof: Pr
     lent = f", {vp.encode_lm.name} while the encoder is open" if vp.encode_lm else ""
     print(f"vision: {vp.mode} — the LM on {vp.lm.name}{lent}; peak "
           f"{_fmt_bytes(vp.peak_vram)}; {v.why}")
+    if not v.on_gpu and (capped := vision.gpu_token_cap(inv, enc, prof, budget, resolution, wl)):
+        cap, cvp = capped
+        print(f"scaled down to {cap} tokens (serve --vision-max-tokens {cap}) the encoder fits "
+              f"the GPU: {cvp.mode}, predicted {cvp.turn_s:.2f} s instead of {vp.turn_s:.2f} s")
 
 
 # --- sidecar ---------------------------------------------------------------------------------

@@ -240,3 +240,38 @@ def test_plan_shows_where_the_encoder_goes(big: VLMFiles, tmp_path: Path,
     assert f"image 1920x1080: {vp.vision.grid.n_tokens} tokens" in out
     assert f"vision: {vp.mode} — the LM on {vp.lm.name}" in out
     assert all(f"{m} {s:.2f} s" in out for m, s in vp.predicted.items())
+
+
+def test_an_image_too_large_for_the_gpu_gets_a_token_cap_that_fits(
+        big: VLMFiles, enc: EncoderInventory, tmp_path: Path,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """At 3 GiB a 1440p image's encoder leaves the LM no room (CPU: minutes); the largest cap
+    of TOKEN_CAPS at which it fits the GPU is found, within the budget, and a larger one of
+    the caps would not fit."""
+    lm = read_inventory(big.model)
+    wl = Workload(n_ctx=4608, prompt_tokens=32, gen_tokens=100)
+    budget = 3 * GIB
+    whole = V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1440p", wl)
+    assert whole.mode == "cpu" and "no placement of the LM fits" in whole.vision.why
+    found = V.gpu_token_cap(lm, enc, GPU_PROFILE, budget, "1440p", wl)
+    assert found is not None
+    cap, vp = found
+    assert vp.vision.on_gpu and vp.peak_vram <= budget and vp.turn_s < whole.turn_s
+    assert vp.vision.grid.n_tokens <= cap
+    larger = [c for c in V.TOKEN_CAPS if cap < c < V.grid_for(enc, "1440p").n_tokens]
+    assert all(not V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1440p", wl,
+                                      max_tokens=c).vision.on_gpu for c in larger)
+    # igi-sdk plan suggests it
+    from igi_sdk.cli import build_parser
+
+    (tmp_path / "gpu.json").write_text(GPU_PROFILE.model_dump_json())
+    args = build_parser().parse_args([
+        "plan", str(big.model), "--vram", "3GiB", "--profile", str(tmp_path / "gpu.json"),
+        "--ctx", "4608", "--prompt", "32", "--gen", "100", "--mmproj", str(big.mmproj),
+        "--image-size", "1440p"])
+    assert args.fn(args) == 0
+    assert f"serve --vision-max-tokens {cap}) the encoder fits the GPU: {vp.mode}" in \
+        capsys.readouterr().out
+    # nothing to cap where the image already fits, or without a budget
+    assert V.gpu_token_cap(lm, enc, GPU_PROFILE, budget, "480p", wl) is None
+    assert V.gpu_token_cap(lm, enc, GPU_PROFILE, None, "1440p", wl) is None

@@ -334,6 +334,12 @@ def plan_with_vision(lm: ModelInventory, enc: EncoderInventory, prof: Profile,
     allowed = {m: o for m, o in options.items() if m in modes} or {"cpu": options["cpu"]}
     ranked = sorted(allowed.values(), key=lambda o: o.turn_s)
     best = ranked[0]
+    if best.mode == "cpu" and prof.gpu is not None and budget is not None:
+        need = encoder_vram(enc, grid, flash_attn_for(enc, gpu=True))
+        why = (f"the GPU is predicted slower ({ranked[1].turn_s:.2f} s)" if len(ranked) > 1
+               else f"with the encoder's {need / MIB:.0f} MiB on the GPU, no placement of the "
+                    f"LM fits {budget / MIB:.0f} MiB")
+        best = replace(best, vision=replace(best.vision, why=f"{why}: on the CPU"))
     return replace(best, alternative_s=ranked[1].turn_s if len(ranked) > 1 else math.inf,
                    predicted={o.mode: o.turn_s for o in options.values()})
 
@@ -369,3 +375,27 @@ def _gpu_options(lm: ModelInventory, enc: EncoderInventory, prof: Profile, budge
                    + reshard_seconds(small, prof) + reshard_seconds(main, prof))
         out["borrowed"] = VisionPlan(main, vis_b, seconds, math.inf, "borrowed", small)
     return out
+
+
+# caps tried for an image too large for the GPU encoder in the budget (tokens per image)
+TOKEN_CAPS = (3072, 2048, 1536, 1024, 768, 512, 256)
+
+
+def gpu_token_cap(lm: ModelInventory, enc: EncoderInventory, prof: Profile, budget: int | None,
+                  resolution: str | tuple[int, int] | ImageGrid,
+                  wl: Workload | None = None) -> tuple[int, VisionPlan] | None:
+    """The largest image-token cap (``vision_max_tokens``; mtmd scales the image down to it)
+    at which the encoder runs on the GPU within ``budget``, with that plan; None when the
+    image already goes to the GPU, there is no GPU or budget, or no cap of
+    :data:`TOKEN_CAPS` fits. A smaller picture for seconds instead of a CPU encode of minutes:
+    the caller decides (``igi-sdk plan`` suggests it)."""
+    if prof.gpu is None or budget is None:
+        return None
+    if plan_with_vision(lm, enc, prof, budget, resolution, wl).vision.on_gpu:
+        return None
+    n_tokens = grid_for(enc, resolution).n_tokens
+    for cap in (c for c in TOKEN_CAPS if c < n_tokens):
+        vp = plan_with_vision(lm, enc, prof, budget, resolution, wl, max_tokens=cap)
+        if vp.vision.on_gpu:
+            return cap, vp
+    return None
