@@ -223,17 +223,23 @@ def test_under_the_arbiter_the_encoder_borrows_from_the_rung_it_is_on(
     assert borrow(Plan(name="not-a-rung")) is None
 
 
-def test_plan_shows_where_the_encoder_goes(big: VLMFiles, tmp_path: Path,
-                                           capsys: pytest.CaptureFixture[str]) -> None:
+def _plan_cli(big: VLMFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str], vram: str,
+              ctx: int, size: str) -> str:
+    """What ``igi-sdk plan --mmproj`` prints for the big pair on the test GPU profile."""
     from igi_sdk.cli import build_parser
 
     (tmp_path / "gpu.json").write_text(GPU_PROFILE.model_dump_json())
     args = build_parser().parse_args([
-        "plan", str(big.model), "--vram", "4GiB", "--profile", str(tmp_path / "gpu.json"),
-        "--ctx", "3072", "--prompt", "32", "--gen", "100", "--mmproj", str(big.mmproj),
-        "--image-size", "1920x1080"])
+        "plan", str(big.model), "--vram", vram, "--profile", str(tmp_path / "gpu.json"),
+        "--ctx", str(ctx), "--prompt", "32", "--gen", "100", "--mmproj", str(big.mmproj),
+        "--image-size", size])
     assert args.fn(args) == 0
-    out = capsys.readouterr().out
+    return capsys.readouterr().out
+
+
+def test_plan_shows_where_the_encoder_goes(big: VLMFiles, tmp_path: Path,
+                                           capsys: pytest.CaptureFixture[str]) -> None:
+    out = _plan_cli(big, tmp_path, capsys, "4GiB", 3072, "1920x1080")
     lm, enc = read_inventory(big.model), read_encoder(big.mmproj)
     vp = V.plan_with_vision(lm, enc, GPU_PROFILE, 4 * GIB, (1920, 1080),
                             Workload(n_ctx=3072, prompt_tokens=32, gen_tokens=100))
@@ -262,16 +268,8 @@ def test_an_image_too_large_for_the_gpu_gets_a_token_cap_that_fits(
     assert all(not V.plan_with_vision(lm, enc, GPU_PROFILE, budget, "1440p", wl,
                                       max_tokens=c).vision.on_gpu for c in larger)
     # igi-sdk plan suggests it
-    from igi_sdk.cli import build_parser
-
-    (tmp_path / "gpu.json").write_text(GPU_PROFILE.model_dump_json())
-    args = build_parser().parse_args([
-        "plan", str(big.model), "--vram", "3GiB", "--profile", str(tmp_path / "gpu.json"),
-        "--ctx", "4608", "--prompt", "32", "--gen", "100", "--mmproj", str(big.mmproj),
-        "--image-size", "1440p"])
-    assert args.fn(args) == 0
     assert f"serve --vision-max-tokens {cap}) the encoder fits the GPU: {vp.mode}" in \
-        capsys.readouterr().out
+        _plan_cli(big, tmp_path, capsys, "3GiB", 4608, "1440p")
     # nothing to cap where the image already fits, or without a budget
     assert V.gpu_token_cap(lm, enc, GPU_PROFILE, budget, "480p", wl) is None
     assert V.gpu_token_cap(lm, enc, GPU_PROFILE, None, "1440p", wl) is None
