@@ -1,10 +1,13 @@
-// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.1, works with 1.0).
+// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.2, works with 1.1 and 1.0).
 //
 // API summary
-//   var client = new IgiClient(new IgiClientOptions { Endpoint = "tcp://127.0.0.1:5599" });
+//   var client = new IgiClient(new IgiClientOptions { Endpoint = "tcp://127.0.0.1:5599",
+//       OwnerKey = IgiKeys.New(),            // 1.2: kept while the game wants its NPCs back
+//       LaunchToken = tokenGivenToTheSidecar }); // 1.2: this client is the game (IsGame)
 //   client.Pump();                         // every frame, on the game thread: delivers results,
 //                                          // stream tokens, errors and connection changes there
 //   client.State / client.Server / client.ConnectionChanged   (hello is automatic on connect)
+//   client.IsGame / client.HelloRefused       (1.2: a wrong launch token is refused `forbidden`)
 //   IgiRequest r = client.OpenSession(new SessionOptions { Persona = "Brom", Name = "npc.brom" });
 //   r.OnOk(body => ...).OnError(err => ...).OnCompleted(req => ...);  r.Session, r.GetLong(...)
 //   IgiStream s = client.Chat(sessionId, "Hello!", new ChatOptions { MaxTokens = 64 })
@@ -26,7 +29,8 @@
 // all the I/O. Callbacks run only inside Pump(), on the thread that calls it (the game's main
 // thread). Requests may be made from any thread; Pump and Dispose belong to one.
 //
-// What the client does by itself: hello on every (re)connection (a 1.0 hello for a 1.0 sidecar),
+// What the client does by itself: hello on every (re)connection (without owner and token for a
+// 1.1 sidecar, a 1.0 hello for a 1.0 sidecar),
 // hello and resend on hello_required, a ping every lease_s/3, reconnect with back-off 100 ms to
 // 2 s keeping its routing id, resume_stream for open streams after a reconnect (and for gaps in
 // token indexes), adopt_session for its sessions after its lease lapsed. Timeouts restart with
@@ -55,6 +59,8 @@ namespace Igi.Sdk
         public IgiClient(IgiClientOptions options = null)
         {
             this.options = options ?? new IgiClientOptions();
+            string problem = IgiKeys.OptionsProblem(this.options.OwnerKey, this.options.LaunchToken);
+            if (problem != null) throw new ArgumentException(problem, "options");
             connection = new IgiConnection(this.options);
             State = IgiConnectionState.Connecting;
         }
@@ -72,6 +78,21 @@ namespace Igi.Sdk
 
         /// <summary>Raised inside Pump when the connection state changes (or a hello is answered again).</summary>
         public event Action<IgiConnectionState> ConnectionChanged;
+
+        /// <summary>Protocol 1.2: this client holds the sidecar's launch token, or the sidecar has
+        /// none (then, as with a 1.1 or 1.0 sidecar, every client is the game). Only the game's
+        /// frames pace the engine, only its game_pid is watched, only it may shutdown. As of the
+        /// last Pump; false before the first hello.</summary>
+        public bool IsGame { get { return Server != null && Server.IsGame; } }
+
+        /// <summary>Raised inside Pump when the sidecar refused hello (e.g. <c>forbidden</c>: a
+        /// wrong <see cref="IgiClientOptions.LaunchToken"/>). What was pending failed with the same
+        /// error; the next request says hello again (with the options as they are then).</summary>
+        public event Action<IgiError> HelloRefused;
+
+        /// <summary>The last refusal of hello (null if none), as of the last Pump; cleared when a
+        /// hello is answered ok.</summary>
+        public IgiError HelloRefusal { get; private set; }
 
         /// <summary>Requests still waiting for their outcome.</summary>
         public int PendingCount { get { lock (pending) return pending.Count; } }
@@ -98,7 +119,18 @@ namespace Igi.Sdk
 
         void DeliverConnectionChange(IgiConnection.Incoming item)
         {
-            if (item.Info != null) Server = item.Info;
+            if (item.HelloRefusal != null)
+            {
+                HelloRefusal = item.HelloRefusal;
+                var refused = HelloRefused;
+                if (refused != null) refused(item.HelloRefusal);
+                return;
+            }
+            if (item.Info != null)
+            {
+                Server = item.Info;
+                HelloRefusal = null;
+            }
             if (State == IgiConnectionState.Closed) return;
             State = item.State;
             var handler = ConnectionChanged;
@@ -160,7 +192,9 @@ namespace Igi.Sdk
             body["engine"] = options.Engine ?? "unity";
             body["client_name"] = options.ClientName ?? "";
             if (options.GamePid.HasValue) body["game_pid"] = (long)options.GamePid.Value;
-            return Submit("hello", body);
+            if (options.OwnerKey != null) body["owner"] = options.OwnerKey;
+            if (options.LaunchToken != null) body["token"] = options.LaunchToken;
+            return Submit("hello", body, IgiKeys.OptionsProblem(options.OwnerKey, options.LaunchToken));
         }
 
         public IgiRequest Ping() { return Submit("ping", null); }
@@ -280,10 +314,13 @@ namespace Igi.Sdk
             return Submit("set_priority", body);
         }
 
-        /// <summary>Protocol 1.1: ok {"sessions": [...], "free_slots", "others"}.</summary>
+        /// <summary>Protocol 1.1: ok {"sessions": [...], "free_slots", "others"}. Protocol 1.2:
+        /// only this owner's sessions (owner "you" or "orphaned"); "others" counts the rest.</summary>
         public IgiRequest ListSessions() { return Submit("list_sessions", null); }
 
-        /// <summary>Protocol 1.1: takes over an orphaned session (its conversation goes on).</summary>
+        /// <summary>Protocol 1.1: takes over an orphaned session (its conversation goes on).
+        /// Protocol 1.2: only a session of this client's owner key (another's is
+        /// <c>unknown_session</c>; one held by another live client of the same key, <c>session_owned</c>).</summary>
         public IgiRequest AdoptSession(string session) { return Submit("adopt_session", Body("session", session)); }
 
         /// <summary>Protocol 1.1: leave; keepSessions: the sessions become orphaned (adoptable)
@@ -295,7 +332,9 @@ namespace Igi.Sdk
             return Submit("goodbye", body);
         }
 
-        /// <summary>One rendered frame's report (VRAM arbiter and pacing inputs).</summary>
+        /// <summary>One rendered frame's report (VRAM arbiter and pacing inputs). Protocol 1.2: the
+        /// ok's "paced" (GetBool("paced")) says whether it paced the engine: only the game's do
+        /// (<see cref="IsGame"/>).</summary>
         public IgiRequest Frame(long frame, double frameTimeMs, double? targetFrameTimeMs = null,
             long? vramUsed = null, long? vramBudget = null)
         {
@@ -333,7 +372,8 @@ namespace Igi.Sdk
             return Submit("load_model", body, null, null, mmproj != null ? IgiFeatures.Images : null);
         }
 
-        /// <summary>Stops the sidecar (any client may).</summary>
+        /// <summary>Stops the sidecar. Protocol 1.2: only the game may (<see cref="IsGame"/>);
+        /// others get <c>forbidden</c>.</summary>
         public IgiRequest Shutdown() { return Submit("shutdown", null); }
 
         /// <summary>Any request, raw: body values as MsgPack accepts them. Type "chat" gives an IgiStream.</summary>

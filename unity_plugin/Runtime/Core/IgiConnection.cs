@@ -3,7 +3,8 @@
 // the outbox, replies and connection changes come out through the inbox (read by Pump).
 //
 // What it does on its own: connect (back-off 100 ms doubling to 2 s), say hello on every new
-// connection (falling back to a 1.0 hello if the sidecar refuses 1.1 fields), answer
+// connection (without the 1.2 fields owner and token if the sidecar refuses them, then as 1.0
+// if it refuses the 1.1 fields), answer
 // hello_required by saying hello and sending the request again, keep the lease with a ping every
 // lease_s/3, declare the sidecar down after 5 s of silence (pending requests fail with
 // `unavailable`), resume open streams after a reconnect, and say goodbye when disposed.
@@ -39,6 +40,7 @@ namespace Igi.Sdk
             public bool IsConnectionChange;
             public IgiConnectionState State;
             public IgiServerInfo Info;
+            public IgiError HelloRefusal; // a connection change that only says hello was refused
         }
 
         sealed class InFlight
@@ -53,7 +55,8 @@ namespace Igi.Sdk
             public long LastToken;     // the last token forwarded (in order)
             public bool ResumeAsked;   // a resume_stream for it is in flight
             public long ResumeOf;      // a resume_stream: the chat it resumes
-            public bool LegacyHello;   // a hello without the 1.1 fields
+            public int HelloLevel;     // a hello's fields: HelloFull, HelloNoKeys, HelloLegacy
+            public bool HelloHadKeys;  // it carried owner or token
             public int HelloRetries;
             public string Session;
             public string Feature;
@@ -66,6 +69,9 @@ namespace Igi.Sdk
         const int FirstBackoffMs = 100, MaxBackoffMs = 2000;
         const int GoodbyeWaitMs = 300;
         const int FlushWaitMs = 600;
+        // what a hello carries: everything (1.2), no owner/token (a 1.1 sidecar refuses them),
+        // or only the 1.0 fields (a 1.0 sidecar refuses minor and lease_s)
+        const int HelloFull = 2, HelloNoKeys = 1, HelloLegacy = 0;
 
         // requests that may simply be sent again when the connection dropped before the answer
         static readonly HashSet<string> Idempotent = new HashSet<string>
@@ -90,7 +96,9 @@ namespace Igi.Sdk
         IgiServerInfo info;
         bool greeted;           // hello answered on this connection
         long helloId;           // the automatic hello in flight, 0 if none
-        bool useLegacyHello;    // the sidecar refused the 1.1 hello fields
+        int helloLevel = HelloFull; // lowered when the sidecar refuses newer hello fields
+        double helloAgainAt;    // > 0: hello was refused retryable (busy); greet again then
+        int helloBackoffMs = FirstBackoffMs * 5;
         bool farewell;          // goodbye answered: stay quiet until the game asks for something
         bool readoptAfterHello; // forgotten (hello_required): take the orphaned sessions back
         bool down;              // silent for SidecarSilenceSeconds
@@ -315,7 +323,8 @@ namespace Igi.Sdk
         {
             if (!greeted)
             {
-                if (helloId == 0 && (waiting.Count > 0 || inflight.Count > 0)) SendHello();
+                bool due = helloAgainAt > 0 ? Now >= helloAgainAt : waiting.Count > 0 || inflight.Count > 0;
+                if (helloId == 0 && due) SendHello();
                 return;
             }
             while (waiting.Count > 0 && transport.IsConnected)
@@ -338,9 +347,19 @@ namespace Igi.Sdk
 
         void SendHello()
         {
+            // read at every hello: a launcher that started a new sidecar may have set a new token
+            string owner = Volatile.Read(ref options.OwnerKey);
+            string token = Volatile.Read(ref options.LaunchToken);
+            string problem = IgiKeys.OptionsProblem(owner, token);
+            if (problem != null)
+            {
+                // set after the constructor checked them: refused here, never sent
+                RefuseHello(IgiError.InvalidBody, "hello not sent: " + problem);
+                return;
+            }
             var body = new Dictionary<string, object>();
             body["protocol"] = (long)Protocol.Version;
-            if (!useLegacyHello)
+            if (helloLevel > HelloLegacy)
             {
                 body["minor"] = (long)Protocol.Minor;
                 body["lease_s"] = options.LeaseSeconds;
@@ -348,8 +367,13 @@ namespace Igi.Sdk
             body["engine"] = options.Engine ?? "unity";
             body["client_name"] = options.ClientName ?? "";
             if (options.GamePid.HasValue) body["game_pid"] = (long)options.GamePid.Value;
+            bool keys = helloLevel == HelloFull && (owner != null || token != null);
+            if (keys && owner != null) body["owner"] = owner;
+            if (keys && token != null) body["token"] = token;
+            helloAgainAt = 0;
             var hello = SendInternal("hello", body, 0);
-            hello.LegacyHello = useLegacyHello;
+            hello.HelloLevel = helloLevel;
+            hello.HelloHadKeys = keys;
             helloId = hello.Id;
         }
 
@@ -495,6 +519,7 @@ namespace Igi.Sdk
             {
                 greeted = true;
                 greetedAt = Now;
+                helloBackoffMs = FirstBackoffMs * 5;
                 down = false;
                 info = IgiServerInfo.FromHello(body);
                 PostState(IgiConnectionState.Ready, info);
@@ -505,17 +530,34 @@ namespace Igi.Sdk
             }
             if (!f.Internal) { Forward(f.Id, type, body); return; }
             string code = MsgValue.GetString(body, "code");
-            if (code == "invalid_body" && !f.LegacyHello)
+            if (code == "invalid_body" && f.HelloLevel > HelloLegacy)
             {
-                useLegacyHello = true; // a 1.0 sidecar refuses minor and lease_s
+                // a 1.1 sidecar refuses owner and token (it has neither: its sessions belong to
+                // connections and every client is the game), a 1.0 sidecar minor and lease_s
+                helloLevel = f.HelloHadKeys ? HelloNoKeys : HelloLegacy;
                 SendHello();
                 return;
             }
-            // the sidecar will not talk to us (unsupported_version, ...): what waits cannot go
-            var error = ErrorBody(code ?? "error", "hello refused: " + MsgValue.GetString(body, "message", ""), false);
-            foreach (var w in waiting) if (!w.Internal) Forward(w.Id, "error", error);
-            waiting.Clear();
+            string message = "hello refused: " + MsgValue.GetString(body, "message", "");
+            if (MsgValue.GetBool(body, "retryable"))
+            {
+                // busy (the sidecar has as many clients as it takes): greet again after a pause,
+                // growing; what waits meanwhile fails as unavailable after SidecarSilenceSeconds
+                helloAgainAt = Now + helloBackoffMs / 1000.0;
+                helloBackoffMs = Math.Min(helloBackoffMs * 2, MaxBackoffMs * 2);
+                Inbox.Enqueue(new Incoming { IsConnectionChange = true, State = postedState, HelloRefusal = new IgiError(code ?? "error", message, true) });
+                return;
+            }
+            // the sidecar will not talk to us (unsupported_version, forbidden: a wrong launch
+            // token, ...): what waits cannot go
+            RefuseHello(code ?? "error", message);
+        }
+
+        void RefuseHello(string code, string message)
+        {
+            FailEverything(new IgiError(code, message, false)); // nothing can go on this connection
             farewell = true;
+            Inbox.Enqueue(new Incoming { IsConnectionChange = true, State = postedState, HelloRefusal = new IgiError(code, message, false) });
         }
 
         void ResumeStreams()

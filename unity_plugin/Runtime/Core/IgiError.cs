@@ -31,6 +31,9 @@ namespace Igi.Sdk
         /// <summary>chat.images: the model was loaded without its vision projector (mmproj).
         /// The session is unchanged.</summary>
         public const string VisionUnavailable = "vision_unavailable";
+        /// <summary>Protocol 1.2: hello with a wrong launch token, or shutdown from a client that
+        /// is not the game. Not retryable.</summary>
+        public const string Forbidden = "forbidden";
 
         public readonly string Code;
         public readonly string Message;

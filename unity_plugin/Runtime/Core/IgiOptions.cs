@@ -10,10 +10,27 @@ namespace Igi.Sdk
         public string Engine = "unity";
         /// <summary>hello.client_name (≤ 64 characters), for the sidecar's logs and stats.</summary>
         public string ClientName = "";
-        /// <summary>hello.game_pid: the sidecar exits when this process dies (if it launched it).</summary>
+        /// <summary>hello.game_pid: the sidecar exits when this process dies (if it launched it;
+        /// protocol 1.2: honoured only from the game, see <see cref="LaunchToken"/>).</summary>
         public int? GamePid;
-        /// <summary>hello.lease_s (protocol 1.1, 2..3600): silent longer than this, the sidecar
-        /// forgets the client and orphans its sessions. The client pings every third of it.</summary>
+        /// <summary>hello.owner (protocol 1.2): the owner key, a secret of 16..128 characters of
+        /// [A-Za-z0-9_-] (<see cref="IgiKeys.New"/> makes one). The sessions this client opens,
+        /// restores or adopts belong to it: only a client with the same key sees, lists, opens
+        /// over (session_exists) or adopts them, so "open by name; on session_exists, adopt" finds
+        /// only the game's own NPC. Keep one for as long as the game wants its NPCs back (a
+        /// play-mode restart, a reconnect after a lease lapsed). Null: the sessions belong to this
+        /// connection alone. Read at every hello; the constructor refuses a malformed one.</summary>
+        public string OwnerKey;
+        /// <summary>hello.token (protocol 1.2): the launch token the sidecar was started with
+        /// (env var IGI_SDK_TOKEN of its process). The client that holds it is the game: only its
+        /// frames pace the engine, only its game_pid is watched, only it may shutdown, and only it
+        /// may hold every session slot. A wrong one: hello is refused <c>forbidden</c>. Null: not
+        /// the game, unless the sidecar was started without a token (then every client is). Read
+        /// at every hello (a launcher that starts a new sidecar sets the new token here before the
+        /// client reconnects); the constructor refuses a malformed one.</summary>
+        public string LaunchToken;
+        /// <summary>hello.lease_s (protocol 1.1, 2..300 since 1.2): silent longer than this, the
+        /// sidecar forgets the client and orphans its sessions. The client pings every third of it.</summary>
         public double LeaseSeconds = 15;
         /// <summary>A request fails with <c>timeout</c> when none of its events came for this long.</summary>
         public double RequestTimeoutSeconds = 15;
@@ -26,7 +43,8 @@ namespace Igi.Sdk
         /// (pending requests fail with <c>unavailable</c>; reconnecting goes on).</summary>
         public double SidecarSilenceSeconds = 5;
         /// <summary>Dispose says goodbye with keep_sessions = this (true: the sessions become
-        /// orphaned and a later client can adopt them, e.g. across a play-mode restart).</summary>
+        /// orphaned and a later client with the same <see cref="OwnerKey"/> can adopt them, e.g.
+        /// across a play-mode restart).</summary>
         public bool KeepSessionsOnDispose;
         /// <summary>The DEALER's routing id; null: "igi-" + 24 random hex digits per client.
         /// Reconnects keep it, so the sidecar (ROUTER_HANDOVER) keeps this client's sessions.</summary>

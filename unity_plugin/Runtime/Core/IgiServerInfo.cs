@@ -16,7 +16,14 @@ namespace Igi.Sdk
         public long MaxMessageBytes = 1048576;
         public long MaxTextChars = 32000;
         public long MaxTokens = 4096;
+        /// <summary>This client's cap (protocol 1.2: a client that is not the game gets half the slots).</summary>
         public long MaxSessionsPerClient = 8;
+        /// <summary>Protocol 1.2 hello.game: this client holds the launch token, or the sidecar has
+        /// none. True for an older sidecar, where every client may pace, shutdown and so on.</summary>
+        public bool IsGame = true;
+        /// <summary>Protocol 1.2 hello.owner: "key" (sessions belong to the owner key) or
+        /// "connection" (to this connection alone: no key was given, or the sidecar is older).</summary>
+        public string OwnerScope = "connection";
         public long MaxStreamsPerClient = 4;
         /// <summary>The whole ok body, for fields this version does not know.</summary>
         public Dictionary<string, object> Raw;
@@ -32,6 +39,8 @@ namespace Igi.Sdk
             info.Model = MsgValue.GetString(body, "model");
             info.Loading = MsgValue.GetBool(body, "loading");
             info.LeaseSeconds = MsgValue.GetDouble(body, "lease_s", 0);
+            info.IsGame = MsgValue.GetBool(body, "game", true);
+            info.OwnerScope = MsgValue.GetString(body, "owner") ?? "connection";
             info.Features.AddRange(MsgValue.GetStrings(body, "features"));
             var limits = MsgValue.GetMap(body, "limits");
             info.MaxMessageBytes = MsgValue.GetLong(limits, "max_message_bytes", info.MaxMessageBytes);
@@ -56,6 +65,10 @@ namespace Igi.Sdk
         public const string SessionNames = "session_names";
         /// <summary>chat.images (<see cref="ChatOptions.Images"/>) and load_model.mmproj.</summary>
         public const string Images = "images";
+        /// <summary>Protocol 1.2: hello.owner, sessions scoped to owner keys.</summary>
+        public const string Owners = "owners";
+        /// <summary>Protocol 1.2: hello.token, the launch token that makes a client the game.</summary>
+        public const string LaunchToken = "launch_token";
     }
 
     public enum IgiConnectionState

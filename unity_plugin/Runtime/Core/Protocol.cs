@@ -6,7 +6,7 @@ namespace Igi.Sdk
     public static class Protocol
     {
         public const int Version = 1;
-        public const int Minor = 1;
+        public const int Minor = 2;
         public const long MaxId = 9007199254740991L; // 2^53 - 1
 
         public static byte[] Encode(long id, string type, Dictionary<string, object> body)

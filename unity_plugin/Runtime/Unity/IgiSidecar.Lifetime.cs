@@ -53,6 +53,9 @@ namespace Igi.Sdk.Unity
                 LogPath = DefaultLogPath(),
                 Windows = windows,
             };
+            // a new token (and owner key) per sidecar started: through its environment only
+            launchInfo.Variables[SidecarKeys.TokenVariable] = SidecarKeys.Renew(port);
+            UseKeys(); // the client's next hello (to the new sidecar) carries them
             _launch = Task.Run(() =>
             {
                 launchInfo.Executable = SidecarLocator.Find(configured, streamingAssets, windows);
@@ -106,10 +109,42 @@ namespace Igi.Sdk.Unity
                     KeepSessionsOnDispose = Application.isEditor,
                 });
                 _client.ConnectionChanged += OnConnectionChanged;
+                _client.HelloRefused += OnHelloRefused;
             }
+            UseKeys();
             _state = _client.State == IgiConnectionState.Ready ? SidecarState.Ready : SidecarState.Connecting;
             _connectDeadline = Time.realtimeSinceStartup + timeoutSeconds;
             _warnedSlowStart = false;
+        }
+
+        // The owner key and launch token of the sidecar on the port (SidecarKeys), read by the
+        // client at its next hello: NPCs a last play mode left are adopted, and this game is the
+        // game (IsGame) of a sidecar it started.
+        void UseKeys()
+        {
+            if (_client == null) return;
+            _client.Options.OwnerKey = SidecarKeys.OwnerKey(port);
+            _client.Options.LaunchToken = SidecarKeys.LaunchToken(port);
+        }
+
+        void OnHelloRefused(IgiError error)
+        {
+            if (error.Retryable)
+            {
+                LastError = error.Code + ": " + error.Message; // busy: the core greets again after a pause
+                return;
+            }
+            if (error.Code == IgiError.Forbidden && _client.Options.LaunchToken != null)
+            {
+                // the sidecar on the port was not started by this process (ours ended and another
+                // took the port): not ours to command, so talk to it as a guest
+                Debug.LogWarning("Igi SDK: the sidecar on " + Endpoint + " refused this game's launch token (it was started elsewhere); connecting without it (its pacing and shutdown are not this game's)");
+                SidecarKeys.ForgetLaunchToken(port);
+                _client.Options.LaunchToken = null;
+                _client.Ping(); // says hello again
+                return;
+            }
+            Fail("hello_refused", error.Code + ": " + error.Message);
         }
 
         static string Truncate(string text, int length)
@@ -223,6 +258,7 @@ namespace Igi.Sdk.Unity
             // goodbye, bounded (about a second, at quit only): in a player the sidecar then exits
             // with the game; in the Editor it stays, and the sessions wait to be adopted
             _client.ConnectionChanged -= OnConnectionChanged;
+            _client.HelloRefused -= OnHelloRefused;
             _client.Dispose();
             _client = null;
             _state = SidecarState.Stopped;

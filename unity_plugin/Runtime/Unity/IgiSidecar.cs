@@ -96,6 +96,10 @@ namespace Igi.Sdk.Unity
         public bool IsReady { get { return _state == SidecarState.Ready; } }
         /// <summary>Counts the connections that became ready: when it changes, sessions may have to be found again.</summary>
         public int ReadyCount { get { return _readyCount; } }
+        /// <summary>This game is the sidecar's game (protocol 1.2: it holds the launch token the
+        /// sidecar was started with, or the sidecar has none): its frames pace the engine, its
+        /// process is watched, it may shut the sidecar down, it may hold every session slot.</summary>
+        public bool IsGame { get { return _client != null && _client.IsGame; } }
         /// <summary>This component started the sidecar (rather than finding one on the port).</summary>
         public bool StartedHere { get { return _process != null; } }
         /// <summary>What went wrong last, "code: message"; null if nothing did.</summary>

@@ -12,6 +12,10 @@ namespace Igi.Sdk.Unity
         public List<string> Arguments = new List<string>();
         public string LogPath;
         public bool Windows;
+        /// <summary>Set in the child's environment only: what other local processes must not
+        /// read (the launch token) goes here, never into <see cref="Arguments"/>, which every
+        /// process of the machine can list.</summary>
+        public Dictionary<string, string> Variables = new Dictionary<string, string>();
     }
 
     /// <summary>
@@ -87,6 +91,8 @@ namespace Igi.Sdk.Unity
             };
             // the sidecar's own prints are line-by-line in the log, not held in a buffer
             info.EnvironmentVariables["PYTHONUNBUFFERED"] = "1";
+            SidecarKeys.RemoveFrom(info.EnvironmentVariables); // this process's owner keys stay here
+            foreach (var variable in launch.Variables) info.EnvironmentVariables[variable.Key] = variable.Value;
             if (launch.Windows)
             {
                 // cmd /s /c "<command>": cmd strips the outer quotes and runs the rest as written;

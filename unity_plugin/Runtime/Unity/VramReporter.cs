@@ -23,6 +23,7 @@ namespace Igi.Sdk.Unity
 
         IgiSidecar _sidecar;
         bool _inFlight;
+        bool _warnedUnpaced;
 
         /// <summary>The game's own VRAM use in bytes when it knows better than Unity (e.g. from DXGI); null: Unity's figure.</summary>
         public long? OverrideUsed { get; set; }
@@ -42,7 +43,16 @@ namespace Igi.Sdk.Unity
             if (_inFlight) return;
             _inFlight = true;
             _sidecar.Client.Frame(Time.frameCount, FrameTimeMs(), TargetFrameTimeMs(), Used(), Budget())
-                .OnCompleted(request => _inFlight = false);
+                .OnCompleted(request =>
+                {
+                    _inFlight = false;
+                    // protocol 1.2: only the game's frames pace the engine (the client holding the launch token)
+                    if (request.Succeeded && !request.GetBool("paced", true) && !_warnedUnpaced)
+                    {
+                        _warnedUnpaced = true;
+                        Debug.LogWarning("Igi SDK: the sidecar does not take this game's frames as pacing (hello.game is false: it was started elsewhere with a launch token this game does not hold)");
+                    }
+                });
         }
 
         static double FrameTimeMs()
