@@ -37,16 +37,18 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(30000)]
-        public void HelloIsAutomaticAndAdvertisesProtocol11()
+        public void HelloIsAutomaticAndAdvertisesProtocol12()
         {
             var client = Connect();
             Assert.AreEqual(1, client.Server.Protocol);
-            Assert.AreEqual(1, client.Server.Minor);
+            Assert.AreEqual(2, client.Server.Minor);
+            Assert.IsTrue(client.IsGame, "a sidecar started without a launch token takes every client as the game");
+            Assert.AreEqual("connection", client.Server.OwnerScope, "no owner key given");
             Assert.AreEqual(15.0, client.Server.LeaseSeconds);
             Assert.IsNotNull(client.Server.Model);
             foreach (var feature in new[] { IgiFeatures.Goodbye, IgiFeatures.Leases, IgiFeatures.ListSessions,
                 IgiFeatures.AdoptSession, IgiFeatures.SetPriority, IgiFeatures.ResumeStream, IgiFeatures.JsonSchemaString,
-                IgiFeatures.Images })
+                IgiFeatures.Images, IgiFeatures.Owners, IgiFeatures.LaunchToken })
                 Assert.IsTrue(client.Server.HasFeature(feature), "feature " + feature);
             Assert.AreEqual(32000, client.Server.MaxTextChars);
             var ping = Pumping.Ok(client, client.Ping());
@@ -151,9 +153,10 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(60000)]
-        public void AnotherClientAdoptsAfterGoodbyeKeepSessions()
+        public void AnotherClientOfTheSameOwnerAdoptsAfterGoodbyeKeepSessions()
         {
-            var first = Connect();
+            string owner = IgiKeys.New(); // protocol 1.2: only a client with the same key may adopt
+            var first = Connect(o => o.OwnerKey = owner);
             string name = Unique("npc.brom");
             string session = Open(first, new SessionOptions { Name = name, Persona = "Brom", Sampling = Pumping.Greedy });
             Assert.AreEqual(name, session, "a named session's id is its name");
@@ -161,7 +164,8 @@ namespace Igi.Sdk.Tests
             var bye = Pumping.Ok(first, first.Goodbye(true));
             Assert.AreEqual(1, bye.GetLong("orphaned"));
 
-            var second = Connect();
+            var second = Connect(o => o.OwnerKey = owner);
+            Assert.AreEqual("key", second.Server.OwnerScope);
             var listed = Pumping.Ok(second, second.ListSessions());
             var orphan = MsgValue.GetList(listed.Result, "sessions").Cast<Dictionary<string, object>>()
                 .SingleOrDefault(s => MsgValue.GetString(s, "session") == name);
@@ -298,19 +302,23 @@ namespace Igi.Sdk.Tests
         public void AnIdleClientKeepsItsLeaseWithPings()
         {
             Cuttable cuttable = null;
+            string owner = IgiKeys.New(); // the other client below sees this one's sessions
             var client = Connect(o =>
             {
                 o.LeaseSeconds = 2;
+                o.OwnerKey = owner;
                 o.TransportFactory = () => cuttable = new Cuttable(new ZmtpDealer());
             });
             string session = Open(client);
             var clock = System.Diagnostics.Stopwatch.StartNew();
             Pumping.Until(client, () => clock.Elapsed.TotalSeconds > 5, 10, "5 s of idling"); // 2.5 leases
             Assert.AreEqual(IgiConnectionState.Ready, client.State, "heartbeats kept coming");
-            var other = Connect();
+            var other = Connect(o => o.OwnerKey = owner);
             var listed = Pumping.Ok(other, other.ListSessions());
+            // the same key: an orphan would be listed ("orphaned"); one held by a live client is not
             Assert.IsFalse(MsgValue.GetList(listed.Result, "sessions").Cast<Dictionary<string, object>>()
                 .Any(s => MsgValue.GetString(s, "session") == session), "not orphaned");
+            Assert.GreaterOrEqual(MsgValue.GetLong(listed.Result, "others"), 1, "counted among the others");
             lock (cuttable.SentTypes)
             {
                 Assert.AreEqual(1, cuttable.SentTypes.Count(t => t == "hello"), "never forgotten");
@@ -329,6 +337,7 @@ namespace Igi.Sdk.Tests
             var client = Connect(o =>
             {
                 o.LeaseSeconds = 2;
+                o.OwnerKey = IgiKeys.New(); // how a game gets its NPCs back (IgiSidecar always sets one)
                 o.TransportFactory = () => cuttable = new Cuttable(new ZmtpDealer());
             });
             Assert.AreEqual(2.0, client.Server.LeaseSeconds);

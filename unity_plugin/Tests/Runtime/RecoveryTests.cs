@@ -98,12 +98,13 @@ namespace Igi.Sdk.Tests
         {
             var sidecar = Sidecar.Shared;
             string name = "npc.keep." + Guid.NewGuid().ToString("N").Substring(0, 6);
-            var first = Pumping.Connect(sidecar.Endpoint, o => o.KeepSessionsOnDispose = true);
+            string owner = IgiKeys.New(); // the game's, kept across play modes (IgiSidecar does this)
+            var first = Pumping.Connect(sidecar.Endpoint, o => { o.KeepSessionsOnDispose = true; o.OwnerKey = owner; });
             Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = name, Sampling = Pumping.Greedy }));
             Pumping.Ok(first, first.Chat(name, "My horse is called Pepper.", new ChatOptions { MaxTokens = 8 }), 60);
             first.Dispose();
 
-            var second = Own(Pumping.Connect(sidecar.Endpoint));
+            var second = Own(Pumping.Connect(sidecar.Endpoint, o => o.OwnerKey = owner));
             Pumping.Fails(second, second.OpenSession(new SessionOptions { Name = name }), "session_exists");
             Pumping.Ok(second, second.AdoptSession(name));
             Pumping.Ok(second, second.Chat(name, "What is my horse called?", new ChatOptions { MaxTokens = 8 }), 60);
@@ -115,13 +116,14 @@ namespace Igi.Sdk.Tests
         public void OrphanedSessionsGiveWayToALiveClient()
         {
             var sidecar = Own(Sidecar.Start("--max-sessions 2"));
-            var first = Pumping.Connect(sidecar.Endpoint);
+            string owner = IgiKeys.New();
+            var first = Pumping.Connect(sidecar.Endpoint, o => o.OwnerKey = owner);
             Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = "npc.old" }));
             Pumping.Ok(first, first.OpenSession(new SessionOptions { Name = "npc.older" }));
             Assert.AreEqual(2, Pumping.Ok(first, first.Goodbye(true)).GetLong("orphaned"));
             first.Dispose();
 
-            var second = Own(Pumping.Connect(sidecar.Endpoint));
+            var second = Own(Pumping.Connect(sidecar.Endpoint, o => o.OwnerKey = owner));
             // every slot is held by an orphan: a live client's open takes the oldest one's
             Pumping.Ok(second, second.OpenSession(new SessionOptions { Persona = "new" }));
             var listed = Pumping.Ok(second, second.ListSessions());

@@ -1,6 +1,7 @@
 // Starts the real sidecar (`igi-sdk serve`, path in env IGI_SDK_EXE) on a free loopback port
 // with its own save directory, and waits for its "ready" line. One shared instance is started
-// lazily for the whole run; tests that kill or restart a sidecar start their own.
+// lazily for the whole run; tests that kill or restart a sidecar start their own. A sidecar
+// started with a launch token gets it the way a game hands it over: env IGI_SDK_TOKEN only.
 using System;
 using System.Diagnostics;
 using System.IO;
@@ -19,6 +20,9 @@ namespace Igi.Sdk.Tests
 
         public readonly int Port;
         public readonly string SaveDir;
+        /// <summary>The launch token it was started with (IGI_SDK_TOKEN); null: none (then every
+        /// client is the game).</summary>
+        public readonly string Token;
         Process process;
         readonly StringBuilder log = new StringBuilder();
         volatile bool ready;
@@ -47,20 +51,21 @@ namespace Igi.Sdk.Tests
         }
 
         /// <summary>A sidecar of its own; <paramref name="endpoint"/> null: a free loopback TCP port.</summary>
-        public static Sidecar Start(string extraArgs = "", string endpoint = null)
+        public static Sidecar Start(string extraArgs = "", string endpoint = null, string token = null)
         {
             string save = Path.Combine(Path.GetTempPath(), "igi-cs-" + Guid.NewGuid().ToString("N").Substring(0, 8));
             Directory.CreateDirectory(save);
-            var sidecar = new Sidecar(FreePort(), save);
+            var sidecar = new Sidecar(FreePort(), save, token);
             sidecar.endpoint = endpoint;
             sidecar.Launch(extraArgs);
             return sidecar;
         }
 
-        Sidecar(int port, string saveDir)
+        Sidecar(int port, string saveDir, string token)
         {
             Port = port;
             SaveDir = saveDir;
+            Token = token;
         }
 
         public static string Exe
@@ -87,6 +92,9 @@ namespace Igi.Sdk.Tests
                 CreateNoWindow = true,
                 WorkingDirectory = Path.GetTempPath(), // not the test's folder, which a later run may delete
             };
+            // never inherited from whoever runs the tests: a sidecar has exactly the token asked for
+            info.EnvironmentVariables.Remove("IGI_SDK_TOKEN");
+            if (Token != null) info.EnvironmentVariables["IGI_SDK_TOKEN"] = Token;
             process = new Process { StartInfo = info };
             process.OutputDataReceived += OnLine;
             process.ErrorDataReceived += OnLine;
