@@ -320,15 +320,13 @@ def test_bad_images_over_the_wire_are_typed_and_change_nothing(sidecar: str) -> 
             == reference[0]
         tokens = next(s["tokens"] for s in c.request("list_sessions")["sessions"]
                       if s["session"] == sid)
-        huge = {"pixels": bytes(1008 * 1008 * 3), "width": 1008, "height": 1008}  # 1296 tokens
         cases = {
             "invalid_image": [[png(_pixels(0))[:60]], [b"GIF89a" + bytes(64)],
                               [{"pixels": b"\0" * 3, "width": 0, "height": 1}],
                               [{"pixels": b"\0" * 3, "width": 9000, "height": 9000}],
                               [{"pixels": bytes(10), "width": W, "height": H}]],
             "invalid_body": [[png(_pixels(0))] * 5, [{"data": png(_pixels(0)), "channels": 2}]],
-            "prompt_too_long": [[huge]],
-        }
+        }  # (an image with too many tokens is scaled down: tests/test_image_bounds.py)
         for code, image_lists in cases.items():
             for images in image_lists:
                 assert _code(lambda i=images: c.chat(sid, "And this?", images=i).result()) \

@@ -26,6 +26,13 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from igi_sdk.errors import InvalidImageError
+from igi_sdk.runtime.image_decode import (
+    DecodeCancel,
+    Decoded,
+    ImageBudget,
+    ImageDecoder,
+    fit_pixels,
+)
 from igi_sdk.runtime.text import Part, Vocab
 from igi_sdk.runtime.vision import (
     DEFAULT_MARKER,
@@ -69,12 +76,32 @@ class ImageInput:
         except OSError as e:
             raise InvalidImageError(f"cannot read image {path}: {e.strerror}") from None
 
+    def ready(self, decoder: ImageDecoder, budget: ImageBudget | None = None,
+              cancel: DecodeCancel | None = None) -> ImageInput:
+        """This image as raw pixels within ``budget``: bytes decoded in ``decoder``'s worker
+        (its limits refuse what would cost too much), pixels checked; both scaled down to the
+        budget. Blocks the caller (never the engine thread: see the sidecar's chat)."""
+        if self.data is not None:
+            out = decoder.decode(self.data, budget, cancel)
+        else:
+            assert self.pixels is not None
+            out = fit_pixels(Decoded(self.pixels, self.width, self.height, self.channels),
+                             budget, decoder.limits)
+        return ImageInput(pixels=out.pixels, width=out.width, height=out.height,
+                          channels=out.channels)
+
     def open(self, vision: VisionContext) -> Image:
         """The mtmd bitmap (sizes checked before anything is decoded)."""
         if self.data is not None:
             return vision.image_from_bytes(self.data)
         assert self.pixels is not None
         return vision.image_from_pixels(self.pixels, self.width, self.height, self.channels)
+
+
+def prepare(decoder: ImageDecoder, images: Sequence[ImageInput], budget: ImageBudget | None,
+            cancel: DecodeCancel | None = None) -> tuple[ImageInput, ...]:
+    """Every image of a line made ready (:meth:`ImageInput.ready`), in order."""
+    return tuple(image.ready(decoder, budget, cancel) for image in images)
 
 
 @dataclass

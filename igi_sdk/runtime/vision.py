@@ -46,15 +46,18 @@ from igi_sdk.errors import (
     PromptTooLongError,
 )
 from igi_sdk.runtime import _native
+from igi_sdk.runtime.image_decode import (
+    MAX_IMAGE_PIXELS,
+    MAX_IMAGE_SIDE,
+    ImageBudget,
+    check_size,
+    shared_decoder,
+)
 from igi_sdk.runtime.loader import default_threads
 
 log = logging.getLogger("igi_sdk.runtime")
 
 DEFAULT_MARKER = "<__media__>"
-# Bounds on an image before anything decodes it: stb_image would allocate width * height * 3
-# bytes for whatever a header claims. 8192 per side and 32 Mpx cover 4K/8K screenshots.
-MAX_IMAGE_SIDE = 8192
-MAX_IMAGE_PIXELS = 32 << 20
 
 FlashAttn = Literal["auto", "on", "off"]
 _FLASH = {
@@ -68,14 +71,13 @@ _CHUNK_KINDS = {
     mtmd_cpp.MTMD_INPUT_CHUNK_TYPE_AUDIO: "audio",
 }
 _NO_CALLBACK = mtmd_cpp.mtmd_helper_post_decode_callback()  # a NULL function pointer
-_PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
-# JPEG start-of-frame markers (baseline, progressive, lossless, arithmetic): they carry the size
-_JPEG_SOF = {0xC0, 0xC1, 0xC2, 0xC3, 0xC5, 0xC6, 0xC7, 0xC9, 0xCA, 0xCB, 0xCD, 0xCE, 0xCF}
 
 
 # --- errors (InvalidImageError lives in igi_sdk.errors: a wire code) -----------------------------
 
 __all__ = [
+    "MAX_IMAGE_PIXELS",
+    "MAX_IMAGE_SIDE",
     "ChunkInfo",
     "Chunks",
     "EvalResult",
@@ -321,21 +323,15 @@ class VisionContext(_Handle):
 
     # --- images ----------------------------------------------------------------------------------
 
-    def image_from_bytes(self, data: bytes | bytearray | memoryview) -> Image:
-        """An image from PNG or JPEG file bytes; the size in the header is checked before
-        llama.cpp decodes anything."""
-        raw = bytes(data)
-        width, height = _encoded_size(raw)
-        _check_size(width, height)
-        buf = (ctypes.c_uint8 * len(raw)).from_buffer_copy(raw)  # read only during the call
-        ptr = mtmd_cpp.mtmd_helper_bitmap_init_from_buf(self.ptr, buf, len(raw), False)
-        if not ptr:
-            raise InvalidImageError("the image data is corrupt (llama.cpp could not decode it)")
-        image = self._own(Image(ptr))
-        if (image.width, image.height) != (width, height):  # a header that lies
-            image.close()
-            raise InvalidImageError("the image data is corrupt (size differs from its header)")
-        return image
+    def image_from_bytes(self, data: bytes | bytearray | memoryview,
+                         budget: ImageBudget | None = None) -> Image:
+        """An image from PNG or JPEG file bytes, decoded by Pillow in a worker process with
+        its costs capped (runtime/image_decode.py) and scaled down to ``budget``. Blocks the
+        calling thread for the decode: the sidecar decodes before a line reaches the engine
+        (``image_turn.prepare``) and hands it pixels instead."""
+        _ = self.ptr  # a closed context refuses before decoding
+        decoded = shared_decoder().decode(bytes(data), budget)
+        return self.image_from_pixels(decoded.pixels, decoded.width, decoded.height)
 
     def image_from_pixels(
         self, pixels: bytes | bytearray | memoryview, width: int, height: int, channels: int = 3
@@ -344,7 +340,7 @@ class VisionContext(_Handle):
         (``channels=4``, whose alpha is dropped as llama.cpp's own decoder drops it)."""
         if channels not in (3, 4):
             raise InvalidImageError(f"channels must be 3 (RGB) or 4 (RGBA), not {channels}")
-        _check_size(width, height)
+        check_size(width, height)
         view = memoryview(pixels).cast("B")
         expected = width * height * channels
         if view.nbytes != expected:
@@ -485,51 +481,6 @@ def _check(ret: int, what: str) -> None:
     if ret == 1:  # llama_decode: no KV slot for the batch
         raise ContextFullError(f"the context is full ({what})")
     raise InferenceError(f"llama.cpp failed {what} (code {ret})")
-
-
-def _check_size(width: int, height: int) -> None:
-    if not (isinstance(width, int) and isinstance(height, int)):
-        raise InvalidImageError("width and height must be integers")
-    if width <= 0 or height <= 0:
-        raise InvalidImageError(f"an image of {width}x{height} pixels has nothing in it")
-    if max(width, height) > MAX_IMAGE_SIDE or width * height > MAX_IMAGE_PIXELS:
-        raise InvalidImageError(
-            f"a {width}x{height} image is larger than the {MAX_IMAGE_SIDE}-pixel sides and "
-            f"{MAX_IMAGE_PIXELS >> 20} Mpx accepted: scale it down first"
-        )
-
-
-def _encoded_size(data: bytes) -> tuple[int, int]:
-    """(width, height) from a PNG's IHDR or a JPEG's start-of-frame, without decoding."""
-    if data.startswith(_PNG_MAGIC):
-        if len(data) < 24 or data[12:16] != b"IHDR":
-            raise InvalidImageError("the PNG data is corrupt (no IHDR header)")
-        return int.from_bytes(data[16:20], "big"), int.from_bytes(data[20:24], "big")
-    if data.startswith(b"\xff\xd8"):
-        return _jpeg_size(data)
-    raise InvalidImageError("the image is neither PNG nor JPEG")
-
-
-def _jpeg_size(data: bytes) -> tuple[int, int]:
-    i = 2
-    while i + 4 <= len(data):
-        if data[i] != 0xFF:
-            break
-        marker = data[i + 1]
-        if marker == 0xFF:  # fill byte
-            i += 1
-            continue
-        if marker in (0x01, *range(0xD0, 0xD8)):  # markers without a length
-            i += 2
-            continue
-        length = int.from_bytes(data[i + 2 : i + 4], "big")
-        if marker in _JPEG_SOF and i + 9 <= len(data):
-            height = int.from_bytes(data[i + 5 : i + 7], "big")
-            return int.from_bytes(data[i + 7 : i + 9], "big"), height
-        if length < 2:
-            break
-        i += 2 + length
-    raise InvalidImageError("the JPEG data is corrupt (no frame header)")
 
 
 def _rgb(view: memoryview, channels: int) -> bytearray:

@@ -11,7 +11,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
@@ -46,7 +46,13 @@ from igi_sdk.planner import Plan, Workload
 from igi_sdk.planner.speculative import draft_vram
 from igi_sdk.planner.vision import encoder_vram, flash_attn_for, largest_grid
 from igi_sdk.profile import Profile
-from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
+from igi_sdk.runtime import Engine, EngineConfig, Generation, ImageInput, SamplingParams, image_turn
+from igi_sdk.runtime.image_decode import (
+    ImageBudget,
+    ImageDecoder,
+    decoding_chat,
+    image_token_cap,
+)
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.tuning import (
     cached_before_backend,
@@ -104,6 +110,9 @@ class ModelHost:
         self._reserve_lock = threading.Lock()
         self._loading = False
         self._arriving: list[tuple[Reservation, ArbiterDone]] = []
+        # images are decoded here, in worker processes, before a line reaches the engine
+        self._decoder = ImageDecoder()
+        self._image_tile, self._image_limit = 0, 0  # of the loaded model's encoder
 
     @property
     def model_name(self) -> str | None:
@@ -199,6 +208,9 @@ class ModelHost:
             vision_plan = encoder_room(setup[0], encoder, borrow)
         self.engine = Engine(path, plan, cfg, vision_plan=vision_plan)
         self._name = path.name
+        if mmproj:
+            self._image_tile, self._image_limit = _image_grid(mmproj, self.cfg.vision_max_tokens)
+            self._decoder.warm()
         if setup is not None:
             self._start_arbiter(setup[0], setup[1])
 
@@ -293,12 +305,34 @@ class ModelHost:
     def chat(self, request: P.Chat, listener: StreamListener) -> Future[StreamHandle]:
         try:
             eng = self._engine()
+            images = [ImageInput(**i.model_dump()) for i in request.images]
         except Exception as e:  # noqa: BLE001
             return _failed(e)
-        return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
-                              stop=request.stop, grammar=request.grammar,
-                              json_schema=request.json_schema, listener=listener,
-                              images=[ImageInput(**i.model_dump()) for i in request.images])
+
+        def start(ready: Sequence[ImageInput]) -> Future[Generation]:
+            return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
+                                  stop=request.stop, grammar=request.grammar,
+                                  json_schema=request.json_schema, listener=listener,
+                                  images=ready)
+
+        if not images or not eng.config.mmproj:  # (no projector: the engine says so)
+            return start(images)  # type: ignore[return-value]
+        # decoded and scaled off the engine thread; cancel stops a decode at once
+        budget = self._image_budget(eng)
+        handle = decoding_chat(
+            self._decoder, request.session, listener,
+            lambda cancel: image_turn.prepare(self._decoder, images, budget, cancel), start)
+        out: Future[StreamHandle] = Future()
+        out.set_result(handle)
+        return out
+
+    def _image_budget(self, eng: Engine) -> ImageBudget:
+        """Image tokens one image may take: half a session's share of the context cells,
+        within the encoder's limit (``--vision-max-tokens`` or the model's)."""
+        if not self._image_tile:
+            return ImageBudget()  # an encoder this SDK cannot price: mtmd's own limit holds
+        share = eng.config.n_ctx // max(1, eng.config.max_sessions)
+        return ImageBudget(image_token_cap(share, self._image_limit), self._image_tile)
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         try:
@@ -378,6 +412,7 @@ class ModelHost:
 
     def close(self) -> None:
         _end_all(self._stop_arbiter(), EngineClosedError("the sidecar is stopping"))
+        self._decoder.close()
         eng, self.engine = self.engine, None
         if eng is not None:
             try:
@@ -430,6 +465,16 @@ def _draft_vram(draft: Path, request: P.LoadModel, k: int) -> int:
     every session plus ``k`` drafts each, compute buffer): planner.speculative's pricing."""
     wl = Workload(n_ctx=request.n_ctx, n_seqs=request.max_sessions)
     return draft_vram(read_inventory(draft), wl, k).total
+
+
+def _image_grid(mmproj: Path, max_tokens: int) -> tuple[int, int]:
+    """(pixels per image-token side, image tokens per image at most) of the encoder; (0, 0)
+    for one that ``read_encoder`` does not know."""
+    try:
+        enc = read_encoder(mmproj)
+    except (OSError, ValueError):
+        return 0, 0
+    return enc.patch_size * enc.n_merge, min(max_tokens or enc.max_tokens, enc.max_tokens)
 
 
 def _encoder_vram(mmproj: Path, max_tokens: int) -> int:
