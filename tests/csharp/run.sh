@@ -57,7 +57,7 @@ cat > "$build/Igi.Sdk.Core.dll.config" <<'XML'
 XML
 
 export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
-export IGI_VECTORS_DIR="$root/bridge/vectors"
+export IGI_VECTORS_DIR="${IGI_VECTORS_DIR:-$root/bridge/vectors}"
 (cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" ${NUNIT_ARGS:-}) \
     > "$build/nunit.log" 2>&1
 nunit=$?

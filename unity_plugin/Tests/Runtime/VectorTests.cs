@@ -169,6 +169,39 @@ namespace Igi.Sdk.Tests
             }
         }
 
+        [Test]
+        public void TheOwnersHelloAndTheHelloAnswerMatchTheVectors()
+        {
+            var vectors = Load();
+            var owner = vectors.SingleOrDefault(v => v.Name == "request_hello_owner");
+            if (owner == null) Assert.Ignore("no request_hello_owner vector (vectors of a sidecar before protocol 1.2)");
+            var sent = MsgValue.GetMap(owner.Message, "body");
+            var fake = new FakeTransport();
+            using (var client = new IgiClient(new IgiClientOptions
+            {
+                TransportFactory = () => fake, ClientName = "npc-plugin", GamePid = 4242, LeaseSeconds = 15,
+                OwnerKey = MsgValue.GetString(sent, "owner"), LaunchToken = MsgValue.GetString(sent, "token"),
+            }))
+            {
+                Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 5, "fake hello");
+                ValueAssert.AreEqual(sent, fake.SentOf("hello")[0]["body"], "hello with owner and token");
+            }
+            // what the client reads from the hello answer
+            var reply = vectors.Single(v => v.Name == "reply_ok_hello");
+            long id;
+            string type;
+            Dictionary<string, object> body;
+            Assert.IsTrue(Protocol.TryDecode(reply.Bytes, out id, out type, out body));
+            var info = IgiServerInfo.FromHello(body);
+            Assert.AreEqual(Protocol.Minor, info.Minor);
+            Assert.AreEqual(MsgValue.GetBool(body, "game"), info.IsGame);
+            Assert.AreEqual(MsgValue.GetString(body, "owner"), info.OwnerScope);
+            Assert.IsTrue(info.HasFeature(IgiFeatures.Owners) && info.HasFeature(IgiFeatures.LaunchToken), "1.2 features");
+            var frame = vectors.Single(v => v.Name == "reply_ok_frame");
+            Assert.IsTrue(Protocol.TryDecode(frame.Bytes, out id, out type, out body));
+            Assert.IsTrue(MsgValue.GetBool(body, "paced"), "frame's ok says it paced");
+        }
+
         /// <summary>The bytes of a bin field of an image in a vector's twin.</summary>
         static byte[] VectorImage(string vector, int index, string field)
         {
