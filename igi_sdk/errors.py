@@ -102,7 +102,11 @@ class PromptTooLongError(SessionError):
 
 
 class ContextFullError(SessionError):
+    """Other sessions hold the shared context's cells this line needs (beyond the floor every
+    session is guaranteed): the cells come back as their replies end or they close."""
+
     code = "context_full"
+    retryable = True
 
 
 class InvalidSamplingError(IgiError, ValueError):

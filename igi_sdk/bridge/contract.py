@@ -268,8 +268,10 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                  "that name is unchanged — free space and retry"),
     "prompt_too_long": ErrorCode(False, "the line does not fit the session's context; shorten "
                                         "it or open a new session"),
-    "context_full": ErrorCode(False, "stream error: the shared KV cache is full; close idle "
-                                     "sessions"),
+    "context_full": ErrorCode(True, "other sessions hold the shared KV cells this line "
+                                    "needs beyond the session's guaranteed floor (at chat, or "
+                                    "as a stream error); retry when their replies end or "
+                                    "they close"),
     "invalid_grammar": ErrorCode(False, "grammar or json_schema cannot be compiled"),
     "invalid_image": ErrorCode(False, "chat.images: an image that is not a PNG/JPEG llama.cpp "
                                       "can decode, pixels of a zero or absurd size or that do "
@@ -648,9 +650,10 @@ def vectors() -> list[Vector]:
             "code": "malformed", "message": "not a msgpack message: FormatError",
             "retryable": False}, "id 0: the request's id could not be read"),
         _rep("event_error_stream", 5, "error", {
-            "code": "context_full", "message": "the shared context is full; close idle "
-                                               "sessions or raise n_ctx",
-            "retryable": False}, "a stream can end with error instead of done"),
+            "code": "context_full", "message": "the shared context is full; retry when "
+                                               "other replies end, close idle sessions or "
+                                               "raise n_ctx",
+            "retryable": True}, "a stream can end with error instead of done"),
         _rep("event_heartbeat", 0, "heartbeat", {"t": 1_700_000_001.0},
              "every second, id 0; not an answer to anything"),
     ]

@@ -15,6 +15,10 @@ class EngineConfig:
     n_batch: int = 512  # tokens per llama_decode across all sessions
     n_threads: int = 0  # 0 = leave the game cores (loader.default_threads, IGI_SDK_THREADS)
     max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
+    # KV cells guaranteed to every session slot (runtime/context_share.py): a session grows
+    # past it only into cells no other slot's floor needs. -1 = n_ctx // (2 * max_sessions)
+    # (half the context as floors, half a pool shared first come, first served); 0 = none
+    context_floor: int = -1
     # one decode step's target duration: prompts are fed in chunks that take about this long,
     # so commands wait at most about one such step (copy-compute plans feed at least a whole
     # ubatch, since each chunk streams the CPU-resident weights once)

@@ -63,6 +63,7 @@ from igi_sdk.runtime import (
 )
 from igi_sdk.runtime.batching import Fed
 from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime.context_share import Admit, ContextShare
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.drafting import Drafting
 from igi_sdk.runtime.encoder import Encoder
@@ -127,6 +128,9 @@ class Engine:
         self._encoder = Encoder(self.config, vision_plan)
         self._parked: bytes | None = None  # the context's state while no placement is loaded
         self._table = SessionTable(self.config.max_sessions)
+        # who may take how many KV cells: one line cannot starve the other sessions
+        self.share = ContextShare.of(self.config.n_ctx, self.config.max_sessions,
+                                     self.config.context_floor)
         self._sessions: dict[str, Session] = self._table.by_id  # the table's, by id
         self._turn_counter = 0
         self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
@@ -186,7 +190,22 @@ class Engine:
                 "copy_compute_min_batch": {
                     "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
                     "in_effect": _native.copy_compute_threshold_in_effect()},
-                "speculative": self._drafting.status(), "vision": self._encoder.status()}
+                "speculative": self._drafting.status(), "vision": self._encoder.status(),
+                "context": self.context_status()}
+
+    def context_status(self) -> dict[str, int]:
+        """The shared context's cells (read without waiting for the engine thread): ``used``
+        (held by sessions), ``claimed`` (held plus admitted for replies in progress),
+        ``floor`` (guaranteed to each session slot), ``max_per_session`` (the most one
+        session may ever hold) and ``free_for_new`` (what a session holding nothing may
+        take now)."""
+        sessions = list(self._sessions.values())
+        claims = [_claim(s) for s in sessions]
+        sh = self.share
+        return {"n_ctx": sh.n_ctx, "floor": sh.floor, "max_per_session": sh.most,
+                "used": sum(len(s.tokens) + s.image_cells for s in sessions),
+                "claimed": sum(claims),
+                "free_for_new": max(0, sh.room(claims)) if len(claims) < sh.slots else 0}
 
     @property
     def vision_borrows(self) -> int:
@@ -656,7 +675,8 @@ class Engine:
             base = len(s.tokens) + s.image_cells
         try:
             n_prompt = len(feed) + image_turn.cells(pending)
-            replies.check_prompt(self.config, n_prompt, base, pending)
+            others = [_claim(o) for o in self._sessions.values() if o is not s]
+            replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
             handle = Generation(sid, listener=listener)
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
@@ -705,12 +725,21 @@ class Engine:
             turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
+        rooms = self._rooms()
+        for t in turns:
+            if t.generated and t.feed and _claim(t.session) > rooms[t.session.id]:
+                # the reply reached its session's share of the context: it ends as at
+                # max_tokens, so that other sessions keep the cells they are guaranteed
+                self._end_turn(t, reason="length")
+        turns = [t for t in turns if t.session.turn is t]
+        if not turns:
+            return
         waiting = [t for t in turns if t.images and not t.feed]
         if waiting:  # an image is a step of its own: the encoder, then its embeddings
             self._image_step(waiting[0])
             return
         budget = self._token_budget()
-        drafts = self._drafting.propose(turns, budget)
+        drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
@@ -725,7 +754,8 @@ class Engine:
             victim = fed[-1][0]
             self._rollback(victim)
             self._end_turn(victim, error=ContextFullError(
-                "the shared context is full; close idle sessions or raise n_ctx"))
+                "the shared context is full; retry when other replies end, close idle "
+                "sessions or raise n_ctx"))
             return
         if rc != 0:
             for t, _, _ in fed:
@@ -742,6 +772,27 @@ class Engine:
             del t.feed[:take]
             if idx >= 0:
                 self._sample(t, idx)
+
+    def _rooms(self) -> dict[str, int]:
+        """The cells each open session may claim now (runtime/context_share.py)."""
+        return self.share.rooms({sid: _claim(s) for sid, s in self._sessions.items()})
+
+    @staticmethod
+    def _within_share(drafts: dict[int, Proposal], turns: list[Turn],
+                      rooms: dict[str, int]) -> dict[int, Proposal]:
+        """Drafts cut to the cells their session may still claim: verifying them takes a
+        cell each, which must not come out of another session's floor."""
+        for t in turns:
+            s = t.session
+            proposal = drafts.get(s.seq)
+            if proposal is None:
+                continue
+            keep = max(0, rooms[s.id] - _claim(s))
+            if keep == 0:
+                del drafts[s.seq]
+            else:
+                del proposal.tokens[keep:], proposal.dists[keep:]
+        return drafts
 
     def _image_step(self, t: Turn) -> None:
         try:
@@ -833,6 +884,8 @@ class Engine:
             meta, kv, model=engine_state.fingerprint(self.inventory),
             kv_fmt=engine_state.kv_format(self.plan), n_ctx=self.config.n_ctx,
             n_vocab=self.inventory.arch.n_vocab)
+        if self._table.free_seqs:  # else the table refuses it: TooManySessionsError
+            self._admit_restore(len(saved.tokens) + saved.image_cells)
         new_id = self._table.open(None, saved.params, saved.priority, sid)
         s = self._sessions[new_id]
         try:
@@ -848,3 +901,24 @@ class Engine:
             )
         engine_state.apply(s, saved, same_format)
         return new_id
+
+    def _admit_restore(self, cells: int) -> None:
+        """A restored session holding ``cells`` must fit its share, as a line must (and its
+        next reply token)."""
+        verdict = self.share.admit(cells + 1, [_claim(o) for o in self._sessions.values()])
+        if verdict is Admit.NEVER:
+            raise InvalidStateError(
+                f"the saved session holds {cells} cells; one session may hold at most "
+                f"{self.share.most} of this engine's {self.share.n_ctx}")
+        if verdict is Admit.WAIT:
+            raise ContextFullError(
+                f"the saved session holds {cells} cells, but other sessions hold the shared "
+                "context's cells now; retry when their replies end or they close")
+
+
+def _claim(s: Session) -> int:
+    """KV cells ``s`` holds plus those its reply in progress was admitted for (the rest of
+    its prompt and images, the sampled token to decode)."""
+    t = s.turn
+    ahead = len(t.feed) + image_turn.cells(t.images) if t is not None else 0
+    return len(s.tokens) + s.image_cells + ahead

@@ -10,30 +10,48 @@ from typing import Any
 
 import llama_cpp
 
-from igi_sdk.errors import PromptTooLongError
+from igi_sdk.errors import ContextFullError, PromptTooLongError
 from igi_sdk.runtime import image_turn
 from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime.context_share import Admit, ContextShare
 from igi_sdk.runtime.generation import GenerationResult
 from igi_sdk.runtime.session import Turn
 from igi_sdk.runtime.text import Vocab, stop_scan
 
 
-def check_prompt(config: EngineConfig, n_prompt: int, base: int, pending: list[Any]) -> None:
-    """A line of ``n_prompt`` KV cells after ``base`` must fit (PromptTooLongError)."""
+def check_prompt(config: EngineConfig, n_prompt: int, base: int, pending: list[Any],
+                 share: ContextShare, others: list[int]) -> None:
+    """A line of ``n_prompt`` KV cells after ``base`` must fit the session's share of the
+    context while the other open sessions claim ``others`` (runtime/context_share.py):
+    PromptTooLongError if it never can, ContextFullError (retryable) while others hold the
+    cells it needs."""
     if n_prompt == 0:
         raise PromptTooLongError("the chat template produced no tokens for this line")
     images = image_turn.cells(pending) - sum(len(p.after) for p in pending)
     of_images = f" ({images} of them for its images)" if images else ""
-    if base + n_prompt + 1 > config.n_ctx - 1:
+    # the prompt, the reply's first token and one spare cell
+    need = base + n_prompt + 2
+    verdict = share.admit(need, others)
+    if verdict is Admit.NEVER:
+        most = (f"one session may hold at most {share.most} of the context's {share.n_ctx} "
+                f"cells ({share.floor} are kept for each of the {share.slots} session slots)"
+                if share.most < share.n_ctx else f"the context has {share.n_ctx}")
         raise PromptTooLongError(
             f"this line needs {n_prompt} tokens{of_images} and the conversation already "
-            f"holds {base}; the context has {config.n_ctx}. Shorten the line, send "
-            "smaller or fewer images, or open a new session"
+            f"holds {base}; {most}. Shorten the line, send smaller or fewer images, or open "
+            "a new session"
         )
     if config.max_prompt_tokens and n_prompt > config.max_prompt_tokens:
         raise PromptTooLongError(
             f"this line is {n_prompt} tokens{of_images}; the limit is "
             f"{config.max_prompt_tokens}"
+        )
+    if verdict is Admit.WAIT:
+        raise ContextFullError(
+            f"this line needs {n_prompt} tokens{of_images} and the conversation holds {base}, "
+            f"but other sessions hold the shared context's cells now (room for this session: "
+            f"{max(0, share.room(others))} of {share.n_ctx}); retry when their replies end or "
+            "they close, or close idle sessions"
         )
 
 

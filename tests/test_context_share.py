@@ -1,0 +1,177 @@
+"""The shared context's cells: one session's line cannot take the cells the others are
+guaranteed (the rule in runtime/context_share.py, the admission and reply growth in the engine,
+on a real llama.cpp context of a synthetic model)."""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+
+from igi_sdk.errors import ContextFullError, PromptTooLongError
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime.context_share import Admit, ContextShare
+
+# --- the rule ------------------------------------------------------------------------------------
+
+
+def test_default_floor_is_half_the_context_split_among_the_slots() -> None:
+    share = ContextShare.of(1024, 4)
+    assert share.floor == 128
+    assert share.most == 1024 - 3 * 128  # every other slot keeps its floor
+    assert share.room([]) == share.most  # idle slots keep their floors too
+
+
+def test_floor_is_clamped_and_zero_means_first_come() -> None:
+    assert ContextShare.of(1024, 4, floor=1000).floor == 256  # at most an even split
+    free_for_all = ContextShare.of(1024, 4, floor=0)
+    assert free_for_all.most == 1024 and free_for_all.room([1000]) == 24
+    assert ContextShare.of(512, 1).most == 512  # one slot: the whole context
+
+
+def test_a_session_grows_only_into_cells_no_other_floor_needs() -> None:
+    share = ContextShare.of(1024, 4)  # floor 128
+    # others within their floors: the room is the same as with them idle
+    assert share.room([0, 50]) == share.room([]) == 640
+    # an other beyond its floor takes from the pool, not from anyone's floor
+    assert share.room([500]) == 1024 - 500 - 2 * 128
+    assert share.admit(640, []) is Admit.OK
+    assert share.admit(641, []) is Admit.NEVER  # not even with every other slot idle
+    assert share.admit(300, [500]) is Admit.WAIT  # would fit once that session shrinks
+    # whatever one session takes, the others keep their floor
+    hog = share.most
+    assert share.room([hog, 0, 0]) == share.floor
+
+
+def test_claims_never_add_up_past_the_context() -> None:
+    """Sessions growing greedily, each within its room, never claim more than n_ctx."""
+    share = ContextShare.of(1000, 5, floor=100)
+    claims = {"a": 0, "b": 0, "c": 0, "d": 0, "e": 0}
+    for _ in range(50):
+        for sid in claims:
+            room = share.rooms(claims)[sid]
+            claims[sid] = max(claims[sid], min(room, claims[sid] + 37))
+            assert sum(share.reserved(c) for c in claims.values()) <= share.n_ctx
+    assert all(c >= share.floor for c in claims.values())
+
+
+def test_rooms_agree_with_room() -> None:
+    share = ContextShare.of(2048, 8)
+    claims = {"a": 900, "b": 10, "c": 300}
+    rooms = share.rooms(claims)
+    for sid in claims:
+        others = [v for k, v in claims.items() if k != sid]
+        assert rooms[sid] == share.room(others)
+
+
+# --- the engine ----------------------------------------------------------------------------------
+
+CFG = EngineConfig(n_ctx=1024, max_sessions=4, n_threads=2, prefill_chunk=64)
+SAMPLING = SamplingParams(seed=3)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    with Engine(tiny_llama, Plan.all_cpu(), CFG) as eng:
+        yield eng
+
+
+@pytest.fixture(autouse=True)
+def no_sessions_left(engine):
+    yield
+    for sid in engine.sessions():
+        engine.close_session(sid)
+
+
+def _line(engine: Engine, n_tokens: int) -> str:
+    """A player line of about ``n_tokens`` tokens."""
+    words = ["apple", "river", "stone", "lantern", "harbor", "violet", "copper", "meadow"]
+    text = " ".join(words[i % len(words)] + str(i) for i in range(n_tokens))
+    toks = engine.tokenize(text)
+    while len(toks) > n_tokens:
+        text = text[: len(text) * n_tokens // len(toks)]
+        toks = engine.tokenize(text)
+    return text
+
+
+def test_a_huge_line_cannot_take_the_cells_others_are_guaranteed(engine) -> None:
+    hog = engine.open_session("You are the hog.", sampling=SAMPLING)
+    npc = engine.open_session("You are Mira.", sampling=SAMPLING)
+    # fits the context (n_ctx 1024) but not one session's share of it (640)
+    with pytest.raises(PromptTooLongError, match="at most 640"):
+        engine.chat(hog, _line(engine, 900), max_tokens=4)
+    # the hog takes all the share it may have
+    engine.chat(hog, _line(engine, 600), max_tokens=4).result(timeout=60)
+    assert engine.session_info()[hog]["tokens"] <= engine.share.most
+    res = engine.chat(npc, "Hello there, innkeeper.", max_tokens=16,
+                      ignore_eos=True).result(timeout=60)
+    assert res.finish_reason == "length" and res.completion_tokens == 16
+
+
+def test_the_bystander_of_a_line_as_long_as_the_context_still_speaks(engine) -> None:
+    hog = engine.open_session(None, sampling=SAMPLING)
+    npc = engine.open_session("You are Mira.", sampling=SAMPLING)
+    with contextlib.suppress(PromptTooLongError):  # the line (1 000 of 1 024 cells) is refused
+        engine.chat(hog, _line(engine, 1000), max_tokens=4).result(timeout=60)
+    res = engine.chat(npc, "Hello there, innkeeper.", max_tokens=16,
+                      ignore_eos=True).result(timeout=60)
+    assert res.completion_tokens == 16
+
+
+def test_a_long_reply_ends_at_its_share_and_the_others_still_speak(engine) -> None:
+    hog = engine.open_session("You are the hog.", sampling=SAMPLING)
+    npcs = [engine.open_session(f"You are NPC {i}.", sampling=SAMPLING) for i in range(3)]
+    long = engine.chat(hog, _line(engine, 400), max_tokens=2000, ignore_eos=True)
+    next(iter(long))  # it is replying: the others speak meanwhile and after it
+    during = [engine.chat(s, "Any news?", max_tokens=24, ignore_eos=True) for s in npcs]
+    res = long.result(timeout=120)
+    assert res.finish_reason == "length"  # cut at its share, not by max_tokens
+    assert res.completion_tokens < 2000
+    held = engine.session_info()[hog]["tokens"]
+    assert engine.share.most - 2 <= held <= engine.share.most
+    # every other session still has its floor: a short chat each, all at once
+    after = [engine.chat(s, "And now?", max_tokens=24, ignore_eos=True) for s in npcs]
+    for g in during + after:
+        assert g.result(timeout=60).completion_tokens == 24
+    ctx = engine.status()["context"]
+    assert ctx["n_ctx"] == 1024 and ctx["floor"] == 128 and ctx["max_per_session"] == 640
+    assert ctx["claimed"] == ctx["used"] <= 1024
+    assert ctx["used"] == sum(i["tokens"] for i in engine.session_info().values())
+
+
+def test_a_line_that_waits_for_cells_is_retryable_and_fits_once_they_come_back(engine) -> None:
+    hog = engine.open_session("You are the hog.", sampling=SAMPLING)
+    npc = engine.open_session("You are Mira.", sampling=SAMPLING)
+    engine.chat(hog, _line(engine, 560), max_tokens=4).result(timeout=60)
+    line = _line(engine, 300)  # beyond its floor, into the pool the hog holds
+    with pytest.raises(ContextFullError) as err:
+        engine.chat(npc, line, max_tokens=4)
+    assert err.value.retryable and err.value.code == "context_full"
+    before = engine.session_info()[npc]["tokens"]
+    assert before == 0  # nothing of the refused line stayed
+    engine.close_session(hog)  # the cells come back
+    res = engine.chat(npc, line, max_tokens=4).result(timeout=60)
+    assert res.prompt_tokens > 290
+
+
+def test_a_line_longer_than_the_context_is_prompt_too_long(engine) -> None:
+    sid = engine.open_session(None, sampling=SAMPLING)
+    with pytest.raises(PromptTooLongError) as err:
+        engine.chat(sid, _line(engine, 1100), max_tokens=4)
+    assert not err.value.retryable
+    assert engine.chat(sid, "Hi.", max_tokens=2).result(timeout=30).completion_tokens >= 1
+
+
+def test_a_restore_beyond_the_room_is_retryable(engine) -> None:
+    big = engine.open_session(None, sampling=SAMPLING)
+    engine.chat(big, _line(engine, 400), max_tokens=2).result(timeout=60)
+    saved = engine.snapshot(big)
+    engine.close_session(big)
+    hog = engine.open_session(None, sampling=SAMPLING)
+    engine.chat(hog, _line(engine, 560), max_tokens=2).result(timeout=60)
+    # the hog and the idle slots' floors leave less than the save holds
+    with pytest.raises(ContextFullError):
+        engine.restore(saved)
+    engine.close_session(hog)
+    assert engine.restore(saved)
