@@ -10,6 +10,7 @@ using System;
 using System.Collections.Generic;
 using System.Reflection;
 using System.Threading;
+using Igi.Sdk;
 using Igi.Sdk.Unity;
 using UnityEngine;
 
@@ -90,6 +91,43 @@ static class Smoke
         System.IO.File.WriteAllText(bundled, "");
         Check(SidecarLocator.Find("", root, false) == System.IO.Path.GetFullPath(bundled), "a sidecar bundled in StreamingAssets is found (before PATH)");
         Check(SidecarLocator.Find(bundled + ".configured", root, false) == System.IO.Path.GetFullPath(bundled), "a configured path that does not exist is skipped");
+        // owner keys and launch tokens: kept in the process environment, renewed per sidecar started
+        Environment.SetEnvironmentVariable(SidecarKeys.TokenVariable, null);
+        string owner = SidecarKeys.OwnerKey(7001);
+        Check(IgiKeys.Problem(owner) == null && SidecarKeys.OwnerKey(7001) == owner, "the owner key is kept");
+        Check(SidecarKeys.OwnerKey(7002) != owner, "one per port");
+        Check(SidecarKeys.LaunchToken(7001) == null, "no token before a sidecar is started");
+        string token = SidecarKeys.Renew(7001);
+        Check(IgiKeys.Problem(token) == null && SidecarKeys.LaunchToken(7001) == token, "Renew keeps the new token");
+        Check(SidecarKeys.OwnerKey(7001) != owner, "Renew makes a new owner key (a new sidecar holds no sessions)");
+        SidecarKeys.ForgetLaunchToken(7001);
+        Environment.SetEnvironmentVariable(SidecarKeys.TokenVariable, "a-developers-own-token-0001");
+        Check(SidecarKeys.LaunchToken(7001) == "a-developers-own-token-0001", "IGI_SDK_TOKEN of this process when none is kept");
+        Environment.SetEnvironmentVariable(SidecarKeys.TokenVariable, null);
+        var child = new System.Diagnostics.ProcessStartInfo("true").EnvironmentVariables;
+        SidecarKeys.RemoveFrom(child);
+        bool leaked = false;
+        foreach (string name in child.Keys) leaked |= name.ToUpperInvariant().StartsWith("IGI_SDK_UNITY_");
+        Check(!leaked && child.ContainsKey("PATH"), "a child's environment keeps PATH and loses the owner keys");
+    }
+
+    // Linux: what every local process can read (/proc/*/cmdline) must not hold the token; the
+    // sidecar's own environment must.
+    static void CheckTokenOnlyInTheEnvironment(string token)
+    {
+        if (!System.IO.Directory.Exists("/proc/self")) return;
+        bool inCommandLine = false, inEnvironment = false;
+        foreach (string dir in System.IO.Directory.GetDirectories("/proc"))
+        {
+            try
+            {
+                if (System.IO.File.ReadAllText(System.IO.Path.Combine(dir, "cmdline")).Contains(token)) inCommandLine = true;
+                if (System.IO.File.ReadAllText(System.IO.Path.Combine(dir, "environ")).Contains(SidecarKeys.TokenVariable + "=" + token)) inEnvironment = true;
+            }
+            catch (Exception) { } // processes of others, or gone
+        }
+        Check(!inCommandLine, "the launch token is on no process's command line");
+        Check(inEnvironment, "the sidecar has the launch token in its environment (IGI_SDK_TOKEN)");
     }
 
     static int Main(string[] args)
@@ -124,6 +162,13 @@ static class Smoke
         Check(brom.Say("Hello there!"), "Say accepted before the session is ready");
         Check(Frames(() => reply != null, 60), "reply: " + reply + " (" + tokens.Count + " tokens, session " + brom.SessionId + ")");
         Check(string.Join("", tokens) == reply, "tokens join to the reply");
+        int port = sidecar.Port;
+        if (sidecar.StartedHere)
+        {
+            Check(sidecar.IsGame, "the game holds the token of the sidecar it started");
+            Check(sidecar.Client.Options.LaunchToken == SidecarKeys.LaunchToken(port) && sidecar.Client.Options.OwnerKey == SidecarKeys.OwnerKey(port), "the client uses the kept keys");
+            CheckTokenOnlyInTheEnvironment(SidecarKeys.LaunchToken(port));
+        }
 
         if (mode == "basic")
         {
@@ -160,6 +205,7 @@ static class Smoke
             StartAll();
             Check(Frames(() => brom.IsReady, 60), "second play mode: session " + brom.SessionId + " (started here " + sidecar.StartedHere + ")");
             Check(brom.SessionId == before && errors.Count == 0, "adopted " + before + ", errors: " + string.Join(",", errors.ToArray()));
+            Check(!sidecar.StartedHere && sidecar.IsGame, "the second play mode is still the game (the token survived the reload)");
         }
         if (mode == "crash")
         {
@@ -168,6 +214,7 @@ static class Smoke
             Check(Frames(() => sidecar.State == SidecarState.Restarting || !sidecar.IsReady, 60), "crash noticed: " + sidecar.State + " " + sidecar.LastError);
             Check(Frames(() => brom.IsReady && sidecar.IsReady, 180), "restarted; session " + brom.SessionId);
             Check(errors.Contains("session_lost"), "session_lost raised");
+            Check(sidecar.IsGame, "the restarted sidecar's new token reached the client");
         }
         Quit();
         return Environment.ExitCode;
