@@ -19,7 +19,8 @@ import llama_cpp
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from igi_sdk.errors import InvalidGrammarError, InvalidSamplingError
+from igi_sdk.errors import InferenceError, InvalidGrammarError, InvalidSamplingError
+from igi_sdk.runtime.grammar import GrammarMatcher, compile_gbnf
 
 try:  # the stdlib's own regular-expression parser: re._parser since 3.11, sre_parse before
     from re import _parser as _re_parser
@@ -122,17 +123,18 @@ class SamplerChain:
         sparams = llama_cpp.llama_sampler_chain_default_params()
         self.chain = llama_cpp.llama_sampler_chain_init(sparams)
         self._has_dist = False
+        # the grammar is a mask on the logits, before this chain (runtime/grammar.py): its work
+        # per token is bounded, which llama.cpp's grammar sampler's is not
+        self.grammar: GrammarMatcher | None = None
         if grammar is not None:
-            check_grammar(grammar)  # the one way into llama.cpp's (recursive) grammar parser
-            g = llama_cpp.llama_sampler_init_grammar(vocab, grammar.encode(), b"root")
-            if not g:
+            check_grammar(grammar)
+            try:
+                self.grammar = GrammarMatcher(grammar, vocab)
+                self.grammar.replay(reply_tokens)  # the state after this reply so far
+            except BaseException:
                 llama_cpp.llama_sampler_free(self.chain)
-                raise InvalidGrammarError(
-                    "the grammar does not parse as GBNF (llama.cpp's log has the position)"
-                )
-            for tok in reply_tokens:  # replay: the grammar's parse state after this reply so far
-                llama_cpp.llama_sampler_accept(g, tok)
-            llama_cpp.llama_sampler_chain_add(self.chain, g)
+                self.chain = None
+                raise
         if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
             pen = llama_cpp.llama_sampler_init_penalties(
                 llama_cpp.llama_vocab_n_tokens(vocab),
@@ -170,26 +172,45 @@ class SamplerChain:
             llama_cpp.llama_sampler_chain_add(
                 self.chain, llama_cpp.llama_sampler_init_dist(step_seed(self.params.seed, step))
             )
-        return llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+        if self.grammar is None:
+            return llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+        # what llama_sampler_sample does, on logits the grammar has masked
+        cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)
+        llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
+        if not 0 <= arr.selected < arr.size:
+            raise InferenceError("the sampler chain selected no token")
+        tok = int(arr.data[arr.selected].id)
+        self.accept(tok)
+        return tok
 
-    def distribution(self, ctx: llama_cpp.llama_context_p, batch_index: int,
-                     n_vocab: int) -> np.ndarray:
-        """The probabilities :meth:`sample` draws from at ``batch_index``: the chain's own
-        transforms (penalties, grammar, top-k/top-p/min-p, temperature) applied to the logits,
-        then a softmax (float64, over the vocabulary). Accepts nothing (see :meth:`accept`)."""
+    def _candidates(self, ctx: llama_cpp.llama_context_p, batch_index: int,
+                    n_vocab: int) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
+        """The logits at ``batch_index`` as llama.cpp's candidate array (over numpy memory,
+        which the caller keeps alive), tokens the grammar refuses at -inf."""
         logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index),
                                        shape=(n_vocab,))
         cells = np.empty(n_vocab, dtype=_TOKEN_DATA)
         cells["id"] = np.arange(n_vocab, dtype=np.int32)
         cells["logit"] = logits
         cells["p"] = 0.0
+        if self.grammar is not None:
+            cells["logit"][~self.grammar.allowed()] = -np.inf
         arr = llama_cpp.llama_token_data_array(
             data=ctypes.cast(cells.ctypes.data, ctypes.POINTER(llama_cpp.llama_token_data)),
             size=n_vocab, selected=-1, sorted=False)
+        return cells, arr
+
+    def distribution(self, ctx: llama_cpp.llama_context_p, batch_index: int,
+                     n_vocab: int) -> np.ndarray:
+        """The probabilities :meth:`sample` draws from at ``batch_index``: the chain's own
+        transforms (grammar, penalties, top-k/top-p/min-p, temperature) applied to the logits,
+        then a softmax (float64, over the vocabulary). Accepts nothing (see :meth:`accept`)."""
+        cells, arr = self._candidates(ctx, batch_index, n_vocab)
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
         # the samplers may shrink the array or point it at a buffer of their own
         kept = np.frombuffer((ctypes.c_char * (arr.size * _TOKEN_DATA.itemsize)).from_address(
             ctypes.addressof(arr.data.contents)), dtype=_TOKEN_DATA).copy()
+        del cells
         finite = kept[np.isfinite(kept["logit"])]
         z = finite["logit"].astype(np.float64)
         w = np.exp(z - z.max())
@@ -200,11 +221,14 @@ class SamplerChain:
     def accept(self, token: int) -> None:
         """Record ``token`` as sampled (penalty history, grammar state), as :meth:`sample` does."""
         llama_cpp.llama_sampler_accept(self.chain, token)
+        if self.grammar is not None:
+            self.grammar.accept(token)
 
     def close(self) -> None:
         if self.chain:
             llama_cpp.llama_sampler_free(self.chain)
             self.chain = None
+        self.grammar = None
 
 
 def prepare_grammar(grammar: str | None, json_schema: str | dict | None) -> str | None:
@@ -213,6 +237,7 @@ def prepare_grammar(grammar: str | None, json_schema: str | dict | None) -> str 
         return json_schema_grammar(json_schema)
     if grammar is not None:
         check_grammar(grammar)
+        compile_gbnf(grammar)  # refused here, off the engine thread, if llguidance refuses it
     return grammar
 
 
@@ -409,6 +434,7 @@ def json_schema_grammar(schema: str | dict) -> str:
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions/KeyErrors on bad schemas
         raise InvalidGrammarError(f"cannot turn this JSON schema into a grammar: {e}") from None
     check_grammar(gbnf, "the grammar made from this JSON schema")
+    compile_gbnf(gbnf)
     return gbnf
 
 
