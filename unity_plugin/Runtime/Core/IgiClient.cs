@@ -347,7 +347,8 @@ namespace Igi.Sdk
             return Submit("frame", body);
         }
 
-        /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.</summary>
+        /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.
+        /// Protocol 1.2: only the game may (<see cref="IsGame"/>); others get <c>forbidden</c>.</summary>
         public IgiRequest ReserveVram(long bytes, int deadlineFrames)
         {
             var body = new Dictionary<string, object>();

@@ -29,8 +29,9 @@ namespace Igi.Sdk
         /// at every hello (a launcher that starts a new sidecar sets the new token here before the
         /// client reconnects); the constructor refuses a malformed one.</summary>
         public string LaunchToken;
-        /// <summary>hello.lease_s (protocol 1.1, 2..300 since 1.2): silent longer than this, the
-        /// sidecar forgets the client and orphans its sessions. The client pings every third of it.</summary>
+        /// <summary>hello.lease_s (protocol 1.1, 2..3600; a 1.2 sidecar grants at most 300, see
+        /// <see cref="IgiServerInfo.LeaseSeconds"/>): silent longer than this, the sidecar forgets
+        /// the client and orphans its sessions. The client pings every third of the lease granted.</summary>
         public double LeaseSeconds = 15;
         /// <summary>A request fails with <c>timeout</c> when none of its events came for this long.</summary>
         public double RequestTimeoutSeconds = 15;

@@ -9,7 +9,9 @@ namespace Igi.Sdk.Unity
     /// <summary>
     /// The game's link to the igi-sdk sidecar, one per game (kept across scene loads). Starts
     /// <c>igi-sdk serve</c> tied to this process, or reuses the one already listening on the port
-    /// (the Editor's, across play modes); connects the core <see cref="IgiClient"/> and pumps it
+    /// (the Editor's, across play modes); connects the core <see cref="IgiClient"/> with the
+    /// game's owner key and the launch token of the sidecar it started (<see cref="SidecarKeys"/>),
+    /// and pumps it
     /// every frame, so its callbacks run on the main thread; restarts a crashed sidecar with
     /// back-off; says goodbye when the game quits. Nothing here waits on the main thread.
     /// </summary>
@@ -43,8 +45,8 @@ namespace Igi.Sdk.Unity
         [Header("Connection")]
         [Tooltip("Shown in the sidecar's stats and logs.")]
         [SerializeField] string clientName = "";
-        [Tooltip("Silent this long (a debugger pause), the sidecar forgets this client and orphans its sessions.")]
-        [Range(2f, 3600f)] [SerializeField] float leaseSeconds = 15f;
+        [Tooltip("Silent this long (a debugger pause), the sidecar forgets this client and orphans its sessions (a 1.2 sidecar grants at most 300 s).")]
+        [Range(2f, 300f)] [SerializeField] float leaseSeconds = 15f;
         [Tooltip("How long a sidecar found on the port may take to answer.")]
         [SerializeField] float connectTimeoutSeconds = 10f;
         [Tooltip("How long a sidecar started here may take to load its model and answer.")]
@@ -201,7 +203,8 @@ namespace Igi.Sdk.Unity
         // ---- VRAM -------------------------------------------------------------------------------
 
         /// <summary>
-        /// Asks the sidecar to free <paramref name="bytes"/> of VRAM before a level load. The task
+        /// Asks the sidecar to free <paramref name="bytes"/> of VRAM before a level load (protocol
+        /// 1.2: only the game may, see <see cref="IsGame"/>; others are refused <c>forbidden</c>). The task
         /// completes on the main thread within about 5 s: true once that much is free.
         /// </summary>
         public Task<bool> ReserveVram(long bytes, int deadlineFrames = 2)

@@ -57,7 +57,7 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(60000)]
-        public void TheTokenMakesTheGameAndOnlyTheGamesFramesPace()
+        public void TheTokenMakesTheGameOnlyTheGamesFramesPaceAndAGuestGetsHalfTheSlots()
         {
             var game = Game();
             var guest = Guest();
@@ -67,6 +67,7 @@ namespace Igi.Sdk.Tests
             Assert.AreEqual("key", guest.Server.OwnerScope);
             Assert.IsTrue(Pumping.Ok(game, game.Frame(1, 16.6, 16.6)).GetBool("paced"), "the game's frame paces");
             Assert.IsFalse(Pumping.Ok(guest, guest.Frame(1, 50.0, 16.6)).GetBool("paced", true), "a guest's does not");
+            Assert.IsFalse(Pumping.Fails(guest, guest.ReserveVram(1 << 20, 2), IgiError.Forbidden).Retryable, "VRAM is the game's to reserve");
             // slots: the game may hold all of them, a guest half
             Assert.AreEqual(MaxSessions, game.Server.MaxSessionsPerClient);
             Assert.AreEqual((MaxSessions + 1) / 2, guest.Server.MaxSessionsPerClient);
