@@ -129,8 +129,8 @@ def test_the_token_cap_keeps_the_aspect_in_whole_tiles() -> None:
             assert abs(nw / nh - w / h) <= 28 / min(nh, nw) * (w / h) * 2
     assert ImageBudget(64, 28).fit(64, 64) == (64, 64)  # what fits is left alone
     assert ImageBudget(0, 28).fit(9000, 9000) == (9000, 9000)  # no cap
-    assert image_token_cap(4096 // 8, 4096) == 256  # half a session's share
-    assert image_token_cap(128, 4096) == 64 and image_token_cap(100_000, 4096) == 4096
+    assert image_token_cap(256, 4096) == 256  # a session's guaranteed cells
+    assert image_token_cap(32, 4096) == 64 and image_token_cap(100_000, 4096) == 4096
 
 
 def test_raw_pixels_are_checked_and_scaled_to_the_cap() -> None:
@@ -225,7 +225,7 @@ def sidecar(vlm: VLMFiles, tmp_path_factory: pytest.TempPathFactory
     shutil.copy(vlm.model, d / "tiny-vl.gguf")
     shutil.copy(vlm.mmproj, d / "mmproj-tiny-vl.gguf")
     ep = f"ipc://{tmp_path_factory.mktemp('ipc-img') / 's.sock'}"
-    # 2048 cells for 4 sessions: an image takes at most 256 tokens (half a share)
+    # 2048 cells for 4 sessions: each is guaranteed 256, so an image takes at most 256 tokens
     proc = start_sidecar(d, ep, "--model", "tiny-vl.gguf", "--mmproj", "mmproj-tiny-vl.gguf",
                          "--ctx", "2048", "--max-sessions", "4", "--prefill-chunk", "48",
                          "--no-arbiter")

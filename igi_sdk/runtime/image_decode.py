@@ -84,12 +84,11 @@ class ImageBudget:
         return wire.fit(width, height, self.max_tokens, self.tile)
 
 
-def image_token_cap(share_cells: int, model_limit: int, *, fraction: float = 0.5,
-                    floor: int = 64) -> int:
-    """Image tokens one image may take: ``fraction`` of a session's share of the context
-    cells (room is left for the conversation), at least ``floor`` and at most ``model_limit``
-    (the encoder's, or the configured one)."""
-    return max(1, min(model_limit, max(floor, int(share_cells * fraction))))
+def image_token_cap(cells: int, model_limit: int, *, floor: int = 64) -> int:
+    """Image tokens one image may take: ``cells`` (a session's guaranteed share of the context,
+    so that one image line cannot take the cells other sessions need), at least ``floor`` and
+    at most ``model_limit`` (the encoder's, or the configured one)."""
+    return max(1, min(model_limit, max(floor, cells)))
 
 
 @dataclass(frozen=True)

@@ -327,12 +327,13 @@ class ModelHost:
         return out
 
     def _image_budget(self, eng: Engine) -> ImageBudget:
-        """Image tokens one image may take: half a session's share of the context cells,
-        within the encoder's limit (``--vision-max-tokens`` or the model's)."""
+        """Image tokens one image may take: the KV cells every session is guaranteed (the
+        engine's context share), within the encoder's limit (``--vision-max-tokens`` or the
+        model's)."""
         if not self._image_tile:
             return ImageBudget()  # an encoder this SDK cannot price: mtmd's own limit holds
-        share = eng.config.n_ctx // max(1, eng.config.max_sessions)
-        return ImageBudget(image_token_cap(share, self._image_limit), self._image_tile)
+        cells = eng.share.floor or eng.config.n_ctx // (2 * max(1, eng.config.max_sessions))
+        return ImageBudget(image_token_cap(cells, self._image_limit), self._image_tile)
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         try:
