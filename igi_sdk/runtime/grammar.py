@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import re
 import threading
 
 import llama_cpp
@@ -54,17 +55,80 @@ def clip(text: str, n: int = ERROR_CHARS) -> str:
 _g2l.RepetitionNode.is_atomic = lambda self: False  # type: ignore[method-assign]
 
 
+# ... and writes \u00e9 as "\ue9", which no parser reads: a \u or \U escape goes in as the
+# character itself (never GBNF syntax past ASCII) or, in ASCII, as \xHH, which it keeps.
+_ESCAPE = re.compile(r"\\(u[0-9a-fA-F]{4}|U[0-9a-fA-F]{8}|.)", re.S)
+
+
+def _plain_escape(m: re.Match[str]) -> str:
+    code = m.group(1)
+    if len(code) == 1:
+        return m.group(0)
+    cp = int(code[1:], 16)
+    if cp < 0x80:
+        return f"\\x{cp:02x}"
+    if cp > 0x10FFFF or 0xD800 <= cp < 0xE000:
+        return m.group(0)  # refused by the converter as before
+    return chr(cp)
+
+
+def _to_lark(gbnf: str) -> str:
+    """The converter's gbnf_to_lark, with every rule but root renamed r<i>_<name>: its own
+    renaming (- to _, lower/upper case) makes names Lark refuses ("--kv" for a JSON property
+    "é") or two rules of one name ("a-b" and "a_b")."""
+    rules = _g2l.GrammarParser().parse(gbnf)
+    names = {n: n if n == "root" else f"r{i}_{_UNSAFE.sub('_', n.lower())[:40]}"
+             for i, n in enumerate(rules)}
+    for name, rule in rules.items():
+        rule.name = names[name]
+        todo: list[_g2l.ASTNode] = [rule.alternatives]
+        while todo:
+            node = todo.pop()
+            if isinstance(node, _g2l.RuleRefNode) and node.name in names:
+                node.name = names[node.name]
+            todo.extend(node.children())
+    renamed = {r.name: r for r in rules.values()}
+    _g2l.resolve(renamed)
+    out = ["%llguidance {}\n"]
+    out.extend(str(r) for r in sorted(renamed.values(), key=lambda r: r.order))
+    return "\n".join(out) + "\n"
+
+
+_UNSAFE = re.compile(r"[^a-z0-9]")
+
+
 @functools.lru_cache(maxsize=64)  # a chain is rebuilt on every reshard: convert a grammar once
 def compile_gbnf(gbnf: str) -> str:
     """llguidance's grammar for the GBNF ``gbnf`` (checked against :data:`LIMITS`, without a
     vocabulary: what depends on one is checked by :class:`GrammarMatcher`)."""
     try:
-        lark = _g2l.gbnf_to_lark(gbnf)
+        lark = _to_lark(_ESCAPE.sub(_plain_escape, gbnf))
     except RecursionError:
         raise InvalidGrammarError("the grammar nests too deep to convert") from None
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions on bad input
         raise InvalidGrammarError(f"the grammar does not parse as GBNF: {clip(str(e))}") from None
-    grammar = llguidance.LLMatcher.grammar_from_lark(lark)
+    return _validated(llguidance.LLMatcher.grammar_from_lark(lark))
+
+
+# a JSON schema goes to llguidance's own compiler (not via GBNF: llama.cpp's converter writes
+# maxLength n as n nested groups, deeper than Lark nests); one optional space between tokens,
+# as llama.cpp's converter allows; keywords it does not implement are ignored, as there
+JSON_OPTIONS = {"whitespace_pattern": " ?", "lenient": True}
+COMPILED_PREFIX = '{"grammars":'  # llguidance's grammar JSON; GBNF never starts so
+
+
+@functools.lru_cache(maxsize=64)
+def compile_json_schema(schema_json: str) -> str:
+    """llguidance's grammar for a JSON schema (as JSON text, checked by the caller's limits)."""
+    try:
+        grammar = llguidance.LLMatcher.grammar_from_json_schema(
+            schema_json, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+    except ValueError as e:
+        raise InvalidGrammarError(f"the JSON schema is refused: {clip(str(e))}") from None
+    return _validated(grammar)
+
+
+def _validated(grammar: str) -> str:
     err = llguidance.LLMatcher.validate_grammar(grammar, None, limits=_limits())
     if err and not err.startswith("WARNING"):
         raise InvalidGrammarError(f"the grammar is refused: {clip(err)}")
@@ -104,11 +168,10 @@ class _Pieces:
     """What llguidance.TokenizerWrapper reads: the token table, and a tokenizer over it
     (greedy longest match: llguidance asks it for the tokens of text a grammar forces)."""
 
-    bos_token_id = None
-    special_token_ids: list[int] = []
-
     def __init__(self, tokens: list[bytes], eos: int) -> None:
         self.tokens, self.eos_token_id = tokens, eos
+        self.bos_token_id: int | None = None
+        self.special_token_ids: list[int] = []
         self._ids: dict[bytes, int] = {}
         for i, t in enumerate(tokens):
             if t and not t.startswith(b"\xff"):
@@ -156,8 +219,9 @@ def tokenizer_for(vocab: llama_cpp.llama_vocab_p) -> tuple[llguidance.LLTokenize
 class GrammarMatcher:
     """One reply's grammar state: which tokens may come next, and the tokens taken so far."""
 
-    def __init__(self, gbnf: str, vocab: llama_cpp.llama_vocab_p) -> None:
-        compiled = compile_gbnf(gbnf)
+    def __init__(self, grammar: str, vocab: llama_cpp.llama_vocab_p) -> None:
+        """``grammar``: GBNF, or what :func:`compile_json_schema` made."""
+        compiled = grammar if grammar.startswith(COMPILED_PREFIX) else compile_gbnf(grammar)
         tok, self._eog = tokenizer_for(vocab)
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         self._m = llguidance.LLMatcher(tok, compiled, log_level=0, limits=_limits())

@@ -20,7 +20,12 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from igi_sdk.errors import InferenceError, InvalidGrammarError, InvalidSamplingError
-from igi_sdk.runtime.grammar import GrammarMatcher, compile_gbnf
+from igi_sdk.runtime.grammar import (
+    COMPILED_PREFIX,
+    GrammarMatcher,
+    compile_gbnf,
+    compile_json_schema,
+)
 
 try:  # the stdlib's own regular-expression parser: re._parser since 3.11, sre_parse before
     from re import _parser as _re_parser
@@ -127,7 +132,8 @@ class SamplerChain:
         # per token is bounded, which llama.cpp's grammar sampler's is not
         self.grammar: GrammarMatcher | None = None
         if grammar is not None:
-            check_grammar(grammar)
+            if not grammar.startswith(COMPILED_PREFIX):
+                check_grammar(grammar)
             try:
                 self.grammar = GrammarMatcher(grammar, vocab)
                 self.grammar.replay(reply_tokens)  # the state after this reply so far
@@ -175,7 +181,7 @@ class SamplerChain:
         if self.grammar is None:
             return llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
         # what llama_sampler_sample does, on logits the grammar has masked
-        cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)
+        _cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)  # arr is in it
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             raise InferenceError("the sampler chain selected no token")
@@ -232,9 +238,10 @@ class SamplerChain:
 
 
 def prepare_grammar(grammar: str | None, json_schema: str | dict | None) -> str | None:
-    """The checked GBNF for a reply: ``json_schema`` converted, else ``grammar``, else None."""
+    """The checked grammar for a reply (what SamplerChain takes): ``json_schema`` compiled by
+    llguidance, else the GBNF ``grammar`` (compiled and cached), else None."""
     if json_schema is not None:
-        return json_schema_grammar(json_schema)
+        return compile_json_schema(json.dumps(parse_schema(json_schema), sort_keys=False))
     if grammar is not None:
         check_grammar(grammar)
         compile_gbnf(grammar)  # refused here, off the engine thread, if llguidance refuses it
@@ -413,9 +420,8 @@ def _int_or_none(text: str) -> int | None:
         return None
 
 
-def json_schema_grammar(schema: str | dict) -> str:
-    """GBNF for a JSON schema (llama-cpp-python's converter, which tracks llama.cpp's), within
-    the limits above: bounded time and output whatever the schema."""
+def parse_schema(schema: str | dict) -> object:
+    """A JSON schema (text or data) as data, within the limits above."""
     if isinstance(schema, str):
         if len(schema) > MAX_SCHEMA_CHARS:
             raise InvalidGrammarError(
@@ -425,6 +431,14 @@ def json_schema_grammar(schema: str | dict) -> str:
         except (ValueError, RecursionError) as e:
             raise InvalidGrammarError(f"the JSON schema is not JSON: {e}") from None
     check_schema(schema)
+    return schema
+
+
+def json_schema_grammar(schema: str | dict) -> str:
+    """GBNF for a JSON schema (llama-cpp-python's converter, which tracks llama.cpp's), within
+    the limits above: bounded time and output whatever the schema. Replies are constrained by
+    llguidance's own compiler instead (prepare_grammar): this is the schema as GBNF text."""
+    schema = parse_schema(schema)  # type: ignore[assignment]
     try:
         conv = _converter()
         conv.visit(conv.resolve_refs(json.loads(json.dumps(schema)), "stdin"), "")
@@ -434,7 +448,6 @@ def json_schema_grammar(schema: str | dict) -> str:
     except Exception as e:  # noqa: BLE001 - the converter raises bare Exceptions/KeyErrors on bad schemas
         raise InvalidGrammarError(f"cannot turn this JSON schema into a grammar: {e}") from None
     check_grammar(gbnf, "the grammar made from this JSON schema")
-    compile_gbnf(gbnf)
     return gbnf
 
 
