@@ -828,7 +828,13 @@ class Engine:
 
     def _sample(self, t: Turn, idx: int) -> None:
         assert t.chain is not None
-        self._take(t, t.chain.sample(self._ctx, idx, t.session.n_sampled))
+        try:
+            tok = t.chain.sample(self._ctx, idx, t.session.n_sampled)
+        except IgiError as e:  # a grammar past its per-step limits: this reply ends, typed
+            self._rollback(t)
+            self._end_turn(t, error=e)
+            return
+        self._take(t, tok)
 
     def _take(self, t: Turn, tok: int) -> bool:
         """Add a sampled token to the reply (runtime/replies.py); False once the reply has
