@@ -7,6 +7,7 @@ import glob
 import importlib.util
 import itertools
 import os
+import re
 import sys
 import threading
 import time
@@ -15,7 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 import igi_sdk
-from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError
+from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError, UsageError
 
 if TYPE_CHECKING:
     from igi_sdk.model import ModelInventory
@@ -137,7 +138,7 @@ def parse_size(text: str) -> int:
 
     m = re.fullmatch(r"\s*([\d.]+)\s*([kmgt]?)(i?b)?\s*", text.lower())
     if not m:
-        raise IgiError(f"cannot read '{text}' as a size; use e.g. 4GiB or 512MiB")
+        raise UsageError(f"cannot read '{text}' as a size; use e.g. 4GiB or 512MiB")
     scale = {"": 1, "k": 1024, "m": 1024**2, "g": 1024**3, "t": 1024**4}[m.group(2)]
     return int(float(m.group(1)) * scale)
 
@@ -168,7 +169,7 @@ def _resolve_plan(name: str, inventory: object) -> object:
     path = Path(name)
     if path.is_file():
         return Plan.load(path)
-    raise IgiError(f"unknown plan '{name}': use all-cpu, all-gpu, attn-gpu or a plan JSON file")
+    raise UsageError(f"unknown plan '{name}': use all-cpu, all-gpu, attn-gpu or a plan JSON file")
 
 
 # --- chat ----------------------------------------------------------------------------------------
@@ -490,6 +491,27 @@ def _print_vision_choice(args: argparse.Namespace, inv: ModelInventory, prof: Pr
 # --- sidecar ---------------------------------------------------------------------------------
 
 
+TOKEN_ENV = "IGI_SDK_TOKEN"
+_TOKEN = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
+
+
+def _launch_token(token_file: str | None) -> str | None:
+    """The launch token from --token-file or the environment (taken out of it, so processes
+    this one starts do not inherit it). None: no token, every client is the game."""
+    if token_file:
+        try:
+            token = Path(token_file).read_text(encoding="utf-8").strip()
+        except (OSError, UnicodeDecodeError) as e:
+            raise UsageError(f"cannot read the launch token file {token_file}: {e}") from None
+    else:
+        token = os.environ.pop(TOKEN_ENV, "").strip()
+        if not token:
+            return None
+    if not _TOKEN.match(token):
+        raise UsageError("a launch token is 16 to 128 characters of A-Z, a-z, 0-9, '_' and '-'")
+    return token
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -522,8 +544,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         endpoint=args.endpoint, model_dir=model_dir,
         save_dir=Path(args.save_dir) if args.save_dir else None, model=model, n_ctx=args.ctx,
         max_sessions=args.max_sessions, game_pid=args.game_pid,
-        max_sessions_per_client=args.max_sessions_per_client or args.max_sessions,
-        orphan_ttl_s=args.orphan_ttl,
+        max_sessions_per_client=args.max_sessions_per_client or None,
+        orphan_ttl_s=args.orphan_ttl, launch_token=_launch_token(args.token_file),
+        max_clients=args.max_clients,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
         mmproj=args.mmproj,
@@ -541,7 +564,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         server = build_server(cfg, host)
     except ValueError as e:
-        raise IgiError(str(e)) from None
+        raise UsageError(str(e)) from None
     loading = f"; loading {model}" if model else ""
     print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir}){loading}",
           file=sys.stderr, flush=True)
@@ -607,7 +630,7 @@ def cmd_keys(args: argparse.Namespace) -> int:
     out, name = Path(args.dir), args.client
     clients = out / "clients"
     if not name or name in (".", "..") or "/" in name or "\\" in name or name == "server":
-        raise IgiError(f"--client {name!r}: a plain name other than 'server' (e.g. game)")
+        raise UsageError(f"--client {name!r}: a plain name other than 'server' (e.g. game)")
     files = [out / "server.key", out / "server.key_secret", out / f"{name}.key",
              out / f"{name}.key_secret", clients / f"{name}.key"]
     existing = [f for f in files if f.exists()]
@@ -743,7 +766,15 @@ def build_parser() -> argparse.ArgumentParser:
                     help="seconds a session of a client that left waits to be adopted (it is "
                          "closed sooner when a connected client needs its slot)")
     sv.add_argument("--max-sessions-per-client", type=int, default=0,
-                    help="cap per connected client (default: --max-sessions)")
+                    help="cap per connected client (default: every slot for the game, half of "
+                         "them for any other client)")
+    sv.add_argument("--max-clients", type=int, default=64,
+                    help="connected clients at most (the longest-silent one holding nothing "
+                         "makes room for a newcomer)")
+    sv.add_argument("--token-file",
+                    help=f"a file holding the launch token (default: ${TOKEN_ENV}); the client "
+                         "that presents it is the game: only it paces the engine, binds the "
+                         "sidecar to its PID, reserves VRAM or shuts it down")
     sv.add_argument("--threads", type=int, default=0)
     sv.add_argument("--game-pid", type=int, help="exit when this process ends")
     sv.add_argument("--curve-secret", help="server certificate (secret) from `igi-sdk keys`")

@@ -83,11 +83,19 @@ class Client:
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
                  engine: str = "python", game_pid: int | None = None,
                  curve: dict[str, bytes] | None = None, lease_s: float = 15.0,
-                 keep_sessions: bool = False) -> None:
+                 keep_sessions: bool = False, owner: str | None = None,
+                 token: str | None = None) -> None:
+        """``owner``: the owner key this client's sessions belong to (a later client with the
+        same key may adopt them; nobody else sees them). ``token``: the sidecar's launch token
+        (the value its process got in IGI_SDK_TOKEN), which makes this client the game."""
         self.endpoint, self.timeout = endpoint, timeout
         self._hello_body = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
                             "engine": engine, "game_pid": game_pid,
                             "client_name": f"pid{os.getpid()}", "lease_s": lease_s}
+        if owner is not None:
+            self._hello_body["owner"] = owner
+        if token is not None:
+            self._hello_body["token"] = token
         self.keep_sessions = keep_sessions  # on close: leave the sessions to be adopted
         self._ids = itertools.count(1)
         self._lock = threading.RLock()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import secrets
 import subprocess
 import sys
 import tempfile
@@ -31,9 +32,13 @@ def run_demo(endpoint: str = "", max_tokens: int = 48) -> int:
                "--game-pid", str(os.getpid()), "--ctx", "4096", "--max-sessions", "4",
                "--save-dir", tmp]
         print(f"[demo] starting the sidecar: igi-sdk serve --endpoint {endpoint}", flush=True)
-        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        # the launch token makes this process the game (pacing, PID watch, shutdown); it goes
+        # through the environment, which other users' processes cannot read
+        token = secrets.token_urlsafe(24)
+        proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                env={**os.environ, "IGI_SDK_TOKEN": token})
         try:
-            return _scene(endpoint, max_tokens, proc)
+            return _scene(endpoint, max_tokens, proc, token)
         finally:
             if proc.poll() is None:
                 proc.terminate()
@@ -43,8 +48,9 @@ def run_demo(endpoint: str = "", max_tokens: int = 48) -> int:
                     proc.kill()
 
 
-def _scene(endpoint: str, max_tokens: int, proc: subprocess.Popen) -> int:
-    client = Client(endpoint, timeout=120.0, engine="igi-demo", game_pid=os.getpid())
+def _scene(endpoint: str, max_tokens: int, proc: subprocess.Popen, token: str) -> int:
+    client = Client(endpoint, timeout=120.0, engine="igi-demo", game_pid=os.getpid(),
+                    token=token)
     t0 = time.monotonic()
     try:
         stats = client.wait_ready(timeout=120.0)

@@ -210,3 +210,17 @@ class InferenceError(IgiError):
 
     code = "inference_failed"
     retryable = True
+
+
+class UsageError(IgiError):
+    """A command line or option the SDK cannot act on (a bad size, an unknown name)."""
+
+    code = "invalid_argument"
+
+
+def coded_error(code: str, message: str, *, retryable: bool = False) -> IgiError:
+    """An :class:`IgiError` carrying a wire error's code (a refusal read back from the
+    protocol keeps its own code, not "internal")."""
+    err = IgiError(message)
+    err.code, err.retryable = code, retryable
+    return err

@@ -196,13 +196,14 @@ def test_hostile_schemas_get_invalid_grammar_and_the_sidecar_keeps_serving(tiny_
         deep: dict = {"type": "string"}
         for _ in range(1_000):
             deep = {"type": "array", "items": deep}
-        hostile = [{"type": "string", "maxLength": 20_000},
-                   {"type": "string", "pattern": "^a{0,20000}$"}, deep]
-        for i, schema in enumerate(hostile, start=10):
+        hostile = [({"type": "string", "maxLength": 20_000}, "invalid_grammar"),
+                   ({"type": "string", "pattern": "^a{0,20000}$"}, "invalid_grammar"),
+                   (deep, "invalid_body")]  # past the body's nesting bound: never parsed on
+        for i, (schema, code) in enumerate(hostile, start=10):
             s.send(P.encode(i, "chat", {"session": sid, "text": "hi", "max_tokens": 2,
                                         "json_schema": schema}))
             rid, rtype, body = _next(s)
-            assert (rid, rtype, body["code"]) == (i, "error", "invalid_grammar"), body
+            assert (rid, rtype, body["code"]) == (i, "error", code), body
         s.send(P.encode(20, "chat", {"session": sid, "text": "hi", "max_tokens": 2}))
         while (reply := _next(s))[1] not in ("done", "error"):
             pass

@@ -18,6 +18,8 @@ from igi_sdk.client import BridgeError, Client
 from tests.test_bridge import start_sidecar, stop
 
 GREEDY = {"temperature": 0.0, "seed": 1}
+# the game's owner key: its runs (connections) share their sessions, nobody else sees them
+OWNER = "protocol11-test-game-owner"
 
 
 class Raw:
@@ -66,7 +68,7 @@ class Raw:
         return rbody
 
     def hello(self, **extra) -> dict:
-        return self.ok("hello", {"protocol": 1, "minor": 1, **extra})
+        return self.ok("hello", {"protocol": 1, "minor": 1, "owner": OWNER, **extra})
 
     def close(self) -> None:
         self.sock.close(0)
@@ -215,7 +217,7 @@ def test_goodbye_closes_sessions_and_the_next_request_needs_hello(endpoint) -> N
     r.close()
 
 
-def test_a_1_0_client_keeps_its_sessions_however_long_it_is_silent(endpoint) -> None:
+def test_a_1_0_client_keeps_its_sessions_through_a_silence_past_the_default_lease(endpoint) -> None:
     _leave_nothing(endpoint)
     legacy = Raw(endpoint)
     legacy.ok("hello", {"protocol": 1})  # no minor: 1.0 rules, no lease
@@ -316,7 +318,7 @@ def test_a_float32_number_is_read_as_its_value(endpoint) -> None:
     frame = msgpack.packb({"v": 1, "id": 77, "type": "frame",
                            "body": {"frame": 5, "frame_time_ms": 16.6}}, use_single_float=True)
     r.sock.send(frame)
-    assert r.events(77)[-1] == ("ok", {})
+    assert r.events(77)[-1] == ("ok", {"paced": True})  # no launch token: every client paces
     assert abs(r.ok("stats")["last_frame"]["frame_time_ms"] - 16.6) < 1e-5
     r.close()
 

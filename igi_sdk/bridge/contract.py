@@ -59,9 +59,20 @@ class HelloOk(Reply):
                                 description="what this sidecar offers beyond protocol 1.0")
     lease_s: float | None = Field(None, description="the lease in force for this client: "
                                   "send something at least this often")
+    game: bool | None = Field(None, description="1.2: this client is the game (it gave the "
+                              "sidecar's launch token, or the sidecar has none): its frames "
+                              "pace the engine, its game_pid is watched, it may reserve VRAM, "
+                              "shut down and hold every session slot")
+    owner: str | None = Field(None, description="1.2: whose this client's sessions are: \"key\" "
+                              "(its owner key) or \"connection\" (this connection alone)")
     model: str | None = Field(description="file name of the loaded model; null if none")
     loading: bool = Field(description="a load_model is in progress")
     limits: Limits
+
+
+class FrameOk(Reply):
+    paced: bool | None = Field(None, description="1.2: true when the report was used (pacing, "
+                               "the game's VRAM); false when this client is not the game")
 
 
 class PingOk(Reply):
@@ -142,6 +153,10 @@ class StatsOk(Reply):
     last_frame: P.Frame | None = Field(description="body of the last frame request (all fields)")
     reservations: list[P.ReserveVram] = Field(description="the last 4 reserve_vram bodies")
     orphaned_sessions: int | None = Field(None, description="sessions waiting to be adopted")
+    watching_pid: int | None = Field(None, description="the game process whose end ends the "
+                                     "sidecar; null if none")
+    launch_token: bool | None = Field(None, description="the sidecar was started with a "
+                                      "launch token (only its holder is the game)")
     # present only while a model is loaded:
     sessions: int | None = Field(None, description="open sessions of all clients")
     plan: str | None = Field(None, description="name of the placement plan in use")
@@ -160,7 +175,7 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
     "save_session": SaveSessionOk,
     "restore_session": SessionOk,
     "close_session": EmptyOk,
-    "frame": EmptyOk,
+    "frame": FrameOk,
     "reserve_vram": ReserveVramOk,
     "stats": StatsOk,
     "shutdown": EmptyOk,
@@ -228,7 +243,12 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                       "send hello, then the request again"),
     "loading": ErrorCode(True, "a model is loading; retry when it is loaded"),
     "no_model": ErrorCode(False, "no model is loaded; send load_model"),
-    "busy": ErrorCode(True, "this client already has max_streams_per_client streams running"),
+    "busy": ErrorCode(True, "a cap is reached: this client's max_streams_per_client streams, "
+                            "image bytes of lines not yet ended (per client or in all), VRAM "
+                            "reservations waiting, or connected clients; retry later"),
+    "forbidden": ErrorCode(False, "only the game (the client holding the sidecar's launch "
+                                  "token) may do this: reserve_vram, shutdown; or hello gave a "
+                                  "wrong token"),
     "duplicate_id": ErrorCode(False, "a chat with this id is still streaming for this client"),
     "internal": ErrorCode(False, "a bug in the sidecar; the message says what failed"),
     # model files and loading
@@ -240,6 +260,8 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "unsupported_architecture": ErrorCode(False, "llama.cpp cannot run this architecture"),
     "model_load_failed": ErrorCode(False, "llama.cpp refused the model (memory, tensors)"),
     "invalid_plan": ErrorCode(False, "no valid placement plan for this model"),
+    "invalid_argument": ErrorCode(False, "a command-line option the SDK cannot act on (the "
+                                         "CLI's refusals; the sidecar does not send it)"),
     "budget_too_small": ErrorCode(False, "vram_budget is below what the model needs"),
     # sessions and generation
     "session_error": ErrorCode(False, "a session operation failed (generic)"),
@@ -467,6 +489,9 @@ def vectors() -> list[Vector]:
         _req("request_hello", 1, "hello", hello, "first message of every connection"),
         _req("request_hello_minimal", 1, "hello", {"protocol": P.PROTOCOL_VERSION},
              "only protocol is required (a 1.0 client: minor 0)"),
+        _req("request_hello_owner", 1, "hello",
+             {**hello, "owner": "owner-key-of-the-game-0001", "token": "launch-token-0123456789"},
+             "1.2: the owner key its sessions belong to, and the sidecar's launch token"),
         _req("request_ping", 2, "ping", {}, "liveness round trip"),
         _req("request_load_model", 3, "load_model",
              {"path": "smol.gguf", "vram_budget": 2 * 2**30, "n_ctx": 4096, "max_sessions": 8},
@@ -591,6 +616,7 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION,
                                           "minor": P.PROTOCOL_MINOR,
                                           "features": list(P.FEATURES), "lease_s": 15.0,
+                                          "game": True, "owner": "key",
                                           "model": "smol.gguf", "loading": False,
                                           "limits": limits}, ""),
         _rep("reply_ok_ping", 2, "ok", {"t": 1_700_000_000.25}, ""),
@@ -611,7 +637,7 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_save_session", 7, "ok", {"name": "brom-day1", "bytes": 1_203_456}, ""),
         _rep("reply_ok_restore_session", 8, "ok", {"session": "a07c55e3d2f1"}, ""),
         _rep("reply_ok_close_session", 9, "ok", {}, ""),
-        _rep("reply_ok_frame", 10, "ok", {}, ""),
+        _rep("reply_ok_frame", 10, "ok", {"paced": True}, ""),
         _rep("reply_ok_reserve_vram", 11, "ok", {"recorded": True, "acknowledged": True,
                                                   "granted": True}, ""),
         _rep("reply_ok_stats", 12, "ok", {

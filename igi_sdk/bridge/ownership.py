@@ -1,33 +1,65 @@
 """Who owns which session, and the streams a client may resume — the server's bookkeeping,
 kept on the socket thread only (no locks), with no sockets or model in it.
 
-A session belongs to the client that opened, restored or adopted it. When that client leaves
-(``goodbye`` with ``keep_sessions``) or its lease lapses, the session is *orphaned*: the
-conversation stays in the model, any client may adopt it by name, and it is closed when it has
-waited ``orphan_ttl_s`` or when a live client needs its slot (oldest first). So an Editor that
-enters play mode many times never fills the model with sessions nobody can reach.
+A session belongs to the client that opened, restored or adopted it, and lives in that client's
+*scope*: its owner key (``hello.owner``) when it gave one, else its connection alone. Names are
+scoped: two games may both have "npc.brom", and a client can neither see, adopt, collide with
+nor confirm a session of another scope. The engine knows each session by a scoped id
+(:func:`engine_id`); the wire shows the name. When the client leaves (``goodbye`` with
+``keep_sessions``) or its lease lapses, the session is *orphaned*: the conversation stays in the
+model, a client of the same scope may adopt it, and it is closed when it has waited
+``orphan_ttl_s`` or when a live client needs its slot (oldest first). So an Editor that enters
+play mode many times never fills the model with sessions nobody can reach.
 """
 
 from __future__ import annotations
 
+import hashlib
 import time
 from dataclasses import dataclass, field
+
+
+def key_scope(owner_key: str) -> str:
+    """The scope of an owner key: a digest, so the secret itself is kept nowhere."""
+    return "k" + hashlib.sha256(owner_key.encode()).hexdigest()[:24]
+
+
+def connection_scope(identity: bytes) -> str:
+    return "c" + hashlib.sha256(identity).hexdigest()[:24]
+
+
+def engine_id(scope: str, name: str) -> str:
+    """The engine's id of session ``name`` of ``scope``: unique across scopes (``~`` is not a
+    name character, and the engine's own ids are 12 hex digits)."""
+    return f"{name}~{scope}"
 
 
 @dataclass
 class SessionInfo:
     owner: bytes | None  # the client's identity; None while orphaned
+    scope: str = ""  # whose it is (see key_scope, connection_scope)
+    name: str = ""  # the session's name on the wire
     persona: str = ""
     since: float = field(default_factory=time.monotonic)  # owned or orphaned since
 
 
 class Sessions:
+    """Sessions by engine id, and by (scope, name)."""
+
     def __init__(self) -> None:
         self.by_id: dict[str, SessionInfo] = {}
-        self.naming: set[str] = set()  # names of sessions being opened or restored
+        self.by_name: dict[tuple[str, str], str] = {}
+        self.naming: set[tuple[str, str]] = set()  # (scope, name) being opened or restored
 
-    def __contains__(self, sid: str) -> bool:
-        return sid in self.by_id or sid in self.naming
+    def __contains__(self, scoped: tuple[str, str]) -> bool:
+        return scoped in self.by_name or scoped in self.naming
+
+    def find(self, scope: str, name: str) -> str | None:
+        """The engine id of ``name`` in ``scope``, if there is one."""
+        return self.by_name.get((scope, name))
+
+    def in_scope(self, scope: str) -> list[str]:
+        return [sid for sid, info in self.by_id.items() if info.scope == scope]
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -44,8 +76,9 @@ class Sessions:
         waiting = [(info.since, sid) for sid, info in self.by_id.items() if info.owner is None]
         return [sid for _, sid in sorted(waiting)]
 
-    def add(self, sid: str, owner: bytes, persona: str = "") -> None:
-        self.by_id[sid] = SessionInfo(owner, persona)
+    def add(self, sid: str, owner: bytes, scope: str, name: str, persona: str = "") -> None:
+        self.by_id[sid] = SessionInfo(owner, scope, name, persona)
+        self.by_name[(scope, name)] = sid
 
     def orphan(self, sid: str) -> None:
         info = self.by_id.get(sid)
@@ -57,7 +90,9 @@ class Sessions:
         info.owner, info.since = owner, time.monotonic()
 
     def drop(self, sid: str) -> None:
-        self.by_id.pop(sid, None)
+        info = self.by_id.pop(sid, None)
+        if info is not None and self.by_name.get((info.scope, info.name)) == sid:
+            del self.by_name[(info.scope, info.name)]
 
     def expired(self, ttl_s: float) -> list[str]:
         now = time.monotonic()
@@ -65,6 +100,7 @@ class Sessions:
 
     def clear(self) -> None:
         self.by_id.clear()
+        self.by_name.clear()
         self.naming.clear()
 
 

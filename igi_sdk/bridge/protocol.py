@@ -12,6 +12,7 @@ description.
 from __future__ import annotations
 
 import json
+import re
 from typing import Annotated, Any, get_args
 
 import msgpack
@@ -26,11 +27,11 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1  # the major version: ``v`` of every message; must match
-PROTOCOL_MINOR = 1  # additions a client of an older minor can ignore
+PROTOCOL_MINOR = 2  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
-            "images")
+            "images", "owners", "launch_token")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -42,6 +43,10 @@ MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 MAX_TEXT_CHARS = 32_000
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
+# maps/arrays inside a request body, and inside a json_schema given as a JSON string: checked
+# without recursion before anything else reads the body (pydantic, json, the schema converter)
+MAX_NESTING = 64
+MAX_LEASE_S = 300.0  # a client silent this long is gone, whatever lease it asked for
 
 
 class Strict(BaseModel):
@@ -51,6 +56,8 @@ class Strict(BaseModel):
 
 Text = Annotated[str, Field(max_length=MAX_TEXT_CHARS)]
 Name = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+# an owner key or a launch token: a secret, so long enough not to be guessed
+Secret = Annotated[str, Field(min_length=16, max_length=128, pattern=r"^[A-Za-z0-9_\-]+$")]
 
 # Windows device names: a file named like one (any case, any extension: "con", "Aux.txt") is the
 # device, not a file. Saved sessions are files on the player's machine, so such names are
@@ -83,8 +90,14 @@ class Hello(Strict):
     engine: Annotated[str, Field(max_length=64)] = "unknown"
     game_pid: int | None = Field(None, ge=1, le=2**32 - 1)  # Windows DWORD pids included
     client_name: Annotated[str, Field(max_length=64)] = ""
-    # a client silent this long is gone: its streams stop, its sessions wait to be adopted
+    # a client silent this long is gone: its streams stop, its sessions wait to be adopted;
+    # the sidecar grants at most MAX_LEASE_S (hello's answer says the lease in force)
     lease_s: float = Field(15.0, ge=2.0, le=3600.0, allow_inf_nan=False)
+    # 1.2: the key the client's sessions belong to (nil: to this connection alone); a client
+    # with the same key may adopt them, nobody else can see them
+    owner: Secret | None = None
+    # 1.2: the sidecar's launch token (IGI_SDK_TOKEN of its process): its holder is the game
+    token: Annotated[str, Field(max_length=128)] | None = None
 
 
 class LoadModel(Strict):
@@ -157,9 +170,11 @@ class Chat(Strict):
     def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
         if not isinstance(v, str):
             return v
+        if json_nesting(v) > MAX_NESTING:
+            raise ValueError(f"json_schema nests more than {MAX_NESTING} objects/arrays deep")
         try:
             tree = json.loads(v)
-        except ValueError as e:
+        except (ValueError, RecursionError) as e:
             raise ValueError(f"json_schema is a string but not JSON ({e})") from None
         if not isinstance(tree, dict):
             raise ValueError("json_schema must be a JSON object")
@@ -320,6 +335,42 @@ class Request(BaseModel):
     ignored: tuple[str, ...] = ()
 
 
+def json_nesting(text: str) -> int:
+    """How deep the objects/arrays of JSON ``text`` nest, read without parsing (brackets inside
+    strings do not count): a bound to check before ``json.loads``, which recurses."""
+    depth = deepest = 0
+    for m in _JSON_LEXEME.finditer(text):
+        tok = m.group()
+        if tok in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif tok in "]}":
+            depth -= 1
+    return deepest
+
+
+_JSON_LEXEME = re.compile(r'"(?:[^"\\]|\\.)*"?|[\[\]{}]')
+
+
+def nesting(value: object, limit: int) -> int:
+    """How deep maps/arrays nest in ``value`` (decoded msgpack), counted without recursion and
+    given up past ``limit`` (so the answer is at most ``limit + 1``)."""
+    deepest, todo = 0, [(value, 1)]
+    while todo:
+        node, depth = todo.pop()
+        if isinstance(node, dict):
+            items: list[object] = [*node.keys(), *node.values()]
+        elif isinstance(node, (list, tuple)):
+            items = list(node)
+        else:
+            continue
+        deepest = max(deepest, depth)
+        if deepest > limit:
+            return deepest
+        todo.extend((x, depth + 1) for x in items)
+    return deepest
+
+
 def without_unknown(model: type[Strict], body: dict[str, Any],
                     prefix: str = "") -> tuple[dict[str, Any], list[str]]:
     """``body`` without the keys ``model`` does not define (recursing into sub-models), and
@@ -334,14 +385,26 @@ def without_unknown(model: type[Strict], body: dict[str, Any],
         if sub is not None and isinstance(value, dict):
             value, deeper = without_unknown(sub, value, f"{prefix}{key}.")
             ignored += deeper
+        elif sub is not None and isinstance(value, list):  # a list of sub-models (images)
+            items = []
+            for i, item in enumerate(value):
+                if isinstance(item, dict):
+                    item, deeper = without_unknown(sub, item, f"{prefix}{key}.{i}.")
+                    ignored += deeper
+                items.append(item)
+            value = items
         clean[key] = value
     return clean, ignored
 
 
 def _submodel(annotation: Any) -> type[Strict] | None:
-    for t in (annotation, *get_args(annotation)):
+    """The sub-model of a field: ``M``, ``M | None`` or ``list[M]``."""
+    todo = [annotation]
+    while todo:
+        t = todo.pop()
         if isinstance(t, type) and issubclass(t, Strict):
             return t
+        todo.extend(get_args(t))
     return None
 
 
@@ -351,6 +414,9 @@ def parse_request(frame: bytes) -> Request:
         msg_id, msg_type, body = decode_envelope(frame)
     except ProtocolError as e:
         raise EnvelopeError(_best_effort_id(frame), e) from None
+    if nesting(body, MAX_NESTING) > MAX_NESTING:
+        raise EnvelopeError(msg_id, ProtocolError(
+            "invalid_body", f"'{msg_type}' body nests more than {MAX_NESTING} maps/arrays deep"))
     model = REQUESTS[msg_type]
     clean, ignored = without_unknown(model, body)
     try:
@@ -360,6 +426,9 @@ def parse_request(frame: bytes) -> Request:
                  for err in e.errors()[:5]]
         raise EnvelopeError(msg_id, ProtocolError(
             "invalid_body", f"invalid '{msg_type}' body: " + "; ".join(parts))) from None
+    except (RecursionError, MemoryError, TypeError, ValueError) as e:  # a validator's own
+        raise EnvelopeError(msg_id, ProtocolError(
+            "invalid_body", f"invalid '{msg_type}' body ({type(e).__name__})")) from None
     if isinstance(parsed, Hello) and parsed.protocol != PROTOCOL_VERSION:
         raise EnvelopeError(msg_id, ProtocolError(
             "unsupported_version", f"this sidecar speaks protocol {PROTOCOL_VERSION}.x, the "
@@ -368,7 +437,9 @@ def parse_request(frame: bytes) -> Request:
 
 
 def _unpack(frame: bytes) -> Any:
-    return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_IMAGE_BYTES,
+    # bin up to the message's own size (the socket bounds it): an image over MAX_IMAGE_BYTES is
+    # refused by its schema, against its request's id, not as an unreadable message
+    return msgpack.unpackb(frame, raw=False, strict_map_key=True, max_bin_len=MAX_MESSAGE_BYTES,
                            max_str_len=MAX_STR_BYTES, max_array_len=4096, max_map_len=256)
 
 

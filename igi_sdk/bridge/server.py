@@ -12,6 +12,7 @@ before the socket serves, so a sidecar that cannot load it fails at once.
 
 from __future__ import annotations
 
+import hmac
 import ipaddress
 import logging
 import os
@@ -32,8 +33,16 @@ import zmq.auth
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
 from igi_sdk.bridge.game_process import alive, is_ancestor
-from igi_sdk.bridge.ownership import RESUME_KEEP_S, Sessions, StreamLog, prune_logs
-from igi_sdk.errors import IgiError, save_io_error
+from igi_sdk.bridge.ownership import (
+    RESUME_KEEP_S,
+    Sessions,
+    StreamLog,
+    connection_scope,
+    engine_id,
+    key_scope,
+    prune_logs,
+)
+from igi_sdk.errors import IgiError, coded_error, save_io_error
 
 log = logging.getLogger("igi_sdk.bridge")
 
@@ -50,13 +59,23 @@ class ServerConfig:
     mmproj: str | None = None  # the start model's vision projector (like ``model``)
     n_ctx: int = 4096
     max_sessions: int = 8
-    max_sessions_per_client: int = 8
+    # None: every slot for the game, half of them (rounded up) for any other client
+    max_sessions_per_client: int | None = None
     max_streams_per_client: int = 4
+    max_clients: int = 64  # connected clients (hello'd); silent ones holding nothing go first
+    # image bytes of chats not yet ended, per client and in all: what a flood of large
+    # images can make the sidecar hold
+    max_image_bytes_per_client: int = 2 * P.MAX_IMAGE_BYTES + (8 << 20)  # 40 MiB
+    max_image_bytes: int = 96 << 20
+    max_reservations: int = 16  # reserve_vram requests in flight
     heartbeat_s: float = 1.0
     orphan_ttl_s: float = 300.0  # an orphaned session waits this long for adoption
     game_pid: int | None = None
     curve_secret_file: Path | None = None  # server key pair (zmq.auth certificate)
     curve_clients_dir: Path | None = None  # allowed client public certificates
+    # the launch token (IGI_SDK_TOKEN of the process that started the sidecar): the client that
+    # presents it is the game. None: every client is (a developer's sidecar).
+    launch_token: str | None = None
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -79,6 +98,9 @@ class _Client:
     engine: str = ""
     minor: int = 0  # the protocol minor version it speaks (0: 1.0 liveness rules)
     lease_s: float = 15.0
+    scope: str = ""  # whose sessions it opens (ownership.key_scope / connection_scope)
+    game: bool = False  # holds the launch token (or none is set): pacing, PID watch, shutdown
+    image_bytes: int = 0  # of its chats that have not ended
     opening: int = 0  # open/restore requests in flight (count against the session cap)
     streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle
     cancel_pending: set[int] = field(default_factory=set)  # cancelled before the handle came
@@ -103,6 +125,8 @@ class Server:
         self.stats: dict[str, Any] = {"requests": 0, "errors": 0, "started": time.time()}
         self.last_frame: dict[str, Any] | None = None
         self.reservations: list[dict[str, Any]] = []
+        self._reserving = 0  # reserve_vram requests not yet answered
+        self._image_bytes = 0  # of all chats that have not ended
         self.latency = _Latency()
         # work that finished on another thread, to be finished here (socket thread)
         self._completions: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -171,7 +195,7 @@ class Server:
                 self.model_name = self.backend.model_name
             except P.ProtocolError as e:
                 self.close()
-                raise IgiError(e.message) from None
+                raise coded_error(e.code, e.message) from None
             except BaseException:
                 self.close()
                 raise
@@ -221,7 +245,10 @@ class Server:
             if len(frames) != 2:
                 continue  # not a DEALER peer speaking one frame per message: nothing to answer
             identity, frame = frames
-            self._handle(identity, frame)
+            try:
+                self._handle(identity, frame)
+            except Exception:  # the socket thread serves everyone: keep it
+                log.exception("handling a request failed")
 
     def _drain_events(self) -> None:
         while True:
@@ -257,7 +284,9 @@ class Server:
         now = time.monotonic()
         for ident, c in list(self.clients.items()):
             silent = now - c.last_seen
-            if c.minor >= 1 and silent > c.lease_s:
+            # a 1.0 client knows no leases but must not hold slots forever: the longest one
+            lease = c.lease_s if c.minor >= 1 else P.MAX_LEASE_S
+            if silent > lease:
                 log.info("client %s silent for %.1f s: lease lapsed", c.name or ident.hex(),
                          silent)
                 self._forget(c, keep_sessions=True)
@@ -304,6 +333,9 @@ class Server:
         except P.EnvelopeError as e:
             self._error(identity, e.msg_id, e)
             return
+        except Exception as e:  # noqa: BLE001 - no message may stop the socket thread
+            self._error(identity, 0, _typed(e, "request"))
+            return
         msg_id, msg_type, body, self._ignored = req.id, req.type, req.body, req.ignored
         client = self.clients.get(identity)
         if client is not None:
@@ -333,7 +365,16 @@ class Server:
 
     def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None:
         self.stats["errors"] += 1
-        self.router.send_multipart([identity, P.encode(msg_id, "error", e.body())])
+        body = e.body()
+        body["message"] = self._private_paths(body["message"])
+        self.router.send_multipart([identity, P.encode(msg_id, "error", body)])
+
+    def _private_paths(self, message: str) -> str:
+        """``message`` with the sidecar's own directories written relative: where the player's
+        files live is nobody else's business (a load error names the file it read)."""
+        for root in (self.save_dir, self.model_dir):
+            message = message.replace(f"{root}{os.sep}", "").replace(str(root), ".")
+        return message
 
     def _answer(self, identity: bytes, msg_id: int, fut: Future, msg_type: str,
                 ok: Callable[[Any], dict[str, Any]],
@@ -355,21 +396,48 @@ class Server:
         fut.add_done_callback(lambda f: self._later(lambda: finish(f)))
 
     def _hello(self, identity: bytes, body: P.Hello) -> dict[str, Any]:
-        c = self.clients.setdefault(identity, _Client(identity))
+        token = self.cfg.launch_token
+        if token is not None and body.token is not None and not hmac.compare_digest(
+                body.token.encode(), token.encode()):
+            raise P.ProtocolError("forbidden", "that is not this sidecar's launch token")
+        scope = key_scope(body.owner) if body.owner else connection_scope(identity)
+        c = self.clients.get(identity)
+        if c is None:
+            self._client_room()
+            c = self.clients[identity] = _Client(identity)
+        elif c.scope != scope and self.sessions.owned(identity):
+            raise P.ProtocolError("invalid_state", "this connection holds sessions of another "
+                                  "owner key: say goodbye (or close them) first")
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
-        c.minor, c.lease_s = body.minor, body.lease_s
+        c.minor, c.lease_s = body.minor, min(body.lease_s, P.MAX_LEASE_S)
+        c.scope, c.game = scope, token is None or body.token is not None
         # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
-        # stranger's PID — or a dead one — must not be able to shut it down for everyone
-        if (body.game_pid and self._pid_watch is None and alive(body.game_pid)
-                and is_ancestor(body.game_pid)):
-            self._watch(body.game_pid)
+        # stranger's PID — or a dead one, PID 1 or this process — must not be able to shut it
+        # down for everyone, or to switch the watch off
+        pid = body.game_pid
+        if (pid and c.game and self._pid_watch is None and pid not in (1, os.getpid())
+                and alive(pid) and is_ancestor(pid)):
+            self._watch(pid)
         return {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
                 "features": list(P.FEATURES), "lease_s": c.lease_s,
+                "game": c.game, "owner": "key" if body.owner else "connection",
                 "model": self.model_name, "loading": self.loading, "limits": {
                     "max_message_bytes": P.MAX_MESSAGE_BYTES, "max_text_chars": P.MAX_TEXT_CHARS,
                     "max_tokens": P.MAX_TOKENS,
-                    "max_sessions_per_client": self.cfg.max_sessions_per_client,
+                    "max_sessions_per_client": self._client_cap(c),
                     "max_streams_per_client": self.cfg.max_streams_per_client}}
+
+    def _client_room(self) -> None:
+        """Room for one more client: past the cap, the longest-silent client holding nothing
+        is forgotten; if every client holds something, the newcomer waits."""
+        if len(self.clients) < self.cfg.max_clients:
+            return
+        idle = [(c.last_seen, ident) for ident, c in self.clients.items()
+                if not c.streams and not c.opening and not self.sessions.owned(ident)]
+        if not idle:
+            raise P.ProtocolError("busy", f"{len(self.clients)} clients are connected, the "
+                                  "most this sidecar serves; try again later", retryable=True)
+        del self.clients[min(idle)[1]]
 
     def _on_ping(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         return {"t": time.time()}
@@ -383,7 +451,8 @@ class Server:
     def _resolve_model(self, path: str) -> Path:
         try:
             candidate = (self.model_dir / path).resolve()
-        except (ValueError, OSError):  # NUL bytes, loops: not a path we will open
+        except (ValueError, OSError, RuntimeError):  # NUL bytes, symlink loops (RuntimeError
+            # before Python 3.13): not a path we will open
             raise P.ProtocolError("forbidden_path", "not a valid model path") from None
         if not candidate.is_relative_to(self.model_dir):
             raise P.ProtocolError("forbidden_path", f"'{path}' is outside the model directory")
@@ -397,6 +466,7 @@ class Server:
         return candidate
 
     def _on_load_model(self, c: _Client, msg_id: int, body: P.LoadModel) -> None:
+        self._game_only(c, "load a model (it closes every client's sessions)")
         if self.loading:
             raise P.ProtocolError("loading", "a model is already loading", retryable=True)
         path = self._resolve_model(body.path)  # refuse bad paths synchronously
@@ -427,9 +497,16 @@ class Server:
         self.model_name = self.backend.model_name
         self.sessions.clear()
 
+    def _client_cap(self, c: _Client) -> int:
+        """How many sessions ``c`` may hold: so a stranger cannot take every slot from the
+        game, a client that is not the game gets half of them."""
+        if self.cfg.max_sessions_per_client is not None:
+            return self.cfg.max_sessions_per_client
+        return self.model_slots if c.game else max(1, -(-self.model_slots // 2))
+
     def _below_client_cap(self, c: _Client) -> None:
         held = len(self.sessions.owned(c.identity)) + c.opening
-        if held >= self.cfg.max_sessions_per_client:
+        if held >= self._client_cap(c):
             raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
                                   "sessions; close one first", retryable=True)
 
@@ -446,51 +523,61 @@ class Server:
             log.info("closing orphaned session %s to make room", orphans[0])
             self._close_orphan(orphans[0])
 
-    def _name_free(self, name: str | None) -> None:
-        if name is None or name not in self.sessions:
+    def _name_free(self, c: _Client, name: str | None) -> None:
+        """Refuse a name taken in ``c``'s scope (other scopes' names are not seen at all)."""
+        if name is None or (c.scope, name) not in self.sessions:
             return
+        sid = self.sessions.find(c.scope, name)
         hint = (": adopt it with adopt_session, or choose another name"
-                if name in self.sessions.by_id and self.sessions.owner_of(name) is None
+                if sid is not None and self.sessions.owner_of(sid) is None
                 else "; choose another name")
         raise P.ProtocolError("session_exists", f"a session named '{name}' exists{hint}")
 
     def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> None:
         self._need_model()
-        self._name_free(body.name)
+        self._name_free(c, body.name)
         self._session_room(c)
+        name = body.name
+        if name is not None:
+            body = body.model_copy(update={"name": engine_id(c.scope, name)})
         self._answer_session(c, msg_id, self.backend.open_session(body), "open_session",
-                             body.name, body.persona)
+                             name, body.persona)
 
     def _answer_session(self, c: _Client, msg_id: int, fut: Future[str], msg_type: str,
                         name: str | None = None, persona: str = "") -> None:
         """Answer an open/restore with the new session, which counts against the client's cap
-        (and holds its name) from now until the answer."""
+        (and holds its name in its scope) from now until the answer. ``name`` is the wire
+        name (None: the engine's id is the name)."""
         c.opening += 1
-        if name is not None:
-            self.sessions.naming.add(name)
+        scoped = (c.scope, name) if name is not None else None
+        if scoped is not None:
+            self.sessions.naming.add(scoped)
 
         def settled() -> None:
             c.opening -= 1
-            if name is not None:
-                self.sessions.naming.discard(name)
+            if scoped is not None:
+                self.sessions.naming.discard(scoped)
 
         def opened(sid: str) -> dict[str, Any]:
             settled()
-            self.sessions.add(sid, c.identity, persona)
+            wire = name if name is not None else sid
+            self.sessions.add(sid, c.identity, c.scope, wire, persona)
             if self.clients.get(c.identity) is not c:  # it left meanwhile: adoptable
                 self.sessions.orphan(sid)
-            return {"session": sid}
+            return {"session": wire}
 
         self._answer(c.identity, msg_id, fut, msg_type, opened, settled)
 
-    def _owned(self, c: _Client, sid: str) -> str:
-        if self.sessions.owner_of(sid) != c.identity:
-            raise P.ProtocolError("unknown_session", f"no session '{sid}' for this client")
+    def _owned(self, c: _Client, name: str) -> str:
+        """The engine id of ``c``'s session ``name``."""
+        sid = self.sessions.find(c.scope, name)
+        if sid is None or self.sessions.owner_of(sid) != c.identity:
+            raise P.ProtocolError("unknown_session", f"no session '{name}' for this client")
         return sid
 
     def _on_chat(self, c: _Client, msg_id: int, body: P.Chat) -> None:
         self._need_model()
-        self._owned(c, body.session)
+        body = body.model_copy(update={"session": self._owned(c, body.session)})
         if msg_id in c.streams:
             # answered with id 0: an error carrying this id would read as the end of the stream
             # that is still running under it
@@ -501,11 +588,18 @@ class Server:
         if len(c.streams) >= self.cfg.max_streams_per_client:
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
+        images = sum(len(i.data or i.pixels or b"") for i in body.images)
+        self._image_room(c, images)
         identity, ignored = c.identity, self._ignored
         events = c.logs[msg_id] = StreamLog()
+        c.image_bytes += images
+        self._image_bytes += images
 
         def ended() -> None:  # on the socket thread
-            c.streams.pop(msg_id, None)
+            if msg_id in c.streams:  # once per stream
+                del c.streams[msg_id]
+                c.image_bytes -= images
+                self._image_bytes -= images
             c.cancel_pending.discard(msg_id)
             events.ended_at = time.monotonic()
 
@@ -549,6 +643,20 @@ class Server:
         fut = self.backend.chat(body, listener)
         fut.add_done_callback(lambda f: self._later(lambda: started(f)))
         return None  # the stream answers
+
+    def _image_room(self, c: _Client, nbytes: int) -> None:
+        """Refuse a chat whose images would take the bytes held for images past a cap: queued
+        lines hold their images until they end."""
+        if not nbytes:
+            return
+        cfg = self.cfg
+        if (c.image_bytes + nbytes > cfg.max_image_bytes_per_client
+                or self._image_bytes + nbytes > cfg.max_image_bytes):
+            mine = c.image_bytes + nbytes > cfg.max_image_bytes_per_client
+            raise P.ProtocolError("busy", (
+                f"this client's lines waiting with images hold {c.image_bytes >> 20} MiB"
+                if mine else f"lines waiting with images hold {self._image_bytes >> 20} MiB")
+                + "; send this one when one of them ends", retryable=True)
 
     def _on_cancel(self, c: _Client, msg_id: int, body: P.Cancel) -> dict[str, Any]:
         known = body.request in c.streams
@@ -623,14 +731,15 @@ class Server:
 
     def _on_restore_session(self, c: _Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
-        self._name_free(body.session)
+        self._name_free(c, body.session)
         self._session_room(c)
         exact, other = self._find_save(body.name)
         if not exact:
             hint = f" (names are case-sensitive: there is '{other}')" if other else ""
             raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'{hint}")
         path = self.save_dir / (body.name + _SESSION_SUFFIX)
-        self._answer_session(c, msg_id, self.backend.restore_session(path, body.session),
+        sid = engine_id(c.scope, body.session) if body.session is not None else None
+        self._answer_session(c, msg_id, self.backend.restore_session(path, sid),
                              "restore_session", body.session)
 
     # --- protocol 1.1: leaving, listing, adopting, priorities, resuming ---------------------
@@ -642,13 +751,15 @@ class Server:
     def _on_list_sessions(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         live = self.backend.session_info()
         now, listed, others = time.monotonic(), [], 0
-        for sid, info in self.sessions.by_id.items():
-            if info.owner not in (None, c.identity):
+        for sid, info in list(self.sessions.by_id.items()):
+            # another scope's sessions are counted, never named; a connection of the same
+            # owner key holding one is "other" too
+            if info.scope != c.scope or info.owner not in (None, c.identity):
                 others += 1
                 continue
             figures = live.get(sid, {})
             listed.append({
-                "session": sid, "owner": "you" if info.owner == c.identity else "orphaned",
+                "session": info.name, "owner": "you" if info.owner == c.identity else "orphaned",
                 "persona": info.persona, "priority": int(figures.get("priority", 0)),
                 "busy": bool(figures.get("busy", False)), "tokens": int(figures.get("tokens", 0)),
                 "idle_s": round(now - info.since, 3)})
@@ -656,18 +767,20 @@ class Server:
         return {"sessions": listed, "free_slots": free, "others": others}
 
     def _on_adopt_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
-        sid = body.session
-        if sid not in self.sessions.by_id:
-            raise P.ProtocolError("unknown_session", f"no session '{sid}'")
+        name = body.session
+        sid = self.sessions.find(c.scope, name)  # only the client's own scope: a stranger
+        if sid is None:  # can neither take another's session nor learn that it exists
+            raise P.ProtocolError("unknown_session", f"no session '{name}' of this owner")
         owner = self.sessions.owner_of(sid)
         if owner == c.identity:
-            return {"session": sid}
+            return {"session": name}
         if owner is not None:
-            raise P.ProtocolError("session_owned", f"session '{sid}' belongs to a connected "
-                                  "client; it can be adopted once that client leaves")
+            raise P.ProtocolError("session_owned", f"session '{name}' belongs to a connected "
+                                  "client of this owner; it can be adopted once that client "
+                                  "leaves")
         self._below_client_cap(c)
         self.sessions.adopt(sid, c.identity)
-        return {"session": sid}
+        return {"session": name}
 
     def _on_set_priority(self, c: _Client, msg_id: int, body: P.SetPriority) -> dict[str, Any]:
         self._need_model()
@@ -688,14 +801,26 @@ class Server:
         return None  # answered above, before the events it announces
 
     def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
+        if not c.game:  # pacing and the game's VRAM figures are the game's to report
+            return {"paced": False}
         self.last_frame = body.model_dump()
         self.backend.frame(c.identity.hex(), body)
-        return {}
+        return {"paced": True}
+
+    def _game_only(self, c: _Client, what: str) -> None:
+        if not c.game:
+            raise P.ProtocolError("forbidden", f"only the game that launched this sidecar (the "
+                                  f"client holding its launch token) may {what}")
 
     def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> None:
+        self._game_only(c, "reserve VRAM")
+        if self._reserving >= self.cfg.max_reservations:
+            raise P.ProtocolError("busy", f"{self._reserving} VRAM reservations are waiting; "
+                                  "ask again when one is answered", retryable=True)
         self.reservations.append(body.model_dump())
         del self.reservations[:-16]
         done: Future[None] = Future()
+        self._reserving += 1
 
         def ended(error: Exception | None) -> None:  # any thread, exactly once
             if error is None:
@@ -703,8 +828,14 @@ class Server:
             else:
                 done.set_exception(error)
 
-        self._answer(c.identity, msg_id, done, "reserve_vram",
-                     lambda _: {"recorded": True, "acknowledged": True, "granted": True})
+        def answered() -> None:
+            self._reserving -= 1
+
+        def granted(_: None) -> dict[str, Any]:
+            answered()
+            return {"recorded": True, "acknowledged": True, "granted": True}
+
+        self._answer(c.identity, msg_id, done, "reserve_vram", granted, answered)
         self.backend.reserve_vram(body, ended)
         return None  # answered when granted, or with cannot_free / deadline_missed
 
@@ -716,11 +847,13 @@ class Server:
             "reservations": self.reservations[-4:],
             "control_latency_ms": self.latency.summary(),
             "orphaned_sessions": len(self.sessions.orphans()),
+            "watching_pid": self._pid_watch, "launch_token": self.cfg.launch_token is not None,
         }
         out.update(self.backend.status())
         return out
 
     def _on_shutdown(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+        self._game_only(c, "shut it down")
         self._push(b"", b"stop")  # after the reply below is sent
         return {}
 
