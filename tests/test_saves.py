@@ -210,7 +210,9 @@ import igi_sdk
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig
 model, path = sys.argv[1], sys.argv[2]
-with Engine(model, Plan.all_cpu(), EngineConfig(n_ctx=4608, max_sessions=2, n_threads=1)) as e:
+# one session holds most of the context: no floor kept for the other slot
+with Engine(model, Plan.all_cpu(), EngineConfig(n_ctx=4608, max_sessions=2, n_threads=1,
+                                                context_floor=0)) as e:
     small = e.open_session("You are a guard.")
     large = e.open_session("Brom the blacksmith sells swords. " * 240)
     for s in (small, large):
