@@ -5,9 +5,13 @@ on a real llama.cpp context of a synthetic model)."""
 from __future__ import annotations
 
 import contextlib
+import shutil
+import subprocess
+import sys
 
 import pytest
 
+from igi_sdk.client import BridgeError, Client
 from igi_sdk.errors import ContextFullError, PromptTooLongError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
@@ -175,3 +179,43 @@ def test_a_restore_beyond_the_room_is_retryable(engine) -> None:
         engine.restore(saved)
     engine.close_session(hog)
     assert engine.restore(saved)
+
+
+# --- the sidecar ---------------------------------------------------------------------------------
+
+
+def test_on_the_wire_the_bystander_speaks_and_a_wait_is_retryable(engine, tiny_llama,
+                                                                   tmp_path) -> None:
+    """Two clients of a real sidecar (n_ctx 1024, 4 slots): one client's lines cannot take the
+    cells the other's session is guaranteed; stats show the share."""
+    models = tmp_path / "models"
+    models.mkdir()
+    shutil.copy(tiny_llama, models / "tiny.gguf")
+    endpoint = f"ipc://{tmp_path / 's.sock'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
+         str(models), "--model", "tiny.gguf", "--ctx", "1024", "--max-sessions", "4",
+         "--threads", "2"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    hog, npc = Client(endpoint, timeout=60), Client(endpoint, timeout=60)
+    try:
+        hog.wait_ready(60)
+        npc.hello()
+        h = hog.open_session("You are the hog.", sampling={"seed": 1})
+        n = npc.open_session("You are Mira.", sampling={"seed": 1})
+        with pytest.raises(BridgeError) as err:
+            hog.chat(h, _line(engine, 1000), max_tokens=4).result()
+        assert err.value.code == "prompt_too_long" and not err.value.retryable
+        hog.chat(h, _line(engine, 600), max_tokens=4).result()
+        with pytest.raises(BridgeError) as err:
+            npc.chat(n, _line(engine, 300), max_tokens=4).result()
+        assert err.value.code == "context_full" and err.value.retryable
+        done = npc.chat(n, "Hello there.", max_tokens=12, ignore_eos=True).result()
+        assert done["usage"]["completion_tokens"] == 12
+        ctx = npc.request("stats")["engine"]["context"]
+        assert ctx["floor"] == 128 and ctx["max_per_session"] == 640
+        assert 600 < ctx["used"] <= 1024
+    finally:
+        hog.close()
+        npc.close()
+        proc.kill()
+        proc.wait(10)
