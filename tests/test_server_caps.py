@@ -86,11 +86,11 @@ def server(tmp_path) -> Iterator[tuple[str, _Stalled]]:
     t.join(5)
 
 
-def _client(endpoint: str) -> zmq.Socket:
+def _client(endpoint: str, minor: int = 2) -> zmq.Socket:
     s = zmq.Context.instance().socket(zmq.DEALER)
     s.setsockopt(zmq.LINGER, 0)
     s.connect(endpoint)
-    s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION, "minor": 2}))
+    s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION, "minor": minor}))
     assert _reply(s)[1] == "ok"
     return s
 
