@@ -70,7 +70,7 @@ def test_every_request_type_round_trips(client, sidecar) -> None:
     sid = client.open_session("You are a guard.", sampling=GREEDY, priority=2)
     done = client.chat(sid, "Halt! Who goes there?", max_tokens=12).result()
     assert done["usage"]["completion_tokens"] > 0 and done["text"]
-    assert client.frame(1, 16.6, vram_used=10**9, vram_budget=4 * 10**9) == {}
+    assert client.frame(1, 16.6, vram_used=10**9, vram_budget=4 * 10**9) == {"paced": True}
     assert client.reserve_vram(10**9, 30)["recorded"] is True
     assert client.save_session(sid, "guard")["bytes"] > 1000
     restored = client.restore_session("guard")
