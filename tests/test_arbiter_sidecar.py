@@ -45,11 +45,12 @@ def test_budget_swings_reshard_while_streaming_bit_exact(setup) -> None:
     for k in range(30):
         points += [(1.2 * k, 0), (1.2 * k + 0.8, total)]
     trace = _trace(d, "swing.json", total, points)
+    # one long conversation: two session slots, so one session may hold 1536 of 2048 cells
     ref_proc = start_sidecar(d, f"ipc://{d / 'ref.sock'}", "--model", "m.gguf", "--no-arbiter",
-                             "--prefill-chunk", "32")
+                             "--prefill-chunk", "32", "--max-sessions", "2")
     proc = start_sidecar(d, f"ipc://{d / 'arb.sock'}", "--model", "m.gguf", "--vram-trace",
                          str(trace), "--profile", str(d / "profile.json"), "--grow-hold", "0.2",
-                         "--prefill-chunk", "32")
+                         "--prefill-chunk", "32", "--max-sessions", "2")
     try:
         texts = []
         for endpoint in (f"ipc://{d / 'ref.sock'}", f"ipc://{d / 'arb.sock'}"):
