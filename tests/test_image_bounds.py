@@ -45,10 +45,13 @@ _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 # --- hostile files -------------------------------------------------------------------------------
 
 
-def _jpeg(width: int, height: int, *, progressive: bool = True, quality: int = 75) -> bytes:
-    """A smooth picture (so that large sizes stay small on the wire)."""
+def _jpeg(width: int, height: int, *, progressive: bool = True, quality: int = 75,
+          flat: bool = False) -> bytes:
+    """A smooth picture (so that large sizes stay small on the wire), or a flat grey one."""
     rng = np.random.default_rng(0)
     small = rng.integers(0, 255, (height // 64 + 1, width // 64 + 1, 3), dtype=np.uint8)
+    if flat:
+        small[:] = 128
     im = Image.fromarray(small).resize((width, height), Image.Resampling.BILINEAR)
     buf = io.BytesIO()
     im.save(buf, "JPEG", progressive=progressive, quality=quality)
@@ -56,18 +59,22 @@ def _jpeg(width: int, height: int, *, progressive: bool = True, quality: int = 7
 
 
 def scan_bomb(width: int, height: int, repeat: int) -> bytes:
-    """A progressive JPEG whose smallest scan is repeated ``repeat`` more times before its end:
-    every scan is one more pass over the whole image for a decoder."""
-    data = _jpeg(width, height)
+    """A flat progressive JPEG whose smallest refinement scan (an AC band, successive
+    approximation: some 50 bytes) is repeated ``repeat`` more times before its end. Legal to
+    decoders, and every scan is one more pass over every block of the image."""
+    data = _jpeg(width, height, flat=True)
     scans, i = [], 2
     while data[i + 1] != 0xD9:
         start, marker = i, data[i + 1]
         i += 2 + int.from_bytes(data[i + 2 : i + 4], "big")
         if marker == 0xDA:
+            n = data[start + 4]
+            ss, ah = data[start + 5 + 2 * n], data[start + 7 + 2 * n] >> 4
             found = _NEXT_MARKER.search(data, i)
             assert found is not None
             i = found.start()
-            scans.append(data[start:i])
+            if ss > 0 and ah > 0:
+                scans.append(data[start:i])
     return data[:-2] + min(scans, key=len) * repeat + data[-2:]
 
 
@@ -158,7 +165,7 @@ def slow_decoder() -> Iterator[ImageDecoder]:
 def test_a_decode_over_the_time_cap_is_killed_and_the_worker_restarted(
         slow_decoder: ImageDecoder) -> None:
     slow_decoder.warm()
-    bomb = scan_bomb(8192, 4096, 5_000)  # ~20 s of libjpeg
+    bomb = scan_bomb(8192, 4096, 2_000)  # ~14 s of libjpeg
     t0 = time.perf_counter()
     with pytest.raises(InvalidImageError, match=r"longer than 0\.6 s"):
         slow_decoder.decode(bomb)
@@ -173,7 +180,7 @@ def test_cancel_kills_a_decode_at_once(slow_decoder: ImageDecoder) -> None:
     from igi_sdk.runtime.image_decode import DecodeCancel
 
     slow_decoder.warm()
-    bomb, cancel = scan_bomb(8192, 4096, 5_000), DecodeCancel()
+    bomb, cancel = scan_bomb(8192, 4096, 2_000), DecodeCancel()
     threading.Timer(0.2, cancel.cancel).start()
     t0 = time.perf_counter()
     with pytest.raises(GenerationCancelled):
@@ -248,7 +255,7 @@ def test_a_scan_bomb_is_refused_fast_and_never_holds_the_engine(
     try:
         bad = attacker.open_session("You are a mirror.", sampling=WIRE_GREEDY)
         good = npc.open_session("You are Brom.", sampling=WIRE_GREEDY)
-        bomb = scan_bomb(8192, 4096, 20_000)  # 2.7 MB; ~80 s for a decoder that takes it
+        bomb = scan_bomb(8192, 4096, 2_000)  # 240 KB; 53 s in stb_image, 14 s in libjpeg
         t0 = time.perf_counter()
         stream = attacker.chat(bad, "What is this?", images=[bomb], max_tokens=4)
         # another NPC's line meanwhile: the engine is free
@@ -332,7 +339,7 @@ def test_cancel_during_a_slow_decode_ends_the_chat_at_once(vlm: VLMFiles) -> Non
                 ended.set()
 
         chat = P.Chat(session=sid, text="What is this?", max_tokens=4,
-                      images=[P.ChatImage(data=scan_bomb(8192, 4096, 5_000))])
+                      images=[P.ChatImage(data=scan_bomb(8192, 4096, 2_000))])
         handle = host.chat(chat, listener).result(timeout=1.0)  # at once: decoding elsewhere
         time.sleep(0.3)
         t0 = time.perf_counter()
