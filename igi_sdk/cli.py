@@ -560,6 +560,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
         vision_gpu=args.vision_gpu or args.vision_borrow,
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
+        context_floor=args.context_floor,
     )
     try:
         server = build_server(cfg, host)
@@ -768,6 +769,10 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-sessions-per-client", type=int, default=0,
                     help="cap per connected client (default: every slot for the game, half of "
                          "them for any other client)")
+    sv.add_argument("--context-floor", type=int, default=-1,
+                    help="KV cells every session slot keeps (default: ctx / (2 x max-sessions)); "
+                         "one session holds at most ctx - (max-sessions - 1) x floor, so a "
+                         "line cannot starve the other NPCs; 0: first come, first served")
     sv.add_argument("--max-clients", type=int, default=64,
                     help="connected clients at most (the longest-silent one holding nothing "
                          "makes room for a newcomer)")

@@ -219,3 +219,22 @@ def test_on_the_wire_the_bystander_speaks_and_a_wait_is_retryable(engine, tiny_l
         npc.close()
         proc.kill()
         proc.wait(10)
+
+
+def test_serve_context_floor_sets_the_share(tiny_llama, tmp_path) -> None:
+    """A game with one long NPC gives up the floors: `serve --context-floor 0`."""
+    shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
+    endpoint = f"ipc://{tmp_path / 'f.sock'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
+         str(tmp_path), "--model", "tiny.gguf", "--ctx", "1024", "--max-sessions", "4",
+         "--threads", "1", "--context-floor", "0"], stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL)
+    c = Client(endpoint, timeout=60)
+    try:
+        ctx = c.wait_ready(60)["engine"]["context"]
+        assert (ctx["floor"], ctx["max_per_session"]) == (0, 1024)
+    finally:
+        c.close()
+        proc.kill()
+        proc.wait(10)

@@ -90,6 +90,9 @@ class HostConfig:
     # aside out of the model's budget: faster replies at small budgets, a longer TTFT for the
     # lines with images (two reshards; docs/vlm.md)
     vision_borrow: bool = False
+    # KV cells every session slot keeps (-1: n_ctx / (2 max_sessions); 0: none, first come
+    # first served): what one NPC may hold at most is n_ctx - (max_sessions - 1) * floor
+    context_floor: int = -1
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -161,7 +164,8 @@ class ModelHost:
                            speculative=SpeculativeConfig(k=self.cfg.draft_k),
                            mmproj=str(mmproj) if mmproj else None,
                            vision_gpu=self.cfg.vision_gpu,
-                           vision_max_tokens=self.cfg.vision_max_tokens)
+                           vision_max_tokens=self.cfg.vision_max_tokens,
+                           context_floor=self.cfg.context_floor)
         inventory = read_inventory(path)
         # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
         # budget (an explicit one, or each rung of the arbiter's ladder)
