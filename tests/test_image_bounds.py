@@ -16,6 +16,7 @@ import threading
 import time
 import zlib
 from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 import psutil
@@ -24,7 +25,7 @@ from PIL import Image
 
 from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, Client
-from igi_sdk.errors import GenerationCancelled, InvalidImageError
+from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
 from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
 from igi_sdk.runtime.image_decode import (
     Decoded,
@@ -211,6 +212,35 @@ def test_png_bomb_inflates_only_the_image_rows() -> None:
         assert time.perf_counter() - t0 < 2.0
         rss = max(psutil.Process(w.proc.pid).memory_info().rss for w in d._idle)
         assert rss < 200 << 20
+    finally:
+        d.close()
+
+
+def test_a_text_chunk_bomb_is_refused_by_pillows_limit() -> None:
+    """A zTXt chunk inflating to 64 MiB (metadata nobody reads): Pillow's text limits."""
+    plain = png(card(0, 64, 64))
+    body = b"Comment\0\0" + zlib.compress(bytes(64 << 20), 9)
+    ztxt = (struct.pack(">I", len(body)) + b"zTXt" + body
+            + struct.pack(">I", zlib.crc32(b"zTXt" + body)))
+    bomb = plain[:33] + ztxt + plain[33:]  # after IHDR
+    d = ImageDecoder()
+    try:
+        with pytest.raises(InvalidImageError, match="corrupt"):
+            d.decode(bomb)
+        assert d.decode(plain).width == 64
+    finally:
+        d.close()
+
+
+def test_a_decoder_that_cannot_start_says_so(monkeypatch: pytest.MonkeyPatch,
+                                             tmp_path: Path) -> None:
+    from igi_sdk.runtime import image_decode
+
+    monkeypatch.setattr(image_decode, "_WORKER", tmp_path / "missing.py")
+    d = ImageDecoder()
+    try:
+        with pytest.raises(VisionUnavailableError, match="did not start"):
+            d.decode(png(card(0, 64, 64)))
     finally:
         d.close()
 

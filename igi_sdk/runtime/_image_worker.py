@@ -7,8 +7,9 @@ library and Pillow, so that it starts fast and holds little. Its parent
 anything, caps this process's address space, and kills it when a decode runs too long; so a
 hostile image can at worst fail here, never in the process that runs the model.
 
-Framing on stdin/stdout (big-endian): a request is :data:`REQUEST` followed by the file bytes;
-a reply is :data:`REPLY` followed by RGB rows (status 0) or a UTF-8 message (status 1).
+Framing on stdin/stdout (big-endian): once Pillow is loaded the worker writes :data:`READY`;
+a request is :data:`REQUEST` followed by the file bytes; a reply is :data:`REPLY` followed by
+RGB rows (status 0) or a UTF-8 message (status 1).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ REQUEST = struct.Struct(">IIIII")
 # status, width, height, payload length
 REPLY = struct.Struct(">BIII")
 OK, REFUSED = 0, 1
+READY = b"R"
 # text chunks (tEXt/zTXt/iTXt) are metadata nobody here reads: a small cap on what one may
 # inflate to, and on all of them together, shuts the text-chunk bomb
 MAX_TEXT_CHUNK = 256 << 10
@@ -96,6 +98,8 @@ def main() -> int:
     warnings.simplefilter("ignore")  # nothing on stderr: the parent reads only the replies
     _limit(memory)
     stdin, stdout = sys.stdin.buffer, sys.stdout.buffer
+    stdout.write(READY)  # Pillow is loaded: the parent's time cap starts with the request
+    stdout.flush()
     while True:
         head = _read(stdin, REQUEST.size)
         if head is None:

@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-from igi_sdk.errors import GenerationCancelled, InvalidImageError
+from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
 from igi_sdk.runtime import _image_worker as wire
 from igi_sdk.runtime.generation import Generation, GenerationResult
 
@@ -58,6 +58,7 @@ _SOS, _EOI = 0xDA, 0xD9
 _NEXT_MARKER = re.compile(rb"\xff[^\x00\xd0-\xd7\xff]")
 _WORKER = Path(wire.__file__)
 _MESSAGE_MAX = 4096
+_START_S = 30.0  # a worker that has not loaded Pillow by then never will
 
 
 @dataclass(frozen=True)
@@ -230,6 +231,22 @@ class _Worker:
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
             bufsize=0, creationflags=flags)
         self.killed_for: str | None = None
+        self.ready = False
+
+    def wait_ready(self) -> None:
+        """Wait until the worker has loaded Pillow (at once for a warm one)."""
+        if self.ready:
+            return
+        timer = threading.Timer(_START_S, self.kill, ("start",))
+        timer.daemon = True
+        timer.start()
+        try:
+            if self._read(1) != wire.READY:
+                self.kill("start")
+                raise _WorkerGone
+        finally:
+            timer.cancel()
+        self.ready = True
 
     @property
     def alive(self) -> bool:
@@ -299,17 +316,21 @@ class DecodeCancel:
         return self._event.is_set()
 
     def cancel(self) -> None:
+        # under the lock: a worker detached (and maybe serving another image) is never killed
         with self._lock:
             self._event.set()
-            worker = self._worker
-        if worker is not None:
-            worker.kill("cancelled")
+            if self._worker is not None:
+                self._worker.kill("cancelled")
 
     def _attach(self, worker: _Worker | None) -> None:
         with self._lock:
             if self._event.is_set():
                 raise GenerationCancelled("the chat was cancelled while its image was decoded")
             self._worker = worker
+
+    def _detach(self) -> None:
+        with self._lock:
+            self._worker = None
 
 
 class ImageDecoder:
@@ -371,16 +392,17 @@ class ImageDecoder:
             timer.daemon = True
             try:
                 cancel._attach(worker)
+                worker.wait_ready()
                 timer.start()
                 head = wire.REQUEST.pack(lim.max_side, lim.max_pixels, budget.max_tokens,
                                          budget.tile, len(data))
                 status, width, height, payload = worker.run(
                     head, data, max(_MESSAGE_MAX, lim.max_pixels * 3))
             except _WorkerGone:
-                raise self._gone(worker.killed_for) from None
+                raise self._gone(worker) from None
             finally:
                 timer.cancel()
-                cancel._worker = None
+                cancel._detach()
                 self._give_back(worker)
         finally:
             self._slots.release()
@@ -393,7 +415,8 @@ class ImageDecoder:
                                     "malformed)")
         return out
 
-    def _gone(self, why: str | None) -> Exception:
+    def _gone(self, worker: _Worker) -> Exception:
+        why = worker.killed_for
         if why == "cancelled":
             return GenerationCancelled("the chat was cancelled while its image was decoded")
         if why == "timeout":
@@ -402,6 +425,10 @@ class ImageDecoder:
                 "it smaller, or as a baseline JPEG or PNG")
         if why == "closed":
             return GenerationCancelled("the image decoder is closed")
+        if not worker.ready:  # not the image's fault: this installation cannot decode
+            return VisionUnavailableError(
+                "images cannot be decoded here: the image decoding process did not start "
+                f"({sys.executable} -I {_WORKER.name}; is Pillow installed?)")
         return InvalidImageError(
             "the image could not be decoded: the decoder stopped (out of its "
             f"{self.limits.memory_bytes >> 20} MiB, or corrupt data)")
