@@ -1,0 +1,92 @@
+"""The sidecar's transport against peers that break connections at the worst moment.
+
+libzmq 4.3 aborts the whole process (``Assertion failed: !_io_error``) when it writes to a
+connection whose input was stopped and then broke: by a ZMTP heartbeat timer, or by a PONG to a
+PING the peer queued behind the stop. The loops of ``benchmarks/transport_abort.py`` reach both
+against a ROUTER with ZMTP heartbeats and a receive limit. Here two of them run against a real
+sidecar, which must outlive them (with time for two heartbeat intervals to fire) and keep
+handing a routing id over to the connection that reconnects with it. (The probe's third loop,
+a ping burst during image uploads, reaches the timer only when the sidecar stays busy past a
+heartbeat interval, so it is left to the probe.)"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import zmq
+
+from benchmarks import transport_abort as T
+from igi_sdk.bridge import protocol as P
+
+
+@pytest.fixture
+def sidecar(tmp_path: Path) -> Iterator[tuple[str, subprocess.Popen[bytes], Path]]:
+    endpoint, log = T.free_endpoint(), tmp_path / "sidecar.log"
+    ctx = zmq.Context.instance()
+    with log.open("wb") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+                                 endpoint, "--model-dir", str(tmp_path), "--threads", "1"],
+                                stdout=subprocess.DEVNULL, stderr=err)
+    deadline = time.monotonic() + 60
+    while not T.answers(ctx, endpoint, 0.5):
+        assert proc.poll() is None and time.monotonic() < deadline, log.read_text()
+    yield endpoint, proc, log
+    if proc.poll() is None:
+        proc.kill()
+    proc.wait(10)
+
+
+def _outlives(sidecar: tuple[str, subprocess.Popen[bytes], Path], settle: float = 2.5) -> None:
+    endpoint, proc, log = sidecar
+    deadline = time.monotonic() + settle  # two ZMTP heartbeat intervals of 1 s
+    while time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the sidecar died ({proc.returncode}): {log.read_text()[-500:]}"
+    assert T.answers(zmq.Context.instance(), endpoint, 5.0)
+    assert "Assertion failed" not in log.read_text()
+
+
+def test_two_connections_sharing_a_routing_id_cannot_abort(sidecar) -> None:
+    ctx = zmq.Context.instance()
+    for _ in range(10):
+        T.shared_id(ctx, sidecar[0])
+    _outlives(sidecar)
+
+
+def test_pings_queued_behind_a_stopped_input_cannot_abort(sidecar) -> None:
+    ctx = zmq.Context.instance()
+    for _ in range(10):
+        T.pong_flood(ctx, sidecar[0], uploads=0)
+    T.pong_flood(ctx, sidecar[0], uploads=2)  # the sidecar busy with 16 MiB images meanwhile
+    _outlives(sidecar)
+
+
+def _greeted(sock: zmq.Socket) -> bool:
+    sock.send(P.encode(9, "ping", {}))
+    assert sock.poll(5000)
+    return P.decode_reply(sock.recv())[1] == "ok"
+
+
+def test_a_reconnect_with_the_routing_id_takes_the_identity_over(sidecar) -> None:
+    """The connection that comes last with a routing id is that client, even while the old
+    connection still lives (ROUTER_HANDOVER): a game that reconnects keeps its sessions."""
+    ctx, rid = zmq.Context.instance(), b"game-run-7"
+    old = T.dealer(ctx, sidecar[0], rid)
+    old.send(P.encode(1, "hello", {"protocol": 1, "minor": 1}))
+    assert old.poll(5000) and P.decode_reply(old.recv())[1] == "ok"
+    new = T.dealer(ctx, sidecar[0], rid)
+    assert _greeted(new)  # no second hello: the sidecar knows this client
+    old.send(P.encode(2, "ping", {}))  # the old connection is no longer answered
+    assert not old.poll(300)
+    old.close(0)
+    assert _greeted(new)
+    new.close(0)
+    stranger = T.dealer(ctx, sidecar[0], b"game-run-8")
+    assert not _greeted(stranger)  # hello_required
+    stranger.close(0)
+    _outlives(sidecar, settle=0.0)
