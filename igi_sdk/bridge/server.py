@@ -160,8 +160,19 @@ class Server:
         sock.setsockopt(zmq.ROUTER_HANDOVER, 1)
         sock.setsockopt(zmq.SNDHWM, 10_000)
         sock.setsockopt(zmq.LINGER, 0)
-        sock.setsockopt(zmq.HEARTBEAT_IVL, int(cfg.heartbeat_s * 1000))
-        sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, int(cfg.heartbeat_s * 5000))
+        # libzmq 4.3 aborts the process (`!_io_error`, stream_engine_base.cpp) when it writes to
+        # a connection whose input was stopped and then broke. Input stops only on a full receive
+        # queue or a connection whose identity was handed over; writes come from ZMTP heartbeat
+        # timers and from PONGs to PINGs a peer queued behind the stop. So: no receive limit
+        # (the loop drains the socket; request caps apply to what it reads) and no ZMTP
+        # heartbeats (liveness is the application heartbeat and the client lease; TCP
+        # keepalive ends connections to peers that vanished)
+        sock.setsockopt(zmq.RCVHWM, 0)
+        sock.setsockopt(zmq.HEARTBEAT_IVL, 0)
+        sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 5)
+        sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
         if secure:
             self._auth = _start_auth(self.ctx, cfg.curve_clients_dir)
             public, secret = zmq.auth.load_certificate(str(cfg.curve_secret_file))
