@@ -60,8 +60,13 @@ def _configure(sock: zmq.Socket, curve: dict[str, bytes] | None, endpoint: str =
     sock.setsockopt(zmq.LINGER, 0)
     sock.setsockopt(zmq.RECONNECT_IVL, 100)
     sock.setsockopt(zmq.RECONNECT_IVL_MAX, 2000)  # exponential back-off up to 2 s
-    sock.setsockopt(zmq.HEARTBEAT_IVL, 1000)
-    sock.setsockopt(zmq.HEARTBEAT_TIMEOUT, 5000)
+    # no ZMTP heartbeats: libzmq 4.3 can abort the process when a heartbeat is written to a
+    # connection that broke while its input was stopped. The sidecar's own heartbeat messages
+    # tell whether it lives; TCP keepalive ends a connection to a host that vanished
+    sock.setsockopt(zmq.TCP_KEEPALIVE, 1)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_IDLE, 30)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_INTVL, 5)
+    sock.setsockopt(zmq.TCP_KEEPALIVE_CNT, 3)
     if curve:
         sock.curve_serverkey = curve["server_public"]
         sock.curve_publickey = curve["public"]
