@@ -308,7 +308,9 @@ def test_long_prompt_is_read_in_bounded_steps(small_model) -> None:
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 
     path, ladder = small_model
-    cfg = EngineConfig(n_ctx=4096, max_sessions=2, n_threads=2, n_batch=2048, max_step_s=0.02)
+    # one long prompt: no floors kept for the other slot (context_floor 0)
+    cfg = EngineConfig(n_ctx=4096, max_sessions=2, n_threads=2, n_batch=2048, max_step_s=0.02,
+                       context_floor=0)
     with Engine(path, ladder.cpu.plan, cfg) as eng:
         sid = eng.open_session(None, sampling=SamplingParams(temperature=0.0))
         text = " ".join(f"w{i}" for i in range(800))
@@ -336,7 +338,7 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
     shutil.copy(path, tmp_path / "m.gguf")
     endpoint = f"ipc://{tmp_path / 'c.sock'}"
     proc = start_sidecar(tmp_path, endpoint, "--model", "m.gguf", "--no-arbiter",
-                         "--threads", "1", "--ctx", "4096")
+                         "--threads", "1", "--ctx", "4096", "--context-floor", "0")
     try:
         # the player's client waits 2 s per event: longer than the prompt takes to read, yet it
         # must not declare the (heartbeating) sidecar dead
