@@ -211,6 +211,38 @@ LOOPS: dict[str, Callable[[zmq.Context, str], None]] = {
     "shared_id": shared_id, "burst_upload": burst_upload, "pong_flood": pong_flood}
 
 
+def _rss_mib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(status.split("VmRSS:")[1].split()[0]) // 1024
+
+
+def flood(sidecar: Sidecar, ctx: zmq.Context, seconds: float) -> tuple[int, int, int]:
+    """(RSS before, peak RSS in MiB, pings written) while one peer writes tiny pings as fast as
+    TCP takes them for ``seconds``. libzmq reads a connection without a receive limit faster than
+    the socket thread handles messages; what it has read waits in memory. (Linux: /proc.)"""
+    if sidecar.dead():
+        sidecar.start(ctx)
+    assert sidecar.proc is not None
+    pid = sidecar.proc.pid
+    before = peak = _rss_mib(pid)
+    raw = RawZmtp(sidecar.endpoint, b"probe-flood")
+    chunk = RawZmtp.frame(P.encode(1, "ping", {})) * 100_000
+    view, off, sent = memoryview(chunk * 2), 0, 0
+    raw.sock.setblocking(False)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        try:  # a partial write goes on where it stopped: frames stay whole
+            n = raw.sock.send(view[off:off + len(chunk)])
+            sent, off = sent + n, (off + n) % len(chunk)
+        except BlockingIOError:
+            time.sleep(0.001)
+        except OSError:
+            break  # the sidecar cut the connection
+        peak = max(peak, _rss_mib(pid))
+    raw.reset()
+    return before, peak, sent // len(RawZmtp.frame(P.encode(1, "ping", {})))
+
+
 def run_loop(name: str, tries: int, settle: float, sidecar: Sidecar, ctx: zmq.Context,
              verbose: bool = False) -> int:
     """Aborts in ``tries`` runs of loop ``name``; the sidecar is restarted after each."""
@@ -237,10 +269,24 @@ def main() -> int:
     ap.add_argument("--settle", type=float, default=2.5,
                     help="seconds after each try before the liveness ping (>= 2 heartbeats)")
     ap.add_argument("--endpoint", help="default: a free tcp://127.0.0.1 port")
+    ap.add_argument("--flood", type=float, default=0.0, metavar="SECONDS",
+                    help="instead: the sidecar's memory under a tiny-message flood this long")
     ap.add_argument("-v", "--verbose", action="store_true")
     args = ap.parse_args()
     print(f"pyzmq {zmq.__version__}, libzmq {zmq.zmq_version()}", flush=True)
     ctx = zmq.Context()
+    if args.flood:
+        with tempfile.TemporaryDirectory() as tmp:
+            sidecar = Sidecar(args.endpoint or free_endpoint(), Path(tmp))
+            try:
+                before, peak, pings = flood(sidecar, ctx, args.flood)
+                alive = answers(ctx, sidecar.endpoint, 5.0)
+            finally:
+                sidecar.stop()
+        print(f"flood: RSS {before} -> {peak} MiB in {args.flood:.0f} s, {pings} pings written, "
+              f"{'answers' if alive else 'does not answer'} after", flush=True)
+        ctx.term()
+        return 0
     failed = False
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.loops.split(","):
