@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -22,6 +23,7 @@ import zmq
 
 from benchmarks import transport_abort as T
 from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.flood import FloodGuard
 
 
 @pytest.fixture
@@ -90,3 +92,48 @@ def test_a_reconnect_with_the_routing_id_takes_the_identity_over(sidecar) -> Non
     assert not _greeted(stranger)  # hello_required
     stranger.close(0)
     _outlives(sidecar, settle=0.0)
+
+
+def test_a_flooding_connection_is_cut_before_its_queue_grows() -> None:
+    """Without a receive limit libzmq reads a flood faster than any loop handles it; the guard
+    shuts the flooding connection down, and the others are still served."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+    guard, stop = FloodGuard(per_second=2000), threading.Event()
+
+    def serve() -> None:  # the sidecar's socket thread, reduced to the guard and an echo
+        while not stop.is_set():
+            if not router.poll(50):
+                continue
+            while True:
+                try:
+                    ident, frame = router.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                if guard.admit(ident.bytes, frame):
+                    router.send_multipart([ident.bytes, frame.bytes])
+
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        raw = T.RawZmtp(endpoint, b"flooder")
+        chunk = T.RawZmtp.frame(P.encode(1, "ping", {})) * 10_000
+        written, deadline = 0, time.monotonic() + 10
+        with pytest.raises(OSError):  # reset or broken pipe: the sidecar side shut it
+            while time.monotonic() < deadline:
+                raw.sock.sendall(chunk)
+                written += len(chunk)
+        raw.sock.close()
+        assert guard.cut == 1 and written < 500 * len(chunk)  # cut within ~5 M messages
+        good = T.dealer(ctx, endpoint)
+        good.send(b"still there?")
+        assert good.poll(5000) and good.recv() == b"still there?"
+        good.close(0)
+    finally:
+        stop.set()
+        server.join()
+        router.close(0)
+        ctx.term()
