@@ -131,3 +131,24 @@ def test_json_schema_replies_stay_valid_json(engine) -> None:
         engine.close_session(sid)
     assert json.loads(res.text)["mood"] in ("friendly", "wary")
     assert json.loads(again.text)["mood"] in ("friendly", "wary")
+
+
+def test_objects_that_list_their_properties_are_closed() -> None:
+    """{"price": integer} means no other keys (llama.cpp's converter reads it so too): with the
+    JSON Schema default a small model adds a "description" until its tokens run out mid-string."""
+    import json
+
+    from igi_sdk.runtime.grammar import _closed_objects
+
+    schema = {"type": "object", "properties": {
+        "price": {"type": "integer"},
+        "properties": {"type": "object", "properties": {"a": {"type": "string"}}},
+        "open": {"type": "object", "properties": {"b": {}}, "additionalProperties": True}},
+        "$defs": {"item": {"type": "object", "properties": {"c": {}}}}}
+    closed = json.loads(_closed_objects(json.dumps(schema)))
+    assert closed["additionalProperties"] is False
+    props = closed["properties"]
+    assert set(props) == {"price", "properties", "open"}  # no key added to the names
+    assert props["properties"]["additionalProperties"] is False
+    assert props["open"]["additionalProperties"] is True  # said so: kept
+    assert closed["$defs"]["item"]["additionalProperties"] is False

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import json
 import re
 import threading
 
@@ -122,10 +123,39 @@ def compile_json_schema(schema_json: str) -> str:
     """llguidance's grammar for a JSON schema (as JSON text, checked by the caller's limits)."""
     try:
         grammar = llguidance.LLMatcher.grammar_from_json_schema(
-            schema_json, defaults=JSON_OPTIONS)  # type: ignore[arg-type]
+            _closed_objects(schema_json), defaults=JSON_OPTIONS)  # type: ignore[arg-type]
     except ValueError as e:
         raise InvalidGrammarError(f"the JSON schema is refused: {clip(str(e))}") from None
     return _validated(grammar)
+
+
+def _closed_objects(schema_json: str) -> str:
+    """The schema with ``additionalProperties: false`` wherever an object lists ``properties``
+    and says nothing of others: what a game means by {"price": integer} (and what llama.cpp's
+    own schema converter does), where the JSON Schema default would let a small model add
+    properties until its tokens run out mid-string. Iterative: the depth is bounded already."""
+    tree = json.loads(schema_json)
+    todo: list[object] = [tree]
+    while todo:  # schemas only: a property *named* "properties" is not a keyword
+        node = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        if isinstance(node.get("properties"), dict) and "additionalProperties" not in node:
+            node["additionalProperties"] = False
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                todo.extend(node[key].values())
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                todo.extend(node[key])
+        todo.extend(node.get(key) for key in _SCHEMA_ONE)
+    return json.dumps(tree)
+
+
+_SCHEMA_MAPS = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+_SCHEMA_LISTS = ("anyOf", "oneOf", "allOf", "prefixItems", "items")
+_SCHEMA_ONE = ("items", "additionalProperties", "not", "if", "then", "else", "contains",
+               "propertyNames", "unevaluatedProperties", "additionalItems")
 
 
 def _validated(grammar: str) -> str:
