@@ -137,3 +137,42 @@ def test_a_flooding_connection_is_cut_before_its_queue_grows() -> None:
         server.join()
         router.close(0)
         ctx.term()
+
+
+def test_a_flood_of_the_largest_messages_is_cut_and_memory_stays_bounded(sidecar) -> None:
+    """Without a receive limit, a few 17 MiB messages a second outrun the socket thread's
+    parsing; the guard's byte cap shuts such a connection down before libzmq's queue grows."""
+    import psutil
+
+    endpoint, proc, _ = sidecar
+    ctx = zmq.Context.instance()
+    rss0 = psutil.Process(proc.pid).memory_info().rss
+    big = P.encode(1, "chat", {"session": "npc", "text": "look",
+                               "images": [{"data": b"\x89PNG" + bytes(P.MAX_IMAGE_BYTES - 8)}]})
+    flooder = ctx.socket(zmq.DEALER)
+    flooder.setsockopt(zmq.LINGER, 0)
+    flooder.setsockopt(zmq.SNDTIMEO, 100)
+    flooder.connect(endpoint)
+    peak, deadline = rss0, time.monotonic() + 6
+    try:
+        while time.monotonic() < deadline:
+            try:
+                flooder.send(big, copy=False)
+            except zmq.Again:
+                time.sleep(0.01)
+            peak = max(peak, psutil.Process(proc.pid).memory_info().rss)
+    finally:
+        flooder.close(0)
+    stats = T.dealer(ctx, endpoint)
+    stats.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION, "minor": 2}))
+    assert stats.poll(10_000)
+    stats.send(P.encode(2, "stats", {}))
+    while True:
+        assert stats.poll(10_000), "no stats"
+        rid, _, body = P.decode_reply(stats.recv())
+        if rid == 2:
+            break
+    stats.close(0)
+    assert body["flood_cuts"] >= 1, body
+    assert peak - rss0 < 1 << 30, f"the sidecar grew {(peak - rss0) >> 20} MiB under the flood"
+    assert proc.poll() is None

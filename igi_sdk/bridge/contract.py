@@ -157,6 +157,8 @@ class StatsOk(Reply):
                                      "sidecar; null if none")
     launch_token: bool | None = Field(None, description="the sidecar was started with a "
                                       "launch token (only its holder is the game)")
+    flood_cuts: int | None = Field(None, description="connections shut for sending faster "
+                                   "than the flood limit")
     # present only while a model is loaded:
     sessions: int | None = Field(None, description="open sessions of all clients")
     plan: str | None = Field(None, description="name of the placement plan in use")

@@ -32,6 +32,7 @@ import zmq.auth
 
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
+from igi_sdk.bridge.flood import FloodGuard
 from igi_sdk.bridge.game_process import alive, is_ancestor
 from igi_sdk.bridge.ownership import (
     RESUME_KEEP_S,
@@ -126,6 +127,7 @@ class Server:
         self.last_frame: dict[str, Any] | None = None
         self.reservations: list[dict[str, Any]] = []
         self._reserving = 0  # reserve_vram requests not yet answered
+        self._flood = FloodGuard()  # the ROUTER has no receive limit (see _bind)
         self._image_bytes = 0  # of all chats that have not ended
         self.latency = _Latency()
         # work that finished on another thread, to be finished here (socket thread)
@@ -250,12 +252,14 @@ class Server:
     def _drain_requests(self) -> None:
         while True:
             try:
-                frames = self.router.recv_multipart(zmq.NOBLOCK)
+                frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 return
             if len(frames) != 2:
                 continue  # not a DEALER peer speaking one frame per message: nothing to answer
-            identity, frame = frames
+            if not self._flood.admit(frames[0].bytes, frames[1]):
+                continue  # past its rate: dropped, and its connection shut (bridge/flood.py)
+            identity, frame = frames[0].bytes, frames[1].bytes
             try:
                 self._handle(identity, frame)
             except Exception:  # the socket thread serves everyone: keep it
@@ -859,6 +863,7 @@ class Server:
             "control_latency_ms": self.latency.summary(),
             "orphaned_sessions": len(self.sessions.orphans()),
             "watching_pid": self._pid_watch, "launch_token": self.cfg.launch_token is not None,
+            "flood_cuts": self._flood.cut,
         }
         out.update(self.backend.status())
         return out
