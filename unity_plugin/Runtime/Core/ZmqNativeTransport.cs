@@ -65,7 +65,7 @@ namespace Igi.Sdk
         const int ZMQ_DONTWAIT = 1;
         const int ZMQ_ROUTING_ID = 5, ZMQ_LINGER = 17, ZMQ_RECONNECT_IVL = 18, ZMQ_RECONNECT_IVL_MAX = 21;
         const int ZMQ_IPV6 = 42, ZMQ_CURVE_PUBLICKEY = 48, ZMQ_CURVE_SECRETKEY = 49, ZMQ_CURVE_SERVERKEY = 50;
-        const int ZMQ_HEARTBEAT_IVL = 75, ZMQ_HEARTBEAT_TIMEOUT = 77;
+        const int ZMQ_TCP_KEEPALIVE = 34, ZMQ_TCP_KEEPALIVE_CNT = 35, ZMQ_TCP_KEEPALIVE_IDLE = 36, ZMQ_TCP_KEEPALIVE_INTVL = 37;
         const int EAGAIN_POSIX = 11, EAGAIN_MACOS = 35;
         const int MsgBytes = 64; // sizeof(zmq_msg_t)
 
@@ -109,8 +109,14 @@ namespace Igi.Sdk
                 SetInt(ZMQ_LINGER, 0);
                 SetInt(ZMQ_RECONNECT_IVL, 100);
                 SetInt(ZMQ_RECONNECT_IVL_MAX, 2000);
-                SetInt(ZMQ_HEARTBEAT_IVL, 1000);
-                SetInt(ZMQ_HEARTBEAT_TIMEOUT, 5000);
+                // no ZMTP heartbeats: libzmq 4.3 can abort a process that writes one to a
+                // connection that broke while its input was stopped (libzmq #4364). The sidecar's
+                // heartbeat messages tell whether it lives; TCP keepalive ends a connection to a
+                // host that vanished
+                SetInt(ZMQ_TCP_KEEPALIVE, 1);
+                SetInt(ZMQ_TCP_KEEPALIVE_IDLE, 30);
+                SetInt(ZMQ_TCP_KEEPALIVE_INTVL, 5);
+                SetInt(ZMQ_TCP_KEEPALIVE_CNT, 3);
                 if (endpoint != null && endpoint.Contains("[")) SetInt(ZMQ_IPV6, 1);
                 if (curve != null)
                 {

@@ -4,8 +4,8 @@
 // Wire summary (RFC 37): a 64-byte greeting each way (signature FF 00*8 7F, version 3.1,
 // mechanism "NULL" padded to 20 bytes, as-server 0, 31 filler bytes), then a READY command with
 // the Socket-Type and Identity properties each way, then frames: a flags byte (MORE=1, LONG=2,
-// COMMAND=4), a 1-byte or 8-byte big-endian size, the body. The sidecar's libzmq sends PING
-// commands every second (ZMQ_HEARTBEAT_IVL) and drops peers that don't answer with PONG.
+// COMMAND=4), a 1-byte or 8-byte big-endian size, the body. A PING command is answered with
+// PONG (the sidecar sets no ZMTP heartbeats; its liveness is its heartbeat messages).
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;

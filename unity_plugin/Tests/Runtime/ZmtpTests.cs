@@ -1,6 +1,6 @@
 // The managed ZMTP 3.1 DEALER: against a scripted peer on a local TCP socket (greeting, READY
 // properties, PING -> PONG, short and long frames, multipart dropped), and against the real
-// sidecar's libzmq (its heartbeat PINGs must be answered or it drops the connection).
+// sidecar's libzmq (a silent connection stays up without ZMTP heartbeats).
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -156,10 +156,11 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(30000)]
-        public void AnswersTheSidecarsHeartbeatPingsAndStaysConnected()
+        public void StaysConnectedThroughSilenceWithoutZmtpHeartbeats()
         {
-            // libzmq (ZMQ_HEARTBEAT_IVL 1 s, TIMEOUT 5 s) drops a peer that does not answer its
-            // PINGs; 7 s without any message of ours shows that the PONGs go out.
+            // The sidecar sets no ZMTP heartbeats (libzmq 4.3 can abort the process writing one
+            // to a broken connection, libzmq #4364): liveness is its heartbeat messages and the
+            // client's lease. A connection silent for 7 s, before any hello, is still served.
             var sidecar = Sidecar.Shared;
             using (var dealer = new ZmtpDealer())
             {
@@ -168,7 +169,7 @@ namespace Igi.Sdk.Tests
                 var clock = Stopwatch.StartNew();
                 while (clock.Elapsed.TotalSeconds < 7)
                     Assert.IsTrue(dealer.Receive(50, got), "dropped after " + clock.Elapsed.TotalSeconds + " s");
-                Assert.Less(dealer.SecondsSinceTraffic, 2, "the sidecar's PINGs keep coming");
+                Assert.AreEqual(0, got.Count, "nothing is sent to a client that has not said hello");
                 dealer.Send(Protocol.Encode(1, "ping", null));
                 while (got.Count == 0 && clock.Elapsed.TotalSeconds < 12) Assert.IsTrue(dealer.Receive(50, got));
                 long id;
