@@ -512,6 +512,24 @@ def _launch_token(token_file: str | None) -> str | None:
     return token
 
 
+def _more_descriptors() -> None:
+    """Raise the open-file limit to what the system allows: every connection holds a descriptor,
+    and one whose routing id another took over stays open in libzmq 4.3 until the sidecar ends
+    (nothing closes it safely there), so the default 1024 is what a hostile local process would
+    run out first (POSIX only; Windows has no such per-process limit on sockets)."""
+    try:
+        import resource
+    except ImportError:
+        return
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    want = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 16)
+    if soft != resource.RLIM_INFINITY and soft < want:
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (min(want, 1 << 20), hard))
+        except (ValueError, OSError):
+            pass  # a sandbox that refuses: the default limit stays
+
+
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
@@ -562,6 +580,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
         context_floor=args.context_floor,
     )
+    _more_descriptors()
     try:
         server = build_server(cfg, host)
     except ValueError as e:
