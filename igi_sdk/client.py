@@ -373,15 +373,21 @@ class AsyncClient:
     """asyncio client: ``await request(...)``; ``chat`` is an async iterator of text pieces."""
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
-                 engine: str = "python-asyncio", curve: dict[str, bytes] | None = None) -> None:
+                 engine: str = "python-asyncio", curve: dict[str, bytes] | None = None,
+                 owner: str | None = None, token: str | None = None) -> None:
+        """``owner`` and ``token`` as for :class:`Client`."""
         self.endpoint, self.timeout = endpoint, timeout
+        self._hello_body: dict[str, Any] = {"protocol": P.PROTOCOL_VERSION, "engine": engine}
+        if owner is not None:
+            self._hello_body["owner"] = owner
+        if token is not None:
+            self._hello_body["token"] = token
         self._ctx = zmq.asyncio.Context.instance()
         self._sock = self._ctx.socket(zmq.DEALER)
         _configure(self._sock, curve, endpoint)
         self._sock.connect(endpoint)
         self._ids = itertools.count(1)
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
-        self._engine = engine
         self._greeted = False
 
     def close(self) -> None:
@@ -402,7 +408,7 @@ class AsyncClient:
 
     async def request(self, msg_type: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if msg_type != "hello" and not self._greeted:
-            await self.request("hello", {"protocol": P.PROTOCOL_VERSION, "engine": self._engine})
+            await self.request("hello", self._hello_body)
             self._greeted = True
         msg_id = next(self._ids)
         await self._sock.send(P.encode(msg_id, msg_type, body or {}))
