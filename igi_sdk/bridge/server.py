@@ -31,7 +31,8 @@ import zmq
 import zmq.auth
 
 from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import Backend, ChatResult, StreamHandle
+from igi_sdk.bridge.backend import Backend, ChatResult
+from igi_sdk.bridge.clients import Client, ImageBytes, make_room, slot_cap
 from igi_sdk.bridge.flood import FloodGuard
 from igi_sdk.bridge.game_process import alive, is_ancestor
 from igi_sdk.bridge.ownership import (
@@ -92,23 +93,6 @@ def is_loopback(endpoint: str) -> bool:
         return False
 
 
-@dataclass
-class _Client:
-    identity: bytes
-    name: str = ""
-    engine: str = ""
-    minor: int = 0  # the protocol minor version it speaks (0: 1.0 liveness rules)
-    lease_s: float = 15.0
-    scope: str = ""  # whose sessions it opens (ownership.key_scope / connection_scope)
-    game: bool = False  # holds the launch token (or none is set): pacing, PID watch, shutdown
-    image_bytes: int = 0  # of its chats that have not ended
-    opening: int = 0  # open/restore requests in flight (count against the session cap)
-    streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle
-    cancel_pending: set[int] = field(default_factory=set)  # cancelled before the handle came
-    logs: dict[int, StreamLog] = field(default_factory=dict)  # chat id -> events, to resume
-    last_seen: float = field(default_factory=time.monotonic)
-
-
 class Server:
     def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.cfg = config
@@ -118,7 +102,7 @@ class Server:
         self.ctx = zmq.Context.instance()
         self.model_name: str | None = None
         self.loading = False
-        self.clients: dict[bytes, _Client] = {}
+        self.clients: dict[bytes, Client] = {}
         self.sessions = Sessions()
         self.model_slots = config.max_sessions  # session slots of the loaded model
         self._ignored: tuple[str, ...] = ()  # unknown fields of the request being handled
@@ -128,7 +112,7 @@ class Server:
         self.reservations: list[dict[str, Any]] = []
         self._reserving = 0  # reserve_vram requests not yet answered
         self._flood = FloodGuard()  # the ROUTER has no receive limit (see _bind)
-        self._image_bytes = 0  # of all chats that have not ended
+        self.images = ImageBytes(config.max_image_bytes_per_client, config.max_image_bytes)
         self.latency = _Latency()
         # work that finished on another thread, to be finished here (socket thread)
         self._completions: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
@@ -315,7 +299,7 @@ class Server:
         for sid in self.sessions.expired(self.cfg.orphan_ttl_s):
             self._close_orphan(sid)
 
-    def _forget(self, c: _Client, *, keep_sessions: bool) -> tuple[int, int]:
+    def _forget(self, c: Client, *, keep_sessions: bool) -> tuple[int, int]:
         """The client is gone: its streams stop and its sessions are closed or orphaned.
         Returns (closed, orphaned)."""
         for rid, handle in c.streams.items():
@@ -418,8 +402,9 @@ class Server:
         scope = key_scope(body.owner) if body.owner else connection_scope(identity)
         c = self.clients.get(identity)
         if c is None:
-            self._client_room()
-            c = self.clients[identity] = _Client(identity)
+            held = {info.owner for info in self.sessions.by_id.values() if info.owner}
+            make_room(self.clients, self.cfg.max_clients, held)
+            c = self.clients[identity] = Client(identity)
         elif c.scope != scope and self.sessions.owned(identity):
             raise P.ProtocolError("invalid_state", "this connection holds sessions of another "
                                   "owner key: say goodbye (or close them) first")
@@ -442,19 +427,7 @@ class Server:
                     "max_sessions_per_client": self._client_cap(c),
                     "max_streams_per_client": self.cfg.max_streams_per_client}}
 
-    def _client_room(self) -> None:
-        """Room for one more client: past the cap, the longest-silent client holding nothing
-        is forgotten; if every client holds something, the newcomer waits."""
-        if len(self.clients) < self.cfg.max_clients:
-            return
-        idle = [(c.last_seen, ident) for ident, c in self.clients.items()
-                if not c.streams and not c.opening and not self.sessions.owned(ident)]
-        if not idle:
-            raise P.ProtocolError("busy", f"{len(self.clients)} clients are connected, the "
-                                  "most this sidecar serves; try again later", retryable=True)
-        del self.clients[min(idle)[1]]
-
-    def _on_ping(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+    def _on_ping(self, c: Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         return {"t": time.time()}
 
     def _need_model(self) -> None:
@@ -480,7 +453,7 @@ class Server:
                                                      "directory")
         return candidate
 
-    def _on_load_model(self, c: _Client, msg_id: int, body: P.LoadModel) -> None:
+    def _on_load_model(self, c: Client, msg_id: int, body: P.LoadModel) -> None:
         self._game_only(c, "load a model (it closes every client's sessions)")
         if self.loading:
             raise P.ProtocolError("loading", "a model is already loading", retryable=True)
@@ -512,14 +485,10 @@ class Server:
         self.model_name = self.backend.model_name
         self.sessions.clear()
 
-    def _client_cap(self, c: _Client) -> int:
-        """How many sessions ``c`` may hold: so a stranger cannot take every slot from the
-        game, a client that is not the game gets half of them."""
-        if self.cfg.max_sessions_per_client is not None:
-            return self.cfg.max_sessions_per_client
-        return self.model_slots if c.game else max(1, -(-self.model_slots // 2))
+    def _client_cap(self, c: Client) -> int:
+        return slot_cap(c, self.model_slots, self.cfg.max_sessions_per_client)
 
-    def _below_client_cap(self, c: _Client) -> None:
+    def _below_client_cap(self, c: Client) -> None:
         held = len(self.sessions.owned(c.identity)) + c.opening
         if held >= self._client_cap(c):
             raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
@@ -529,7 +498,7 @@ class Server:
         """Session slots of the model held by open, orphaned and opening sessions."""
         return len(self.sessions) + sum(other.opening for other in self.clients.values())
 
-    def _session_room(self, c: _Client) -> None:
+    def _session_room(self, c: Client) -> None:
         """Refuse past the client's cap; make room in the model by closing the longest-waiting
         orphan when every slot is taken (the engine runs the close before the open)."""
         self._below_client_cap(c)
@@ -538,7 +507,7 @@ class Server:
             log.info("closing orphaned session %s to make room", orphans[0])
             self._close_orphan(orphans[0])
 
-    def _name_free(self, c: _Client, name: str | None) -> None:
+    def _name_free(self, c: Client, name: str | None) -> None:
         """Refuse a name taken in ``c``'s scope (other scopes' names are not seen at all)."""
         if name is None or (c.scope, name) not in self.sessions:
             return
@@ -548,7 +517,7 @@ class Server:
                 else "; choose another name")
         raise P.ProtocolError("session_exists", f"a session named '{name}' exists{hint}")
 
-    def _on_open_session(self, c: _Client, msg_id: int, body: P.OpenSession) -> None:
+    def _on_open_session(self, c: Client, msg_id: int, body: P.OpenSession) -> None:
         self._need_model()
         self._name_free(c, body.name)
         self._session_room(c)
@@ -558,7 +527,7 @@ class Server:
         self._answer_session(c, msg_id, self.backend.open_session(body), "open_session",
                              name, body.persona)
 
-    def _answer_session(self, c: _Client, msg_id: int, fut: Future[str], msg_type: str,
+    def _answer_session(self, c: Client, msg_id: int, fut: Future[str], msg_type: str,
                         name: str | None = None, persona: str = "") -> None:
         """Answer an open/restore with the new session, which counts against the client's cap
         (and holds its name in its scope) from now until the answer. ``name`` is the wire
@@ -583,14 +552,14 @@ class Server:
 
         self._answer(c.identity, msg_id, fut, msg_type, opened, settled)
 
-    def _owned(self, c: _Client, name: str) -> str:
+    def _owned(self, c: Client, name: str) -> str:
         """The engine id of ``c``'s session ``name``."""
         sid = self.sessions.find(c.scope, name)
         if sid is None or self.sessions.owner_of(sid) != c.identity:
             raise P.ProtocolError("unknown_session", f"no session '{name}' for this client")
         return sid
 
-    def _on_chat(self, c: _Client, msg_id: int, body: P.Chat) -> None:
+    def _on_chat(self, c: Client, msg_id: int, body: P.Chat) -> None:
         self._need_model()
         body = body.model_copy(update={"session": self._owned(c, body.session)})
         if msg_id in c.streams:
@@ -604,17 +573,14 @@ class Server:
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
         images = sum(len(i.data or i.pixels or b"") for i in body.images)
-        self._image_room(c, images)
+        self.images.take(c, images)
         identity, ignored = c.identity, self._ignored
         events = c.logs[msg_id] = StreamLog()
-        c.image_bytes += images
-        self._image_bytes += images
 
         def ended() -> None:  # on the socket thread
             if msg_id in c.streams:  # once per stream
                 del c.streams[msg_id]
-                c.image_bytes -= images
-                self._image_bytes -= images
+                self.images.give_back(c, images)
             c.cancel_pending.discard(msg_id)
             events.ended_at = time.monotonic()
 
@@ -659,21 +625,7 @@ class Server:
         fut.add_done_callback(lambda f: self._later(lambda: started(f)))
         return None  # the stream answers
 
-    def _image_room(self, c: _Client, nbytes: int) -> None:
-        """Refuse a chat whose images would take the bytes held for images past a cap: queued
-        lines hold their images until they end."""
-        if not nbytes:
-            return
-        cfg = self.cfg
-        if (c.image_bytes + nbytes > cfg.max_image_bytes_per_client
-                or self._image_bytes + nbytes > cfg.max_image_bytes):
-            mine = c.image_bytes + nbytes > cfg.max_image_bytes_per_client
-            raise P.ProtocolError("busy", (
-                f"this client's lines waiting with images hold {c.image_bytes >> 20} MiB"
-                if mine else f"lines waiting with images hold {self._image_bytes >> 20} MiB")
-                + "; send this one when one of them ends", retryable=True)
-
-    def _on_cancel(self, c: _Client, msg_id: int, body: P.Cancel) -> dict[str, Any]:
+    def _on_cancel(self, c: Client, msg_id: int, body: P.Cancel) -> dict[str, Any]:
         known = body.request in c.streams
         handle = c.streams.get(body.request)
         if handle is not None:
@@ -682,7 +634,7 @@ class Server:
             c.cancel_pending.add(body.request)
         return {"cancelled": known}
 
-    def _on_close_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> None:
+    def _on_close_session(self, c: Client, msg_id: int, body: P.SessionRef) -> None:
         self._need_model()
         sid = self._owned(c, body.session)
 
@@ -712,7 +664,7 @@ class Server:
             raise save_io_error(e, name, "list") from None
         return exact, other
 
-    def _on_save_session(self, c: _Client, msg_id: int, body: P.SaveSession) -> None:
+    def _on_save_session(self, c: Client, msg_id: int, body: P.SaveSession) -> None:
         self._need_model()
         sid = self._owned(c, body.session)
         try:
@@ -744,7 +696,7 @@ class Server:
         self._saving[key] = (body.name, pending[1] + 1 if pending else 1)
         self._answer(c.identity, msg_id, fut, "save_session", saved, ended)
 
-    def _on_restore_session(self, c: _Client, msg_id: int, body: P.RestoreSession) -> None:
+    def _on_restore_session(self, c: Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
         self._name_free(c, body.session)
         self._session_room(c)
@@ -759,11 +711,11 @@ class Server:
 
     # --- protocol 1.1: leaving, listing, adopting, priorities, resuming ---------------------
 
-    def _on_goodbye(self, c: _Client, msg_id: int, body: P.Goodbye) -> dict[str, Any]:
+    def _on_goodbye(self, c: Client, msg_id: int, body: P.Goodbye) -> dict[str, Any]:
         closed, orphaned = self._forget(c, keep_sessions=body.keep_sessions)
         return {"closed": closed, "orphaned": orphaned}
 
-    def _on_list_sessions(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+    def _on_list_sessions(self, c: Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         live = self.backend.session_info()
         now, listed, others = time.monotonic(), [], 0
         for sid, info in list(self.sessions.by_id.items()):
@@ -781,7 +733,7 @@ class Server:
         free = max(0, self.model_slots - self._slots_taken())
         return {"sessions": listed, "free_slots": free, "others": others}
 
-    def _on_adopt_session(self, c: _Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
+    def _on_adopt_session(self, c: Client, msg_id: int, body: P.SessionRef) -> dict[str, Any]:
         name = body.session
         sid = self.sessions.find(c.scope, name)  # only the client's own scope: a stranger
         if sid is None:  # can neither take another's session nor learn that it exists
@@ -797,12 +749,12 @@ class Server:
         self.sessions.adopt(sid, c.identity)
         return {"session": name}
 
-    def _on_set_priority(self, c: _Client, msg_id: int, body: P.SetPriority) -> dict[str, Any]:
+    def _on_set_priority(self, c: Client, msg_id: int, body: P.SetPriority) -> dict[str, Any]:
         self._need_model()
         self.backend.set_priority(self._owned(c, body.session), body.priority)
         return {}
 
-    def _on_resume_stream(self, c: _Client, msg_id: int, body: P.ResumeStream) -> None:
+    def _on_resume_stream(self, c: Client, msg_id: int, body: P.ResumeStream) -> None:
         events = c.logs.get(body.request)
         if events is None:
             raise P.ProtocolError("unknown_stream", f"no stream {body.request} to resume "
@@ -815,19 +767,19 @@ class Server:
             self.router.send_multipart([c.identity, frame])
         return None  # answered above, before the events it announces
 
-    def _on_frame(self, c: _Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
+    def _on_frame(self, c: Client, msg_id: int, body: P.Frame) -> dict[str, Any]:
         if not c.game:  # pacing and the game's VRAM figures are the game's to report
             return {"paced": False}
         self.last_frame = body.model_dump()
         self.backend.frame(c.identity.hex(), body)
         return {"paced": True}
 
-    def _game_only(self, c: _Client, what: str) -> None:
+    def _game_only(self, c: Client, what: str) -> None:
         if not c.game:
             raise P.ProtocolError("forbidden", f"only the game that launched this sidecar (the "
                                   f"client holding its launch token) may {what}")
 
-    def _on_reserve_vram(self, c: _Client, msg_id: int, body: P.ReserveVram) -> None:
+    def _on_reserve_vram(self, c: Client, msg_id: int, body: P.ReserveVram) -> None:
         self._game_only(c, "reserve VRAM")
         if self._reserving >= self.cfg.max_reservations:
             raise P.ProtocolError("busy", f"{self._reserving} VRAM reservations are waiting; "
@@ -854,7 +806,7 @@ class Server:
         self.backend.reserve_vram(body, ended)
         return None  # answered when granted, or with cannot_free / deadline_missed
 
-    def _on_stats(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+    def _on_stats(self, c: Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         out: dict[str, Any] = {
             "model": self.model_name, "loading": self.loading, "clients": len(self.clients),
             "uptime_s": time.time() - self.stats["started"], "requests": self.stats["requests"],
@@ -868,7 +820,7 @@ class Server:
         out.update(self.backend.status())
         return out
 
-    def _on_shutdown(self, c: _Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
+    def _on_shutdown(self, c: Client, msg_id: int, body: P.Empty) -> dict[str, Any]:
         self._game_only(c, "shut it down")
         self._push(b"", b"stop")  # after the reply below is sent
         return {}
