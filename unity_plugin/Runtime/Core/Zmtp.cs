@@ -5,7 +5,7 @@
 // mechanism "NULL" padded to 20 bytes, as-server 0, 31 filler bytes), then a READY command with
 // the Socket-Type and Identity properties each way, then frames: a flags byte (MORE=1, LONG=2,
 // COMMAND=4), a 1-byte or 8-byte big-endian size, the body. A PING command is answered with
-// PONG (the sidecar sets no ZMTP heartbeats; its liveness is its heartbeat messages).
+// PONG. The sidecar sets no ZMTP heartbeats; this DEALER PINGs it after a second of silence.
 using System;
 using System.Collections.Generic;
 using System.Diagnostics;
@@ -29,6 +29,13 @@ namespace Igi.Sdk
         int pendingCount;
         bool droppingMultipart; // inside a multipart message (dropped whole)
         readonly Stopwatch sinceTraffic = new Stopwatch();
+        readonly Stopwatch sincePing = new Stopwatch();
+        // a PING after this much silence: the sidecar's libzmq answers PONG from its own I/O
+        // thread even while the sidecar is busy (loading its model at start), so silence means a
+        // dead process, not a busy one. The sidecar itself sends no PINGs (libzmq #4364).
+        const double PingAfterSeconds = 1.0;
+        // PING command: name length, "PING", TTL 0 (2 bytes), no context
+        static readonly byte[] PingCommand = { 4, (byte)'P', (byte)'I', (byte)'N', (byte)'G', 0, 0 };
 
         public bool IsConnected { get { return socket != null; } }
 
@@ -216,6 +223,13 @@ namespace Igi.Sdk
             if (socket == null) return false;
             try
             {
+                if (sinceTraffic.Elapsed.TotalSeconds >= PingAfterSeconds
+                    && (!sincePing.IsRunning || sincePing.Elapsed.TotalSeconds >= PingAfterSeconds))
+                {
+                    SendFrame(PingCommand, FlagCommand);
+                    sincePing.Reset();
+                    sincePing.Start();
+                }
                 bool first = true;
                 while (true)
                 {

@@ -160,7 +160,8 @@ namespace Igi.Sdk.Tests
         {
             // The sidecar sets no ZMTP heartbeats (libzmq 4.3 can abort the process writing one
             // to a broken connection, libzmq #4364): liveness is its heartbeat messages and the
-            // client's lease. A connection silent for 7 s, before any hello, is still served.
+            // client's lease. A connection silent for 7 s, before any hello, is still served, and
+            // the dealer's own PINGs (after a second of silence) are answered.
             var sidecar = Sidecar.Shared;
             using (var dealer = new ZmtpDealer())
             {
@@ -170,6 +171,7 @@ namespace Igi.Sdk.Tests
                 while (clock.Elapsed.TotalSeconds < 7)
                     Assert.IsTrue(dealer.Receive(50, got), "dropped after " + clock.Elapsed.TotalSeconds + " s");
                 Assert.AreEqual(0, got.Count, "nothing is sent to a client that has not said hello");
+                Assert.Less(dealer.SecondsSinceTraffic, 2, "the PONGs to the dealer's PINGs keep coming");
                 dealer.Send(Protocol.Encode(1, "ping", null));
                 while (got.Count == 0 && clock.Elapsed.TotalSeconds < 12) Assert.IsTrue(dealer.Receive(50, got));
                 long id;
