@@ -369,3 +369,74 @@ def test_every_rung_of_a_ladder_keeps_one_kv_format(tmp_path) -> None:
     ladder = PlanLadder.build(read_inventory(path), GPU_PROFILE, WL, step=8 * MIB)
     assert len(ladder.rungs) >= 2
     assert {(r.plan.type_k, r.plan.type_v) for r in ladder.rungs} == {("f16", "f16")}
+
+
+class _Ops:
+    """The engine's reshard steps, scripted: which plans fail to load, and the budget the
+    device shows before and after the release (a greedy game takes memory meanwhile)."""
+
+    def __init__(self, failing: set[str], budgets: list[int]) -> None:
+        self.failing, self.budgets = failing, budgets
+        self.loaded, self.tried = True, []
+
+    def budget_now(self) -> int:
+        return self.budgets.pop(0) if len(self.budgets) > 1 else self.budgets[0]
+
+    def park_and_release(self) -> None:
+        self.loaded = False
+
+    def load_and_restore(self, plan) -> None:
+        from igi_sdk.errors import ModelLoadError
+
+        self.tried.append(plan.name)
+        if plan.name in self.failing:
+            raise ModelLoadError("injected: out of memory")
+        self.loaded = True
+
+    def fail_active(self, error) -> None:
+        pass
+
+
+def test_one_failed_load_sends_the_model_to_the_cpu_rung_not_the_next_gpu_rung(ladder) -> None:
+    """A failed load is evidence the game is growing: trying the next GPU rung at once takes
+    memory the game is reaching for (7 failed loads in 5.5 s, a 0.84 s allocation stall)."""
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    assert len(gpu) >= 3
+    top = gpu[-1]
+    ops = _Ops({r.plan.name for r in gpu}, [top.vram * 2])
+    out = ReshardMachine(ladder, top, ops.budget_now)(ops)
+    assert ops.tried == [top.plan.name, ladder.cpu.plan.name], ops.tried
+    assert out.landed is ladder.cpu and out.contended and len(out.failures) == 1
+
+
+def test_memory_the_game_took_during_the_release_is_kept_as_a_margin(ladder) -> None:
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    mid, top = gpu[len(gpu) // 2], gpu[-1]
+    # while the model was released the game took `took`: the top rung would still fit what is
+    # left, but not with a margin of what the game took (it is growing)
+    took = max(ReshardMachine.GROWTH_TOLERANCE + MIB, (top.vram - gpu[0].vram) // 2)
+    ops = _Ops(set(), [top.vram + took, top.vram])
+    out = ReshardMachine(ladder, top, ops.budget_now)(ops)
+    assert out.contended and out.game_took == took
+    fits = [r for r in gpu if r.vram <= top.vram - took]
+    assert fits and out.landed is fits[-1] and ops.tried == [fits[-1].plan.name]
+    # the game keeps still: nothing taken, the target itself
+    calm = _Ops(set(), [mid.vram * 2, mid.vram * 2])
+    out = ReshardMachine(ladder, mid, calm.budget_now)(calm)
+    assert out.landed is mid and not out.contended and ops.failing == set()
+
+
+def test_after_a_contended_shrink_the_policy_grows_only_once_the_budget_held(ladder) -> None:
+    policy = BudgetPolicy(ladder, PolicyConfig(headroom=0, grow_hold_s=2.0))
+    top = ladder.rungs[-1]
+    policy.applied(ladder.cpu)
+    reading = VramReading(total=top.vram * 4, used=0, own=0, source="t", at=0.0)
+    assert policy.decide(reading, 0, 0.0).action == "stay"  # the hold starts
+    policy.hold_growth()  # a reshard found the game growing
+    assert policy.decide(reading, 1, 1.9).action == "stay"  # would have grown at 2.0 before
+    assert policy.decide(reading, 2, 3.8).action == "stay"
+    assert policy.decide(reading, 3, 4.0).action == "grow"

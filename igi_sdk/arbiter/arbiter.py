@@ -84,6 +84,7 @@ class Arbiter:
         self.reshards: deque[ReshardRecord] = deque(maxlen=256)
         self.last_budget: int | None = None
         self.unavailable = engine.state == "unavailable"
+        self.contended = False  # the last reshard found the game growing
         self._next_recovery = 0.0
         self._recovery_wait = 0.5
         self._waiters: list[tuple[Reservation, ReservationDone]] = []
@@ -180,7 +181,7 @@ class Arbiter:
         self.last_budget = decision.budget
         if decision.action != "stay":
             self._apply(decision)  # acknowledges reservations as soon as the old plan is freed
-            if decision.action == "fast_shrink" and not self.unavailable:
+            if decision.action == "fast_shrink" and not self.unavailable and not self.contended:
                 again = self._reading()  # then straight to the best rung that fits
                 if again is not None:
                     with self._lock:
@@ -215,6 +216,10 @@ class Arbiter:
         machine = ReshardMachine(self.ladder, d.target, self._budget_now, on_released,
                                  clock=self.clock)
         out: ReshardOutcome = self.engine.exclusive(machine).result()
+        self.contended = out.contended
+        if out.contended:  # the game is growing: grow back only once the budget has held
+            with self._lock:
+                self.policy.hold_growth()
         self.unavailable = out.landed is None
         # on no placement the model holds only what the CPU rung holds: the GPU's fixed share
         self.policy.applied(out.landed or self.ladder.cpu)
@@ -230,7 +235,8 @@ class Arbiter:
                                "reason": d.reason,
                                "source": d.reading.source if d.reading else None,
                                "seconds": rec.seconds, "released_s": rec.released_s,
-                               "ok": rec.ok, "failures": [f[0] for f in rec.failures]})
+                               "ok": rec.ok, "failures": [f[0] for f in rec.failures],
+                               "game_took": out.game_took, "contended": out.contended})
         log.info("%s -> %s (%d MiB; target %s) in %.3f s: %s", d.action, rec.plan or "nothing",
                  rec.vram >> 20, rec.target, rec.seconds, d.reason)
 

@@ -168,6 +168,11 @@ class BudgetPolicy:
         """Call after the runtime has resharded to ``rung``."""
         self.current = rung
 
+    def hold_growth(self) -> None:
+        """The game was seen growing (a load failed, or it took what the model freed): growing
+        again waits for a budget that holds for ``grow_hold_s`` from now."""
+        self._grow_since = None
+
     def acknowledge(self, r: VramReading, now: float) -> None:
         """Mark reservations whose VRAM is free now; drop those the game has taken."""
         free = r.total - r.used
