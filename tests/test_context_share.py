@@ -238,3 +238,21 @@ def test_serve_context_floor_sets_the_share(tiny_llama, tmp_path) -> None:
         c.close()
         proc.kill()
         proc.wait(10)
+
+
+def test_session_info_reads_a_sessions_draft_figures_once(engine) -> None:
+    """The engine thread may drop a session's draft figures between a check and a read: the
+    listing must not fail (it answered list_sessions with `internal`)."""
+
+    class Racing(dict):  # dropped right after the membership check
+        def __contains__(self, key: object) -> bool:
+            return True
+
+    sid = engine.open_session("npc", sampling=SamplingParams(temperature=0.0))
+    real = engine._drafting.acceptance
+    engine._drafting.acceptance = Racing()
+    try:
+        info = engine.session_info()
+    finally:
+        engine._drafting.acceptance = real
+    assert sid in info and "draft" not in info[sid]

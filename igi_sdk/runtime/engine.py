@@ -279,10 +279,15 @@ class Engine:
         """Tokens in context, whether replying, and priority of every session, read without
         waiting for the engine thread (figures of the last step, for listings)."""
         drafts = self._drafting.acceptance
-        return {sid: {"tokens": len(s.tokens) + s.image_cells, "busy": s.turn is not None,
-                      "priority": s.priority,
-                      **({"draft": drafts[sid].figures()} if sid in drafts else {})}
-                for sid, s in list(self._sessions.items())}
+        out: dict[str, dict[str, Any]] = {}
+        for sid, s in list(self._sessions.items()):
+            info: dict[str, Any] = {"tokens": len(s.tokens) + s.image_cells,
+                                    "busy": s.turn is not None, "priority": s.priority}
+            draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
+            if draft is not None:
+                info["draft"] = draft.figures()
+            out[sid] = info
+        return out
 
     def chat_async(
         self,
