@@ -116,7 +116,8 @@ def test_greedy_game_takes_the_freed_memory_and_the_model_lands_on_what_is_left(
         assert rec.budget_after_release is not None and rec.budget_after_release < mid.vram
         assert arb.policy.current is small and eng.state == "ready"
         # back to the top, then the same but the game grabs while the target loads: the
-        # target's load fails (out of memory) and the machine steps down, never up
+        # target's load fails (out of memory), and a failed load says the game is growing:
+        # the CPU rung next, not another GPU rung taking memory the game is reaching for
         game.game = 0
         for _ in range(3):
             arb.tick()
@@ -127,9 +128,10 @@ def test_greedy_game_takes_the_freed_memory_and_the_model_lands_on_what_is_left(
         game.loads.clear()
         arb.tick()
         rec = arb.reshards[-1]
-        assert rec.plan == small.plan.name and rec.failures, rec
-        assert game.loads[0] == mid.vram and max(game.loads) <= mid.vram
-        assert arb.policy.current is small and eng.state == "ready"
+        assert rec.plan == ladder.cpu.plan.name and len(rec.failures) == 1, rec
+        assert game.loads[0] == mid.vram and len(game.loads) == 2  # one GPU load, then CPU
+        assert arb.policy.current is ladder.cpu and eng.state == "ready"
+        assert arb.decisions[-1]["contended"]
         game.grab_on_read = True
         # the conversation survived: the next turn continues it
         assert eng.chat(sid, "Go on.", max_tokens=8, ignore_eos=True).result(30) \
