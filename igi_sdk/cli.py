@@ -579,6 +579,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vision_gpu=args.vision_gpu or args.vision_borrow,
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
         context_floor=args.context_floor,
+        vram_cap=parse_size(args.vram) if args.vram else None,
     )
     _more_descriptors()
     try:
@@ -788,6 +789,9 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-sessions-per-client", type=int, default=0,
                     help="cap per connected client (default: every slot for the game, half of "
                          "them for any other client)")
+    sv.add_argument("--vram", metavar="SIZE",
+                    help="the most VRAM the model may take (e.g. 4GiB): a cap — under the VRAM "
+                         "arbiter it takes at most this, less when the game needs it")
     sv.add_argument("--context-floor", type=int, default=-1,
                     help="KV cells every session slot keeps (default: ctx / (2 x max-sessions)); "
                          "one session holds at most ctx - (max-sessions - 1) x floor, so a "

@@ -133,3 +133,30 @@ def test_engine_reports_alone_drive_the_arbiter(setup) -> None:
         c.close()
     finally:
         stop(proc)
+
+
+def test_serve_vram_is_a_cap_the_arbiter_never_passes(setup) -> None:
+    """`serve --vram X`: at most X, less when the game needs it. With the whole device free and
+    X one byte short of the top rung, the model stays on the largest rung within X."""
+    d, ladder = setup
+    top = ladder.rungs[-1]
+    cap = top.vram - 1
+    within = ladder.best_within(cap)
+    assert within is not top
+    trace = _trace(d, "free.json", top.vram * 4, [(0.0, 0)])
+    proc = start_sidecar(d, f"ipc://{d / 'cap.sock'}", "--model", "m.gguf", "--vram-trace",
+                         str(trace), "--profile", str(d / "profile.json"), "--grow-hold", "0.2",
+                         "--vram", str(cap))
+    try:
+        c = Client(f"ipc://{d / 'cap.sock'}", timeout=30)
+        c.wait_ready(60)
+        deadline = time.monotonic() + 20
+        while c.stats()["arbiter"]["budget"] is None:
+            assert time.monotonic() < deadline
+            time.sleep(0.1)
+        time.sleep(2.0)  # ten grow holds with the whole device free
+        arb = c.stats()["arbiter"]
+        assert arb["plan_vram"] == within.vram and arb["budget"] <= cap, arb
+        c.close()
+    finally:
+        stop(proc)

@@ -93,6 +93,9 @@ class HostConfig:
     # KV cells every session slot keeps (-1: n_ctx / (2 max_sessions); 0: none, first come
     # first served): what one NPC may hold at most is n_ctx - (max_sessions - 1) * floor
     context_floor: int = -1
+    # the most VRAM the model may take (bytes): a cap, not a fixed budget — under the arbiter
+    # the model takes at most this, less when the game needs it
+    vram_cap: int | None = None
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -271,7 +274,8 @@ class ModelHost:
         self.engine_reports = EngineReportSource(total, own)
         sources.append(self.engine_reports)
         arb = Arbiter(self.engine, ladder, sources,
-                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s))
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s,
+                                          cap=self.cfg.vram_cap))
         holder.append(arb)
         self.arbiter = arb
         arb.start()
