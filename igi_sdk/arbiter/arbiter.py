@@ -42,6 +42,14 @@ class ReshardableEngine(Protocol):
 
     def exclusive(self, procedure: Callable[[ReshardOps], ReshardOutcome]) -> Future: ...
 
+    def drop_draft_async(self) -> Future[bool]:
+        """Free the speculative draft model, if one is loaded (True: it was)."""
+        ...
+
+    def restore_draft_async(self) -> Future[bool]:
+        """Load the draft model dropped under pressure again (True: it was)."""
+        ...
+
 
 @dataclass(frozen=True)
 class ReshardRecord:
@@ -243,11 +251,8 @@ class Arbiter:
     def _drop_draft(self) -> None:
         """The draft model only speeds decoding up: it is the first thing to go under VRAM
         pressure (and comes back with the VRAM: ``_restore_draft``)."""
-        drop = getattr(self.engine, "drop_draft_async", None)  # engines may have none
-        if drop is None:
-            return
         try:
-            if drop().result():
+            if self.engine.drop_draft_async().result():
                 log.info("dropped the speculative draft model (VRAM pressure)")
         except IgiError:  # a closed engine: nothing to drop
             pass
@@ -255,11 +260,8 @@ class Arbiter:
     def _restore_draft(self) -> None:
         """VRAM came back (a grow, a recovery onto a GPU rung): load the draft dropped under
         pressure again. Its sessions' draft caches catch up as they decode."""
-        restore = getattr(self.engine, "restore_draft_async", None)
-        if restore is None:
-            return
         try:
-            if restore().result():
+            if self.engine.restore_draft_async().result():
                 log.info("loaded the speculative draft model again (VRAM is back)")
         except IgiError as e:  # it did not fit after all: decoding goes on without it
             log.warning("could not load the draft model again: %s", e)
