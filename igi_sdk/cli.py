@@ -144,14 +144,18 @@ def parse_size(text: str) -> int:
 
 
 def _auto_plan(args: argparse.Namespace, path: Path, inventory: object) -> object:
-    """The planner's plan for --vram (default: half the GPU's free memory), or all-CPU."""
-    from igi_sdk.tuning.autoplan import plan_for_model
+    """The planner's plan for --vram (default: half the GPU's free memory), or all-CPU. A
+    --draft and an encoder on the GPU (--vision-gpu) take their VRAM out of that budget."""
+    from igi_sdk.tuning.autoplan import Beside, plan_for_model
 
     budget = parse_size(args.vram) if args.vram else None
+    beside = Beside.priced(n_ctx=args.ctx, max_sessions=2,
+                           draft=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
+                           encoder=Path(args.mmproj) if args.mmproj and args.vision_gpu else None)
     with _Progress(f"planning {path.name}") as progress:
         result = plan_for_model(path, inventory, budget=budget,  # type: ignore[arg-type]
                                 n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
-                                gen_tokens=args.max_tokens, progress=progress)
+                                gen_tokens=args.max_tokens, progress=progress, beside=beside)
     if result.best.uses_gpu():
         print(f"[plan '{result.best.name}': {result.why()}]", file=sys.stderr)
     return result.best
@@ -394,16 +398,33 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from igi_sdk.model import read_inventory
-    from igi_sdk.planner import Workload, plan_for
+    from igi_sdk.planner import Workload, typical_prompt
     from igi_sdk.profile import Profile
+    from igi_sdk.runtime.loader import ContextSettings
+    from igi_sdk.tuning.autoplan import (
+        BudgetPlanner,
+        DryRun,
+        prepare_backend,
+        with_threshold_in_effect,
+    )
+    from igi_sdk.tuning.measure import cached_before_backend
 
     inv = read_inventory(Path(args.model))
-    prof = Profile.load(Path(args.profile)) if args.profile else _machine_profile()[0]
     budget = parse_size(args.vram) if args.vram else None
     wl = Workload(n_ctx=args.ctx, n_seqs=args.seqs,
-                  prompt_tokens=args.prompt or max(64, min(1024, args.ctx // 4)),
-                  gen_tokens=args.gen)
-    result = plan_for(inv, prof, budget, wl)
+                  prompt_tokens=args.prompt or typical_prompt(args.ctx), gen_tokens=args.gen)
+    check: DryRun | None = None
+    if args.profile:  # another machine's: the planner's estimate alone
+        prof = Profile.load(Path(args.profile))
+    else:  # this machine: planned as `chat --vram` plans, dry-run checked where there is a GPU
+        guess = cached_before_backend()  # the threshold is asked for before the backend starts
+        if guess is not None:
+            prepare_backend(inv, guess, outputs=wl.outputs)
+        prof = _machine_profile()[0]
+        wl = with_threshold_in_effect(wl)  # what this process's llama.cpp runs with
+        check = DryRun(Path(args.model), ContextSettings(args.ctx, args.seqs, 512, 0,
+                                                         n_outputs=args.seqs))
+    result = BudgetPlanner(inv, prof, wl, check=check)(budget)
     best = result.best
     print(f"model {inv.name}: {_fmt_bytes(inv.total_bytes())}, budget "
           f"{_fmt_bytes(budget) if budget is not None else 'none (CPU only)'}, n_ctx {wl.n_ctx}, "

@@ -309,8 +309,8 @@ def _fake_plan_for_model_env(monkeypatch: pytest.MonkeyPatch, state: _native.Bac
 
     monkeypatch.setattr(autoplan, "first_gpu", first_gpu)
     monkeypatch.setattr(autoplan, "plan_checked",
-                        lambda path, inv, prof, budget, wl, settings: plan_for(inv, prof, budget,
-                                                                               wl))
+                        lambda path, inv, prof, budget, wl, settings, measure=None:
+                        plan_for(inv, prof, budget, wl))
     return started_with
 
 

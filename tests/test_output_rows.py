@@ -128,7 +128,7 @@ def test_dry_run_slack_goes_to_weights(monkeypatch, big_head, big_head_inventory
     calls: list[Plan] = []
     overshoot = {"by": 0}
 
-    def fake_measure(path, inv_, plan, prof, wl_, settings):
+    def fake_measure(path, inv_, plan, prof, wl_, settings, measure=None):
         calls.append(plan)
         vram = dict(plan.vram_bytes)
         measured = int(compute_buffer_estimate(inv_, plan, wl) * 0.5)

@@ -404,48 +404,56 @@ def test_grammar_replies_are_not_drafted_and_unchanged(default_model) -> None:
 
 
 def test_a_draft_takes_its_vram_from_the_targets_budget(default_model, monkeypatch) -> None:
-    """With an explicit budget the target is planned for what the draft leaves (fails before:
-    the target got the whole budget and the draft came on top); a budget the draft leaves too
-    little of is a typed error that names the draft."""
+    """With an explicit budget the target is planned on the one budget path with the draft's
+    price beside it (fails before: the target got the whole budget and the draft came on top);
+    a budget the draft leaves too little of is a typed error that names the draft."""
     from igi_sdk.bridge import protocol as P
     from igi_sdk.errors import BudgetTooSmallError
     from igi_sdk.planner import PlanResult
     from igi_sdk.sidecar import host as host_module
     from igi_sdk.sidecar.host import HostConfig, ModelHost
+    from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, draft_bytes
 
-    budgets: list[int] = []
+    calls: list[tuple[int, Beside]] = []
 
-    def fake_plan(path, inv, *, budget, **kw):
-        budgets.append(budget)
-        if budget < 64 * 1024 * 1024:
-            raise BudgetTooSmallError("too small", 64 * 1024 * 1024)
+    def fake_plan(path, inv, *, budget, beside, **kw):
+        calls.append((budget, beside))
         return PlanResult(Plan.all_cpu(), [], budget, 0)
 
     monkeypatch.setattr(host_module, "plan_for_model", fake_plan)
     request = P.LoadModel(path=default_model.name, n_ctx=512, max_sessions=2,
                           vram_budget=2 * 1024**3)
-    drafted = host_module._draft_vram(default_model, request, 2)
+    drafted = draft_bytes(default_model, 512, 2, 2)
     assert drafted > 0
     host = ModelHost(HostConfig(n_threads=2, arbiter=False, draft_model=default_model,
                                 draft_k=2))
     host.load_model(default_model, request)
     try:
-        assert budgets == [2 * 1024**3 - drafted]
+        assert calls == [(2 * 1024**3, Beside(draft=drafted))]
     finally:
         assert host.engine is not None
         host.engine.close()
-    tight = request.model_copy(update={"vram_budget": drafted + 1024})
+    # the budget path (the planner's estimate on a GPU profile): the target gets what the draft
+    # leaves, and a budget the draft leaves too little of names it
+    inv = read_inventory(default_model)
+    wl = Workload(n_ctx=512)
+    alone = BudgetPlanner(inv, GPU_PROFILE, wl)(2 * 1024**3)
+    beside = BudgetPlanner(inv, GPU_PROFILE, wl, beside=Beside(draft=drafted))
+    assert beside(2 * 1024**3).best.vram_bytes["total"] <= 2 * 1024**3
+    assert beside(2 * 1024**3).minimum_bytes == alone.minimum_bytes + drafted
     with pytest.raises(BudgetTooSmallError, match="draft model and the vision encoder"):
-        ModelHost(HostConfig(n_threads=2, arbiter=False, draft_model=default_model,
-                             draft_k=2)).load_model(default_model, tight)
+        beside(drafted + 1024)
 
 
 def test_ladder_rungs_on_the_gpu_count_the_draft(tiny_llama) -> None:
     from igi_sdk.arbiter.ladder import PlanLadder, arbiter_workload
+    from igi_sdk.tuning.autoplan import Beside, BudgetPlanner
 
     inv, wl = read_inventory(tiny_llama), arbiter_workload(512)
     plain = PlanLadder.build(inv, GPU_PROFILE, wl)
-    drafted = PlanLadder.build(inv, GPU_PROFILE, wl, extra_vram=100 * 1024 * 1024)
+    drafted = PlanLadder.build(inv, GPU_PROFILE, wl, planner=BudgetPlanner(
+        inv, GPU_PROFILE, wl, beside=Beside(draft=100 * 1024 * 1024)))
     assert drafted.cpu.vram == plain.cpu.vram
     assert [r.vram - 100 * 1024 * 1024 for r in drafted.rungs[1:]] == \
         [r.vram for r in plain.rungs[1:]]
+    assert all(r.plan.vram_bytes["draft"] == 100 * 1024 * 1024 for r in drafted.rungs[1:])

@@ -4,11 +4,12 @@ so that a decision at frame time is a lookup, not a planning run."""
 from __future__ import annotations
 
 from bisect import bisect_right
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory
-from igi_sdk.planner import Plan, Workload, plan_for
+from igi_sdk.planner import Plan, PlanResult, Workload, plan_for, typical_prompt
 from igi_sdk.profile import Profile
 
 MIB = 1024 * 1024
@@ -17,9 +18,18 @@ MIB = 1024 * 1024
 def arbiter_workload(n_ctx: int, outputs: int | None = None) -> Workload:
     """What the sidecar's ladder plans for: an NPC turn in a context of ``n_ctx`` (``outputs``:
     logits rows per decode step). Host weights stay memory-mapped, since the arbiter reloads the
-    model at every reshard."""
-    return Workload(n_ctx=n_ctx, prompt_tokens=max(64, min(1024, n_ctx // 4)), pin_host=False,
-                    n_outputs=outputs)
+    model at every reshard; the KV cache stays f16 on every rung (a reshard carries the KV bytes
+    over whole, and llama.cpp cannot read one format's cells into another's: a q8_0 rung beside
+    the f16 CPU rung would lose every conversation's cache at the move)."""
+    return Workload(n_ctx=n_ctx, prompt_tokens=typical_prompt(n_ctx), pin_host=False,
+                    n_outputs=outputs, kv_quant=False)
+
+
+# How a budget becomes a rung's plan: the plan for ``budget`` bytes of VRAM in all (None: the CPU
+# plan), whose ``vram_bytes["total"]`` counts whatever the GPU holds beside the model. The sidecar
+# passes the tuning layer's ``BudgetPlanner`` (the path every VRAM budget takes), which raises
+# BudgetTooSmallError for a budget that leaves the model too little.
+RungPlanner = Callable[[int | None], PlanResult]
 
 
 @dataclass(frozen=True)
@@ -43,31 +53,39 @@ class PlanLadder:
 
     @classmethod
     def build(cls, inv: ModelInventory, prof: Profile, wl: Workload,
-              step: int = 256 * MIB, extra_vram: int = 0) -> PlanLadder:
-        """Rungs from the CPU plan up to what unlimited VRAM would run, ``step`` apart.
-        ``extra_vram``: a draft model or a vision encoder held in VRAM beside every GPU plan
-        (the arbiter drops the draft first under pressure, so the CPU rung does not count it)."""
-        # every rung keeps the f16 KV cache: a reshard carries the KV bytes over whole, and
-        # llama.cpp cannot read one format's cells into another's (a q8_0 rung beside the f16
-        # CPU rung would lose every conversation's cache at the move)
-        wl = replace(wl, kv_quant=False)
-        cpu = plan_for(inv, prof, None, wl).best
-        rungs = [Rung(prof.gpu_fixed_bytes if prof.gpu else 0, cpu)]
+              step: int = 256 * MIB, planner: RungPlanner | None = None,
+              cap: int | None = None) -> PlanLadder:
+        """Rungs from the CPU plan up to what unlimited VRAM would run, ``step`` apart, none
+        above ``cap`` bytes. ``planner``: how each budget step becomes a plan (default: the
+        planner's estimate for ``wl``, nothing beside the model); the sidecar's checks every GPU
+        rung with a dry-run load where llama.cpp has a GPU — on a machine without one (CPU CI)
+        a rung is the planner's estimate, as here."""
+        if planner is None:
+            f16 = replace(wl, kv_quant=False)
+            planner = lambda budget: plan_for(inv, prof, budget, f16)  # noqa: E731
+        rungs = [Rung(prof.gpu_fixed_bytes if prof.gpu else 0, planner(None).best)]
         if prof.gpu is None:
             return cls(rungs)
         try:
-            top = plan_for(inv, prof, 2**62, wl).best  # what unlimited VRAM would run
+            top = planner(2**62)  # what unlimited VRAM would run
         except BudgetTooSmallError:
             return cls(rungs)
-        ceiling = int(top.vram_bytes["total"])
-        budget = plan_for(inv, prof, 2**62, wl).minimum_bytes
+        ceiling = int(top.best.vram_bytes["total"])
+        budget = top.minimum_bytes
         seen: set[tuple] = set()
-        while True:
-            plan = plan_for(inv, prof, min(budget, ceiling), wl).best
-            key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload)
-            if key not in seen:
-                seen.add(key)
-                rungs.append(Rung(int(plan.vram_bytes["total"]) + extra_vram, plan))
+        while cap is None or budget <= cap:
+            try:
+                plan: Plan | None = planner(min(budget, ceiling)).best
+            except BudgetTooSmallError:  # a dry run measured more than the estimate: a larger
+                plan = None  # step may still fit
+            if plan is not None and (cap is None or plan.vram_bytes["total"] <= cap):
+                if plan.type_k != "f16" or plan.type_v != "f16":
+                    raise ValueError(f"ladder rung '{plan.name}' has a {plan.type_k} KV cache: "
+                                     "every rung keeps the f16 cache a reshard carries over")
+                key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload)
+                if key not in seen:
+                    seen.add(key)
+                    rungs.append(Rung(int(plan.vram_bytes["total"]), plan))
             if budget >= ceiling:
                 break
             budget += step

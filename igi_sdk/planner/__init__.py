@@ -10,6 +10,7 @@ from igi_sdk.planner.planner import (
     copy_threshold,
     minimum_budget,
     plan_for,
+    typical_prompt,
     vram_by_category,
 )
 
@@ -27,6 +28,7 @@ __all__ = [
     "minimum_budget",
     "plan_for",
     "ttft_seconds",
+    "typical_prompt",
     "ubatch_cost",
     "vram_by_category",
 ]

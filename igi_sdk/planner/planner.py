@@ -67,6 +67,12 @@ def _margin(inv: ModelInventory, compute: int) -> int:
     return fixed + int(_MARGIN_FRACTION * compute)
 
 
+def typical_prompt(n_ctx: int) -> int:
+    """Prompt tokens of a typical NPC turn in a context of ``n_ctx``: a quarter of it, from 64
+    to 1024 (a chat line with its history; the one rule every plan for a budget uses)."""
+    return max(64, min(1024, n_ctx // 4))
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the plan is optimised for: a typical NPC turn.

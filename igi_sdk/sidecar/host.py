@@ -13,7 +13,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -33,7 +33,6 @@ from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
-    BudgetTooSmallError,
     CannotFreeError,
     DeadlineMissedError,
     EngineClosedError,
@@ -42,9 +41,7 @@ from igi_sdk.errors import (
 )
 from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.model.mmproj import read_encoder
-from igi_sdk.planner import Plan, Workload
-from igi_sdk.planner.speculative import draft_vram
-from igi_sdk.planner.vision import encoder_vram, flash_attn_for, largest_grid
+from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, Generation, ImageInput, SamplingParams, image_turn
 from igi_sdk.runtime.image_decode import (
@@ -53,6 +50,7 @@ from igi_sdk.runtime.image_decode import (
     decoding_chat,
     image_token_cap,
 )
+from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.tuning import (
     cached_before_backend,
@@ -61,6 +59,7 @@ from igi_sdk.tuning import (
     prepare_backend,
     with_threshold_in_effect,
 )
+from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun
 
 log = logging.getLogger("igi_sdk.sidecar")
 
@@ -170,63 +169,69 @@ class ModelHost:
                            vision_max_tokens=self.cfg.vision_max_tokens,
                            context_floor=self.cfg.context_floor)
         inventory = read_inventory(path)
-        # a draft lives wholly in VRAM beside every GPU plan: its bytes come out of the target's
-        # budget (an explicit one, or each rung of the arbiter's ladder)
-        beside = _draft_vram(draft, request, self.cfg.draft_k) if draft else 0
-        # so does an encoder on the GPU, priced for the largest image it takes, unless it
-        # borrows that VRAM from the model for each image turn
-        encoder = (_encoder_vram(mmproj, self.cfg.vision_max_tokens)
-                   if mmproj and self.cfg.vision_gpu else 0)
-        borrow = bool(encoder) and self.cfg.vision_borrow
-        if not borrow:
-            beside += encoder
+        # what the GPU holds beside the model on a GPU plan takes its VRAM out of the model's
+        # budget, on the one budget path (a fixed budget, or each rung of the arbiter's ladder):
+        # a draft wholly in VRAM, and an encoder on the GPU priced for the largest image it
+        # takes, unless it borrows that VRAM from the model for each image turn
+        priced = Beside.priced(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                               draft=draft, draft_k=self.cfg.draft_k,
+                               encoder=mmproj if mmproj and self.cfg.vision_gpu else None,
+                               max_image_tokens=self.cfg.vision_max_tokens)
+        borrow = bool(priced.encoder) and self.cfg.vision_borrow
+        beside = replace(priced, encoder=0) if borrow else priced
+        settings = ContextSettings(cfg.n_ctx, cfg.max_sessions, cfg.n_batch, cfg.n_threads,
+                                   n_outputs=cfg.outputs_per_step)
         vision_plan: Callable[[Plan], Plan | None] | None = None
-        setup = (self._arbiter_setup(inventory, request, cfg.outputs_per_step, beside)
-                 if request.vram_budget is None else None)
+        # under the arbiter a vram_budget is a cap (at most that, less when the game needs
+        # it); without one it fixes the placement
+        setup = self._arbiter_setup(path, inventory, request, settings, beside)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
-            ladder = setup[0]
-            plan = ladder.cpu.plan
-        elif request.vram_budget is not None:  # plans (and asks for) its own threshold
-            prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
-
-            def planned(budget: int, taken: int) -> Plan:
-                try:  # borrowing: host weights memory-mapped, so that a move takes ~1 s
-                    return plan_for_model(path, inventory, budget=budget, n_ctx=request.n_ctx,
-                                          max_sessions=request.max_sessions,
-                                          n_threads=self.cfg.n_threads, profile=prof,
-                                          outputs=cfg.outputs_per_step,
-                                          pin_host=not borrow).best
-                except BudgetTooSmallError as e:
-                    if not taken:
-                        raise
-                    raise BudgetTooSmallError(
-                        f"{e} (the draft model and the vision encoder on the GPU take "
-                        f"{taken >> 20} MiB of the {request.vram_budget >> 20} MiB budget; "
-                        "load without them, lower --vision-max-tokens or raise the budget)",
-                        e.minimum_bytes + taken) from None
-
-            plan = planned(request.vram_budget - beside, beside)
-            if borrow:
-                small = planned(request.vram_budget - beside - encoder, beside + encoder)
-                vision_plan = lambda _current: small  # noqa: E731 - nothing else moves it
+            plan = setup[0].cpu.plan
+            if priced.encoder:
+                vision_plan = encoder_room(setup[0], priced.encoder, borrow)
+        elif request.vram_budget is not None:
+            plan, vision_plan = self._fixed_plan(path, inventory, request, cfg, beside,
+                                                 priced.encoder if borrow else 0)
         else:
             plan = Plan.all_cpu()
-        if setup is not None and encoder:
-            vision_plan = encoder_room(setup[0], encoder, borrow)
         self.engine = Engine(path, plan, cfg, vision_plan=vision_plan)
         self._name = path.name
         if mmproj:
             self._image_tile, self._image_limit = _image_grid(mmproj, self.cfg.vision_max_tokens)
             self._decoder.warm()
         if setup is not None:
-            self._start_arbiter(setup[0], setup[1])
+            self._start_arbiter(setup[0], setup[1], setup[2])
 
-    def _arbiter_setup(self, inventory: ModelInventory, request: P.LoadModel, outputs: int,
-                       extra_vram: int = 0,
-                       ) -> tuple[PlanLadder, ScriptedTrace | None, Profile] | None:
-        """(plan ladder, trace or None, profile) when this sidecar arbitrates VRAM, else None.
-        ``outputs``: logits rows per decode step of the engine it plans for; ``extra_vram``:
-        what a draft model or a vision encoder on the GPU adds to every GPU rung."""
+    def _fixed_plan(self, path: Path, inventory: ModelInventory, request: P.LoadModel,
+                    cfg: EngineConfig, beside: Beside, borrowed: int,
+                    ) -> tuple[Plan, Callable[[Plan], Plan | None] | None]:
+        """A fixed ``vram_budget`` (no arbiter): the budget path's plan for it, and with an
+        encoder that borrows ``borrowed`` bytes, the smaller placement the model moves to for
+        each image turn (the engine's ``vision_plan``)."""
+        assert request.vram_budget is not None
+        prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
+
+        def planned(aside: Beside) -> Plan:  # plans (and asks for) its own threshold
+            # borrowing: host weights memory-mapped, so that a move takes ~1 s
+            return plan_for_model(path, inventory, budget=request.vram_budget,
+                                  n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                                  n_threads=self.cfg.n_threads, profile=prof,
+                                  outputs=cfg.outputs_per_step, pin_host=not borrowed,
+                                  beside=aside, n_batch=cfg.n_batch).best
+
+        plan = planned(beside)
+        if not borrowed:
+            return plan, None
+        small = planned(replace(beside, encoder=borrowed))
+        return plan, lambda _current: small  # nothing else moves it
+
+    def _arbiter_setup(self, path: Path, inventory: ModelInventory, request: P.LoadModel,
+                       settings: ContextSettings, beside: Beside,
+                       ) -> tuple[PlanLadder, ScriptedTrace | None, int | None] | None:
+        """(plan ladder, trace or None, VRAM cap or None) when this sidecar arbitrates VRAM,
+        else None. ``settings``: the context the engine runs (the ladder's dry runs use it);
+        ``beside``: what a draft model or a vision encoder on the GPU adds to every GPU rung.
+        The cap is the least of ``serve --vram`` and the request's ``vram_budget``."""
         from igi_sdk.runtime.nvml import nvml
 
         cfg = self.cfg
@@ -235,7 +240,7 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        wl = arbiter_workload(request.n_ctx, outputs)
+        wl = arbiter_workload(request.n_ctx, settings.n_outputs)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
@@ -247,12 +252,19 @@ class ModelHost:
             threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:
             return None
-        ladder = PlanLadder.build(inventory, prof, with_threshold_in_effect(wl),
-                                  extra_vram=extra_vram)
+        caps = [c for c in (cfg.vram_cap, request.vram_budget) if c is not None]
+        cap = min(caps) if caps else None
+        # every GPU rung takes the budget path a fixed budget takes (dry-run checked where
+        # llama.cpp has a GPU); rungs above the cap would never be used, so none is planned
+        wl = with_threshold_in_effect(wl)
+        planner = BudgetPlanner(inventory, prof, wl, beside=beside,
+                                check=DryRun(path, settings))
+        ladder = PlanLadder.build(inventory, prof, wl, planner=planner, cap=cap)
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
-        return ladder, trace, prof
+        return ladder, trace, cap
 
-    def _start_arbiter(self, ladder: PlanLadder, trace: ScriptedTrace | None) -> None:
+    def _start_arbiter(self, ladder: PlanLadder, trace: ScriptedTrace | None,
+                       cap: int | None) -> None:
         assert self.engine is not None
         holder: list[Arbiter] = []
 
@@ -274,8 +286,7 @@ class ModelHost:
         self.engine_reports = EngineReportSource(total, own)
         sources.append(self.engine_reports)
         arb = Arbiter(self.engine, ladder, sources,
-                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s,
-                                          cap=self.cfg.vram_cap))
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s, cap=cap))
         holder.append(arb)
         self.arbiter = arb
         arb.start()
@@ -460,20 +471,13 @@ def _end_all(waiting: list[tuple[Reservation, ArbiterDone]], error: IgiError) ->
 
 
 def reservation_without_arbiter(held_vram: int) -> IgiError | None:
-    """How a reservation ends when nothing can move the model (no arbiter, or a fixed
-    ``vram_budget``): granted (None) when it holds no VRAM, else it cannot be freed."""
+    """How a reservation ends when nothing can move the model (no arbiter: its ``vram_budget``
+    fixed the placement): granted (None) when it holds no VRAM, else it cannot be freed."""
     if held_vram <= 0:
         return None
     return CannotFreeError(
-        f"the model holds {held_vram >> 20} MiB of VRAM on a fixed plan (a vram_budget was "
-        "given, or the arbiter is off), so none of it can be given back")
-
-
-def _draft_vram(draft: Path, request: P.LoadModel, k: int) -> int:
-    """VRAM of a draft held wholly on the GPU beside the target (weights, its KV cache for
-    every session plus ``k`` drafts each, compute buffer): planner.speculative's pricing."""
-    wl = Workload(n_ctx=request.n_ctx, n_seqs=request.max_sessions)
-    return draft_vram(read_inventory(draft), wl, k).total
+        f"the model holds {held_vram >> 20} MiB of VRAM on a fixed plan (the VRAM arbiter is "
+        "off), so none of it can be given back")
 
 
 def _image_grid(mmproj: Path, max_tokens: int) -> tuple[int, int]:
@@ -484,10 +488,3 @@ def _image_grid(mmproj: Path, max_tokens: int) -> tuple[int, int]:
     except (OSError, ValueError):
         return 0, 0
     return enc.patch_size * enc.n_merge, min(max_tokens or enc.max_tokens, enc.max_tokens)
-
-
-def _encoder_vram(mmproj: Path, max_tokens: int) -> int:
-    """VRAM of the vision encoder on the GPU for the largest image it takes (weights, compute
-    buffer with flash attention where the GPU has it, margin): planner.vision's pricing."""
-    enc = read_encoder(mmproj)
-    return encoder_vram(enc, largest_grid(enc, max_tokens), flash_attn_for(enc, gpu=True))
