@@ -333,7 +333,7 @@ def test_reservation_is_acknowledged_as_soon_as_the_old_plan_is_gone(tmp_path) -
     total = top.vram + 64 * MIB + 256 * MIB
     # what the device shows for us: nothing while the engine holds no model (mid-reshard)
     trace = ScriptedTrace(total, [(0.0, 0)], clock=lambda: t[0],
-                          own=lambda: 0 if eng._loaded is None else arb.policy.current.vram)
+                          own=lambda: 0 if not eng.loaded else arb.policy.current.vram)
     arb = Arbiter(eng, ladder, [trace], config=PolicyConfig(headroom=64 * MIB, grow_hold_s=0.0),
                   clock=lambda: t[0])
     events: list[str] = []
@@ -382,19 +382,21 @@ class _Ops:
     def budget_now(self) -> int:
         return self.budgets.pop(0) if len(self.budgets) > 1 else self.budgets[0]
 
-    def park_and_release(self) -> None:
+    def release(self) -> None:
         self.loaded = False
 
-    def load_and_restore(self, plan) -> None:
-        from igi_sdk.errors import ModelLoadError
+    def load_first_fitting(self, plans):
+        from igi_sdk.runtime.engine_ops import LoadOutcome
 
-        self.tried.append(plan.name)
-        if plan.name in self.failing:
-            raise ModelLoadError("injected: out of memory")
-        self.loaded = True
-
-    def fail_active(self, error) -> None:
-        pass
+        failures = []
+        for plan in plans:
+            self.tried.append(plan.name)
+            if plan.name in self.failing:
+                failures.append((plan.name, "injected: out of memory"))
+                continue
+            self.loaded = True
+            return LoadOutcome(plan.name, tuple(failures))
+        return LoadOutcome(None, tuple(failures))
 
 
 def test_one_failed_load_sends_the_model_to_the_cpu_rung_not_the_next_gpu_rung(ladder) -> None:

@@ -68,7 +68,7 @@ def test_a_bystander_streams_while_a_nested_grammar_replies(engine) -> None:
         slow = engine.chat(g, "Say something.", max_tokens=48, grammar=NESTED_5)
         times: list[float] = []
         by = engine.chat(b, "Prices?", max_tokens=16, ignore_eos=True,
-                         listener=lambda kind, _v: times.append(time.perf_counter()))
+                         listener=lambda _event: times.append(time.perf_counter()))
         assert by.result(60).completion_tokens == 16
         slow.result(60)
     finally:
@@ -84,7 +84,7 @@ def test_cancel_ends_a_nested_grammar_reply_within_a_step(engine) -> None:
     try:
         first = threading.Event()
         gen = engine.chat(sid, "Say something.", max_tokens=400, grammar=NESTED_5,
-                          listener=lambda kind, _v: first.set())
+                          listener=lambda _event: first.set())
         assert first.wait(60)
         t0 = time.perf_counter()
         gen.cancel()

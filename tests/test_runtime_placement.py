@@ -9,7 +9,7 @@ import pytest
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, list_devices
-from igi_sdk.runtime.placement import name_patterns
+from igi_sdk.runtime.overrides import name_patterns
 
 CFG = EngineConfig(n_ctx=256, max_sessions=2, n_threads=2)
 

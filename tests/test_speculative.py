@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from igi_sdk.errors import DraftMismatchError
+from igi_sdk.events import ReplyText
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from igi_sdk.planner import Plan, Workload
 from igi_sdk.planner import speculative as pricing
@@ -225,8 +226,9 @@ def test_drop_draft_mid_reply_keeps_the_stream_and_its_output(default_model) -> 
         dropped: list = []
         seen = threading.Event()
 
-        def listener(kind: str, _payload: object) -> None:
-            if kind == "text" and not dropped and eng.status()["speculative"]["drafted"] > 8:
+        def listener(event: object) -> None:
+            drafted = eng.status()["speculative"]["drafted"]
+            if isinstance(event, ReplyText) and not dropped and drafted > 8:
                 dropped.append(eng.drop_draft_async())  # queued: runs between two steps
                 seen.set()
 

@@ -25,6 +25,7 @@ from igi_sdk.errors import (
 from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, image_turn, snapshot
+from igi_sdk.runtime.encoder import EncoderRoom
 from igi_sdk.runtime.image_turn import IMAGE_SLOT, ImageInput
 from tests.images import card, png
 
@@ -456,28 +457,24 @@ def test_an_encoder_on_the_gpu_takes_its_vram_from_the_budget(vlm: VLMFiles, mon
 
 
 def test_the_lm_moves_for_the_encoder_and_back_and_replies_do_not_change(vlm: VLMFiles) -> None:
-    """``vision_plan``: each image turn reshards the LM to the encoder's placement, encodes,
+    """``encoder_room``: each image turn reshards the LM to the encoder's placement, encodes,
     frees the encoder and moves back; text turns do not move it; replies are the same."""
     from igi_sdk.runtime.vision import VisionContext
 
     main = Plan.all_cpu()
     for_encoder = main.model_copy(update={"name": "for-encoder"})
-    seen: list[str] = []
-
-    def vision_plan(current: Plan) -> Plan:
-        seen.append(current.name)
-        return for_encoder
+    room = EncoderRoom(((main, for_encoder),))
 
     live = VisionContext.live
     lines = [("What do you think of this sword?", [image(0)]), ("And how much?", None),
              ("And this one?", [image(1)])]
-    with Engine(vlm.model, main, _config(vlm, vision_gpu=True), vision_plan=vision_plan) as eng:
+    with Engine(vlm.model, main, _config(vlm, vision_gpu=True), encoder_room=room) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
         moved = []
         for text, imgs in lines:
             moved.append(_say(eng, sid, text, imgs).tokens)
             assert eng.plan == main and VisionContext.live == live  # back, encoder freed
-        assert eng.vision_borrows == 2 and eng.reshard_count == 4 and seen == ["all-cpu"] * 2
+        assert eng.vision_borrows == 2 and eng.reshard_count == 4
         saved = eng.snapshot(sid)
     with Engine(vlm.model, main, _config(vlm)) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
@@ -489,10 +486,21 @@ def test_the_lm_moves_for_the_encoder_and_back_and_replies_do_not_change(vlm: VL
 
 def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
         vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The encoder's placement cannot load (out of VRAM): the line ends typed, the session is
-    as before it, the LM is back on its own placement and the next line works."""
+    """The encoder's placement cannot load (out of VRAM): the LM lands on the fallback (its
+    own placement here), the encoder runs on the CPU for that line, which is answered, and the
+    next line works."""
     from igi_sdk.errors import ModelLoadError
+    from igi_sdk.runtime import engine as engine_module
     from igi_sdk.runtime import loader
+
+    placed: list[bool] = []
+
+    class Recorded(engine_module.VisionContext):  # type: ignore[misc,valid-type]
+        def __init__(self, model: object, path: str, options: object) -> None:
+            placed.append(options.use_gpu)  # type: ignore[attr-defined]
+            super().__init__(model, path, options)
+
+    monkeypatch.setattr(engine_module, "VisionContext", Recorded)
 
     real_load = loader.load
 
@@ -504,20 +512,19 @@ def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
     monkeypatch.setattr(loader, "load", no_room)
     for_encoder = Plan.all_cpu().model_copy(update={"name": "for-encoder"})
     with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
-                vision_plan=lambda _p: for_encoder) as eng:
+                encoder_room=EncoderRoom.always(for_encoder, fallback=Plan.all_cpu())) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
         first = _say(eng, sid, "Hello there.").tokens
-        saved = eng.snapshot(sid)
-        with pytest.raises(ModelLoadError):
-            _say(eng, sid, "What is this?", [image(0)])
+        assert _say(eng, sid, "What is this?", [image(0)]).tokens
         assert eng.plan.name == "all-cpu" and eng.state == "ready" and eng.vision_borrows == 0
-        assert eng.snapshot(sid) == saved
-        assert len(_say(eng, sid, "Hello again.").tokens) == len(first)
+        assert placed == [False, False]  # the load's check, then the line's: on the CPU
+        assert len(_say(eng, sid, "Hello again.").tokens) >= 1
+        assert first
 
 
-def test_the_encoder_opens_on_the_cpu_where_vision_plan_finds_no_room(
+def test_the_encoder_opens_on_the_cpu_where_the_room_has_none(
         vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``vision_plan`` answering None (the arbiter's CPU rung: the game has the GPU) keeps a
+    """``encoder_room`` answering None (the arbiter's CPU rung: the game has the GPU) keeps a
     ``vision_gpu`` encoder off the GPU for that turn; a placement puts it there. The engine's
     status tells which, and counts the moves."""
     from igi_sdk.runtime import engine as engine_module
@@ -530,13 +537,13 @@ def test_the_encoder_opens_on_the_cpu_where_vision_plan_finds_no_room(
             super().__init__(model, path, options)
 
     monkeypatch.setattr(engine_module, "VisionContext", Recorded)
-    room: list[Plan | None] = [None]
     with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
-                vision_plan=lambda _p: room[0]) as eng:
+                encoder_room=EncoderRoom()) as eng:
         assert placed == [False]  # the load's check of the mmproj: always on the CPU
         sid = eng.open_session(NPC, sampling=GREEDY)
         _say(eng, sid, "What is this?", [image(0)])
-        room[0] = eng.plan  # room where it is: no move, the encoder on the GPU
+        # room where it is: no move, the encoder on the GPU
+        eng._call(lambda: setattr(eng._encoder, "room", EncoderRoom.always(eng.plan)))
         _say(eng, sid, "And this?", [image(1)])
         assert placed == [False, False, True]
         end = eng.status()["vision"]
@@ -602,7 +609,7 @@ def test_borrowing_never_puts_the_encoder_beside_the_lms_whole_placement(
     caplog.set_level(logging.DEBUG, logger="igi_sdk.runtime")
     smaller = Plan.all_cpu().model_copy(update={"name": "for-encoder"})
     with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
-                vision_plan=lambda _p: smaller) as eng:
+                encoder_room=EncoderRoom.always(smaller)) as eng:
         sid = eng.open_session(NPC, sampling=GREEDY)
         caplog.clear()
         _say(eng, sid, "What is this?", [image(0)])
@@ -654,9 +661,10 @@ def test_with_a_budget_a_borrowing_sidecar_plans_both_placements(
             assert calls == expected
             assert host.engine is not None
             assert host.engine.plan.name == f"at-{expected[0][0]}"
-            lend = host.engine._encoder.vision_plan
+            lend = host.engine._encoder.room
             if borrow:  # the engine moves to the second placement for the encoder
-                assert lend is not None and lend(host.engine.plan).name == f"at-{expected[1][0]}"
+                assert lend is not None
+                assert lend.target(host.engine.plan).name == f"at-{expected[1][0]}"
             else:
                 assert lend is None
         finally:

@@ -1,11 +1,14 @@
 """The arbiter loop: read VRAM sources, ask the policy, run the reshard state machine.
 
 It runs on its own thread so that neither the game's frame (the socket thread answering
-``frame``) nor the decode loop waits for a decision; the reshard itself
-(:class:`~igi_sdk.arbiter.reshard.ReshardMachine`) runs on the engine thread between decode
-steps, so a stream only pauses for its duration. Every reservation ends with a typed outcome:
-granted once the VRAM is free, :class:`CannotFreeError` when the model is on its CPU plan and the
-memory is still held by others, :class:`DeadlineMissedError` past its time limit.
+``frame``) nor the decode loop waits for a decision. The reshard itself
+(:class:`~igi_sdk.arbiter.reshard.ReshardMachine`) runs here too and moves the model with the
+engine's two commands (``Release``, ``LoadFirstFitting``), which the engine runs between
+decode steps, so a stream only pauses for their duration; VRAM sources are read and
+reservations settled on this thread, never on the engine's. Every reservation ends with a
+typed outcome: granted once the VRAM is free, :class:`CannotFreeError` when the model is on its
+CPU plan and the memory is still held by others, :class:`DeadlineMissedError` past its time
+limit.
 """
 
 from __future__ import annotations
@@ -14,14 +17,15 @@ import logging
 import threading
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol
 
+from igi_sdk import threads
 from igi_sdk.arbiter.ladder import PlanLadder
 from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reservation
-from igi_sdk.arbiter.reshard import ReshardMachine, ReshardOps, ReshardOutcome
+from igi_sdk.arbiter.reshard import LoadResult, ReshardMachine, ReshardOutcome
 from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
 from igi_sdk.errors import CannotFreeError, DeadlineMissedError, IgiError
 from igi_sdk.planner import Plan
@@ -38,9 +42,14 @@ class ReshardableEngine(Protocol):
     """What the arbiter needs of the engine (``igi_sdk.runtime.Engine``)."""
 
     plan: Plan
-    state: str  # "ready" | "unavailable" | "closed"
+    state: str  # "ready" | "moving" | "unavailable" | "closed"
 
-    def exclusive(self, procedure: Callable[[ReshardOps], ReshardOutcome]) -> Future: ...
+    @property
+    def loaded(self) -> bool: ...
+
+    def release_async(self) -> Future[None]: ...
+
+    def load_first_fitting_async(self, candidates: Sequence[Plan]) -> Future[LoadResult]: ...
 
     def drop_draft_async(self) -> Future[bool]:
         """Free the speculative draft model, if one is loaded (True: it was)."""
@@ -49,6 +58,24 @@ class ReshardableEngine(Protocol):
     def restore_draft_async(self) -> Future[bool]:
         """Load the draft model dropped under pressure again (True: it was)."""
         ...
+
+
+class EngineSteps:
+    """The engine's two reshard commands as the state machine's blocking steps (arbiter
+    thread: it waits while the engine thread runs them)."""
+
+    def __init__(self, engine: ReshardableEngine) -> None:
+        self._engine = engine
+
+    @property
+    def loaded(self) -> bool:
+        return self._engine.loaded
+
+    def release(self) -> None:
+        self._engine.release_async().result()
+
+    def load_first_fitting(self, plans: Sequence[Plan]) -> LoadResult:
+        return self._engine.load_first_fitting_async(plans).result()
 
 
 @dataclass(frozen=True)
@@ -140,7 +167,7 @@ class Arbiter:
     # --- loop ---------------------------------------------------------------------------------
 
     def start(self) -> None:
-        self._thread = threading.Thread(target=self._run, name="igi-arbiter", daemon=True)
+        self._thread = threading.Thread(target=self._run, name=threads.ARBITER, daemon=True)
         self._thread.start()
 
     def stop(self) -> list[tuple[Reservation, ReservationDone]]:
@@ -165,6 +192,7 @@ class Arbiter:
     def _reading(self) -> VramReading | None:
         """The most conservative reading (smallest budget) of all sources that answer: never
         trust one source alone (per-process figures are missing under WDDM, say)."""
+        threads.refuse(threads.ENGINE, "reading VRAM sources")
         readings = [r for s in self.sources if (r := s.read()) is not None]
         if not readings:
             return None
@@ -223,7 +251,7 @@ class Arbiter:
 
         machine = ReshardMachine(self.ladder, d.target, self._budget_now, on_released,
                                  clock=self.clock)
-        out: ReshardOutcome = self.engine.exclusive(machine).result()
+        out: ReshardOutcome = machine(EngineSteps(self.engine))
         self.contended = out.contended
         if out.contended:  # the game is growing: grow back only once the budget has held
             with self._lock:
@@ -268,6 +296,7 @@ class Arbiter:
 
     def _settle(self, reading: VramReading | None) -> None:
         """End every reservation that can end now: granted, cannot_free or deadline_missed."""
+        threads.refuse(threads.ENGINE, "settling reservations")
         now = self.clock()
         done: list[tuple[Reservation, ReservationDone, IgiError | None]] = []
         with self._lock:

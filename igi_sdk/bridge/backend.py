@@ -10,24 +10,19 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from igi_sdk.bridge import protocol as P
+from igi_sdk.events import ReplyEvent, ReplyResult
 
-
-class ChatResult(Protocol):
-    text: str
-    finish_reason: str
-    prompt_tokens: int
-    completion_tokens: int
-    ttft_s: float
-    total_s: float
+# a finished reply's figures, as the model side reports them
+ChatResult = ReplyResult
 
 
 class StreamHandle(Protocol):
     def cancel(self) -> None: ...
 
 
-# (kind, payload): ("text", str), ("done", ChatResult), ("error", exception); called on the
-# engine thread, so it must only hand the event on
-StreamListener = Callable[[str, object], None]
+# a reply's typed events: ReplyText*, then ReplyDone or ReplyFailed (igi_sdk/events.py); called
+# on the model side's outbox thread, never on the engine's
+StreamListener = Callable[[ReplyEvent], None]
 # how a reservation ends: None = granted, else the typed error
 ReservationDone = Callable[[Exception | None], None]
 

@@ -3,8 +3,9 @@
 One socket thread owns the ROUTER and never waits on the model: control messages (``ping``,
 ``frame``, ``stats``, ``cancel``, ``reserve_vram``, heartbeats) are answered from state it holds;
 model work (``open_session``, ``chat``, ``save_session`` ...) is handed to the backend as futures,
-and their results come back through an ``inproc`` PULL socket together with stream events (each
-producing thread pushes through its own PUSH socket, since ZeroMQ sockets are not thread-safe).
+and their results come back through an ``inproc`` PULL socket together with stream events (one
+PUSH socket shared under a lock, since ZeroMQ sockets are not thread-safe: the model side's
+outbox thread, the arbiter's and the loading threads all send through it).
 Completions run on the socket thread, so the per-client bookkeeping has one owner. A
 ``load_model`` request runs on a worker thread; a model named on the command line is loaded
 before the socket serves, so a sidecar that cannot load it fails at once.
@@ -30,6 +31,7 @@ from urllib.parse import urlparse
 import zmq
 import zmq.auth
 
+from igi_sdk import threads
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import Backend, ChatResult
 from igi_sdk.bridge.clients import Client, ImageBytes, make_room, slot_cap
@@ -45,6 +47,7 @@ from igi_sdk.bridge.ownership import (
     prune_logs,
 )
 from igi_sdk.errors import IgiError, coded_error, save_io_error
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
 
 log = logging.getLogger("igi_sdk.bridge")
 
@@ -116,7 +119,8 @@ class Server:
         self.latency = _Latency()
         # work that finished on another thread, to be finished here (socket thread)
         self._completions: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
-        self._local = threading.local()
+        self._push_lock = threading.Lock()
+        self._push_sock: zmq.Socket | None = None
         self._auth: Any = None
         self._pid_watch: int | None = None
         # called once on the serving thread when the model named at start is loaded and
@@ -584,22 +588,22 @@ class Server:
             c.cancel_pending.discard(msg_id)
             events.ended_at = time.monotonic()
 
-        def listener(kind: str, payload: object) -> None:  # runs on the engine thread
-            if kind == "text":
+        def listener(event: ReplyEvent) -> None:  # on the model side's outbox thread
+            if isinstance(event, ReplyText):
                 frame = P.encode(msg_id, "token",
-                                 {"text": payload, "i": len(events.tokens) + 1})
+                                 {"text": event.text, "i": len(events.tokens) + 1})
                 events.tokens.append(frame)
                 self._push(identity, frame)
                 return
-            if kind == "done":
-                r: ChatResult = payload  # type: ignore[assignment]
+            if isinstance(event, ReplyDone):
+                r: ChatResult = event.result
                 frame = P.encode(msg_id, "done", self._with_ignored({
                     "text": r.text, "finish_reason": r.finish_reason,
                     "usage": {"prompt_tokens": r.prompt_tokens,
                               "completion_tokens": r.completion_tokens},
                     "timings": {"ttft_s": r.ttft_s, "total_s": r.total_s}}, ignored))
             else:
-                frame = P.encode(msg_id, "error", _typed(payload, "chat").body())
+                frame = P.encode(msg_id, "error", _typed(event.error, "chat").body())
             events.terminal = frame
             self._completions.put(ended)
             self._push(identity, frame)
@@ -828,14 +832,19 @@ class Server:
     # --- helpers -----------------------------------------------------------------------------
 
     def _push(self, identity: bytes, frame: bytes) -> None:
-        """Queue a message for the socket thread (any thread may call this)."""
-        sock = getattr(self._local, "push", None)
-        if sock is None:
-            sock = self.ctx.socket(zmq.PUSH)
-            sock.setsockopt(zmq.LINGER, 1000)
-            sock.connect(self._events_addr)
-            self._local.push = sock
-        sock.send_multipart([identity, frame])
+        """Queue a message for the socket thread (any thread but the engine's may call this).
+
+        One PUSH socket for every sending thread, used under a lock (the lock is ZeroMQ's
+        memory barrier between threads): a socket per thread piled up one per load thread
+        and reservation timer, each holding a file descriptor until collected."""
+        threads.refuse(threads.ENGINE, "sending a protocol frame")
+        with self._push_lock:
+            if self._push_sock is None:
+                sock = self.ctx.socket(zmq.PUSH)
+                sock.setsockopt(zmq.LINGER, 1000)
+                sock.connect(self._events_addr)
+                self._push_sock = sock
+            self._push_sock.send_multipart([identity, frame])
 
     def _watch(self, pid: int) -> None:
         if self._pid_watch is not None:

@@ -286,7 +286,7 @@ class VisionPlan:
     ``mode``: ``cpu`` (encoder on the CPU, the LM has the whole budget), ``reserved`` (encoder
     on the GPU beside the LM, which is planned for what it leaves) or ``borrowed`` (the LM has
     the whole budget between image turns, and moves to ``encode_lm`` while the encoder is open:
-    ``Engine(vision_plan=...)``)."""
+    ``Engine(encoder_room=...)``)."""
 
     lm: Plan
     vision: VisionChoice

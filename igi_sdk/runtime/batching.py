@@ -1,47 +1,17 @@
-"""One decode step's batch: how many prompt tokens it takes (about ``max_step_s`` of work at
-the measured speed), and which tokens of which replies go in the engine's reused llama_batch,
+"""One decode step's batch: which tokens of which replies go in the engine's reused
+llama_batch (how many of each: the scheduler's :func:`~igi_sdk.runtime.scheduler.takes`),
 drafts after the plain tokens. Functions of their inputs, called on the engine thread."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from igi_sdk.planner import Plan
-from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime import scheduler
 from igi_sdk.runtime.session import Turn
 from igi_sdk.runtime.speculative import Proposal, put_token
 
-# the first prompt chunk on a fresh placement, before its per-token cost is known
-_PROBE_CHUNK = 32
-
 # (turn, tokens taken, batch index of its logits or -1) per turn fed
 Fed = list[tuple[Turn, int, int]]
-
-
-def token_budget(config: EngineConfig, plan: Plan, on_gpu: bool, cap: int,
-                 token_s: float | None) -> int:
-    """Tokens for the next step: about ``max_step_s`` of work at the measured speed
-    (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``."""
-    if plan.op_offload and on_gpu and plan.n_ubatch > 1:
-        # each chunk streams the CPU-resident weights once: smaller chunks multiply that
-        floor = min(cap, plan.n_ubatch)
-    else:
-        floor = 1
-    if config.prefill_chunk > 0:
-        budget = config.prefill_chunk
-    elif token_s is None:
-        budget = _PROBE_CHUNK
-    else:
-        budget = int(config.max_step_s / max(token_s, 1e-7))
-    return max(floor, min(cap, budget))
-
-
-def learn_speed(token_s: float | None, n_tokens: int, seconds: float) -> float | None:
-    """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``."""
-    if n_tokens < 8:  # single-token steps are dominated by fixed costs
-        return token_s
-    per = seconds / n_tokens
-    return per if token_s is None else 0.7 * token_s + 0.3 * per
 
 
 def fill_batch(batch: Any, cap: int, turns: list[Turn], budget: int) -> Fed:
@@ -51,9 +21,8 @@ def fill_batch(batch: Any, cap: int, turns: list[Turn], budget: int) -> Fed:
     Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
     fed: Fed = []
     n = 0
-    for t in turns:
-        room = max(budget - n, 1 if len(t.feed) == 1 else 0)
-        take = min(len(t.feed), room, cap - n)
+    for t, take in zip(turns, scheduler.takes([len(t.feed) for t in turns], budget, cap),
+                       strict=True):
         if take <= 0:
             continue
         pos0, seq = len(t.session.tokens), t.session.seq

@@ -4,16 +4,18 @@ image turns, where it goes when it opens, and the VRAM it may borrow from the LM
 The engine owns one :class:`Encoder` and calls it on its thread (``status`` reads from any
 thread). Opening the context is the engine's (``Engine._open_vision``): it needs the model, and
 looks ``VisionContext`` up in engine.py at call time. Moving the LM goes through the ``move``
-callable the engine passes (a reshard on the engine thread, engine_ops.move).
+callable the engine passes: the arbiter's two reshard steps (release, then the first candidate
+that loads), run by the engine itself. Where the LM goes is :class:`EncoderRoom`, data decided
+when the model loads, so no other layer's code runs on the engine thread.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import Any
 
-from igi_sdk.errors import IgiError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.session import Turn
@@ -21,16 +23,38 @@ from igi_sdk.runtime.vision import VisionContext, VisionOptions
 
 log = logging.getLogger("igi_sdk.runtime")
 
-Move = Callable[[Plan], None]
+# release, then load the first candidate that loads; the plan it landed on (None: none did)
+Move = Callable[[Sequence[Plan]], Plan | None]
+
+
+@dataclass(frozen=True)
+class EncoderRoom:
+    """Where the LM stays while the encoder is open on the GPU, per LM plan: the same plan (the
+    encoder's VRAM is set aside already), a smaller one (the encoder borrows that VRAM from the
+    LM), or None (no room: the encoder runs on the CPU this time). ``otherwise``: the answer for
+    a plan not listed. ``fallback``: where the LM lands if the smaller plan does not load (the
+    CPU plan under the arbiter: a failed load means the game is growing, so the LM never goes
+    back up for it)."""
+
+    by_plan: tuple[tuple[Plan, Plan | None], ...] = ()
+    otherwise: Plan | None = None
+    fallback: Plan | None = None
+
+    @classmethod
+    def always(cls, plan: Plan, fallback: Plan | None = None) -> EncoderRoom:
+        """The LM moves to ``plan`` for every image turn (a fixed budget)."""
+        return cls(otherwise=plan, fallback=fallback)
+
+    def target(self, current: Plan) -> Plan | None:
+        return next((t for p, t in self.by_plan if p == current), self.otherwise)
 
 
 class Encoder:
     """The vision context of one engine and its placement bookkeeping (engine thread)."""
 
-    def __init__(self, config: EngineConfig,
-                 vision_plan: Callable[[Plan], Plan | None] | None) -> None:
+    def __init__(self, config: EngineConfig, room: EncoderRoom | None) -> None:
         self.config = config
-        self.vision_plan = vision_plan  # see Engine.__init__
+        self.room = room  # see Engine.__init__
         self.context: VisionContext | None = None
         self.checked = False  # the first load checked that the mmproj fits the model
         self.lent_from: Plan | None = None  # the LM's placement while the encoder borrows
@@ -42,7 +66,7 @@ class Encoder:
     def keeps(self) -> bool:
         """Whether the context stays open between image turns."""
         # an encoder that borrows the LM's VRAM must give it back after every image turn
-        return self.config.keeps_vision and self.vision_plan is None
+        return self.config.keeps_vision and self.room is None
 
     def options(self, *, check: bool = False, gpu: bool | None = None) -> VisionOptions:
         c = self.config
@@ -55,32 +79,40 @@ class Encoder:
 
     def place(self, plan: Plan, move: Move) -> bool:
         """Whether the encoder about to open goes on the GPU, moving the LM (now on ``plan``)
-        to ``vision_plan``'s placement first where that is smaller. A placement that fails to
-        load puts the old one back and raises its typed error (``move``)."""
+        to the room's smaller placement first. If that does not load, the LM lands on the
+        fallback and the encoder runs on the CPU this time; if nothing loads, the engine is
+        unavailable (the caller checks)."""
         if not self.config.vision_gpu:
             return False
-        if self.vision_plan is None or self.lent_from is not None:
+        if self.room is None or self.lent_from is not None:
             return True
-        target = self.vision_plan(plan)
+        target = self.room.target(plan)
         if target is None:
             return False
-        if target != plan:
-            move(target)
-            self.lent_from = plan
-            self.borrows += 1
+        if target == plan:
+            return True
+        fallback = self.room.fallback or plan
+        landed = move([target] if fallback == target else [target, fallback])
+        if landed != target:
+            log.warning("the placement for the vision encoder did not load; the encoder runs "
+                        "on the CPU for this turn")
+            return False
+        self.lent_from = plan
+        self.borrows += 1
         return True
 
     def give_back(self, move: Move) -> None:
-        """Once the encoder is closed, move the LM back to the placement it lent from. If that
-        fails the LM stays on the smaller one, which fits (loaded a moment ago)."""
+        """Once the encoder is closed, move the LM back to the placement it lent from; if that
+        does not load, to the one it was on (loaded a moment ago), else the fallback."""
         if self.lent_from is None or self.context is not None:
             return
         main, self.lent_from = self.lent_from, None
-        try:
-            move(main)
-        except IgiError as e:
-            log.warning("could not move the model back after an image turn (%s); it stays on "
-                        "the placement used for the encoder", e)
+        small = self.room.target(main) if self.room is not None else None
+        candidates = [p for p in (main, small, self.room.fallback if self.room else None)
+                      if p is not None]
+        if move(candidates) != main:
+            log.warning("could not move the model back after an image turn; it stays on a "
+                        "smaller placement until the next reshard")
 
     def idle(self, active: list[Turn]) -> None:
         """Free a non-resident vision context once no reply (of ``active``) has an image left

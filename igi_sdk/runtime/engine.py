@@ -1,24 +1,32 @@
 """The inference engine: one llama.cpp model + context, many NPC sessions, one decode loop.
 
-Threading: llama.cpp contexts are not thread-safe, so a single engine thread owns every native
-call. Public methods post a command to that thread: the ``*_async`` ones return a
+Threading (docs/architecture.md): llama.cpp contexts are not thread-safe, so one engine thread
+owns every native call and every piece of engine state. Other threads talk to it only through
+**typed commands** (runtime/commands.py) put in one queue; it answers through **typed events**
+posted to one outbox (igi_sdk/events.py), whose own thread completes futures and calls reply
+listeners, so no other layer's code ever runs on the engine thread. The public methods below
+are thin helpers that build a command: the ``*_async`` ones return a
 :class:`~concurrent.futures.Future` at once (what the sidecar's socket thread uses, so that it
-never waits on the engine), the plain ones wait for it. Between commands the thread runs decode
-steps for every active reply, all sessions in one ``llama_decode``; a prompt is fed in chunks
-sized so that one step stays near ``max_step_s``, so a command (cancel, snapshot, reshard) takes
-effect within one short step even when a long prompt is being read on the CPU.
+never waits on the engine), the plain ones wait for it.
 
-Reshards are driven from outside (the arbiter's state machine) through :meth:`Engine.exclusive`,
-which runs a procedure on the engine thread with the low-level steps of :class:`EngineOps`. When
-no placement can be loaded the engine is *unavailable*: it keeps every session (and the KV cache
-bytes) and answers model work with :class:`EngineUnavailableError` until a load succeeds.
+Between commands the thread runs decode steps for every active reply, all sessions in one
+``llama_decode``; the pure scheduler (runtime/scheduler.py) decides what each step serves, and
+prompts are fed in chunks sized so that a step stays near ``max_step_s``, so a command (cancel,
+snapshot, reshard) takes effect within one short step even when a long prompt is being read on
+the CPU.
 
-The engine's parts (called on the engine thread unless they say otherwise): config.py
-(:class:`EngineConfig`), engine_ops.py (:class:`EngineOps`, the reshard steps), engine_state.py
-(snapshot, restore and the parked context state), session.py (sessions, turns, the session
-table), replies.py (a reply's tokens and end), batching.py (a step's batch), drafting.py
-(speculative decoding's turn logic), encoder.py (the vision encoder and the VRAM it borrows),
-futures.py (futures continued on another thread).
+A reshard is two commands, ``Release`` then ``LoadFirstFitting(candidates)``; the arbiter sends
+them (its rules choose the candidates, on its own thread), and the vision encoder's borrowing
+runs the same two steps (runtime/engine_ops.py). When no candidate loads the engine is
+*unavailable*: it keeps every session (and the KV cache bytes) and answers model work with
+:class:`EngineUnavailableError` until a load succeeds.
+
+The engine's parts (engine thread unless they say otherwise): placement.py (:class:`Placement`,
+the native handles of one loaded plan), engine_ops.py (the reshard steps), scheduler.py (the
+pure step scheduler), engine_state.py (snapshot, restore, parked state), session.py (sessions,
+turns, the session table), replies.py (a reply's tokens and end), batching.py (a step's batch),
+drafting.py (speculative decoding's turn logic), encoder.py (the vision encoder and the VRAM it
+borrows), futures.py (futures continued on another thread).
 """
 
 from __future__ import annotations
@@ -27,6 +35,7 @@ import logging
 import queue
 import threading
 import time
+from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
@@ -35,6 +44,7 @@ from typing import Any, TypeVar
 
 import llama_cpp
 
+from igi_sdk import threads
 from igi_sdk.errors import (
     ContextFullError,
     EngineClosedError,
@@ -48,6 +58,7 @@ from igi_sdk.errors import (
     UnknownSessionError,
     VisionUnavailableError,
 )
+from igi_sdk.events import Outbox, ReplyListener, next_reply_id
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import (
@@ -57,34 +68,30 @@ from igi_sdk.runtime import (
     engine_state,
     futures,
     image_turn,
-    loader,
     replies,
+    scheduler,
     snapshot,
 )
+from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.batching import Fed
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import Admit, ContextShare
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.drafting import Drafting
-from igi_sdk.runtime.encoder import Encoder
-from igi_sdk.runtime.engine_ops import EngineOps
+from igi_sdk.runtime.encoder import Encoder, EncoderRoom
+from igi_sdk.runtime.engine_ops import LoadOutcome
 from igi_sdk.runtime.generation import Generation
-from igi_sdk.runtime.grammar import tokenizer_for
 from igi_sdk.runtime.image_turn import ImageInput, MediaMark
 from igi_sdk.runtime.loader import ContextSettings
-from igi_sdk.runtime.placement import LoadReport
-from igi_sdk.runtime.sampling import (
-    ENGINE_STACK_BYTES,
-    SamplerChain,
-    SamplingParams,
-    prepare_grammar,
-)
+from igi_sdk.runtime.overrides import LoadReport
+from igi_sdk.runtime.placement import Placement
+from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, prepare_grammar
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
 from igi_sdk.runtime.text import Vocab, parts_after
 from igi_sdk.runtime.vision import VisionContext
 
-__all__ = ["Engine", "EngineConfig", "EngineOps"]
+__all__ = ["EncoderRoom", "Engine", "EngineConfig", "LoadOutcome"]
 
 T = TypeVar("T")
 log = logging.getLogger("igi_sdk.runtime")
@@ -99,15 +106,16 @@ class Engine:
         config: EngineConfig | None = None,
         *,
         progress: Callable[[float], None] | None = None,
-        vision_plan: Callable[[Plan], Plan | None] | None = None,
+        encoder_room: EncoderRoom | None = None,
+        outbox: Outbox | None = None,
     ) -> None:
-        """``vision_plan`` (with ``config.vision_gpu``): asked, each time the encoder opens,
-        for the LM placement to hold while it is open on the GPU, given the current one; None:
-        there is no room, the encoder opens on the CPU this time. A smaller placement than the
+        """``encoder_room`` (with ``config.vision_gpu``): where the LM stays while the encoder
+        is open on the GPU, per LM placement (runtime/encoder.py); a smaller placement than the
         current one means the encoder borrows its VRAM from the LM: the engine reshards to it,
         encodes, frees the encoder and moves back, so the LM has the whole budget between
         images (``planner.vision`` prices when that pays). With it the encoder is never
-        resident between image turns."""
+        resident between image turns. ``outbox``: where events go (the sidecar keeps one
+        across models); by default the engine has its own."""
         self.model_path = Path(model_path) if model_path else default_model_path()
         self.inventory: ModelInventory = read_inventory(self.model_path)
         self.config = config or EngineConfig()
@@ -116,27 +124,23 @@ class Engine:
         self.gpu: Device | None = None
         self.reshard_count = 0
         self.last_reshard_s = 0.0
-        self.state = "loading"  # "ready" | "unavailable" | "closed"
+        self.state = "loading"  # "ready" | "moving" | "unavailable" | "closed"
         self._progress = progress
-        self._model: Any = None
-        self._loaded: loader.Loaded | None = None
-        self._batch: Any = None
-        self._batch_cap = 0
-        self._outputs_cap = 0
-        self._ctx: Any = None
-        self._mem: Any = None
-        self._vocab: Vocab | None = None
-        self._encoder = Encoder(self.config, vision_plan)
+        self._placed: Placement | None = None
+        self._encoder = Encoder(self.config, encoder_room)
         self._parked: bytes | None = None  # the context's state while no placement is loaded
+        self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
         self._table = SessionTable(self.config.max_sessions)
         # who may take how many KV cells: one line cannot starve the other sessions
         self.share = ContextShare.of(self.config.n_ctx, self.config.max_sessions,
                                      self.config.context_floor)
         self._sessions: dict[str, Session] = self._table.by_id  # the table's, by id
         self._turn_counter = 0
-        self._commands: queue.Queue[tuple[Callable[[], Any], Future]] = queue.Queue()
+        self._commands: queue.SimpleQueue[C.Command] = queue.SimpleQueue()
         self._submit_lock = threading.Lock()
         self._closed = False
+        self._outbox = outbox or Outbox()
+        self._own_outbox = outbox is None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-io")
         self._pace_s = 0.0
         self._pace_until = float("inf")
@@ -144,23 +148,25 @@ class Engine:
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
         self._drafting = Drafting(self.config, self._take)
+        self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
+            C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
+            C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
+            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Snapshot: lambda c: self._snapshot(c.session_id),
+            C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
+            C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
+            C.RestoreDraft: lambda _c: self._restore_draft(), C.Release: self._on_release,
+            C.LoadFirstFitting: self._on_load_first_fitting, C.Shutdown: self._on_shutdown,
+            C.Inspect: lambda c: c.read(),
+        }
         _native.init_backend(self.plan.copy_compute_min_batch)
         ready: Future = Future()
+        # llguidance (not llama.cpp's recursive GBNF parser) applies grammars on this thread
+        # and compiles them on the I/O thread, so the platform's default stack does
         self._thread = threading.Thread(
-            target=self._run, args=(ready,), name="igi-engine", daemon=True
+            target=self._run, args=(ready,), name=threads.ENGINE, daemon=True
         )
-        # The engine thread runs llama.cpp's recursive grammar parser: give it a known stack
-        # (sampling.py's limits are measured against it), not the platform's default (8 MiB on
-        # Linux, 1 MiB on Windows). Process-wide setting: restored once the thread has started.
-        try:
-            previous: int | None = threading.stack_size(ENGINE_STACK_BYTES)
-        except (RuntimeError, ValueError):  # not settable on this platform: its default applies
-            previous = None
-        try:
-            self._thread.start()
-        finally:
-            if previous is not None:
-                threading.stack_size(previous)
+        self._thread.start()
         ready.result()  # re-raises a load failure here, in the caller's thread
 
     # ======================================================================== public API
@@ -172,6 +178,32 @@ class Engine:
     @property
     def available(self) -> bool:
         return self.state == "ready"
+
+    @property
+    def loaded(self) -> bool:
+        """Whether a placement is loaded (read from any thread)."""
+        return self._placed is not None
+
+    # the loaded placement's handles (None while released): engine thread only
+    @property
+    def _ctx(self) -> Any:
+        return self._placed.ctx if self._placed is not None else None
+
+    @property
+    def _mem(self) -> Any:
+        return self._placed.mem if self._placed is not None else None
+
+    @property
+    def _vocab(self) -> Vocab | None:
+        return self._placed.vocab if self._placed is not None else None
+
+    @property
+    def _model(self) -> Any:
+        return self._placed.model if self._placed is not None else None
+
+    @property
+    def _batch(self) -> Any:
+        return self._placed.batch if self._placed is not None else None
 
     def placement(self) -> dict[str, str]:
         """Tensor name -> 'gpu' | 'cpu', as llama.cpp reported it while loading."""
@@ -219,7 +251,7 @@ class Engine:
         return self._encoder.opens
 
     def drop_draft_async(self) -> Future[bool]:
-        return self._submit(self._drafting.drop)
+        return self._submit(C.DropDraft())
 
     def drop_draft(self) -> bool:
         """Free the draft model (VRAM pressure: it is the first thing to go); replies in
@@ -231,7 +263,7 @@ class Engine:
         back). True if it was loaded now; False if it is loaded already, there is none, or no
         placement is loaded. A draft that fails to load raises its typed error; decoding goes
         on without it."""
-        return self._submit(self._restore_draft)
+        return self._submit(C.RestoreDraft())
 
     def _restore_draft(self) -> bool:
         c = self.config
@@ -250,7 +282,7 @@ class Engine:
     ) -> Future[str]:
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
-        return self._submit(lambda: self._table.open(prompt, params, priority, session_id))
+        return self._submit(C.OpenSession(prompt, params, priority, session_id))
 
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,
@@ -259,21 +291,20 @@ class Engine:
                                        session_id=session_id).result()
 
     def close_session_async(self, session_id: str) -> Future[None]:
-        return self._submit(lambda: self._close_session(session_id))
+        return self._submit(C.CloseSession(session_id))
 
     def close_session(self, session_id: str) -> None:
         self.close_session_async(session_id).result()
 
     def sessions(self) -> list[str]:
-        return self._call(lambda: list(self._sessions))
+        return self._call(C.ListSessions())
 
     def set_priority(self, session_id: str, priority: int) -> None:
-        """Takes effect at the next decode step. Does not wait for the engine thread: the
-        scheduler reads the priority afresh every step, and an int is written whole."""
-        s = self._sessions.get(session_id)
-        if s is None:
+        """Takes effect at the next decode step; does not wait for the engine thread (a
+        session closed meanwhile is left as it is)."""
+        if session_id not in self._sessions:
             raise UnknownSessionError(f"no session '{session_id}'")
-        s.priority = priority
+        self._submit(C.SetPriority(session_id, priority))
 
     def session_info(self) -> dict[str, dict[str, Any]]:
         """Tokens in context, whether replying, and priority of every session, read without
@@ -299,7 +330,7 @@ class Engine:
         grammar: str | None = None,
         json_schema: str | dict | None = None,
         ignore_eos: bool = False,
-        listener: Callable[[str, object], None] | None = None,
+        listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
@@ -308,11 +339,18 @@ class Engine:
             out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
             return out
         stops = tuple(s for s in stop if s)
+        reply = next_reply_id()
+        if listener is not None:
+            self._outbox.subscribe(reply, listener)
 
         def start(g: str | None) -> Future[Generation]:
-            return self._submit(lambda: self._start_turn(session_id, user_text, max_tokens,
-                                                         stops, g, ignore_eos, listener,
-                                                         tuple(images)))
+            fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
+                                            ignore_eos, tuple(images), reply,
+                                            streamed=listener is not None))
+            if listener is not None:  # a line refused: nothing will be said for it
+                fut.add_done_callback(
+                    lambda f: self._outbox.unsubscribe(reply) if f.exception() else None)
+            return fut
 
         if grammar is None and json_schema is None:
             return start(None)
@@ -330,14 +368,14 @@ class Engine:
         Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``images`` (a list of
         :class:`ImageInput`; needs ``EngineConfig.mmproj``; where they go in the line:
         runtime/image_turn.py), ``ignore_eos`` (keep
-        generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(kind,
-        payload)`` — called on the engine thread for each event of the reply ("text", "done",
-        "error"); it must be quick and must not wait on the engine."""
+        generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(event)``
+        — called on the outbox thread with each typed event of the reply (``ReplyText``, then
+        ``ReplyDone`` or ``ReplyFailed``: igi_sdk/events.py); it should be quick."""
         return self.chat_async(session_id, user_text, **options).result()
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
-        return self._call(lambda: self._need_vocab().tokenize(text, add_special=False))
+        return self._call(C.Tokenize(text))
 
     def set_pacing(self, step_delay_s: float, hold_s: float | None = None) -> None:
         """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
@@ -352,7 +390,7 @@ class Engine:
 
     def snapshot_async(self, session_id: str) -> Future[bytes]:
         # captured on the engine thread; packed (one copy + the checksum) on the I/O thread
-        return futures.then(self._submit(lambda: self._snapshot(session_id)),
+        return futures.then(self._submit(C.Snapshot(session_id)),
                             lambda parts: snapshot.pack(*parts), self._io)
 
     def snapshot(self, session_id: str) -> bytes:
@@ -362,7 +400,7 @@ class Engine:
     def restore_async(self, data: bytes, *, session_id: str | None = None) -> Future[str]:
         # the bytes are verified (length, checksum) on the I/O thread before the engine sees them
         return futures.chain(self._on_io(lambda: snapshot.unpack(data)), lambda unpacked:
-                             self._submit(lambda: self._restore(*unpacked, session_id)))
+                             self._submit(C.Restore(*unpacked, session_id)))
 
     def restore(self, data: bytes, *, session_id: str | None = None) -> str:
         """Recreate a session from :meth:`snapshot` bytes; returns its id. Damaged, truncated
@@ -375,7 +413,7 @@ class Engine:
         raise :class:`SaveFailedError` (:class:`DiskFullError` when out of space), and leave an
         earlier save of that path unchanged."""
         target = Path(path)
-        return futures.then(self._submit(lambda: self._snapshot(session_id)),
+        return futures.then(self._submit(C.Snapshot(session_id)),
                             lambda parts: snapshot.save(target, snapshot.parts(*parts)), self._io)
 
     def save_session(self, session_id: str, path: str | Path) -> None:
@@ -385,7 +423,7 @@ class Engine:
                            session_id: str | None = None) -> Future[str]:
         p = Path(path)
         return futures.chain(self._on_io(lambda: engine_state.read_save(p)), lambda unpacked:
-                             self._submit(lambda: self._restore(*unpacked, session_id)))
+                             self._submit(C.Restore(*unpacked, session_id)))
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
         return self.load_session_async(path, session_id=session_id).result()
@@ -394,41 +432,45 @@ class Engine:
         """Run ``fn`` on the I/O thread (file work and checksums stay off the engine thread)."""
         return futures.on_pool(self._io, fn)
 
-    def exclusive(self, procedure: Callable[[EngineOps], T]) -> Future[T]:
-        """Run ``procedure`` on the engine thread between two decode steps, with the low-level
-        steps of a reshard (:class:`EngineOps`); nothing else runs meanwhile."""
-        return self._submit(lambda: procedure(EngineOps(self)))
+    def release_async(self) -> Future[None]:
+        """The first step of a reshard: park the context's state in host memory and free the
+        placement. Model work waits until :meth:`load_first_fitting_async` (the second step,
+        which must follow) has loaded one."""
+        return self._submit(C.Release(then_load=True))
 
-    def reshard(self, plan: Plan, on_released: Callable[[], None] | None = None) -> float:
+    def load_first_fitting_async(self, candidates: Sequence[Plan]) -> Future[LoadOutcome]:
+        """The second step: load the first of ``candidates`` that loads and put the parked
+        state back, sessions and replies as they were. When none loads the engine is
+        unavailable (sessions kept, active replies end with ``engine_unavailable``)."""
+        return self._submit(C.LoadFirstFitting(tuple(candidates)))
+
+    def reshard(self, plan: Plan) -> float:
         """Reload the model with another placement, keeping every session (and active replies)
-        where they were. Returns the seconds it took. ``on_released`` runs (on the engine
-        thread) once the old placement's memory is freed, before the new one loads: a game
-        waiting for VRAM can have it then, not after the reload.
+        where they were. Returns the seconds it took.
 
         If ``plan`` fails to load, the engine is left *unavailable* (sessions kept) and the
         error is raised; reshard again to a plan that fits (the arbiter does this for the
-        sidecar, smaller rungs first)."""
-
-        def run(ops: EngineOps) -> float:
-            t0 = time.perf_counter()
-            ops.park_and_release()
-            if on_released is not None:
-                on_released()
-            ops.load_and_restore(plan)
-            return time.perf_counter() - t0
-
-        return self.exclusive(run).result()
+        sidecar, with its own candidates)."""
+        t0 = time.perf_counter()
+        self.release_async().result()
+        out = self.load_first_fitting_async([plan]).result()
+        if out.landed is None:
+            raise EngineUnavailableError(
+                f"plan '{plan.name}' did not load: {out.failures[0][1] if out.failures else ''}")
+        return time.perf_counter() - t0
 
     def close(self) -> None:
         with self._submit_lock:
-            if self._closed:
-                return
-        try:
-            self._call(self._shutdown)
-        except EngineClosedError:
-            pass
-        self._thread.join(timeout=30)
+            closed = self._closed
+        if not closed:
+            try:
+                self._call(C.Shutdown())
+            except EngineClosedError:
+                pass
+            self._thread.join(timeout=30)
         self._io.shutdown(wait=False)
+        if self._own_outbox:
+            self._outbox.close()
 
     def __enter__(self) -> Engine:
         return self
@@ -438,17 +480,19 @@ class Engine:
 
     # ============================================================ engine thread: plumbing
 
-    def _submit(self, fn: Callable[[], T]) -> Future[T]:
-        fut: Future[T] = Future()
+    def _submit(self, command: C.Command) -> Future:
         with self._submit_lock:  # checked and queued atomically: nothing queues after the end
             if self._closed or not self._thread.is_alive():
-                fut.set_exception(EngineClosedError("the engine is closed"))
+                command.done.set_exception(EngineClosedError("the engine is closed"))
             else:
-                self._commands.put((fn, fut))
-        return fut
+                self._commands.put(command)
+        return command.done
 
-    def _call(self, fn: Callable[[], T]) -> T:
-        return self._submit(fn).result()
+    def _call(self, command: C.Command | Callable[[], T]) -> Any:
+        """Run ``command`` and wait; a callable is an :class:`~commands.Inspect` (tests)."""
+        if not isinstance(command, C.Command):
+            command = C.Inspect(command)
+        return self._submit(command).result()
 
     def _run(self, ready: Future) -> None:
         try:
@@ -472,33 +516,53 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            active = self._ctx is not None and bool(self._active_turns())
+            if not self._moving:  # model work held during a reshard runs first
+                while self._held:
+                    self._dispatch(self._held.popleft())
+            active = self._placed is not None and bool(self._active_turns())
             try:
                 if not active:
-                    item = self._commands.get()
+                    command: C.Command | None = self._commands.get()
                 elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
-                    item = self._commands.get(timeout=pace)
+                    command = self._commands.get(timeout=pace)
                 else:
-                    item = self._commands.get_nowait()
+                    command = self._commands.get_nowait()
             except queue.Empty:
-                item = None
-            while item is not None:
-                fn, fut = item
-                if fut.set_running_or_notify_cancel():
-                    try:
-                        fut.set_result(fn())
-                    except BaseException as e:  # noqa: BLE001 - every error goes to the caller
-                        fut.set_exception(e)
-                if fn == self._shutdown:
+                command = None
+            while command is not None:
+                if isinstance(command, C.Shutdown):
+                    self._dispatch(command)
                     return
+                self._dispatch(command)
+                if not self._moving and self._held:
+                    break  # the reshard ended: its held work before newer commands
                 try:
-                    item = self._commands.get_nowait()
+                    command = self._commands.get_nowait()
                 except queue.Empty:
-                    item = None
-            if self._ctx is not None and self._active_turns():
+                    command = None
+            if self._placed is not None and self._active_turns():
                 self._guarded_step()
-            if self._encoder.lent_from is not None:
+            if self._encoder.lent_from is not None and self._placed is not None:
                 self._encoder.give_back(self._move)
+
+    @property
+    def _moving(self) -> bool:
+        return self.state == "moving"
+
+    def _dispatch(self, command: C.Command) -> None:
+        """Run one command and post its outcome (the outbox completes its future)."""
+        threads.expect(threads.ENGINE, type(command).__name__)
+        if not command.done.set_running_or_notify_cancel():
+            return  # the caller gave up on it before it ran
+        if command.needs_model and self._moving:
+            self._held.append(command)
+            return
+        try:
+            value = self._handlers[type(command)](command)
+        except BaseException as e:  # noqa: BLE001 - every error goes to the caller
+            self._outbox.settle(command.done, error=e)
+        else:
+            self._outbox.settle(command.done, value)
 
     def _guarded_step(self) -> None:
         """One decode step; a failure ends the replies it was computing, not the engine."""
@@ -523,13 +587,16 @@ class Engine:
         for t in self._active_turns():
             t.session.turn = None
             t.handle._fail(EngineClosedError("the engine was closed"))
+        left = list(self._held)
+        self._held.clear()
         while True:
             try:
-                _fn, fut = self._commands.get_nowait()
+                left.append(self._commands.get_nowait())
             except queue.Empty:
                 break
-            if fut.set_running_or_notify_cancel():
-                fut.set_exception(EngineClosedError("the engine is closed"))
+        for command in left:
+            if command.done.running() or command.done.set_running_or_notify_cancel():
+                self._outbox.settle(command.done, error=EngineClosedError("the engine is closed"))
         try:
             self._drafting.drop()
             self._unload()
@@ -545,24 +612,10 @@ class Engine:
         settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
                                    self.config.n_batch, self.config.n_threads,
                                    n_outputs=self.config.outputs_per_step)
-        loaded = loader.load(self.model_path, self.inventory, plan, settings,
-                             progress=self._progress)
-        try:
-            vocab = Vocab(loaded.model)
-            # llguidance's view of the vocabulary (~0.35 s for 49k tokens), built with the load
-            # rather than inside the first grammar reply's step; cached across reshards
-            tokenizer_for(vocab.vocab)
-            mem = llama_cpp.llama_get_memory(loaded.ctx)
-            # one batch per placement: allocating per decode step is waste on the hot path
-            cap = max(self.config.n_batch, plan.n_ubatch)
-            batch = llama_cpp.llama_batch_init(cap, 0, 1)
-        except BaseException:
-            loader.free(loaded)
-            raise
-        self._loaded, self._model, self._ctx = loaded, loaded.model, loaded.ctx
-        self.report, self.gpu, self.plan = loaded.report, loaded.gpu, plan
-        self._vocab, self._mem, self._batch, self._batch_cap = vocab, mem, batch, cap
-        self._outputs_cap = settings.outputs_max
+        placed = Placement.open(self.model_path, self.inventory, plan, settings,
+                                progress=self._progress)
+        self._placed = placed
+        self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
         self._token_s = None  # a new placement: measure its prompt speed again
         enc = self._encoder
         if self.config.mmproj and (enc.keeps or not enc.checked):
@@ -574,6 +627,75 @@ class Engine:
             enc.checked = True
             self._vision_idle()
 
+    # ============================================================ engine thread: reshards
+
+    def _on_release(self, command: C.Release) -> None:
+        self._release()
+        self.state = "moving" if command.then_load else "unavailable"
+
+    def _release(self) -> None:
+        """Park the context's state and free the placement (engine_ops.release)."""
+        if self._placed is None:
+            return  # already released (unavailable): the parked state is still there
+        self._encoder.close()  # its chunks of pending images too: they are made again
+        self._parked = engine_ops.release(self._placed, list(self._sessions.values()))
+        self._placed = None
+        self.report = LoadReport()  # nothing is placed now: memory() says so
+
+    def _on_load_first_fitting(self, command: C.LoadFirstFitting) -> LoadOutcome:
+        if self._placed is not None:
+            self.state = "ready"
+            raise InvalidStateError("release the current placement first")
+        self._encoder.lent_from = None  # a reshard from outside decides the placement now
+        return self._land(command.candidates)
+
+    def _land(self, candidates: Sequence[Plan]) -> LoadOutcome:
+        """Load the first candidate that loads and put the parked state back; else the engine
+        is unavailable and active replies end, typed (their lines rolled back)."""
+        t0 = time.perf_counter()
+        failures: list[tuple[str, str]] = []
+        landed: Plan | None = None
+        for plan in candidates:
+            try:
+                self._load(plan)  # frees whatever it allocated when it fails
+            except IgiError as e:
+                log.warning("loading plan '%s' failed: %s", plan.name, e)
+                failures.append((plan.name, e.message))
+                continue
+            landed = plan
+            break
+        if landed is None or self._placed is None:
+            self.state = "unavailable"
+            for t in self._active_turns():
+                self._rollback(t)
+                self._end_turn(t, error=EngineUnavailableError(
+                    "no placement of the model fits the memory that is free now; the "
+                    "conversation is kept — send the line again shortly"))
+            return LoadOutcome(None, tuple(failures), time.perf_counter() - t0)
+        self.state = "ready"
+        parked, self._parked = self._parked, None
+        kept = engine_ops.restore(
+            self._placed, parked, list(self._sessions.values()), self.config.max_sessions)
+        for s in self._sessions.values():
+            if s.turn is None:
+                continue
+            if not kept:  # its tokens are gone with the cache: end it, the conversation stays
+                self._rollback(s.turn)
+                self._end_turn(s.turn, error=InferenceError(
+                    "the reply was interrupted while the model moved; send the line again"))
+            else:
+                s.turn.chain = self._make_chain(s.turn)
+        self.reshard_count += 1
+        self.last_reshard_s = time.perf_counter() - t0
+        return LoadOutcome(landed.name, tuple(failures), self.last_reshard_s, not kept)
+
+    def _move(self, candidates: Sequence[Plan]) -> Plan | None:
+        """The vision encoder's own reshard, with the arbiter's two steps: release, then the
+        first of ``candidates`` that loads (None: none did, the engine is unavailable)."""
+        self._release()
+        out = self._land(candidates)
+        return next((p for p in candidates if p.name == out.landed), None)
+
     def _open_vision(self, *, check: bool = False) -> VisionContext:
         """The vision context, opened if it is not (engine thread). ``VisionContext`` is looked
         up in this module when called (tests replace it here)."""
@@ -584,15 +706,15 @@ class Engine:
                     "this model was loaded without a vision projector (mmproj): it cannot see "
                     "images; load it with its mmproj, or send the line without images")
             gpu = None if check else enc.place(self.plan, self._move)
+            if self._placed is None:
+                raise EngineUnavailableError(
+                    "the model could not be placed for the vision encoder (no placement "
+                    "loads in the memory that is free now); the conversation is kept — "
+                    "send the line again shortly")
             enc.context = VisionContext(self._model, self.config.mmproj,
                                         enc.options(check=check, gpu=gpu))
             enc.opens += 1
         return enc.context
-
-    def _move(self, plan: Plan) -> None:
-        """Reshard to ``plan`` on the engine thread (engine_ops.move: the previous placement is
-        loaded again if ``plan`` fails, and the error raised)."""
-        engine_ops.move(self, plan)
 
     def _vision_idle(self) -> None:
         """Free a non-resident vision context once no reply has an image left to encode."""
@@ -601,20 +723,23 @@ class Engine:
     def _unload(self) -> None:
         """Free the placement; every handle into it is dropped with it."""
         self._encoder.close()  # its chunks of pending images too: they are made again
-        if self._batch is not None:
-            llama_cpp.llama_batch_free(self._batch)
-        loaded, self._loaded = self._loaded, None
-        self._batch = self._ctx = self._model = self._mem = self._vocab = None
-        self._batch_cap = 0
+        placed, self._placed = self._placed, None
         self.report = LoadReport()  # nothing is placed now: memory() says so
-        if loaded is not None:
-            loader.free(loaded)
+        if placed is not None:
+            placed.close()
 
-    def _shutdown(self) -> None:
+    def _on_shutdown(self, _command: C.Shutdown) -> None:
         for s in list(self._sessions.values()):
             if s.turn is not None:
                 self._end_turn(s.turn, error=EngineClosedError("the engine was closed"))
         self._unload()
+
+    def _need_placed(self) -> Placement:
+        if self._placed is None:
+            raise EngineUnavailableError(
+                "the model is not loaded right now (no placement fits the memory that is free); "
+                "the sessions are kept — retry shortly")
+        return self._placed
 
     def _need_vocab(self) -> Vocab:
         if self._vocab is None:
@@ -624,6 +749,21 @@ class Engine:
         return self._vocab
 
     # ============================================================ engine thread: sessions
+
+    def _on_open_session(self, c: C.OpenSession) -> str:
+        return self._table.open(c.system_prompt, c.params, c.priority, c.session_id)
+
+    def _on_close_session(self, c: C.CloseSession) -> None:
+        self._close_session(c.session_id)
+
+    def _on_set_priority(self, c: C.SetPriority) -> None:
+        s = self._sessions.get(c.session_id)
+        if s is not None:
+            s.priority = c.priority
+
+    def _on_start_reply(self, c: C.StartReply) -> Generation:
+        return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
+                                c.ignore_eos, c.images, c.reply, c.streamed)
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -648,8 +788,9 @@ class Engine:
         stop: tuple[str, ...],
         grammar: str | None,
         ignore_eos: bool = False,
-        listener: Callable[[str, object], None] | None = None,
         images: tuple[ImageInput, ...] = (),
+        reply: int = 0,
+        streamed: bool = False,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -667,7 +808,7 @@ class Engine:
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         vision = self._open_vision() if images or (reset and s.images) else None
-        vocab = self._need_vocab()  # opening the encoder may have moved the model (vision_plan)
+        vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
         if reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
@@ -686,7 +827,8 @@ class Engine:
             n_prompt = len(feed) + image_turn.cells(pending)
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
-            handle = Generation(sid, listener=listener)
+            handle = Generation(sid, reply=reply,
+                                outbox=self._outbox if streamed else None)
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -720,32 +862,31 @@ class Engine:
     # ============================================================ engine thread: decoding
 
     def _step(self) -> None:
-        """One llama_decode for every active reply (player-facing sessions first)."""
-        turns = sorted(
-            self._active_turns(),
-            key=lambda t: (-t.session.priority, len(t.feed) > 1, t.order),
-        )
+        """One llama_decode for every reply the scheduler serves this step."""
+        turns = self._active_turns()
         for t in turns:
             if t.handle.cancelled:
                 self._end_turn(t, reason="cancelled")
         turns = [t for t in turns if t.session.turn is t]
         self._steps += 1
-        if self._pace() > 0 and self._steps % 2:  # paced: background NPCs every other step
-            turns = [t for t in turns if t.session.priority > 0] or turns
         if not turns:
             return
         rooms = self._rooms()
-        for t in turns:
-            if t.generated and t.feed and _claim(t.session) > rooms[t.session.id]:
-                # the reply reached its session's share of the context: it ends as at
-                # max_tokens, so that other sessions keep the cells they are guaranteed
-                self._end_turn(t, reason="length")
-        turns = [t for t in turns if t.session.turn is t]
-        if not turns:
+        by_seq = {t.session.seq: t for t in turns}
+        decision = scheduler.decide(
+            [scheduler.Reply(t.session.seq, t.session.priority, t.order, len(t.feed),
+                             len(t.images), len(t.generated), _claim(t.session),
+                             rooms[t.session.id]) for t in turns],
+            paced=self._pace() > 0, step=self._steps)
+        for seq in decision.out_of_room:
+            # the reply reached its session's share of the context: it ends as at
+            # max_tokens, so that other sessions keep the cells they are guaranteed
+            self._end_turn(by_seq[seq], reason="length")
+        if decision.image is not None:  # the encoder, then its embeddings: a step of its own
+            self._image_step(by_seq[decision.image])
             return
-        waiting = [t for t in turns if t.images and not t.feed]
-        if waiting:  # an image is a step of its own: the encoder, then its embeddings
-            self._image_step(waiting[0])
+        turns = [by_seq[seq] for seq in decision.decode]
+        if not turns:
             return
         budget = self._token_budget()
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
@@ -796,7 +937,7 @@ class Engine:
             proposal = drafts.get(s.seq)
             if proposal is None:
                 continue
-            keep = max(0, rooms[s.id] - _claim(s))
+            keep = scheduler.draft_room(len(proposal.tokens), _claim(s), rooms[s.id])
             if keep == 0:
                 del drafts[s.seq]
             else:
@@ -805,7 +946,7 @@ class Engine:
 
     def _image_step(self, t: Turn) -> None:
         try:
-            image_turn.eval_next(self._open_vision(), self._ctx, t, self._batch_cap)
+            image_turn.eval_next(self._open_vision(), self._ctx, t, self._need_placed().batch_cap)
         except IgiError as e:  # a full context, an encoder failure: this reply ends, typed
             self._rollback(t)
             self._end_turn(t, error=e)
@@ -813,15 +954,17 @@ class Engine:
 
     def _time_step(self, fed: Fed, drafts: dict[int, Proposal], seconds: float) -> None:
         if not drafts:
-            self._token_s = batching.learn_speed(self._token_s, self._batch.n_tokens, seconds)
+            self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds)
         if any(take != 1 for _t, take, _ in fed):
             return  # a prompt chunk rode along: not a decode step's time
         self._drafting.time_step(bool(drafts), seconds)
 
     def _token_budget(self) -> int:
         """Tokens for the next step: about ``max_step_s`` of work at the measured speed."""
-        n = batching.token_budget(self.config, self.plan, self.gpu is not None,
-                                  self._batch_cap, self._token_s)
+        c = self.config
+        n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
+                                   plan=self.plan, on_gpu=self.gpu is not None,
+                                   cap=self._need_placed().batch_cap, token_s=self._token_s)
         self.step_stats["chunk"] = n
         return n
 
@@ -830,9 +973,10 @@ class Engine:
         """Up to ``budget`` pending tokens in the (reused) llama_batch, then the drafts
         (runtime/batching.py). Returns (turn, tokens taken, batch index of its logits or -1)
         per turn fed."""
-        fed = batching.fill_batch(self._batch, self._batch_cap, turns, budget)
+        p = self._need_placed()
+        fed = batching.fill_batch(p.batch, p.batch_cap, turns, budget)
         if drafts:
-            batching.add_drafts(self._batch, self._batch_cap, self._outputs_cap, fed, drafts)
+            batching.add_drafts(p.batch, p.batch_cap, p.outputs_cap, fed, drafts)
         return fed
 
     def _sample(self, t: Turn, idx: int) -> None:

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import logging
 import queue
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
+from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText
 
 
 @dataclass(frozen=True)
@@ -47,9 +47,10 @@ class Generation:
     _finished: threading.Event = field(default_factory=threading.Event, repr=False)
     _result: GenerationResult | None = field(default=None, repr=False)
     _error: BaseException | None = field(default=None, repr=False)
-    # called on the engine thread for every event ("text", str) / ("done", result) /
-    # ("error", exc): lets a server forward a stream without a thread per reply
-    listener: Callable[[str, object], None] | None = field(default=None, repr=False)
+    # the reply's id in its events, and the outbox they go to when someone listens to them
+    # (a server forwarding the stream without a thread per reply)
+    reply: int = 0
+    outbox: Outbox | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
         """Stop at the next decode step; text produced so far stays in the conversation."""
@@ -85,23 +86,19 @@ class Generation:
     def _emit(self, text: str) -> None:
         if text:
             self._events.put(text)
-            self._notify("text", text)
+            if self.outbox is not None:
+                self.outbox.post(ReplyText(self.reply, text))
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result
         self._finished.set()
         self._events.put(_DONE)
-        self._notify("done", result)
+        if self.outbox is not None:
+            self.outbox.post(ReplyDone(self.reply, result))
 
     def _fail(self, error: IgiError | BaseException) -> None:
         self._error = error
         self._finished.set()
         self._events.put(_DONE)
-        self._notify("error", error)
-
-    def _notify(self, kind: str, payload: object) -> None:
-        if self.listener is not None:
-            try:
-                self.listener(kind, payload)
-            except Exception:
-                logging.getLogger("igi_sdk.runtime").exception("generation listener failed")
+        if self.outbox is not None:
+            self.outbox.post(ReplyFailed(self.reply, error))

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Generic, TypeVar
 
 from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
+from igi_sdk.events import ReplyDone, ReplyFailed, ReplyListener
 from igi_sdk.runtime import _image_worker as wire
 from igi_sdk.runtime.generation import Generation, GenerationResult
 
@@ -467,10 +468,10 @@ class DecodingChat(Generic[T]):
     """The stream handle of a chat while its images are prepared off the engine thread (``T``:
     what :func:`start` needs). ``cancel`` before the reply starts ends it at once, ``cancelled``
     with nothing said (the decode is killed); after, it cancels the reply. The listener hears
-    what a reply's listener hears: ("done", result) or ("error", exception), then the reply's
-    own events."""
+    what a reply's listener hears: a ``ReplyDone`` or ``ReplyFailed`` (reply id 0) if the line
+    ends before its reply starts, else the reply's own events."""
 
-    def __init__(self, session_id: str, listener: Callable[[str, object], None] | None,
+    def __init__(self, session_id: str, listener: ReplyListener | None,
                  prepare: Callable[[DecodeCancel], T],
                  start: Callable[[T], Future[Generation]]) -> None:
         self.session_id = session_id
@@ -488,7 +489,7 @@ class DecodingChat(Generic[T]):
             ready = self._prepare(self._decode)
         except BaseException as e:  # noqa: BLE001 - handed to the listener, typed
             if not (isinstance(e, GenerationCancelled) and self._decode.is_set):
-                self._settle("error", e)  # (a cancel has answered already)
+                self._settle(ReplyFailed(0, e))  # (a cancel has answered already)
             return
         with self._lock:
             if self._settled:  # cancelled as the decode ended
@@ -497,7 +498,7 @@ class DecodingChat(Generic[T]):
         try:
             fut = self._start(ready)
         except BaseException as e:  # noqa: BLE001
-            self._settle("error", e)
+            self._settle(ReplyFailed(0, e))
             return
         fut.add_done_callback(self._attach)
 
@@ -505,7 +506,7 @@ class DecodingChat(Generic[T]):
         try:
             handle = fut.result()
         except BaseException as e:  # noqa: BLE001 - the engine refused the line
-            self._settle("error", e)
+            self._settle(ReplyFailed(0, e))
             return
         with self._lock:
             self._handle = handle
@@ -524,23 +525,23 @@ class DecodingChat(Generic[T]):
             return
         self._decode.cancel()
         took = time.perf_counter() - self._t0
-        self._settle("done", GenerationResult(self.session_id, "", (), "cancelled", 0, 0,
-                                              took, took))
+        self._settle(ReplyDone(0, GenerationResult(self.session_id, "", (), "cancelled", 0, 0,
+                                                   took, took)))
 
-    def _settle(self, kind: str, payload: object) -> None:
+    def _settle(self, event: ReplyDone | ReplyFailed) -> None:
         with self._lock:
             if self._settled:
                 return
             self._settled = True
         if self._listener is not None:
             try:
-                self._listener(kind, payload)
+                self._listener(event)
             except Exception:
                 log.exception("chat listener failed")
 
 
 def decoding_chat(decoder: ImageDecoder, session_id: str,
-                  listener: Callable[[str, object], None] | None,
+                  listener: ReplyListener | None,
                   prepare: Callable[[DecodeCancel], T],
                   start: Callable[[T], Future[Generation]]) -> DecodingChat[T]:
     """A :class:`DecodingChat` whose preparation runs on the decoder's threads."""
@@ -548,7 +549,7 @@ def decoding_chat(decoder: ImageDecoder, session_id: str,
     try:
         decoder.pool.submit(chat.run)
     except RuntimeError:  # the decoder is closed: the sidecar is stopping
-        chat._settle("error", GenerationCancelled("the image decoder is closed"))
+        chat._settle(ReplyFailed(0, GenerationCancelled("the image decoder is closed")))
     return chat
 
 

@@ -23,7 +23,7 @@ from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native
 from igi_sdk.runtime.devices import Device, first_gpu
-from igi_sdk.runtime.placement import LoadReport, Overrides, build_overrides, n_gpu_layers
+from igi_sdk.runtime.overrides import LoadReport, Overrides, build_overrides, n_gpu_layers
 
 log = logging.getLogger("igi_sdk.loader")
 

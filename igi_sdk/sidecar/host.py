@@ -28,7 +28,7 @@ from igi_sdk.arbiter import (
     VramSource,
 )
 from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
-from igi_sdk.arbiter.ladder import arbiter_workload
+from igi_sdk.arbiter.ladder import Rung, arbiter_workload
 from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
@@ -39,11 +39,13 @@ from igi_sdk.errors import (
     EngineUnavailableError,
     IgiError,
 )
+from igi_sdk.events import Outbox
 from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.model.mmproj import read_encoder
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, Generation, ImageInput, SamplingParams, image_turn
+from igi_sdk.runtime.encoder import EncoderRoom
 from igi_sdk.runtime.image_decode import (
     ImageBudget,
     ImageDecoder,
@@ -117,6 +119,8 @@ class ModelHost:
         self._arriving: list[tuple[Reservation, ArbiterDone]] = []
         # images are decoded here, in worker processes, before a line reaches the engine
         self._decoder = ImageDecoder()
+        # the engine's events (replies, command outcomes) leave it here, for every model loaded
+        self._outbox = Outbox()
         self._image_tile, self._image_limit = 0, 0  # of the loaded model's encoder
 
     @property
@@ -181,20 +185,20 @@ class ModelHost:
         beside = replace(priced, encoder=0) if borrow else priced
         settings = ContextSettings(cfg.n_ctx, cfg.max_sessions, cfg.n_batch, cfg.n_threads,
                                    n_outputs=cfg.outputs_per_step)
-        vision_plan: Callable[[Plan], Plan | None] | None = None
+        room: EncoderRoom | None = None
         # under the arbiter a vram_budget is a cap (at most that, less when the game needs
         # it); without one it fixes the placement
         setup = self._arbiter_setup(path, inventory, request, settings, beside)
         if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
             plan = setup[0].cpu.plan
             if priced.encoder:
-                vision_plan = encoder_room(setup[0], priced.encoder, borrow)
+                room = encoder_room(setup[0], priced.encoder, borrow)
         elif request.vram_budget is not None:
-            plan, vision_plan = self._fixed_plan(path, inventory, request, cfg, beside,
+            plan, room = self._fixed_plan(path, inventory, request, cfg, beside,
                                                  priced.encoder if borrow else 0)
         else:
             plan = Plan.all_cpu()
-        self.engine = Engine(path, plan, cfg, vision_plan=vision_plan)
+        self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)
         self._name = path.name
         if mmproj:
             self._image_tile, self._image_limit = _image_grid(mmproj, self.cfg.vision_max_tokens)
@@ -204,10 +208,10 @@ class ModelHost:
 
     def _fixed_plan(self, path: Path, inventory: ModelInventory, request: P.LoadModel,
                     cfg: EngineConfig, beside: Beside, borrowed: int,
-                    ) -> tuple[Plan, Callable[[Plan], Plan | None] | None]:
+                    ) -> tuple[Plan, EncoderRoom | None]:
         """A fixed ``vram_budget`` (no arbiter): the budget path's plan for it, and with an
         encoder that borrows ``borrowed`` bytes, the smaller placement the model moves to for
-        each image turn (the engine's ``vision_plan``)."""
+        each image turn (the engine's ``encoder_room``)."""
         assert request.vram_budget is not None
         prof = Profile.load(self.cfg.profile) if self.cfg.profile is not None else None
 
@@ -223,7 +227,8 @@ class ModelHost:
         if not borrowed:
             return plan, None
         small = planned(replace(beside, encoder=borrowed))
-        return plan, lambda _current: small  # nothing else moves it
+        # nothing else moves it: if the smaller one does not load, the model's own again
+        return plan, EncoderRoom.always(small, fallback=plan)
 
     def _arbiter_setup(self, path: Path, inventory: ModelInventory, request: P.LoadModel,
                        settings: ContextSettings, beside: Beside,
@@ -439,27 +444,28 @@ class ModelHost:
                 eng.close()
             except Exception:
                 log.exception("engine close failed")
+        self._outbox.close()
 
 
-def encoder_room(ladder: PlanLadder, encoder: int,
-                 borrow: bool) -> Callable[[Plan], Plan | None]:
-    """The engine's ``vision_plan`` under the arbiter: the encoder goes to the GPU only from a
-    GPU rung (on the CPU rung the game has the VRAM). Set aside (``borrow`` False), every GPU
-    rung already counts it; borrowed, the model moves to the fastest rung that leaves the
-    encoder's ``encoder`` bytes free within the current rung's VRAM, or the encoder runs on the
-    CPU where none does."""
+def encoder_room(ladder: PlanLadder, encoder: int, borrow: bool) -> EncoderRoom:
+    """The engine's ``encoder_room`` under the arbiter, decided for every rung when the model
+    loads: the encoder goes to the GPU only from a GPU rung (on the CPU rung the game has the
+    VRAM). Set aside (``borrow`` False), every GPU rung already counts it; borrowed, the model
+    moves to the fastest rung that leaves the encoder's ``encoder`` bytes free within the
+    current rung's VRAM, or the encoder runs on the CPU where none does. A smaller rung that
+    does not load sends the model to the CPU rung (the game is growing)."""
 
-    def for_encoder(current: Plan) -> Plan | None:
-        rung = next((r for r in ladder.rungs if r.plan == current), None)
-        if rung is None or rung is ladder.cpu:
+    def for_encoder(rung: Rung) -> Plan | None:
+        if rung is ladder.cpu:
             return None
         if not borrow:
-            return current
+            return rung.plan
         room = rung.vram - encoder
         smaller = ladder.best_within(room)
         return smaller.plan if smaller.vram <= room else None
 
-    return for_encoder
+    return EncoderRoom(tuple((r.plan, for_encoder(r)) for r in ladder.rungs),
+                       fallback=ladder.cpu.plan)
 
 
 def _end_all(waiting: list[tuple[Reservation, ArbiterDone]], error: IgiError) -> None:

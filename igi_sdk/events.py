@@ -1,0 +1,183 @@
+"""What the engine thread says, as typed events, and the one outbox they leave it through.
+
+The engine thread computes and posts; it never runs another layer's code. A reply's text, its
+end and every command's outcome are posted to an :class:`Outbox`, whose own thread
+(``igi-outbox``) hands each event to the one who asked for it: a reply's listener (the protocol
+server encoding frames), a command's future (and with it every ``add_done_callback`` chained to
+it). So a slow or faulty listener delays no decode step, and a callback that waits on the engine
+cannot deadlock it.
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass
+from typing import Generic, Protocol, TypeVar
+
+from igi_sdk import threads
+
+log = logging.getLogger("igi_sdk.runtime")
+
+T = TypeVar("T")
+
+
+class ReplyResult(Protocol):
+    """A finished reply (``runtime.generation.GenerationResult``)."""
+
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    total_s: float
+
+
+@dataclass(frozen=True)
+class ReplyText:
+    """Text of reply ``reply`` as it is produced (stop strings already held back)."""
+
+    reply: int
+    text: str
+
+
+@dataclass(frozen=True)
+class ReplyDone:
+    """Reply ``reply`` ended without error (``result.finish_reason`` says how)."""
+
+    reply: int
+    result: ReplyResult
+
+
+@dataclass(frozen=True)
+class ReplyFailed:
+    """Reply ``reply`` ended with a typed error; its line is rolled back."""
+
+    reply: int
+    error: BaseException
+
+
+ReplyEvent = ReplyText | ReplyDone | ReplyFailed
+# a reply's subscriber; runs on the outbox thread, so it may encode and send, but should not
+# wait long: the next reply's events queue behind it
+ReplyListener = Callable[[ReplyEvent], None]
+
+
+@dataclass(frozen=True)
+class CommandDone(Generic[T]):
+    """A command's outcome: ``future`` gets ``value`` or ``error`` on the outbox thread."""
+
+    future: Future[T]
+    value: T | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Stop:
+    pass
+
+
+EngineEvent = ReplyText | ReplyDone | ReplyFailed | CommandDone | _Stop
+
+_reply_ids = itertools.count(1)
+
+
+def next_reply_id() -> int:
+    """A process-wide reply id (``next`` on a count is atomic under the GIL)."""
+    return next(_reply_ids)
+
+
+class Outbox:
+    """One queue out of the engine thread and the thread that delivers from it.
+
+    ``post`` is all the engine thread does (a queue put); listeners and futures are completed
+    on ``igi-outbox``. One outbox may serve several engines in turn (the sidecar keeps one
+    across model loads)."""
+
+    def __init__(self) -> None:
+        self._queue: queue.SimpleQueue[EngineEvent] = queue.SimpleQueue()
+        self._listeners: dict[int, ReplyListener] = {}
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._drain, name=threads.OUTBOX, daemon=True)
+        self._started = False
+        self._closed = False
+        self.delivered = 0
+
+    # --- any thread ---------------------------------------------------------------------------
+
+    def subscribe(self, reply: int, listener: ReplyListener) -> None:
+        """``listener`` hears reply ``reply``'s events, up to and including its end."""
+        with self._lock:
+            self._listeners[reply] = listener
+            if not self._started:
+                self._started = True
+                self._thread.start()
+
+    def unsubscribe(self, reply: int) -> None:
+        """The reply never started (its command failed): nothing will be said for it."""
+        with self._lock:
+            self._listeners.pop(reply, None)
+
+    def post(self, event: EngineEvent) -> None:
+        """Queue ``event`` for delivery (the engine thread's only contact with the others)."""
+        if isinstance(event, CommandDone | _Stop) or event.reply in self._listeners:
+            self._ensure_started()
+            self._queue.put(event)
+
+    def settle(self, future: Future[T], value: T | None = None,
+               error: BaseException | None = None) -> None:
+        """Complete ``future`` on the outbox thread (``error`` when given, else ``value``)."""
+        self.post(CommandDone(future, value, error))
+
+    def close(self, timeout: float = 10.0) -> None:
+        """Deliver what is queued, then stop the thread."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            started = self._started
+        if started:
+            self._queue.put(_Stop())
+            if threading.current_thread() is not self._thread:
+                self._thread.join(timeout)
+
+    def _ensure_started(self) -> None:
+        if not self._started:
+            with self._lock:
+                if not self._started:
+                    self._started = True
+                    self._thread.start()
+
+    # --- outbox thread ------------------------------------------------------------------------
+
+    def _drain(self) -> None:
+        while True:
+            event = self._queue.get()
+            if isinstance(event, _Stop):
+                return
+            try:
+                self._deliver(event)
+            except Exception:  # a listener's fault must not stop the others' deliveries
+                log.exception("delivering an engine event failed")
+            self.delivered += 1
+
+    def _deliver(self, event: EngineEvent) -> None:
+        if isinstance(event, CommandDone):
+            fut = event.future  # set running by the engine thread, which ran the command
+            if event.error is not None:
+                fut.set_exception(event.error)
+            else:
+                fut.set_result(event.value)  # type: ignore[arg-type]
+            return
+        if isinstance(event, _Stop):
+            return
+        ends = isinstance(event, ReplyDone | ReplyFailed)
+        with self._lock:
+            listener = (self._listeners.pop(event.reply, None) if ends
+                        else self._listeners.get(event.reply))
+        if listener is not None:
+            listener(event)

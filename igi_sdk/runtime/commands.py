@@ -1,0 +1,129 @@
+"""The engine thread's typed commands: what other threads may ask of it.
+
+A command is data (no callables): the engine thread takes it from its one queue, runs its
+handler and posts the outcome to the outbox (igi_sdk/events.py), which completes ``done``.
+``needs_model``: the command uses the loaded placement, so it waits while the model is between
+:class:`Release` and :class:`LoadFirstFitting` (a reshard in progress) instead of failing.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from concurrent.futures import Future
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from igi_sdk.planner import Plan
+from igi_sdk.runtime.image_turn import ImageInput
+from igi_sdk.runtime.sampling import SamplingParams
+
+
+@dataclass
+class Command:
+    done: Future[Any] = field(default_factory=Future, kw_only=True, repr=False)
+    needs_model: ClassVar[bool] = False
+
+
+@dataclass
+class OpenSession(Command):
+    system_prompt: str | None
+    params: SamplingParams
+    priority: int
+    session_id: str | None
+
+
+@dataclass
+class CloseSession(Command):
+    session_id: str
+
+
+@dataclass
+class ListSessions(Command):
+    pass
+
+
+@dataclass
+class StartReply(Command):
+    """A player's line and the NPC's reply to it; ``reply``: the id its events carry."""
+
+    session_id: str
+    text: str
+    max_tokens: int
+    stop: tuple[str, ...]
+    grammar: str | None
+    ignore_eos: bool
+    images: tuple[ImageInput, ...]
+    reply: int
+    streamed: bool  # someone subscribed to the reply's events in the outbox
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Tokenize(Command):
+    text: str
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Snapshot(Command):
+    """An idle session's (JSON header, KV bytes)."""
+
+    session_id: str
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Restore(Command):
+    """A session from a verified snapshot (``meta``: its checked JSON header)."""
+
+    meta: dict[str, Any]
+    kv: bytes | memoryview
+    session_id: str | None
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class SetPriority(Command):
+    session_id: str
+    priority: int
+
+
+@dataclass
+class DropDraft(Command):
+    pass
+
+
+@dataclass
+class RestoreDraft(Command):
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Release(Command):
+    """Park the context's state in host memory and free the placement. ``then_load``: a
+    :class:`LoadFirstFitting` follows (a reshard): model work waits for it meanwhile, and the
+    engine is not shown as unavailable."""
+
+    then_load: bool = True
+
+
+@dataclass
+class LoadFirstFitting(Command):
+    """Load the first of ``candidates`` that loads and put the parked state back; when none
+    does, the engine is unavailable (sessions kept) and active replies end, typed. Answers a
+    :class:`~igi_sdk.runtime.engine_ops.LoadOutcome`."""
+
+    candidates: tuple[Plan, ...]
+
+
+@dataclass
+class Shutdown(Command):
+    pass
+
+
+@dataclass
+class Inspect(Command):
+    """Read engine-thread state between two steps (tests and diagnostics only; the one
+    command that carries code, never sent by the sidecar)."""
+
+    read: Callable[[], object]

@@ -1,0 +1,111 @@
+"""The engine's step scheduler: which replies one decode step serves, and how much of each.
+
+Pure (no llama.cpp): decisions from what the engine thread knows of each active reply, the
+frame pacing and the measured speed, so every rule is unit-tested without a model. The engine
+applies a :class:`StepDecision` (runtime/engine.py) and fills its batch with :func:`takes`.
+
+Rules, in order: a cancelled reply ends; a reply that has used its session's share of the
+context ends as at ``max_tokens`` (others keep the cells they are guaranteed); player-facing
+sessions (higher priority) go first, decoding replies before prompt chunks, then arrival order;
+while the game paces frames, background sessions (priority <= 0) run every other step; a reply
+whose next input is an image gets a step of its own (the encoder, then its embeddings); when
+the KV cache has no room, the last reply of the order gives way.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from igi_sdk.planner import Plan
+
+# the first prompt chunk on a fresh placement, before its per-token cost is known
+PROBE_CHUNK = 32
+
+
+@dataclass(frozen=True)
+class Reply:
+    """One active reply as the scheduler sees it (``key``: its session's sequence)."""
+
+    key: int
+    priority: int
+    order: int  # arrival
+    prompt_left: int  # tokens still to feed (1 while decoding: the last sampled token)
+    images_left: int  # images still to encode before the rest of the prompt
+    generated: int
+    claim: int  # KV cells held plus admitted
+    room: int  # KV cells its session may claim now
+    cancelled: bool = False
+
+
+@dataclass(frozen=True)
+class StepDecision:
+    cancel: tuple[int, ...] = ()
+    out_of_room: tuple[int, ...] = ()  # end as at max_tokens ("length")
+    image: int | None = None  # a step for this reply's next image, nothing else
+    decode: tuple[int, ...] = ()  # the batch's replies, in order
+
+    @property
+    def victim(self) -> int | None:
+        """The reply that gives way when the KV cache has no room for the batch."""
+        return self.decode[-1] if self.decode else None
+
+
+def decide(replies: list[Reply], *, paced: bool, step: int) -> StepDecision:
+    """What step number ``step`` does for ``replies``."""
+    order = sorted(replies, key=lambda r: (-r.priority, r.prompt_left > 1, r.order))
+    cancel = tuple(r.key for r in order if r.cancelled)
+    live = [r for r in order if not r.cancelled]
+    if paced and step % 2:  # paced: background NPCs every other step
+        live = [r for r in live if r.priority > 0] or live
+    full = tuple(r.key for r in live if r.generated and r.prompt_left and r.claim > r.room)
+    live = [r for r in live if r.key not in full]
+    waiting = [r for r in live if r.images_left and not r.prompt_left]
+    if waiting:
+        return StepDecision(cancel, full, image=waiting[0].key)
+    return StepDecision(cancel, full, decode=tuple(r.key for r in live))
+
+
+def takes(prompt_left: list[int], budget: int, cap: int) -> list[int]:
+    """Tokens each reply (in batch order) feeds this step: up to ``budget`` in all; every
+    decoding reply (one token left) gets its token even past the budget (bounded by the
+    session count); never more than the batch's ``cap``."""
+    out, n = [], 0
+    for left in prompt_left:
+        room = max(budget - n, 1 if left == 1 else 0)
+        take = max(0, min(left, room, cap - n))
+        out.append(take)
+        n += take
+    return out
+
+
+def draft_room(proposed: int, claim: int, room: int) -> int:
+    """Draft tokens a reply may verify: each takes a KV cell, which must not come out of
+    another session's guaranteed share."""
+    return max(0, min(proposed, room - claim))
+
+
+def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: bool, cap: int,
+                 token_s: float | None) -> int:
+    """Prompt tokens for the next step: about ``max_step_s`` of work at the measured speed
+    (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``
+    (``prefill_chunk`` > 0: that many, for reproducible replies)."""
+    if plan.op_offload and on_gpu and plan.n_ubatch > 1:
+        # each chunk streams the CPU-resident weights once: smaller chunks multiply that
+        floor = min(cap, plan.n_ubatch)
+    else:
+        floor = 1
+    if prefill_chunk > 0:
+        budget = prefill_chunk
+    elif token_s is None:
+        budget = PROBE_CHUNK
+    else:
+        budget = int(max_step_s / max(token_s, 1e-7))
+    return max(floor, min(cap, budget))
+
+
+def learn_speed(token_s: float | None, n_tokens: int, seconds: float) -> float | None:
+    """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``."""
+    if n_tokens < 8:  # single-token steps are dominated by fixed costs
+        return token_s
+    per = seconds / n_tokens
+    return per if token_s is None else 0.7 * token_s + 0.3 * per
