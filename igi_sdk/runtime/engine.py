@@ -518,7 +518,7 @@ class Engine:
         while True:
             if not self._moving:  # model work held during a reshard runs first
                 while self._held:
-                    self._dispatch(self._held.popleft())
+                    self._run_command(self._held.popleft())
             active = self._placed is not None and bool(self._active_turns())
             try:
                 if not active:
@@ -557,6 +557,9 @@ class Engine:
         if command.needs_model and self._moving:
             self._held.append(command)
             return
+        self._run_command(command)
+
+    def _run_command(self, command: C.Command) -> None:
         try:
             value = self._handlers[type(command)](command)
         except BaseException as e:  # noqa: BLE001 - every error goes to the caller

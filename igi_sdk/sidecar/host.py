@@ -195,7 +195,7 @@ class ModelHost:
                 room = encoder_room(setup[0], priced.encoder, borrow)
         elif request.vram_budget is not None:
             plan, room = self._fixed_plan(path, inventory, request, cfg, beside,
-                                                 priced.encoder if borrow else 0)
+                                          priced.encoder if borrow else 0)
         else:
             plan = Plan.all_cpu()
         self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)

@@ -1,0 +1,164 @@
+"""The engine core's contract: typed commands in, typed events out through one outbox, the two
+reshard steps, and thread ownership (asserted in every test by conftest's fixture)."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from igi_sdk import threads
+from igi_sdk.errors import EngineUnavailableError, ModelLoadError
+from igi_sdk.events import Outbox, ReplyDone, ReplyText
+from igi_sdk.model import read_inventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, loader
+from igi_sdk.runtime.placement import Placement
+
+GREEDY = SamplingParams(temperature=0.0)
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    with Engine(tiny_llama, Plan.all_cpu(), EngineConfig(n_ctx=512, max_sessions=2,
+                                                         n_threads=1)) as eng:
+        yield eng
+
+
+def test_listeners_and_futures_run_on_the_outbox_thread_never_the_engines(engine) -> None:
+    sid = engine.open_session("You are a guard.", sampling=GREEDY)
+    seen: list[tuple[str, str]] = []
+    done = threading.Event()
+
+    def listener(event) -> None:
+        seen.append((type(event).__name__, threading.current_thread().name))
+        if isinstance(event, ReplyDone):
+            done.set()
+
+    fut = engine.chat_async(sid, "Halt!", max_tokens=6, ignore_eos=True, listener=listener)
+    callback_thread: list[str] = []
+    fut.add_done_callback(lambda _f: callback_thread.append(threading.current_thread().name))
+    gen = fut.result(30)
+    assert gen.result(30).completion_tokens == 6 and done.wait(10)
+    assert {name for _, name in seen} == {threads.OUTBOX}
+    assert seen[-1][0] == "ReplyDone" and any(kind == "ReplyText" for kind, _ in seen)
+    # a callback added before the command ran completes where the outbox completes it
+    assert callback_thread in ([threads.OUTBOX], [threading.current_thread().name])
+    engine.close_session(sid)
+
+
+def test_engine_code_off_the_engine_thread_is_a_breach(tiny_llama) -> None:
+    settings = loader.ContextSettings(256, 1, 64, 1)
+    inv = read_inventory(tiny_llama)
+    with pytest.raises(threads.ThreadOwnershipError):
+        Placement.open(tiny_llama, inv, Plan.all_cpu(), settings)
+    assert threads.breaches  # recorded, then cleared: this breach was the point
+    threads.breaches.clear()
+
+
+def test_other_layers_code_on_the_engine_thread_is_a_breach() -> None:
+    outbox = Outbox()
+    caught: list[BaseException] = []
+
+    def on_engine_thread() -> None:
+        try:
+            threads.refuse(threads.ENGINE, "sending a protocol frame")
+        except threads.ThreadOwnershipError as e:
+            caught.append(e)
+
+    t = threading.Thread(target=on_engine_thread, name=threads.ENGINE)
+    t.start()
+    t.join()
+    outbox.close()
+    assert caught and threads.breaches
+    threads.breaches.clear()
+
+
+def test_model_work_waits_between_release_and_load(engine) -> None:
+    sid = engine.open_session("You are a smith.", sampling=GREEDY)
+    ref = engine.chat(sid, "A sword?", max_tokens=5, ignore_eos=True).result(30)
+    engine.close_session(sid)
+    sid = engine.open_session("You are a smith.", sampling=GREEDY)
+    engine.release_async().result(30)
+    assert engine.state == "moving" and not engine.loaded
+    chat = engine.chat_async(sid, "A sword?", max_tokens=5, ignore_eos=True)
+    assert not chat.done()  # held, not refused: the reshard is under way
+    out = engine.load_first_fitting_async([Plan.all_cpu()]).result(30)
+    assert out.landed == "all-cpu" and not out.failures
+    assert chat.result(30).result(30).tokens == ref.tokens
+    engine.close_session(sid)
+
+
+def test_load_first_fitting_tries_candidates_in_order(engine, monkeypatch) -> None:
+    real = loader.load
+    tried: list[str] = []
+
+    def load(path, inv, plan, settings, **kw):
+        tried.append(plan.name)
+        if plan.name == "too-big":
+            raise ModelLoadError("injected: out of memory")
+        return real(path, inv, plan, settings, **kw)
+
+    monkeypatch.setattr(loader, "load", load)
+    sid = engine.open_session("You are a bard.", sampling=GREEDY)
+    engine.chat(sid, "Sing.", max_tokens=3, ignore_eos=True).result(30)
+    big = Plan.all_cpu().model_copy(update={"name": "too-big"})
+    engine.release_async().result(30)
+    out = engine.load_first_fitting_async([big, Plan.all_cpu()]).result(30)
+    assert tried == ["too-big", "all-cpu"]
+    assert out.landed == "all-cpu" and [f[0] for f in out.failures] == ["too-big"]
+    assert engine.chat(sid, "Again.", max_tokens=3, ignore_eos=True).result(30)
+    # nothing loads: unavailable, the session kept; a later load brings it back
+    engine.release_async().result(30)
+    out = engine.load_first_fitting_async([big]).result(30)
+    assert out.landed is None and engine.state == "unavailable"
+    with pytest.raises(EngineUnavailableError):
+        engine.chat(sid, "Hello?", max_tokens=3)
+    assert engine.load_first_fitting_async([Plan.all_cpu()]).result(30).landed == "all-cpu"
+    assert engine.state == "ready" and sid in engine.sessions()
+    assert engine.chat(sid, "Back.", max_tokens=3, ignore_eos=True).result(30)
+    engine.close_session(sid)
+
+
+def test_the_server_sends_through_one_socket_from_any_number_of_threads(tmp_path) -> None:
+    """A PUSH socket per sending thread piled up (one per load thread, reservation timer)."""
+    from igi_sdk.bridge.server import Server, ServerConfig
+
+    class NoModel:  # the server never asks it anything here
+        model_name = None
+
+        def status(self) -> dict:
+            return {}
+
+        def close(self) -> None:
+            pass
+
+    server = Server(ServerConfig(endpoint="tcp://127.0.0.1:0", model_dir=tmp_path),
+                    NoModel())  # type: ignore[arg-type]
+    try:
+        workers = [threading.Thread(target=server._push, args=(b"", b"wake"))
+                   for _ in range(50)]
+        for w in workers:
+            w.start()
+        for w in workers:
+            w.join()
+        assert server._push_sock is not None
+        assert not hasattr(server, "_local")
+    finally:
+        server.close()
+
+
+def test_outbox_delivers_in_order_and_survives_a_faulty_listener() -> None:
+    outbox = Outbox()
+    got: list[str] = []
+    outbox.subscribe(1, lambda e: got.append(e.text) if isinstance(e, ReplyText) else None)
+
+    def faulty(_e) -> None:
+        raise RuntimeError("a listener's bug")
+
+    outbox.subscribe(2, faulty)
+    for i in range(100):
+        outbox.post(ReplyText(2, "x"))
+        outbox.post(ReplyText(1, str(i)))
+    outbox.close()
+    assert got == [str(i) for i in range(100)]

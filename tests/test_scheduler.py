@@ -1,0 +1,87 @@
+"""The engine's step scheduler as pure decisions (no model, no llama.cpp)."""
+
+from __future__ import annotations
+
+import pytest
+
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import scheduler as S
+
+
+def reply(key: int, *, priority: int = 0, order: int | None = None, prompt: int = 1,
+          images: int = 0, generated: int = 0, claim: int = 0, room: int = 1000,
+          cancelled: bool = False) -> S.Reply:
+    return S.Reply(key, priority, key if order is None else order, prompt, images, generated,
+                   claim, room, cancelled)
+
+
+def test_player_facing_first_then_decoding_before_prompts_then_arrival() -> None:
+    d = S.decide([reply(1, prompt=500), reply(2), reply(3, priority=5, prompt=40),
+                  reply(4, priority=5), reply(5, order=0)], paced=False, step=1)
+    assert d.decode == (4, 3, 5, 2, 1)
+    assert d.victim == 1  # the KV cache is full: the last of the order gives way
+
+
+def test_cancelled_replies_end_and_are_not_fed() -> None:
+    d = S.decide([reply(1, cancelled=True), reply(2)], paced=False, step=1)
+    assert d.cancel == (1,) and d.decode == (2,)
+
+
+def test_paced_background_npcs_run_every_other_step() -> None:
+    replies = [reply(1, priority=0), reply(2, priority=3)]
+    assert S.decide(replies, paced=True, step=1).decode == (2,)
+    assert S.decide(replies, paced=True, step=2).decode == (2, 1)
+    assert S.decide(replies, paced=False, step=1).decode == (2, 1)
+    # only background sessions: they are not starved
+    assert S.decide([reply(1)], paced=True, step=1).decode == (1,)
+
+
+def test_a_reply_past_its_share_of_the_context_ends_as_at_max_tokens() -> None:
+    d = S.decide([reply(1, generated=5, claim=300, room=299), reply(2, claim=10, room=299),
+                  reply(3, generated=0, prompt=400, claim=500, room=299)], paced=False, step=1)
+    # a reply that has not produced a token yet was admitted for its prompt: it goes on
+    assert d.out_of_room == (1,) and d.decode == (2, 3)
+
+
+def test_an_image_is_a_step_of_its_own() -> None:
+    d = S.decide([reply(1), reply(2, priority=1, images=1, prompt=0)], paced=False, step=1)
+    assert d.image == 2 and d.decode == ()
+    # an image after text still to feed waits for that text first
+    d = S.decide([reply(1), reply(2, images=1, prompt=12)], paced=False, step=1)
+    assert d.image is None and d.decode == (1, 2)
+
+
+@pytest.mark.parametrize(("left", "budget", "cap", "want"), [
+    ([1, 1, 1], 0, 512, [1, 1, 1]),  # decoding replies get their token past the budget
+    ([1, 300, 300], 256, 512, [1, 255, 0]),  # prompt chunks share what is left
+    ([200, 1], 64, 512, [64, 1]),
+    ([600], 1000, 512, [512]),  # never past the batch
+    ([1, 1], 5, 1, [1, 0]),
+])
+def test_prompt_chunks_within_the_step_budget(left, budget, cap, want) -> None:
+    assert S.takes(left, budget, cap) == want
+
+
+def test_drafts_are_cut_to_the_cells_the_session_may_claim() -> None:
+    assert S.draft_room(4, claim=90, room=100) == 4
+    assert S.draft_room(4, claim=98, room=100) == 2
+    assert S.draft_room(4, claim=101, room=100) == 0
+
+
+def test_token_budget_follows_the_measured_speed() -> None:
+    cpu = Plan.all_cpu()
+    kw = dict(max_step_s=0.05, prefill_chunk=0, plan=cpu, on_gpu=False, cap=2048)
+    assert S.token_budget(token_s=None, **kw) == S.PROBE_CHUNK  # not measured yet
+    assert S.token_budget(token_s=0.001, **kw) == 50
+    assert S.token_budget(token_s=1e-6, **kw) == 2048  # capped by the batch
+    assert S.token_budget(token_s=10.0, **kw) == 1  # at least one token
+    assert S.token_budget(token_s=0.001, **{**kw, "prefill_chunk": 512}) == 512
+    offload = cpu.model_copy(update={"op_offload": True, "n_ubatch": 512})
+    # each chunk streams the CPU-resident weights once: never smaller than a ubatch
+    assert S.token_budget(token_s=0.001, **{**kw, "plan": offload, "on_gpu": True}) == 512
+
+
+def test_speed_is_learned_from_prompt_chunks_only() -> None:
+    assert S.learn_speed(None, 4, 1.0) is None  # single tokens: fixed costs dominate
+    assert S.learn_speed(None, 100, 1.0) == pytest.approx(0.01)
+    assert S.learn_speed(0.01, 100, 2.0) == pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
