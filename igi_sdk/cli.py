@@ -730,7 +730,8 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--plan", default="auto",
                    help="auto (the planner; all-cpu without a GPU), all-cpu, all-gpu, attn-gpu, "
                         "or a plan JSON file from `igi-sdk plan --json`")
-    c.add_argument("--vram", help="VRAM budget for the planner, e.g. 4GiB "
+    c.add_argument("--vram", help="VRAM budget for the planner, e.g. 4GiB: the model with a "
+                                  "--draft and a --vision-gpu encoder beside it "
                                   "(default: half of the GPU's free memory)")
     c.add_argument("--max-tokens", type=int, default=96)
     c.add_argument("--temperature", type=float, default=0.7)
