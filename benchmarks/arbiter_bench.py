@@ -1310,6 +1310,19 @@ def analyse_greedy(res: dict) -> dict:
          **{k: d.get(k) for k in ("action", "plan", "vram", "budget", "seconds", "released_s",
                                   "reason", "ok", "source")}}
         for d in res.get("decisions") or []]
+    # a decision is recorded when its reshard ends: it began ``seconds`` earlier, and the old
+    # plan's memory was free ``released_s`` after that
+    shrinks = [d for d in res.get("decisions") or [] if t0 and d.get("at") and d["at"] >= t0
+               and d.get("action") in ("shrink", "fast_shrink", "yield")]
+    if shrinks:
+        first = shrinks[0]
+        began = first["at"] - (first.get("seconds") or 0.0)
+        out["reaction_s"] = round(began - t0, 3)
+        if first.get("released_s") is not None:
+            out["released_after_s"] = round(began + first["released_s"] - t0, 3)
+    out["failed_loads"] = sum(len(d.get("failures") or []) for d in res.get("decisions") or [])
+    out["failed_loads_per_shrink"] = max(
+        [len(d.get("failures") or []) for d in shrinks] or [0])
     arb = (res.get("stats") or {}).get("arbiter") or {}
     out["reshard_count"] = arb.get("reshards")
     out["reshard_seconds"] = arb.get("reshard_seconds")

@@ -26,6 +26,7 @@ from PIL import Image
 from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
+from igi_sdk.events import ReplyDone, ReplyText
 from igi_sdk.model.synthetic_vlm import VLMFiles, write_synthetic_vlm
 from igi_sdk.runtime.image_decode import (
     Decoded,
@@ -360,12 +361,12 @@ def test_cancel_during_a_slow_decode_ends_the_chat_at_once(vlm: VLMFiles) -> Non
     host._decoder.warm()
     try:
         sid = host.open_session(P.OpenSession(system_prompt="You are Brom.")).result(30)
-        events: list[tuple[str, object, float]] = []
+        events: list[tuple[object, float]] = []
         ended = threading.Event()
 
-        def listener(kind: str, payload: object) -> None:
-            events.append((kind, payload, time.perf_counter()))
-            if kind != "text":
+        def listener(event: object) -> None:
+            events.append((event, time.perf_counter()))
+            if not isinstance(event, ReplyText):
                 ended.set()
 
         chat = P.Chat(session=sid, text="What is this?", max_tokens=4,
@@ -375,8 +376,8 @@ def test_cancel_during_a_slow_decode_ends_the_chat_at_once(vlm: VLMFiles) -> Non
         t0 = time.perf_counter()
         handle.cancel()
         assert ended.wait(1.0)
-        kind, result, at = events[-1]
-        assert kind == "done" and result.finish_reason == "cancelled"  # type: ignore[attr-defined]
+        last, at = events[-1]
+        assert isinstance(last, ReplyDone) and last.result.finish_reason == "cancelled"
         assert at - t0 < 0.2
         assert host.engine is not None and host.engine.session_info()[sid]["tokens"] == 0
         # the worker was killed and replaced (by the decoding thread, just after): the next
@@ -390,7 +391,8 @@ def test_cancel_during_a_slow_decode_ends_the_chat_at_once(vlm: VLMFiles) -> Non
                       images=[P.ChatImage(data=png(card(0, 64, 64)))])
         host.chat(chat, listener).result(timeout=1.0)
         assert ended.wait(30)
-        assert events[-1][0] == "done" and events[-1][1].completion_tokens == 2  # type: ignore[attr-defined]
+        last = events[-1][0]
+        assert isinstance(last, ReplyDone) and last.result.completion_tokens == 2
     finally:
         host.close()
 

@@ -205,10 +205,10 @@ def test_under_the_arbiter_the_encoder_borrows_from_the_rung_it_is_on(
     ladder = PlanLadder.build(lm, GPU_PROFILE, arbiter_workload(4096))
     need = V.encoder_vram(enc, V.largest_grid(enc, 1024), "on")
     borrow = encoder_room(ladder, need, borrow=True)
-    assert borrow(ladder.cpu.plan) is None
+    assert borrow.target(ladder.cpu.plan) is None
     moved = 0
     for rung in ladder.rungs[1:]:
-        target = borrow(rung.plan)
+        target = borrow.target(rung.plan)
         if target is None:
             assert all(r.vram > rung.vram - need for r in ladder.rungs)
             continue
@@ -218,9 +218,10 @@ def test_under_the_arbiter_the_encoder_borrows_from_the_rung_it_is_on(
         moved += 1
     assert moved >= len(ladder.rungs) // 2  # the big rungs have room to lend
     set_aside = encoder_room(ladder, need, borrow=False)
-    assert set_aside(ladder.cpu.plan) is None
-    assert all(set_aside(r.plan) == r.plan for r in ladder.rungs[1:])
-    assert borrow(Plan(name="not-a-rung")) is None
+    assert set_aside.target(ladder.cpu.plan) is None
+    assert all(set_aside.target(r.plan) == r.plan for r in ladder.rungs[1:])
+    assert borrow.target(Plan(name="not-a-rung")) is None
+    assert borrow.fallback == ladder.cpu.plan  # a smaller rung that fails: the CPU rung
 
 
 def _plan_cli(big: VLMFiles, tmp_path: Path, capsys: pytest.CaptureFixture[str], vram: str,

@@ -290,8 +290,12 @@ class ModelHost:
                 total = reading.total if reading else 0
         self.engine_reports = EngineReportSource(total, own)
         sources.append(self.engine_reports)
+        # a game that grows is seen one NVML poll late, and every poll it waits is a stalled
+        # allocation: poll at 40 Hz (an NVML read costs well under a millisecond); a
+        # scripted trace changes in steps of seconds
         arb = Arbiter(self.engine, ladder, sources,
-                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s, cap=cap))
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s, cap=cap),
+                      period_s=0.1 if trace is not None else 0.025)
         holder.append(arb)
         self.arbiter = arb
         arb.start()
