@@ -25,6 +25,12 @@ def engine(tiny_llama):
         yield eng
 
 
+def test_an_engine_leaves_the_process_wide_thread_stack_size_alone(engine) -> None:
+    """It was set to 64 MiB while the engine thread started: every thread any other code
+    started meanwhile got that stack too."""
+    assert threading.stack_size() == 0
+
+
 def test_listeners_and_futures_run_on_the_outbox_thread_never_the_engines(engine) -> None:
     sid = engine.open_session("You are a guard.", sampling=GREEDY)
     seen: list[tuple[str, str]] = []

@@ -36,12 +36,10 @@ except ImportError:  # pragma: no cover - without it, patterns are checked as be
         _re_parser = None  # type: ignore[assignment]
 
 # --- limits on constrained replies (documented in bridge/PROTOCOL.md, section 7) ---------------
-# llama.cpp parses GBNF recursively, one parse_sequence + parse_alternates frame pair (~450 B,
-# measured) per ( ) nesting level, and its left-recursion check recurses once per rule along a
-# chain of leftmost references (~130 B). A 64 MiB engine-thread stack crashes near 150 000
-# levels, the 8 MiB default near 18 600: a grammar of MAX_GRAMMAR_CHARS cannot nest deeper than
-# 65 536 levels even if the depth scan below misjudged it, and the depth bound is far below both.
-ENGINE_STACK_BYTES = 64 << 20  # the engine thread's stack (it builds every sampler chain)
+# Grammars are compiled by llguidance (runtime/grammar.py) on the I/O thread and applied without
+# recursion, so no thread needs a larger stack than its platform's default; the depth bound
+# keeps the converter's work small (llama.cpp's own recursive GBNF parser, which needed a 64 MiB
+# engine-thread stack for such grammars, is not used).
 MAX_GRAMMAR_CHARS = 65_536  # a GBNF grammar, given or made from a JSON schema
 MAX_GRAMMAR_DEPTH = 1_024  # ( ) nesting in a grammar
 # llama-cpp-python's schema converter writes repetition bounds out as text (maxLength n becomes
