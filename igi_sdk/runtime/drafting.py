@@ -142,7 +142,7 @@ class Drafting:
             if not self._take(t, tok) or not agreed:
                 break
         # the cache keeps the tokens whose logits were used; the last pick is the next feed
-        s.tokens.extend(fed[:used])
+        s.decoded(fed[:used])
         llama_cpp.llama_memory_seq_rm(mem, s.seq, len(s.tokens), -1)
         k = len(proposal.tokens)
         acceptance = self.acceptance.setdefault(s.id, Acceptance())

@@ -845,16 +845,9 @@ class Engine:
         self._turn_counter += 1
         if reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
-            s.tokens = []
-            s.image_cells = 0
-            s.reread = False
-            turn.start_tokens = 0
+            s.reread_for(turn)
         turn.media = MediaMark.of(s)
-        s.images.extend(images)
-        s.n_images += len(images)
-        s.pending = []
-        s.messages = messages
-        s.turn = turn
+        s.begin(turn, messages, list(images))
         return handle
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
@@ -921,7 +914,7 @@ class Engine:
                 assert self._vocab is not None
                 self._drafting.verify(t, proposal, self._ctx, self._mem, self._vocab)
                 continue
-            t.session.tokens.extend(t.feed[:take])
+            t.session.decoded(t.feed[:take])
             del t.feed[:take]
             if idx >= 0:
                 self._sample(t, idx)

@@ -55,7 +55,7 @@ def restore(placed: Placement, parked: bytes | None, sessions: list[Session],
     for s in sessions:
         if lost:
             llama_cpp.llama_memory_seq_rm(mem, s.seq, -1, -1)
-            s.tokens, s.pending, s.reread, s.image_cells = [], [], True, 0
+            s.cache_lost()
         else:
             llama_cpp.llama_memory_seq_rm(mem, s.seq, len(s.tokens), -1)
     used = {s.seq for s in sessions}

@@ -127,7 +127,7 @@ def apply(s: Session, saved: Saved, same_format: bool) -> None:
         # saved on a plan with another KV format (a q8_0 cache, restored on an f16 one):
         # llama.cpp cannot read those cells, so the conversation is read again on its
         # next turn instead
-        s.tokens, s.pending, s.reread = [], [], True
+        s.cache_lost()
 
 
 def fields(meta: dict[str, Any], n_vocab: int) -> Saved:

@@ -205,8 +205,7 @@ def eval_next(vision: VisionContext, lctx: object, turn: Turn, n_batch: int) -> 
     n_past = len(s.tokens)
     result = vision.eval_media(lctx, p.chunks, p.index, n_past, seq_id=s.seq, n_batch=n_batch)
     n_pos = result.n_past - n_past
-    s.tokens.extend([IMAGE_POSITION] * n_pos)
-    s.image_cells += result.n_tokens - n_pos
+    s.image_decoded(n_pos, result.n_tokens, IMAGE_POSITION)
     p.chunks.close()
     turn.images.pop(0)
     turn.feed = p.after

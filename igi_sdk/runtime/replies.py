@@ -71,12 +71,12 @@ def take(t: Turn, tok: int, vocab: Vocab) -> tuple[str, int | None] | None:
     t.raw += t.decoder.decode(vocab.piece(tok))
     visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)
     if hit:
-        t.session.pending = [tok]
+        s.sampled_not_decoded(tok)
         emit_upto(t, visible_end)
         return "stop_string", visible_end
     emit_upto(t, visible_end)
     if len(t.generated) >= t.max_tokens:
-        t.session.pending = [tok]
+        s.sampled_not_decoded(tok)
         return "length", None
     t.feed = [tok]
     return None
@@ -94,11 +94,7 @@ def rollback(t: Turn, mem: Any) -> None:
     s = t.session
     if mem is not None:  # else: trimmed when the parked state is put back
         llama_cpp.llama_memory_seq_rm(mem, s.seq, t.start_tokens, -1)
-    del s.tokens[t.start_tokens :]
-    if t.media is not None:
-        t.media.restore(s)
-    s.pending = list(t.start_pending)
-    s.messages = s.messages[:-1]
+    s.rolled_back(t)
 
 
 def detach(t: Turn) -> None:
@@ -116,16 +112,14 @@ def commit(t: Turn, visible_end: int | None) -> int:
     conversation; returns where its visible text ends."""
     s = t.session
     if t.feed and t.generated:  # sampled but not decoded yet
-        s.pending = [t.generated[-1]]
+        s.sampled_not_decoded(t.generated[-1])
     t.raw += t.decoder.decode(b"", final=True)
     if visible_end is None:
         visible_end, _ = stop_scan(t.raw, t.emitted, t.stop, final=True)
         emit_upto(t, visible_end)
     # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
     # template: leave them out of both sides so the next turn's prefix still matches
-    said = image_turn.clean(t.raw)
-    s.messages.append({"role": "assistant", "content": said})
-    s.committed_text = t.prompt_text + said
+    s.committed(t.prompt_text, image_turn.clean(t.raw))
     return visible_end
 
 

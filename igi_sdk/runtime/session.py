@@ -1,5 +1,8 @@
 """What the engine keeps per NPC conversation (a session) and per reply being generated (a turn),
-and its table of sessions; plain data, owned by the engine thread."""
+and its table of sessions; owned by the engine thread. A session's state changes only through
+its methods (the transitions of a conversation: a line begins, tokens are decoded, the reply is
+committed or rolled back, the cache is lost, a save is applied), so that the modules that drive
+them (engine, replies, drafting, images, reshards, saves) cannot leave it half-changed."""
 
 from __future__ import annotations
 
@@ -34,6 +37,54 @@ class Session:
     image_cells: int = 0
     n_images: int = 0
     images: list[Any] = field(default_factory=list)
+
+    @property
+    def cells(self) -> int:
+        """KV cells the conversation holds (a position per token, plus images' extra cells)."""
+        return len(self.tokens) + self.image_cells
+
+    def reread_for(self, turn: Turn) -> None:
+        """``turn`` reads the whole conversation again: the cache was emptied for it."""
+        self.tokens, self.image_cells, self.reread = [], 0, False
+        turn.start_tokens = 0
+
+    def begin(self, turn: Turn, messages: list[dict[str, str]], images: list[Any]) -> None:
+        """A line starts ``turn``; the line is the last of ``messages``."""
+        self.images.extend(images)
+        self.n_images += len(images)
+        self.pending = []
+        self.messages = messages
+        self.turn = turn
+
+    def decoded(self, tokens: list[int]) -> None:
+        """``tokens`` are in the KV cache now."""
+        self.tokens.extend(tokens)
+
+    def image_decoded(self, positions: int, cells: int, placeholder: int) -> None:
+        """An image took ``positions`` positions and ``cells`` KV cells."""
+        self.tokens.extend([placeholder] * positions)
+        self.image_cells += cells - positions
+
+    def sampled_not_decoded(self, token: int) -> None:
+        """The reply ended on ``token``, which the next line feeds first."""
+        self.pending = [token]
+
+    def committed(self, prompt_text: str, said: str) -> None:
+        """The reply joined the conversation."""
+        self.messages.append({"role": "assistant", "content": said})
+        self.committed_text = prompt_text + said
+
+    def rolled_back(self, turn: Turn) -> None:
+        """The line of ``turn`` is undone: the conversation is as before it."""
+        del self.tokens[turn.start_tokens:]
+        if turn.media is not None:
+            turn.media.restore(self)
+        self.pending = list(turn.start_pending)
+        self.messages = self.messages[:-1]
+
+    def cache_lost(self) -> None:
+        """Its KV cells are gone: the next line reads the conversation again."""
+        self.tokens, self.pending, self.reread, self.image_cells = [], [], True, 0
 
 
 @dataclass
