@@ -43,6 +43,22 @@ REGENERATE = "python -m igi_sdk.bridge.contract"
 class Reply(BaseModel):
     model_config = ConfigDict(extra="allow", frozen=True)
 
+    def wire(self) -> dict[str, Any]:
+        """The body as the sidecar sends it: every field it was built with, null included
+        (``watching_pid: null`` says "none"), and none it left out (``stats`` sends the
+        model's figures only while one is loaded). Nested values go whole: ``last_frame`` is
+        the frame body with all its fields."""
+        unset = type(self).model_fields.keys() - self.model_fields_set
+        return self.model_dump(exclude=unset) if unset else self.model_dump()
+
+
+class Answer(Reply):
+    """The body of an ``ok`` or ``done``: the answer to one request, which names the request's
+    fields this sidecar did not know."""
+
+    ignored: list[str] | None = Field(None, description="the request's fields this sidecar "
+                                      "does not know (also 'sampling.field'); absent: none")
+
 
 class Limits(Reply):
     max_message_bytes: int
@@ -52,7 +68,7 @@ class Limits(Reply):
     max_streams_per_client: int
 
 
-class HelloOk(Reply):
+class HelloOk(Answer):
     protocol: int = Field(description="the sidecar's major version (= v)")
     minor: int = Field(0, description="the sidecar's minor version (absent: 0)")
     features: list[str] = Field(default_factory=list,
@@ -70,43 +86,43 @@ class HelloOk(Reply):
     limits: Limits
 
 
-class FrameOk(Reply):
+class FrameOk(Answer):
     paced: bool | None = Field(None, description="1.2: true when the report was used (pacing, "
                                "the game's VRAM); false when this client is not the game")
 
 
-class PingOk(Reply):
+class PingOk(Answer):
     t: float = Field(description="the sidecar's wall clock, seconds since the Unix epoch")
 
 
 Memory = dict[str, dict[str, int]]  # {"gpu"|"cpu": {"weights"|"kv"|"compute": bytes}}
 
 
-class LoadModelOk(Reply):
+class LoadModelOk(Answer):
     model: str = Field(description="file name of the model now loaded")
     memory: Memory = Field(description="bytes by device ('gpu', 'cpu') and category "
                                        "('weights', 'kv', 'compute')")
 
 
-class SessionOk(Reply):
+class SessionOk(Answer):
     session: str = Field(description="the new session's id (a Name); owned by this connection")
 
 
-class CancelOk(Reply):
+class CancelOk(Answer):
     cancelled: bool = Field(description="true if a stream of this client with that id was "
                                         "running and was asked to stop")
 
 
-class SaveSessionOk(Reply):
+class SaveSessionOk(Answer):
     name: str
     bytes: int = Field(description="size of the saved snapshot")
 
 
-class EmptyOk(Reply):
+class EmptyOk(Answer):
     pass
 
 
-class GoodbyeOk(Reply):
+class GoodbyeOk(Answer):
     closed: int = Field(description="sessions closed")
     orphaned: int = Field(description="sessions left for a later client to adopt")
 
@@ -121,20 +137,20 @@ class SessionListing(Reply):
     idle_s: float = Field(description="seconds since it was opened, adopted or orphaned")
 
 
-class ListSessionsOk(Reply):
+class ListSessionsOk(Answer):
     sessions: list[SessionListing] = Field(description="this client's sessions and the "
                                                        "orphaned ones (adoptable)")
     free_slots: int = Field(description="session slots of the model no one holds")
     others: int = Field(description="sessions of other connected clients (not listed)")
 
 
-class ResumeStreamOk(Reply):
+class ResumeStreamOk(Answer):
     running: bool = Field(description="the stream has not ended yet")
     replayed: int = Field(description="events sent again after this ok (tokens after "
                                       "'after', then the terminal event if it has ended)")
 
 
-class ReserveVramOk(Reply):
+class ReserveVramOk(Answer):
     recorded: bool = Field(description="always true")
     acknowledged: bool = Field(description="true: the VRAM is free now (this reply waits until "
                                            "it is)")
@@ -143,7 +159,14 @@ class ReserveVramOk(Reply):
                                       "deadline_missed instead; none waits longer than 5 s")
 
 
-class StatsOk(Reply):
+class LatencyFigures(Reply):
+    p50: float = Field(description="milliseconds")
+    p99: float
+    max: float
+    n: int = Field(description="answers counted (the last 2048 at most)")
+
+
+class StatsOk(Answer):
     model: str | None
     loading: bool
     clients: int = Field(description="connections that said hello and are not yet forgotten")
@@ -152,6 +175,8 @@ class StatsOk(Reply):
     errors: int = Field(description="error replies sent (not counting stream errors)")
     last_frame: P.Frame | None = Field(description="body of the last frame request (all fields)")
     reservations: list[P.ReserveVram] = Field(description="the last 4 reserve_vram bodies")
+    control_latency_ms: dict[str, LatencyFigures] | None = Field(
+        None, description="per request type answered by the socket thread: how long it took")
     orphaned_sessions: int | None = Field(None, description="sessions waiting to be adopted")
     watching_pid: int | None = Field(None, description="the game process whose end ends the "
                                      "sidecar; null if none")
@@ -159,11 +184,18 @@ class StatsOk(Reply):
                                       "launch token (only its holder is the game)")
     flood_cuts: int | None = Field(None, description="connections shut for sending faster "
                                    "than the flood limit")
+    pacing_delay_s: float | None = Field(None, description="the pause between decode steps "
+                                         "that the game's paced frames ask for now")
     # present only while a model is loaded:
     sessions: int | None = Field(None, description="open sessions of all clients")
     plan: str | None = Field(None, description="name of the placement plan in use")
     memory: Memory | None = None
     reshards: int | None = None
+    engine: dict[str, Any] | None = Field(None, description="the engine's state ('ready', or "
+                                          "'unavailable' while no placement fits), step "
+                                          "timings, context cells, drafting and vision figures")
+    # present only while the VRAM arbiter runs:
+    arbiter: dict[str, Any] | None = Field(None, description="the VRAM arbiter's figures")
 
 
 # the body of the ``ok`` answering each request type; ``chat`` is answered by a stream instead
@@ -204,7 +236,7 @@ class Timings(Reply):
     total_s: float
 
 
-class Done(Reply):
+class Done(Answer):
     text: str = Field(description="the whole visible reply: the token texts joined")
     finish_reason: Literal["stop", "stop_string", "length", "cancelled"]
     usage: Usage
