@@ -1,0 +1,821 @@
+"""The engine thread: the state it owns and everything it runs (runtime/engine.py's ``Engine``
+is the thin facade other threads use).
+
+:class:`EngineCore` takes typed commands (runtime/commands.py) from one queue, runs decode steps
+between them as the pure scheduler decides (runtime/scheduler.py), and posts every outcome and
+every reply's events to the outbox (igi_sdk/events.py). It owns the loaded :class:`Placement`,
+the sessions and their turns, the parked state of a reshard, the vision encoder and the draft
+model. Its reads for ``stats`` and listings (``status``, ``context_status``, ``session_info``)
+are safe from any thread; everything else runs on the engine thread.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+import time
+from collections import deque
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future
+from pathlib import Path
+from typing import Any, TypeVar
+
+import llama_cpp
+
+from igi_sdk import threads
+from igi_sdk.errors import (
+    ContextFullError,
+    EngineClosedError,
+    EngineUnavailableError,
+    GenerationCancelled,
+    IgiError,
+    InferenceError,
+    InvalidStateError,
+    SessionBusyError,
+    VisionUnavailableError,
+)
+from igi_sdk.events import Outbox
+from igi_sdk.model import ModelInventory
+from igi_sdk.planner import Plan
+from igi_sdk.runtime import (
+    _native,
+    batching,
+    engine_ops,
+    engine_state,
+    image_turn,
+    replies,
+    scheduler,
+)
+from igi_sdk.runtime import commands as C
+from igi_sdk.runtime.batching import Fed
+from igi_sdk.runtime.config import EngineConfig
+from igi_sdk.runtime.context_share import Admit, ContextShare
+from igi_sdk.runtime.devices import Device
+from igi_sdk.runtime.drafting import Drafting
+from igi_sdk.runtime.encoder import Encoder, EncoderRoom
+from igi_sdk.runtime.engine_ops import LoadOutcome
+from igi_sdk.runtime.generation import Generation
+from igi_sdk.runtime.image_turn import ImageInput, MediaMark
+from igi_sdk.runtime.loader import ContextSettings
+from igi_sdk.runtime.overrides import LoadReport
+from igi_sdk.runtime.placement import Placement
+from igi_sdk.runtime.sampling import SamplerChain
+from igi_sdk.runtime.session import Session, SessionTable, Turn
+from igi_sdk.runtime.speculative import Proposal
+from igi_sdk.runtime.text import Vocab, parts_after
+from igi_sdk.runtime.vision import VisionContext
+
+__all__ = ["EngineCore"]
+
+T = TypeVar("T")
+log = logging.getLogger("igi_sdk.runtime")
+
+
+class EngineCore:
+    """One model's engine-thread state and loop (see the module doc)."""
+
+    def __init__(self, model_path: Path, inventory: ModelInventory, plan: Plan,
+                 config: EngineConfig, *, progress: Callable[[float], None] | None,
+                 encoder_room: EncoderRoom | None, outbox: Outbox) -> None:
+        self.model_path, self.inventory, self.config = model_path, inventory, config
+        self.plan = plan
+        self.report = LoadReport()
+        self.gpu: Device | None = None
+        self.reshard_count = 0
+        self.last_reshard_s = 0.0
+        self.state = "loading"  # "ready" | "moving" | "unavailable" | "closed"
+        self._progress = progress
+        self._placed: Placement | None = None
+        self._encoder = Encoder(config, encoder_room)
+        self._parked: bytes | None = None  # the context's state while no placement is loaded
+        self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
+        self._table = SessionTable(config.max_sessions)
+        # who may take how many KV cells: one line cannot starve the other sessions
+        self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor)
+        self._sessions: dict[str, Session] = self._table.by_id  # the table's, by id
+        self._turn_counter = 0
+        self._commands: queue.SimpleQueue[C.Command] = queue.SimpleQueue()
+        self._submit_lock = threading.Lock()
+        self._closed = False
+        self._outbox = outbox
+        # frame pacing (pause between steps, until when): one tuple, replaced whole by any
+        # thread (a frame report) and read once per step
+        self.pacing: tuple[float, float] = (0.0, float("inf"))
+        self._steps = 0
+        self._token_s: float | None = None  # measured seconds per prompt token on this plan
+        self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
+        self._drafting = Drafting(config, self._take)
+        self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
+            C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
+            C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
+            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Snapshot: lambda c: self._snapshot(c.session_id),
+            C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
+            C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
+            C.RestoreDraft: lambda _c: self._restore_draft(), C.Release: self._on_release,
+            C.LoadFirstFitting: self._on_load_first_fitting, C.Shutdown: self._on_shutdown,
+            C.Inspect: lambda c: c.read(),
+        }
+        # llguidance (not llama.cpp's recursive GBNF parser) applies grammars on this thread
+        # and compiles them on the I/O thread, so the platform's default stack does
+        self._ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(self._ready,),
+                                        name=threads.ENGINE, daemon=True)
+
+    def start(self) -> None:
+        """Start the engine thread and load the first plan; raises the load's error here."""
+        self._thread.start()
+        self._ready.result()
+
+    def submit(self, command: C.Command) -> Future:
+        """Queue ``command`` (any thread); a closed engine fails it at once."""
+        with self._submit_lock:  # checked and queued atomically: nothing queues after the end
+            if self._closed or not self._thread.is_alive():
+                command.done.set_exception(EngineClosedError("the engine is closed"))
+            else:
+                self._commands.put(command)
+        return command.done
+
+    def join(self, timeout: float) -> None:
+        self._thread.join(timeout)
+
+    @property
+    def closed(self) -> bool:
+        with self._submit_lock:
+            return self._closed
+
+    @property
+    def _ctx(self) -> Any:
+        return self._placed.ctx if self._placed is not None else None
+
+    @property
+    def _mem(self) -> Any:
+        return self._placed.mem if self._placed is not None else None
+
+    @property
+    def _vocab(self) -> Vocab | None:
+        return self._placed.vocab if self._placed is not None else None
+
+    @property
+    def _model(self) -> Any:
+        return self._placed.model if self._placed is not None else None
+
+    @property
+    def _batch(self) -> Any:
+        return self._placed.batch if self._placed is not None else None
+
+    def placement(self) -> dict[str, str]:
+        """Tensor name -> 'gpu' | 'cpu', as llama.cpp reported it while loading."""
+        return self.report.placement(self.gpu)
+
+    def memory(self) -> dict[str, dict[str, int]]:
+        """Bytes by device ('gpu', 'cpu') and category ('weights', 'kv', 'compute')."""
+        return {d: self.report.bytes_on(d, self.gpu) for d in ("gpu", "cpu")}
+
+    def status(self) -> dict[str, Any]:
+        """A consistent-enough summary that never waits for the engine thread (for ``stats``)."""
+        return {"state": self.state, "plan": self.plan.name, "memory": self.memory(),
+                "sessions": len(self._sessions), "reshards": self.reshard_count,
+                "last_reshard_s": round(self.last_reshard_s, 4),
+                "active_replies": sum(1 for s in list(self._sessions.values()) if s.turn),
+                "step": dict(self.step_stats),
+                "copy_compute_min_batch": {
+                    "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
+                    "in_effect": _native.copy_compute_threshold_in_effect()},
+                "speculative": self._drafting.status(), "vision": self._encoder.status(),
+                "context": self.context_status()}
+
+    def context_status(self) -> dict[str, int]:
+        """The shared context's cells (read without waiting for the engine thread): ``used``
+        (held by sessions), ``claimed`` (held plus admitted for replies in progress),
+        ``floor`` (guaranteed to each session slot), ``max_per_session`` (the most one
+        session may ever hold) and ``free_for_new`` (what a session holding nothing may
+        take now)."""
+        sessions = list(self._sessions.values())
+        claims = [_claim(s) for s in sessions]
+        sh = self.share
+        return {"n_ctx": sh.n_ctx, "floor": sh.floor, "max_per_session": sh.most,
+                "used": sum(len(s.tokens) + s.image_cells for s in sessions),
+                "claimed": sum(claims),
+                "free_for_new": max(0, sh.room(claims)) if len(claims) < sh.slots else 0}
+
+    def _restore_draft(self) -> bool:
+        c = self.config
+        if not c.draft_model or self._drafting.drafter is not None or self._vocab is None:
+            return False
+        self._drafting.load(c.draft_model, self._vocab, self.plan.copy_compute_min_batch)
+        return True
+
+    def session_info(self) -> dict[str, dict[str, Any]]:
+        """Tokens in context, whether replying, and priority of every session, read without
+        waiting for the engine thread (figures of the last step, for listings)."""
+        drafts = self._drafting.acceptance
+        out: dict[str, dict[str, Any]] = {}
+        for sid, s in list(self._sessions.items()):
+            info: dict[str, Any] = {"tokens": len(s.tokens) + s.image_cells,
+                                    "busy": s.turn is not None, "priority": s.priority}
+            draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
+            if draft is not None:
+                info["draft"] = draft.figures()
+            out[sid] = info
+        return out
+
+    def set_pacing(self, step_delay_s: float, hold_s: float | None = None) -> None:
+        """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
+        sessions of priority <= 0 are decoded every other step; player-facing ones every step.
+        ``hold_s``: the pause lapses unless set again within this long (a game that stops
+        sending frames — it quit, or paused — must not keep slowing inference)."""
+        until = time.monotonic() + hold_s if hold_s is not None else float("inf")
+        self.pacing = (max(0.0, float(step_delay_s)), until)  # one write: read whole
+
+    def _pace(self) -> float:
+        delay, until = self.pacing
+        return delay if time.monotonic() < until else 0.0
+
+    # ============================================================ engine thread: plumbing
+
+    def _run(self, ready: Future) -> None:
+        try:
+            self._load(self.plan)
+            if self.config.draft_model:
+                assert self._vocab is not None
+                self._drafting.load(self.config.draft_model, self._vocab,
+                                    self.plan.copy_compute_min_batch)
+        except BaseException as e:  # noqa: BLE001 - handed to the constructor's thread
+            self._finish_thread()
+            ready.set_exception(e)
+            return
+        self.state = "ready"
+        ready.set_result(None)
+        try:
+            self._loop()
+        except BaseException:  # the thread must not die silently
+            log.exception("the engine thread failed")
+        finally:
+            self._finish_thread()
+
+    def _loop(self) -> None:
+        while True:
+            if not self._moving:  # model work held during a reshard runs first
+                while self._held:
+                    self._run_command(self._held.popleft())
+            active = self._placed is not None and bool(self._active_turns())
+            try:
+                if not active:
+                    command: C.Command | None = self._commands.get()
+                elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
+                    command = self._commands.get(timeout=pace)
+                else:
+                    command = self._commands.get_nowait()
+            except queue.Empty:
+                command = None
+            while command is not None:
+                if isinstance(command, C.Shutdown):
+                    self._dispatch(command)
+                    return
+                self._dispatch(command)
+                if not self._moving and self._held:
+                    break  # the reshard ended: its held work before newer commands
+                try:
+                    command = self._commands.get_nowait()
+                except queue.Empty:
+                    command = None
+            if self._placed is not None and self._active_turns():
+                self._guarded_step()
+            if self._encoder.lent_from is not None and self._placed is not None:
+                self._encoder.give_back(self._move)
+
+    @property
+    def _moving(self) -> bool:
+        return self.state == "moving"
+
+    def _dispatch(self, command: C.Command) -> None:
+        """Run one command and post its outcome (the outbox completes its future)."""
+        threads.expect(threads.ENGINE, type(command).__name__)
+        if not command.done.set_running_or_notify_cancel():
+            return  # the caller gave up on it before it ran
+        if command.needs_model and self._moving:
+            self._held.append(command)
+            return
+        self._run_command(command)
+
+    def _run_command(self, command: C.Command) -> None:
+        try:
+            value = self._handlers[type(command)](command)
+        except BaseException as e:  # noqa: BLE001 - every error goes to the caller
+            self._outbox.settle(command.done, error=e)
+        else:
+            self._outbox.settle(command.done, value)
+
+    def _guarded_step(self) -> None:
+        """One decode step; a failure ends the replies it was computing, not the engine."""
+        t0 = time.perf_counter()
+        try:
+            self._step()
+        except Exception as e:  # llama.cpp or sampler faults surface here
+            log.exception("decode step failed")
+            self.step_stats["failures"] += 1
+            for t in self._active_turns():
+                self._rollback(t)
+                self._end_turn(t, error=InferenceError(f"decode step failed: {e}"))
+        dt = time.perf_counter() - t0
+        self.step_stats["last_s"] = round(dt, 5)
+        self.step_stats["max_s"] = round(max(self.step_stats["max_s"], dt), 5)
+
+    def _finish_thread(self) -> None:
+        """The thread is ending: later commands fail at once, queued ones fail now."""
+        with self._submit_lock:
+            self._closed = True
+        self.state = "closed"
+        for t in self._active_turns():
+            t.session.turn = None
+            t.handle._fail(EngineClosedError("the engine was closed"))
+        left = list(self._held)
+        self._held.clear()
+        while True:
+            try:
+                left.append(self._commands.get_nowait())
+            except queue.Empty:
+                break
+        for command in left:
+            if command.done.running() or command.done.set_running_or_notify_cancel():
+                self._outbox.settle(command.done, error=EngineClosedError("the engine is closed"))
+        try:
+            self._drafting.drop()
+            self._unload()
+        except Exception:  # best effort at exit
+            log.exception("unload at exit failed")
+
+    def _active_turns(self) -> list[Turn]:
+        return [s.turn for s in self._sessions.values() if s.turn is not None]
+
+    # ============================================================ engine thread: loading
+
+    def _load(self, plan: Plan) -> None:
+        settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
+                                   self.config.n_batch, self.config.n_threads,
+                                   n_outputs=self.config.outputs_per_step)
+        placed = Placement.open(self.model_path, self.inventory, plan, settings,
+                                progress=self._progress)
+        self._placed = placed
+        self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
+        self._token_s = None  # a new placement: measure its prompt speed again
+        enc = self._encoder
+        if self.config.mmproj and (enc.keeps or not enc.checked):
+            try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
+                self._open_vision(check=not enc.keeps)
+            except BaseException:
+                self._unload()
+                raise
+            enc.checked = True
+            self._vision_idle()
+
+    # ============================================================ engine thread: reshards
+
+    def _on_release(self, command: C.Release) -> None:
+        self._release()
+        self.state = "moving" if command.then_load else "unavailable"
+
+    def _release(self) -> None:
+        """Park the context's state and free the placement (engine_ops.release)."""
+        if self._placed is None:
+            return  # already released (unavailable): the parked state is still there
+        self._encoder.close()  # its chunks of pending images too: they are made again
+        self._parked = engine_ops.release(self._placed, list(self._sessions.values()))
+        self._placed = None
+        self.report = LoadReport()  # nothing is placed now: memory() says so
+
+    def _on_load_first_fitting(self, command: C.LoadFirstFitting) -> LoadOutcome:
+        if self._placed is not None:
+            self.state = "ready"
+            raise InvalidStateError("release the current placement first")
+        self._encoder.lent_from = None  # a reshard from outside decides the placement now
+        return self._land(command.candidates)
+
+    def _land(self, candidates: Sequence[Plan]) -> LoadOutcome:
+        """Load the first candidate that loads and put the parked state back; else the engine
+        is unavailable and active replies end, typed (their lines rolled back)."""
+        t0 = time.perf_counter()
+        failures: list[tuple[str, str]] = []
+        landed: Plan | None = None
+        for plan in candidates:
+            try:
+                self._load(plan)  # frees whatever it allocated when it fails
+            except IgiError as e:
+                log.warning("loading plan '%s' failed: %s", plan.name, e)
+                failures.append((plan.name, e.message))
+                continue
+            landed = plan
+            break
+        if landed is None or self._placed is None:
+            self.state = "unavailable"
+            for t in self._active_turns():
+                self._rollback(t)
+                self._end_turn(t, error=EngineUnavailableError(
+                    "no placement of the model fits the memory that is free now; the "
+                    "conversation is kept — send the line again shortly"))
+            return LoadOutcome(None, tuple(failures), time.perf_counter() - t0)
+        self.state = "ready"
+        parked, self._parked = self._parked, None
+        kept = engine_ops.restore(
+            self._placed, parked, list(self._sessions.values()), self.config.max_sessions)
+        for s in self._sessions.values():
+            if s.turn is None:
+                continue
+            if not kept:  # its tokens are gone with the cache: end it, the conversation stays
+                self._rollback(s.turn)
+                self._end_turn(s.turn, error=InferenceError(
+                    "the reply was interrupted while the model moved; send the line again"))
+            else:
+                s.turn.chain = self._make_chain(s.turn)
+        self.reshard_count += 1
+        self.last_reshard_s = time.perf_counter() - t0
+        return LoadOutcome(landed.name, tuple(failures), self.last_reshard_s, not kept)
+
+    def _move(self, candidates: Sequence[Plan]) -> Plan | None:
+        """The vision encoder's own reshard, with the arbiter's two steps: release, then the
+        first of ``candidates`` that loads (None: none did, the engine is unavailable)."""
+        self._release()
+        out = self._land(candidates)
+        return next((p for p in candidates if p.name == out.landed), None)
+
+    def _open_vision(self, *, check: bool = False) -> VisionContext:
+        """The vision context, opened if it is not (engine thread). ``VisionContext`` is looked
+        up in this module when called (tests replace it here)."""
+        enc = self._encoder
+        if enc.context is None:
+            if not self.config.mmproj:
+                raise VisionUnavailableError(
+                    "this model was loaded without a vision projector (mmproj): it cannot see "
+                    "images; load it with its mmproj, or send the line without images")
+            gpu = None if check else enc.place(self.plan, self._move)
+            if self._placed is None:
+                raise EngineUnavailableError(
+                    "the model could not be placed for the vision encoder (no placement "
+                    "loads in the memory that is free now); the conversation is kept — "
+                    "send the line again shortly")
+            enc.context = VisionContext(self._model, self.config.mmproj,
+                                        enc.options(check=check, gpu=gpu))
+            enc.opens += 1
+        return enc.context
+
+    def _vision_idle(self) -> None:
+        """Free a non-resident vision context once no reply has an image left to encode."""
+        self._encoder.idle(self._active_turns())
+
+    def _unload(self) -> None:
+        """Free the placement; every handle into it is dropped with it."""
+        self._encoder.close()  # its chunks of pending images too: they are made again
+        placed, self._placed = self._placed, None
+        self.report = LoadReport()  # nothing is placed now: memory() says so
+        if placed is not None:
+            placed.close()
+
+    def _on_shutdown(self, _command: C.Shutdown) -> None:
+        for s in list(self._sessions.values()):
+            if s.turn is not None:
+                self._end_turn(s.turn, error=EngineClosedError("the engine was closed"))
+        self._unload()
+
+    def _need_placed(self) -> Placement:
+        if self._placed is None:
+            raise EngineUnavailableError(
+                "the model is not loaded right now (no placement fits the memory that is free); "
+                "the sessions are kept — retry shortly")
+        return self._placed
+
+    def _need_vocab(self) -> Vocab:
+        if self._vocab is None:
+            raise EngineUnavailableError(
+                "the model is not loaded right now (no placement fits the memory that is free); "
+                "the sessions are kept — retry shortly")
+        return self._vocab
+
+    # ============================================================ engine thread: sessions
+
+    def _on_open_session(self, c: C.OpenSession) -> str:
+        return self._table.open(c.system_prompt, c.params, c.priority, c.session_id)
+
+    def _on_close_session(self, c: C.CloseSession) -> None:
+        self._close_session(c.session_id)
+
+    def _on_set_priority(self, c: C.SetPriority) -> None:
+        s = self._sessions.get(c.session_id)
+        if s is not None:
+            s.priority = c.priority
+
+    def _on_start_reply(self, c: C.StartReply) -> Generation:
+        return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
+                                c.ignore_eos, c.images, c.reply, c.streamed)
+
+    def _close_session(self, sid: str) -> None:
+        s = self._table.get(sid)
+        if s.turn is not None:
+            self._end_turn(s.turn, error=GenerationCancelled(f"session '{sid}' was closed"))
+        if self._mem is not None:  # else: dropped when the parked state is put back
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+        self._drafting.forget(s)
+        self._table.remove(s)
+
+    def _start_turn(self, *args: Any, **kw: Any) -> Generation:
+        try:
+            return self._begin_turn(*args, **kw)
+        finally:  # a non-resident encoder opened for a line that failed, or had no images
+            self._vision_idle()
+
+    def _begin_turn(
+        self,
+        sid: str,
+        user_text: str,
+        max_tokens: int,
+        stop: tuple[str, ...],
+        grammar: str | None,
+        ignore_eos: bool = False,
+        images: tuple[ImageInput, ...] = (),
+        reply: int = 0,
+        streamed: bool = False,
+    ) -> Generation:
+        s = self._table.get(sid)
+        if s.turn is not None:
+            raise SessionBusyError(f"session '{sid}' is still replying; cancel it or wait")
+        vocab = self._need_vocab()
+        if images and not self.config.mmproj:
+            self._open_vision()  # VisionUnavailableError
+        # the chat template is C text: a NUL would cut the message short; an image is a slot
+        # character in the content (image_turn.py), which player text cannot hold
+        marker = self._encoder.options().media_marker if self.config.mmproj else ""
+        content = image_turn.user_content(user_text, len(images), marker)
+        messages = [*s.messages, {"role": "user", "content": content}]
+        # special tokens come from the template's markup only: every content is data
+        parts = vocab.prompt_parts(messages, add_assistant=True)
+        full = "".join(text for text, _ in parts)
+        reset = s.reread or not full.startswith(s.committed_text)
+        vision = self._open_vision() if images or (reset and s.images) else None
+        vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
+        if reset:  # the template re-rendered history differently: re-read it all
+            if s.n_images > len(s.images):
+                raise InvalidStateError(
+                    f"session '{sid}' must re-read its conversation, but its images were not "
+                    "kept (it was restored from a save): open a new session")
+            feed, pending = image_turn.tokenize(vocab, vision, parts, [*s.images, *images],
+                                                add_special=True)
+            base = 0
+        else:
+            delta = parts_after(parts, len(s.committed_text))
+            feed, pending = image_turn.tokenize(vocab, vision, delta, images,
+                                                add_special=not s.tokens)
+            feed = s.pending + feed
+            base = len(s.tokens) + s.image_cells
+        try:
+            n_prompt = len(feed) + image_turn.cells(pending)
+            others = [_claim(o) for o in self._sessions.values() if o is not s]
+            replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
+            handle = Generation(sid, reply=reply,
+                                outbox=self._outbox if streamed else None)
+            turn = Turn(
+                session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
+                max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
+                start_pending=list(s.pending), order=self._turn_counter + 1,
+                ignore_eos=ignore_eos, images=pending,
+            )
+            turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
+        except BaseException:
+            image_turn.release(pending)
+            raise
+        self._turn_counter += 1
+        if reset:
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
+            s.reread_for(turn)
+        turn.media = MediaMark.of(s)
+        s.begin(turn, messages, list(images))
+        return handle
+
+    def _make_chain(self, turn: Turn) -> SamplerChain:
+        s = turn.session
+        return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
+                            history=s.history, reply_tokens=turn.generated)
+
+    # ============================================================ engine thread: decoding
+
+    def _step(self) -> None:
+        """One llama_decode for every reply the scheduler serves this step."""
+        turns = self._active_turns()
+        for t in turns:
+            if t.handle.cancelled:
+                self._end_turn(t, reason="cancelled")
+        turns = [t for t in turns if t.session.turn is t]
+        self._steps += 1
+        if not turns:
+            return
+        rooms = self._rooms()
+        by_seq = {t.session.seq: t for t in turns}
+        decision = scheduler.decide(
+            [scheduler.Reply(t.session.seq, t.session.priority, t.order, len(t.feed),
+                             len(t.images), len(t.generated), _claim(t.session),
+                             rooms[t.session.id]) for t in turns],
+            paced=self._pace() > 0, step=self._steps)
+        for seq in decision.out_of_room:
+            # the reply reached its session's share of the context: it ends as at
+            # max_tokens, so that other sessions keep the cells they are guaranteed
+            self._end_turn(by_seq[seq], reason="length")
+        if decision.image is not None:  # the encoder, then its embeddings: a step of its own
+            self._image_step(by_seq[decision.image])
+            return
+        turns = [by_seq[seq] for seq in decision.decode]
+        if not turns:
+            return
+        budget = self._token_budget()
+        drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
+        fed = self._fill_batch(turns, budget, drafts)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc == 1 and drafts:  # the drafts took the last free cells: decode without them
+            drafts = {}
+            fed = self._fill_batch(turns, budget)
+            t0 = time.perf_counter()
+            rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        self._time_step(fed, drafts, time.perf_counter() - t0)
+        if rc == 1:
+            # no room in the KV cache: the lowest-priority reply gives way
+            victim = fed[-1][0]
+            self._rollback(victim)
+            self._end_turn(victim, error=ContextFullError(
+                "the shared context is full; retry when other replies end, close idle "
+                "sessions or raise n_ctx"))
+            return
+        if rc != 0:
+            for t, _, _ in fed:
+                self._rollback(t)
+                self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
+            return
+        for t, take, idx in fed:
+            proposal = drafts.get(t.session.seq)
+            if proposal is not None:
+                assert self._vocab is not None
+                self._drafting.verify(t, proposal, self._ctx, self._mem, self._vocab)
+                continue
+            t.session.decoded(t.feed[:take])
+            del t.feed[:take]
+            if idx >= 0:
+                self._sample(t, idx)
+
+    def _rooms(self) -> dict[str, int]:
+        """The cells each open session may claim now (runtime/context_share.py)."""
+        return self.share.rooms({sid: _claim(s) for sid, s in self._sessions.items()})
+
+    @staticmethod
+    def _within_share(drafts: dict[int, Proposal], turns: list[Turn],
+                      rooms: dict[str, int]) -> dict[int, Proposal]:
+        """Drafts cut to the cells their session may still claim: verifying them takes a
+        cell each, which must not come out of another session's floor."""
+        for t in turns:
+            s = t.session
+            proposal = drafts.get(s.seq)
+            if proposal is None:
+                continue
+            keep = scheduler.draft_room(len(proposal.tokens), _claim(s), rooms[s.id])
+            if keep == 0:
+                del drafts[s.seq]
+            else:
+                del proposal.tokens[keep:], proposal.dists[keep:]
+        return drafts
+
+    def _image_step(self, t: Turn) -> None:
+        try:
+            image_turn.eval_next(self._open_vision(), self._ctx, t, self._need_placed().batch_cap)
+        except IgiError as e:  # a full context, an encoder failure: this reply ends, typed
+            self._rollback(t)
+            self._end_turn(t, error=e)
+        self._vision_idle()  # the embeddings are in the KV cache: the encoder can go
+
+    def _time_step(self, fed: Fed, drafts: dict[int, Proposal], seconds: float) -> None:
+        if not drafts:
+            self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds)
+        if any(take != 1 for _t, take, _ in fed):
+            return  # a prompt chunk rode along: not a decode step's time
+        self._drafting.time_step(bool(drafts), seconds)
+
+    def _token_budget(self) -> int:
+        """Tokens for the next step: about ``max_step_s`` of work at the measured speed."""
+        c = self.config
+        n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
+                                   plan=self.plan, on_gpu=self.gpu is not None,
+                                   cap=self._need_placed().batch_cap, token_s=self._token_s)
+        self.step_stats["chunk"] = n
+        return n
+
+    def _fill_batch(self, turns: list[Turn], budget: int,
+                    drafts: dict[int, Proposal] | None = None) -> Fed:
+        """Up to ``budget`` pending tokens in the (reused) llama_batch, then the drafts
+        (runtime/batching.py). Returns (turn, tokens taken, batch index of its logits or -1)
+        per turn fed."""
+        p = self._need_placed()
+        fed = batching.fill_batch(p.batch, p.batch_cap, turns, budget)
+        if drafts:
+            batching.add_drafts(p.batch, p.batch_cap, p.outputs_cap, fed, drafts)
+        return fed
+
+    def _sample(self, t: Turn, idx: int) -> None:
+        assert t.chain is not None
+        try:
+            tok = t.chain.sample(self._ctx, idx, t.session.n_sampled)
+        except IgiError as e:  # a grammar past its per-step limits: this reply ends, typed
+            self._rollback(t)
+            self._end_turn(t, error=e)
+            return
+        self._take(t, tok)
+
+    def _take(self, t: Turn, tok: int) -> bool:
+        """Add a sampled token to the reply (runtime/replies.py); False once the reply has
+        ended. ``t.feed`` must be empty (what was fed is decoded)."""
+        assert self._vocab is not None
+        end = replies.take(t, tok, self._vocab)
+        if end is None:
+            return True
+        reason, visible_end = end
+        self._end_turn(t, reason=reason, visible_end=visible_end)
+        return False
+
+    # ============================================================ engine thread: replies
+
+    def _rollback(self, t: Turn) -> None:
+        """Undo a turn that produced nothing: the conversation is as before the request."""
+        replies.rollback(t, self._mem)
+
+    def _end_turn(
+        self,
+        t: Turn,
+        *,
+        reason: str = "stop",
+        error: BaseException | None = None,
+        visible_end: int | None = None,
+    ) -> None:
+        replies.detach(t)
+        self._vision_idle()
+        if error is None and not t.generated and reason == "cancelled":
+            # cancelled before the first token: as if the line was never said
+            self._rollback(t)
+        elif error is None:
+            visible_end = replies.commit(t, visible_end)
+        replies.settle(t, reason, error, visible_end)
+
+    # ============================================================ engine thread: state
+
+    def _snapshot(self, sid: str) -> tuple[bytes, bytes]:
+        """(JSON header, KV bytes) of an idle session; packing them into the file format (a
+        copy and a checksum over the whole state) is left to the I/O thread."""
+        s = self._table.get(sid)
+        if s.turn is not None:
+            raise SessionBusyError(f"session '{sid}' is replying; snapshot it when it is idle")
+        self._need_vocab()
+        return engine_state.capture(self._ctx, s, engine_state.fingerprint(self.inventory),
+                                    engine_state.kv_format(self.plan))
+
+    def _restore(self, meta: dict[str, Any], kv: bytes | memoryview, sid: str | None) -> str:
+        """A session from a verified snapshot (:func:`snapshot.unpack`). Everything is checked
+        before a session slot is taken, and a failure after that gives the slot back."""
+        self._need_vocab()
+        saved, same_format = engine_state.check(
+            meta, kv, model=engine_state.fingerprint(self.inventory),
+            kv_fmt=engine_state.kv_format(self.plan), n_ctx=self.config.n_ctx,
+            n_vocab=self.inventory.arch.n_vocab)
+        if self._table.free_seqs:  # else the table refuses it: TooManySessionsError
+            self._admit_restore(len(saved.tokens) + saved.image_cells)
+        new_id = self._table.open(None, saved.params, saved.priority, sid)
+        s = self._sessions[new_id]
+        try:
+            restored = (engine_state.set_seq_state(self._ctx, self._mem, s.seq, kv)
+                        if same_format else True)
+        except BaseException:
+            self._close_session(new_id)
+            raise
+        if not restored:
+            self._close_session(new_id)
+            raise InvalidStateError(
+                "llama.cpp rejected the saved KV state (no room in the context, or damaged)"
+            )
+        engine_state.apply(s, saved, same_format)
+        return new_id
+
+    def _admit_restore(self, cells: int) -> None:
+        """A restored session holding ``cells`` must fit its share, as a line must (and its
+        next reply token)."""
+        verdict = self.share.admit(cells + 1, [_claim(o) for o in self._sessions.values()])
+        if verdict is Admit.NEVER:
+            raise InvalidStateError(
+                f"the saved session holds {cells} cells; one session may hold at most "
+                f"{self.share.most} of this engine's {self.share.n_ctx}")
+        if verdict is Admit.WAIT:
+            raise ContextFullError(
+                f"the saved session holds {cells} cells, but other sessions hold the shared "
+                "context's cells now; retry when their replies end or they close")
+
+
+
+def _claim(s: Session) -> int:
+    """KV cells ``s`` holds plus those its reply in progress was admitted for (the rest of
+    its prompt and images, the sampled token to decode)."""
+    t = s.turn
+    ahead = len(t.feed) + image_turn.cells(t.images) if t is not None else 0
+    return len(s.tokens) + s.image_cells + ahead
