@@ -17,7 +17,7 @@ import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Generic, Protocol, TypeVar
+from typing import Generic, NotRequired, Protocol, TypedDict, TypeVar
 
 from igi_sdk import threads
 
@@ -82,6 +82,25 @@ class _Stop:
 
 
 EngineEvent = ReplyText | ReplyDone | ReplyFailed | CommandDone | _Stop
+
+
+class DraftFigures(TypedDict):
+    """A session's speculative decoding: tokens drafted and accepted, the per-token α, and
+    whether it drafts now."""
+
+    drafted: int
+    accepted: int
+    alpha: float | None
+    drafting: bool
+
+
+class SessionFigures(TypedDict):
+    """One session as the engine reports it to listings (read without waiting for it)."""
+
+    tokens: int  # KV cells its conversation holds
+    busy: bool  # a reply is being generated
+    priority: int
+    draft: NotRequired[DraftFigures]
 
 _reply_ids = itertools.count(1)
 

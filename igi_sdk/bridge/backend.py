@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from igi_sdk.bridge import protocol as P
-from igi_sdk.events import ReplyEvent, ReplyResult
+from igi_sdk.events import ReplyEvent, ReplyResult, SessionFigures
 
 # a finished reply's figures, as the model side reports them
 ChatResult = ReplyResult
@@ -57,7 +57,7 @@ class Backend(Protocol):
         """At once; takes effect at the next decode step."""
         ...
 
-    def session_info(self) -> dict[str, dict[str, Any]]:
+    def session_info(self) -> dict[str, SessionFigures]:
         """Session id -> {"tokens", "busy", "priority"}; never waits on the engine thread."""
         ...
 

@@ -729,11 +729,12 @@ class Server:
             if info.scope != c.scope or info.owner not in (None, c.identity):
                 others += 1
                 continue
-            figures = live.get(sid, {})
+            figures = live.get(sid)  # None: closed by the engine since the table was read
             listed.append(C.SessionListing(
                 session=info.name, owner="you" if info.owner == c.identity else "orphaned",
-                persona=info.persona, priority=int(figures.get("priority", 0)),
-                busy=bool(figures.get("busy", False)), tokens=int(figures.get("tokens", 0)),
+                persona=info.persona, priority=figures["priority"] if figures else 0,
+                busy=figures["busy"] if figures else False,
+                tokens=figures["tokens"] if figures else 0,
                 idle_s=round(now - info.since, 3)))
         free = max(0, self.model_slots - self._slots_taken())
         return C.ListSessionsOk(sessions=listed, free_slots=free, others=others)

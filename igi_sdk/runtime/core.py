@@ -35,7 +35,7 @@ from igi_sdk.errors import (
     SessionBusyError,
     VisionUnavailableError,
 )
-from igi_sdk.events import Outbox
+from igi_sdk.events import Outbox, SessionFigures
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import (
@@ -207,14 +207,14 @@ class EngineCore:
         self._drafting.load(c.draft_model, self._vocab, self.plan.copy_compute_min_batch)
         return True
 
-    def session_info(self) -> dict[str, dict[str, Any]]:
+    def session_info(self) -> dict[str, SessionFigures]:
         """Tokens in context, whether replying, and priority of every session, read without
         waiting for the engine thread (figures of the last step, for listings)."""
         drafts = self._drafting.acceptance
-        out: dict[str, dict[str, Any]] = {}
+        out: dict[str, SessionFigures] = {}
         for sid, s in list(self._sessions.items()):
-            info: dict[str, Any] = {"tokens": len(s.tokens) + s.image_cells,
-                                    "busy": s.turn is not None, "priority": s.priority}
+            info: SessionFigures = {"tokens": s.cells, "busy": s.turn is not None,
+                                    "priority": s.priority}
             draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
             if draft is not None:
                 info["draft"] = draft.figures()

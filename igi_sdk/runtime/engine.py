@@ -31,7 +31,7 @@ from igi_sdk.errors import (
     PromptTooLongError,
     UnknownSessionError,
 )
-from igi_sdk.events import Outbox, ReplyListener, next_reply_id
+from igi_sdk.events import Outbox, ReplyListener, SessionFigures, next_reply_id
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native, engine_state, futures, image_turn, snapshot
@@ -170,7 +170,7 @@ class Engine:
         """The shared context's cells (EngineCore.context_status)."""
         return self._core.context_status()
 
-    def session_info(self) -> dict[str, dict[str, Any]]:
+    def session_info(self) -> dict[str, SessionFigures]:
         """Tokens in context, whether replying, and priority of every session, read without
         waiting for the engine thread (figures of the last step, for listings)."""
         return self._core.session_info()

@@ -30,6 +30,7 @@ import llama_cpp
 import numpy as np
 
 from igi_sdk.errors import DraftMismatchError
+from igi_sdk.events import DraftFigures
 from igi_sdk.model import read_inventory
 from igi_sdk.planner.speculative import break_even_alpha, draft_plan
 from igi_sdk.runtime import loader
@@ -167,7 +168,7 @@ class Acceptance:
                 and alpha < max(break_even, MIN_ALPHA)):
             self.off, self.plain_steps = True, 0
 
-    def figures(self) -> dict[str, Any]:
+    def figures(self) -> DraftFigures:
         a = self.alpha
         return {"drafted": self.drafted, "accepted": self.accepted,
                 "alpha": None if a is None else round(a, 4), "drafting": not self.off}

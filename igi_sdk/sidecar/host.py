@@ -39,7 +39,7 @@ from igi_sdk.errors import (
     EngineUnavailableError,
     IgiError,
 )
-from igi_sdk.events import Outbox
+from igi_sdk.events import Outbox, SessionFigures
 from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.model.mmproj import read_encoder
 from igi_sdk.planner import Plan
@@ -378,7 +378,7 @@ class ModelHost:
     def set_priority(self, session: str, priority: int) -> None:
         self._engine().set_priority(session, priority)
 
-    def session_info(self) -> dict[str, dict[str, Any]]:
+    def session_info(self) -> dict[str, SessionFigures]:
         eng = self.engine
         return eng.session_info() if eng is not None else {}
 
