@@ -168,3 +168,25 @@ def test_outbox_delivers_in_order_and_survives_a_faulty_listener() -> None:
         outbox.post(ReplyText(1, str(i)))
     outbox.close()
     assert got == [str(i) for i in range(100)]
+
+
+def test_a_listener_that_waits_for_the_engine_is_refused_not_deadlocked(engine) -> None:
+    """Outcomes are delivered on the outbox thread: a listener waiting there for one could
+    never be answered, so every NPC's stream would stop."""
+    from igi_sdk.errors import InvalidStateError
+
+    sid = engine.open_session("You are a guard.", sampling=GREEDY)
+    caught: list[BaseException] = []
+
+    def listener(event) -> None:
+        if isinstance(event, ReplyText) and not caught:
+            try:
+                engine.tokenize("halt")
+            except InvalidStateError as e:
+                caught.append(e)
+
+    gen = engine.chat(sid, "Halt!", max_tokens=4, ignore_eos=True, listener=listener)
+    assert gen.result(30).completion_tokens == 4
+    assert caught and "_async" in str(caught[0])
+    assert engine.tokenize("halt")  # from any other thread it works
+    engine.close_session(sid)

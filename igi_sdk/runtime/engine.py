@@ -18,6 +18,7 @@ them (its rules choose the candidates, on its own thread). When no candidate loa
 
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -25,9 +26,11 @@ from functools import partial
 from pathlib import Path
 from typing import Any, TypeVar
 
+from igi_sdk import threads
 from igi_sdk.errors import (
     EngineClosedError,
     EngineUnavailableError,
+    InvalidStateError,
     PromptTooLongError,
     UnknownSessionError,
 )
@@ -212,7 +215,7 @@ class Engine:
     def drop_draft(self) -> bool:
         """Free the draft model (VRAM pressure: it is the first thing to go); replies in
         progress go on without drafting. True if there was one."""
-        return self.drop_draft_async().result()
+        return _wait(self.drop_draft_async())
 
     def restore_draft_async(self) -> Future[bool]:
         """Load the configured draft model again after :meth:`drop_draft` (the VRAM came
@@ -236,14 +239,14 @@ class Engine:
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,
                      session_id: str | None = None) -> str:
-        return self.open_session_async(system_prompt, sampling=sampling, priority=priority,
-                                       session_id=session_id).result()
+        return _wait(self.open_session_async(system_prompt, sampling=sampling,
+                                             priority=priority, session_id=session_id))
 
     def close_session_async(self, session_id: str) -> Future[None]:
         return self._submit(C.CloseSession(session_id))
 
     def close_session(self, session_id: str) -> None:
-        self.close_session_async(session_id).result()
+        _wait(self.close_session_async(session_id))
 
     def sessions(self) -> list[str]:
         return self._call(C.ListSessions())
@@ -306,7 +309,7 @@ class Engine:
         generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(event)``
         — called on the outbox thread with each typed event of the reply (``ReplyText``, then
         ``ReplyDone`` or ``ReplyFailed``: igi_sdk/events.py); it should be quick."""
-        return self.chat_async(session_id, user_text, **options).result()
+        return _wait(self.chat_async(session_id, user_text, **options))
 
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
@@ -319,7 +322,7 @@ class Engine:
 
     def snapshot(self, session_id: str) -> bytes:
         """The session's whole state (KV cache + conversation) as bytes; it must be idle."""
-        return self.snapshot_async(session_id).result()
+        return _wait(self.snapshot_async(session_id))
 
     def restore_async(self, data: bytes, *, session_id: str | None = None) -> Future[str]:
         # the bytes are verified (length, checksum) on the I/O thread before the engine sees them
@@ -329,7 +332,7 @@ class Engine:
     def restore(self, data: bytes, *, session_id: str | None = None) -> str:
         """Recreate a session from :meth:`snapshot` bytes; returns its id. Damaged, truncated
         or foreign bytes raise :class:`InvalidStateError` and change nothing."""
-        return self.restore_async(data, session_id=session_id).result()
+        return _wait(self.restore_async(data, session_id=session_id))
 
     def save_session_async(self, session_id: str, path: str | Path) -> Future[int]:
         """Snapshot on the engine thread, write the file on an I/O thread; bytes written. The
@@ -341,7 +344,7 @@ class Engine:
                             lambda parts: snapshot.save(target, snapshot.parts(*parts)), self._io)
 
     def save_session(self, session_id: str, path: str | Path) -> None:
-        self.save_session_async(session_id, path).result()
+        _wait(self.save_session_async(session_id, path))
 
     def load_session_async(self, path: str | Path, *,
                            session_id: str | None = None) -> Future[str]:
@@ -350,7 +353,7 @@ class Engine:
                              self._submit(C.Restore(*unpacked, session_id)))
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
-        return self.load_session_async(path, session_id=session_id).result()
+        return _wait(self.load_session_async(path, session_id=session_id))
 
     def _on_io(self, fn: Callable[[], T]) -> Future[T]:
         """Run ``fn`` on the I/O thread (file work and checksums stay off the engine thread)."""
@@ -376,8 +379,8 @@ class Engine:
         error is raised; reshard again to a plan that fits (the arbiter does this for the
         sidecar, with its own candidates)."""
         t0 = time.perf_counter()
-        self.release_async().result()
-        out = self.load_first_fitting_async([plan]).result()
+        _wait(self.release_async())
+        out = _wait(self.load_first_fitting_async([plan]))
         if out.landed is None:
             raise EngineUnavailableError(
                 f"plan '{plan.name}' did not load: {out.failures[0][1] if out.failures else ''}")
@@ -407,5 +410,15 @@ class Engine:
         """Run ``command`` and wait; a callable is an :class:`~commands.Inspect` (tests)."""
         if not isinstance(command, C.Command):
             command = C.Inspect(command)
-        return self._submit(command).result()
+        return _wait(self._submit(command))
 
+
+def _wait(fut: Future[T]) -> T:
+    """The outcome of an engine command, waited for. Outcomes are delivered by the outbox
+    thread, so waiting there (in a reply listener or a future's callback) could never end:
+    refused at once instead."""
+    if threading.current_thread().name == threads.OUTBOX:
+        raise InvalidStateError(
+            "a reply listener or a future's callback waited for the engine; they run on the "
+            "thread that delivers the engine's outcomes: use the *_async methods there")
+    return fut.result()
