@@ -321,18 +321,26 @@ def test_long_prompt_is_read_in_bounded_steps(small_model) -> None:
         t0 = time.monotonic()
         gen.cancel()
         res = gen.result(30)
+        waited = time.monotonic() - t0
         assert res.finish_reason == "cancelled" and res.completion_tokens == 0
-        assert time.monotonic() - t0 < 0.5
         st = eng.status()["step"]
-        assert 1 <= st["chunk"] < 2048 and st["max_s"] < 0.5, st
+        assert 1 <= st["chunk"] < 2048, st
+        # read in the chunks seen, the whole prompt takes this long: a step, and the wait for
+        # the cancel, are a small share of it
+        whole_s = res.prompt_tokens / st["chunk"] * cfg.max_step_s
+        assert waited < whole_s / 10 and st["max_s"] < whole_s / 10, (waited, whole_s, st)
 
 
 @pytest.mark.slow
 def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path) -> None:
-    """ping / frame / stats answer in milliseconds while the engine reads a long prompt on the
-    CPU (one llama.cpp thread, so the machine keeps a core for the socket thread)."""
+    """ping / frame / stats answer at once while the engine reads a long prompt on the CPU (one
+    llama.cpp thread, so the machine keeps a core for the socket thread). Bounds are relative to
+    what the same run measures: the engine's steps, the control plane when the engine is idle,
+    and the heartbeat interval."""
     import shutil
+    import statistics
 
+    from igi_sdk.bridge.server import ServerConfig
     from igi_sdk.client import Client
     from tests.test_bridge import start_sidecar, stop
 
@@ -342,52 +350,71 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
     proc = start_sidecar(tmp_path, endpoint, "--model", "m.gguf", "--no-arbiter",
                          "--threads", "1", "--ctx", "4096", "--context-floor", "0")
     try:
-        # the player's client waits 2 s per event: longer than the prompt takes to read, yet it
+        # the player's client waits 2 s per event: less than the prompt takes to read, yet it
         # must not declare the (heartbeating) sidecar dead
         player, probe = Client(endpoint, timeout=2), Client(endpoint, timeout=5)
         Client(endpoint, timeout=60).wait_ready(60)
+        lat_idle = _control_latencies(probe, 0.5)
+        # this machine's prompt speed, to size a prompt that takes a few player timeouts to read
+        # (a short prompt reads slower per token: the estimate errs long)
+        cal = probe.open_session("cal", sampling={"temperature": 0.0})
+        words = 60
+        done = probe.chat(cal, " ".join(f"w{i}" for i in range(words)), max_tokens=1).result()
+        probe.close_session(cal)
+        per_s = done["usage"]["prompt_tokens"] / done["timings"]["ttft_s"]
+        per_word = done["usage"]["prompt_tokens"] / words
+        n_words = min(1000, int(2.5 * player.timeout * per_s / per_word))
         sid = player.open_session("npc", sampling={"temperature": 0.0})
-        text = " ".join(f"w{i}" for i in range(700))  # ~3.2K tokens: seconds on one core
-        stream = player.chat(sid, text, max_tokens=4)
+        stream = player.chat(sid, " ".join(f"w{i}" for i in range(n_words)), max_tokens=4)
         # a line sent and cancelled at once, while the engine is busy: the cancel arrives before
         # the reply has started, and still stops it
         other = probe.open_session("npc2", sampling={"temperature": 0.0})
         early = probe.chat(other, "Hello!", max_tokens=64)
         assert early.cancel()
         beats = _HeartbeatListener(endpoint)
-        lat: dict[str, list[float]] = {"ping": [], "frame": [], "stats": []}
-        t_end = time.monotonic() + 3.0
-        frame = 0
-        while time.monotonic() < t_end:
-            for kind in lat:
-                t0 = time.perf_counter()
-                if kind == "frame":
-                    probe.frame(frame, 16.0)
-                    frame += 1
-                else:
-                    probe.request(kind)
-                lat[kind].append((time.perf_counter() - t0) * 1000)
-            time.sleep(0.005)
+        lat = _control_latencies(probe, 3.0)
         st = probe.stats()
         gaps = beats.stop()
         assert early.result()["finish_reason"] == "cancelled"
         result = stream.result()
         assert result["finish_reason"] in ("length", "stop"), result
-        assert result["timings"]["ttft_s"] > 2.0, result  # the wait outlasted the timeout
-        # the sidecar's own measure (request in, answer out) is the control plane's bound; the
-        # round trip seen here adds the scheduling of two processes on a 2-core machine
+        ttft = result["timings"]["ttft_s"]
+        assert ttft > player.timeout, result  # the wait outlasted the client's timeout
+        # the prompt was read in bounded steps: each a small share of the whole read
+        step_ms = st["engine"]["step"]["max_s"] * 1000
+        assert step_ms < ttft * 1000 / 4, (st["engine"], ttft)
+        # a control plane that waited on the engine would take up to a step per request; the
+        # sidecar's own measure (request in, answer out) and the round trip seen here stay a
+        # small share of one, and the round trip near what it is with the engine idle
         served = st["control_latency_ms"]
         for kind, xs in lat.items():
-            assert served[kind]["p99"] <= 5.0, (kind, served[kind])
-            xs.sort()
-            assert xs[len(xs) // 2] <= 5.0, (kind, xs[len(xs) // 2], xs[-5:])
-        # the prompt was read in bounded steps, and heartbeats (every 1 s) never paused
-        assert st["engine"]["step"]["max_s"] < 1.0, st["engine"]
-        assert len(gaps) >= 2 and max(gaps) < 1.5, gaps
+            assert served[kind]["p99"] <= step_ms / 4, (kind, served[kind], step_ms)
+            busy, idle = statistics.median(xs), statistics.median(lat_idle[kind])
+            assert busy <= max(3 * idle, step_ms / 10), (kind, busy, idle, step_ms)
+        # heartbeats never paused for the prompt
+        beat_s = ServerConfig.heartbeat_s
+        assert len(gaps) >= 2 and max(gaps) < 1.5 * beat_s < ttft, (gaps, ttft)
         player.close()
         probe.close()
     finally:
         stop(proc)
+
+
+def _control_latencies(probe, seconds: float) -> dict[str, list[float]]:
+    """Round trips (ms) of ping, frame and stats, sent in turn for ``seconds``."""
+    lat: dict[str, list[float]] = {"ping": [], "frame": [], "stats": []}
+    t_end, frame = time.monotonic() + seconds, 0
+    while time.monotonic() < t_end:
+        for kind in lat:
+            t0 = time.perf_counter()
+            if kind == "frame":
+                probe.frame(frame, 16.0)
+                frame += 1
+            else:
+                probe.request(kind)
+            lat[kind].append((time.perf_counter() - t0) * 1000)
+        time.sleep(0.005)
+    return lat
 
 
 class _HeartbeatListener:
