@@ -9,6 +9,7 @@ for the first token), NESTED_5 no end within 120 s."""
 from __future__ import annotations
 
 import itertools
+import statistics
 import threading
 import time
 
@@ -61,35 +62,57 @@ def test_nested_optional_grammars_cost_about_a_plain_reply(engine, grammar) -> N
     assert t_grammar < 4 * t_plain + 1.0, (t_grammar, t_plain)  # before: 37 s and more
 
 
+def _token_gaps(engine, sid: str, **kw) -> list[float]:
+    """The times between the reply's events (tokens, then its end)."""
+    times: list[float] = []
+    engine.chat(sid, "Prices?", listener=lambda _event: times.append(time.perf_counter()),
+                **kw).result(60)
+    return [b - a for a, b in itertools.pairwise(times)]
+
+
 def test_a_bystander_streams_while_a_nested_grammar_replies(engine) -> None:
+    b = engine.open_session("You are a merchant.", sampling=GREEDY)
+    try:  # the bystander's pace alone on the engine: the baseline
+        alone = _token_gaps(engine, b, max_tokens=16, ignore_eos=True)
+    finally:
+        engine.close_session(b)
     g = engine.open_session("You are a guard.", sampling=GREEDY)
     b = engine.open_session("You are a merchant.", sampling=GREEDY)
     try:
         slow = engine.chat(g, "Say something.", max_tokens=48, grammar=NESTED_5)
-        times: list[float] = []
-        by = engine.chat(b, "Prices?", max_tokens=16, ignore_eos=True,
-                         listener=lambda _event: times.append(time.perf_counter()))
-        assert by.result(60).completion_tokens == 16
+        gaps = _token_gaps(engine, b, max_tokens=16, ignore_eos=True)
         slow.result(60)
     finally:
         engine.close_session(g)
         engine.close_session(b)
-    gaps = [b - a for a, b in itertools.pairwise(times)]
-    assert gaps and max(gaps) < 1.0, gaps  # before: the bystander waited minutes
-    assert engine.step_stats["max_s"] < 1.0
+    # before: the bystander waited minutes. Now it keeps about its own pace: the grammar
+    # reply shares each step and its sampling work per token is bounded
+    base = statistics.median(alone)
+    assert statistics.median(gaps) < 3 * base, (gaps, alone)
+    assert max(gaps) < 20 * base, (gaps, alone)
+    assert engine.step_stats["max_s"] < 20 * base, (engine.step_stats, alone)
 
 
 def test_cancel_ends_a_nested_grammar_reply_within_a_step(engine) -> None:
     sid = engine.open_session("You are a guard.", sampling=GREEDY)
     try:
-        first = threading.Event()
+        times: list[float] = []
+        some = threading.Event()
+
+        def listener(_event: object) -> None:
+            times.append(time.perf_counter())
+            if len(times) >= 4:
+                some.set()
+
         gen = engine.chat(sid, "Say something.", max_tokens=400, grammar=NESTED_5,
-                          listener=lambda _event: first.set())
-        assert first.wait(60)
+                          listener=listener)
+        assert some.wait(60)
+        step = max(b - a for a, b in itertools.pairwise(times[:4]))  # this reply's token pace
         t0 = time.perf_counter()
         gen.cancel()
         assert gen.result(30).finish_reason == "cancelled"
-        assert time.perf_counter() - t0 < 1.0
+        waited = time.perf_counter() - t0
+        assert waited < 10 * step, (waited, step)  # a step or so, not the rest of the reply
     finally:
         engine.close_session(sid)
 
