@@ -229,24 +229,36 @@ with Engine(model, Plan.all_cpu(), EngineConfig(n_ctx=4608, max_sessions=2, n_th
 @pytest.mark.skipif(not hasattr(signal, "SIGKILL"), reason="needs SIGKILL")
 def test_a_save_killed_mid_overwrite_leaves_the_old_or_the_new(
         engine: Engine, tiny_llama: Path, tmp_path: Path) -> None:
-    path = tmp_path / "brom.igisession"
     rng = random.Random(3)
     sizes = set()
-    for _ in range(8):
-        child = subprocess.Popen([sys.executable, "-c", _KILL_CHILD, str(tiny_llama), str(path)],
-                                 stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    for batch in range(2):  # 8 kills, 4 children at a time (each writes its own save)
+        dirs = [tmp_path / f"run{batch}-{k}" for k in range(4)]
+        children = []
+        for d in dirs:
+            d.mkdir()
+            children.append(subprocess.Popen(
+                [sys.executable, "-c", _KILL_CHILD, str(tiny_llama), str(d / "brom.igisession")],
+                stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True))
         try:
-            assert child.stdout is not None and child.stdout.readline().strip() == "ready"
-            time.sleep(rng.uniform(0.0, 0.4))
+            for child in children:
+                assert child.stdout is not None and child.stdout.readline().strip() == "ready"
+            t0 = time.monotonic()
+            for at, child in sorted(((rng.uniform(0.0, 0.4), c) for c in children),
+                                    key=lambda x: x[0]):
+                time.sleep(max(0.0, t0 + at - time.monotonic()))
+                child.send_signal(signal.SIGKILL)
         finally:
-            child.send_signal(signal.SIGKILL)
-            child.wait(30)
-        sid = engine.load_session(path)  # whichever it is, it is whole
-        engine.close_session(sid)
-        meta, _ = snapshot.unpack(path.read_bytes())
-        sizes.add(len(meta["tokens"]))
-        saves = [p.name for p in tmp_path.iterdir() if not p.name.startswith(".igi-save-")]
-        assert saves == ["brom.igisession"]
+            for child in children:
+                child.kill()
+                child.wait(30)
+        for d in dirs:
+            path = d / "brom.igisession"
+            sid = engine.load_session(path)  # whichever it is, it is whole
+            engine.close_session(sid)
+            meta, _ = snapshot.unpack(path.read_bytes())
+            sizes.add(len(meta["tokens"]))
+            saves = [p.name for p in d.iterdir() if not p.name.startswith(".igi-save-")]
+            assert saves == ["brom.igisession"]
     # the small or the large session, nothing in between (which one a kill leaves depends on
     # the machine's speed: on a busy one it is mostly the small, the large save being cut)
     assert 1 <= len(sizes) <= 2
