@@ -267,11 +267,19 @@ def sidecar(vlm: VLMFiles, tmp_path_factory: pytest.TempPathFactory
     proc = start_sidecar(d, ep, "--model", "tiny-vl.gguf", "--mmproj", "mmproj-tiny-vl.gguf",
                          "--ctx", "2048", "--max-sessions", "4", "--prefill-chunk", "48",
                          "--no-arbiter")
-    probe = Client(ep, timeout=60)
-    probe.wait_ready(60)
-    probe.close()
-    yield ep, proc.pid
-    stop(proc)
+    try:  # a sidecar that never got ready is stopped too, with what it said
+        probe = Client(ep, timeout=60)
+        try:
+            probe.wait_ready(60)
+        except Exception as e:  # re-raised with the sidecar's stderr
+            stop(proc)
+            raise AssertionError(f"no sidecar: {e}\n{proc.stderr.read() if proc.stderr else ''}"
+                                 ) from e
+        finally:
+            probe.close()
+        yield ep, proc.pid
+    finally:
+        stop(proc)
 
 
 def _tokens(c: Client, sid: str) -> int:
