@@ -53,10 +53,14 @@ class DeviceProfile(BaseModel):
 
     def rate(self, ggml_type: str, tokens: float) -> float:
         """Weight bytes per second for a batch of ``tokens`` tokens (roofline interpolation)."""
+        # the planner asks this about a million times per plan: one plain dict lookup here, not
+        # pydantic's private-attribute access (``self._memo`` goes through __getattr__, ~2 µs)
+        memo = self.__pydantic_private__["_memo"]  # type: ignore[index]
         key = (ggml_type, tokens)
-        if key not in self._memo:
-            self._memo[key] = self._rate(ggml_type, tokens)
-        return self._memo[key]
+        rate = memo.get(key)
+        if rate is None:
+            rate = memo[key] = self._rate(ggml_type, tokens)
+        return rate
 
     def _rate(self, ggml_type: str, tokens: float) -> float:
         table = self.matmul_rate.get(ggml_type) or self.matmul_rate.get(
