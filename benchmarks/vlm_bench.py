@@ -108,6 +108,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
     from igi_sdk.planner import Plan, Workload
     from igi_sdk.planner.vision import grid_for, plan_with_vision
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, image_turn
+    from igi_sdk.runtime.encoder import EncoderRoom
     from igi_sdk.runtime.image_turn import ImageInput
 
     prof = load_profile(args)
@@ -121,7 +122,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                            "image": f"{w}x{h}", "image_tokens": grid.n_tokens, "n_ctx": n_ctx,
                            "ran": False}
     gpu = prof.gpu is not None
-    vision_plan = None
+    vision_plan: EncoderRoom | None = None
     if args.config.startswith("ours"):
         modes = MODES.get(args.config, ("cpu", "reserved", "borrowed"))
         vp = plan_with_vision(inv, enc, prof, budget, grid, wl, modes=modes)
@@ -135,7 +136,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
                   "vision_resident": vp.mode != "borrowed"}
         if vp.encode_lm is not None:
             encode_lm = vp.encode_lm
-            vision_plan = lambda _current: encode_lm  # noqa: E731
+            vision_plan = EncoderRoom.always(encode_lm, fallback=plan)
         row["mode"] = vp.mode
         row["predicted"] = {"encoder_vram_mib": v.vram / MIB, "encode_s": v.encode_s,
                             "peak_mib": vp.peak_vram / MIB, "turn_s": vp.turn_s,
@@ -172,7 +173,7 @@ def child(args: argparse.Namespace) -> dict[str, Any]:
         t0 = time.perf_counter()
         config = EngineConfig(n_ctx=n_ctx, max_sessions=1, n_threads=args.threads,
                               mmproj=str(args.mmproj), **vision)
-        with Engine(args.model, plan, config, vision_plan=vision_plan) as eng:
+        with Engine(args.model, plan, config, encoder_room=vision_plan) as eng:
             row["load_s"] = time.perf_counter() - t0
             words, line = (LINE + " " + LINE).split(), ""
             while words and len(eng.tokenize(line)) < args.prompt_tokens:  # a ~32-token line
