@@ -107,15 +107,15 @@ class Sessions:
 @dataclass
 class StreamLog:
     """A stream's events as sent, so a client that lost some (a dropped connection) can have
-    them again: ``tokens[k]`` is the event with ``i = k + 1``. Appended to on the engine thread
-    and read on the socket thread: list appends and whole-reference writes are atomic."""
+    them again: ``tokens[k]`` is the event with ``i = k + 1``. Socket thread only: the reply's
+    listener encodes the events on the model side's outbox thread and hands them here."""
 
     tokens: list[bytes] = field(default_factory=list)
     terminal: bytes | None = None
     ended_at: float | None = None  # when the socket thread saw the end
 
     def replay(self, after: int) -> list[bytes]:
-        end = self.terminal  # read once: the stream may end while we look
+        end = self.terminal
         frames = self.tokens[after:]
         return [*frames, end] if end is not None else frames
 
