@@ -142,9 +142,11 @@ def test_tiny_pair_has_what_clip_cpp_reads(pair) -> None:
 
 
 def test_big_preset_writes_headers_only(tmp_path: Path) -> None:
-    t0 = time.perf_counter()
     files = write_synthetic_vlm(tmp_path, "qwen2.5-vl-7b", data=False)
-    assert time.perf_counter() - t0 < 10  # no 5 GB of data: the tensors are a hole
+    for written in (files.model, files.mmproj):  # no 5 GB of data: the tensors are a hole
+        st = written.stat()
+        if hasattr(st, "st_blocks"):  # POSIX: what the file holds on disk (measured < 0.1 %)
+            assert st.st_blocks * 512 < st.st_size // 100, (written.name, st.st_blocks)
     spec = VLM_PRESETS["qwen2.5-vl-7b"]
     inv = read_inventory(files.model)  # also checks every tensor fits in the file
     a = inv.arch
@@ -196,7 +198,9 @@ def test_invalid_text_specs() -> None:
 
 def test_png_is_encoded_evaluated_and_generated_from(model, vision) -> None:
     encoded = png(_pixels())
+    t0 = time.perf_counter()
     info, result, tokens = _run(model, vision, lambda v: v.image_from_bytes(encoded))
+    run_s = time.perf_counter() - t0
     kinds = [c.kind for c in info]
     assert kinds == ["text", "image", "text"]
     image = info[1]
@@ -206,7 +210,8 @@ def test_png_is_encoded_evaluated_and_generated_from(model, vision) -> None:
     assert image.n_pos == max(image.nx, image.ny)  # M-RoPE: the grid takes max(nx, ny) positions
     assert result.n_past == sum(c.n_pos for c in info)  # n_past grows by what mtmd reports
     assert result.n_tokens == sum(c.n_tokens for c in info) == result.n_past + 6
-    assert len(result.encode_s) == 1 and result.encode_s[0] < 0.5
+    # one encoder pass, timed in seconds: a share of the whole run that contains it
+    assert len(result.encode_s) == 1 and 0 < result.encode_s[0] < run_s
     assert len(tokens) == 4
     # deterministic: a fresh context, the same image, the same tokens
     assert _run(model, vision, lambda v: v.image_from_bytes(encoded))[2] == tokens
@@ -385,15 +390,26 @@ def test_media_marker_is_configurable(model, pair) -> None:
 
 
 def test_encode_time_of_the_tiny_model(model, vision) -> None:
-    """The tiny pair's encoder pass for a 64x64 image: milliseconds on 2 CPU cores."""
+    """The tiny pair's encoder pass for a 64x64 image costs about what the tiny text model's
+    prefill of the 22-token prompt does (measured 2.5 ms against 0.7 ms on 2 CPU cores): it is
+    timed against that prefill, in the same context, so that a loaded machine slows both."""
     ctx = _context(model)
+    memory = llama_cpp.llama_get_memory(ctx)
     try:
         with vision.image_from_bytes(png(_pixels())) as image, \
-                vision.tokenize("<__media__>", [image]) as chunks:
-            times = []
+                vision.tokenize("<__media__>", [image]) as chunks, \
+                vision.tokenize(PROMPT.replace("<__media__>", ""), []) as text:
+            times, prefills = [], []
             for _ in range(5):
-                llama_cpp.llama_memory_clear(llama_cpp.llama_get_memory(ctx), True)
-                times.append(vision.eval(ctx, chunks, 0).encode_s[0])
-        assert sorted(times)[2] < 0.1, times
+                llama_cpp.llama_memory_clear(memory, True)
+                t0 = time.perf_counter()
+                encode_s = vision.eval(ctx, chunks, 0).encode_s[0]
+                assert 0 < encode_s < time.perf_counter() - t0  # a share of its evaluation
+                times.append(encode_s)
+                llama_cpp.llama_memory_clear(memory, True)
+                t0 = time.perf_counter()
+                vision.eval(ctx, text, 0)
+                prefills.append(time.perf_counter() - t0)
+        assert sorted(times)[2] < 20 * sorted(prefills)[2], (times, prefills)
     finally:
         llama_cpp.llama_free(ctx)
