@@ -217,18 +217,53 @@ def test_goodbye_closes_sessions_and_the_next_request_needs_hello(endpoint) -> N
     r.close()
 
 
-def test_a_1_0_client_keeps_its_sessions_through_a_silence_past_the_default_lease(endpoint) -> None:
+def test_a_1_0_client_keeps_its_sessions_through_a_silence_that_lapses_a_lease(
+        endpoint) -> None:
+    """In the same silence a 1.1 client's 2 s lease lapses (its session is orphaned) and a 1.0
+    client, which knows no leases, keeps its own (the rule at the default lease, 15 s, is
+    tests/test_protocol11.py::test_the_lease_rule_at_the_default_lease)."""
     _leave_nothing(endpoint)
     legacy = Raw(endpoint)
     legacy.ok("hello", {"protocol": 1})  # no minor: 1.0 rules, no lease
     sid = legacy.ok("open_session", {"persona": "old"})["session"]
-    time.sleep(17)  # past the default lease
+    leased = Raw(endpoint)
+    leased.hello(lease_s=2)
+    lapsing = leased.ok("open_session", {"persona": "new"})["session"]
+    time.sleep(3.5)
     other = Raw(endpoint)
     other.hello()
-    assert all(s["session"] != sid for s in other.ok("list_sessions")["sessions"])
+    listed = {s["session"]: s["owner"] for s in other.ok("list_sessions")["sessions"]}
+    assert listed.get(lapsing) == "orphaned" and sid not in listed
     assert legacy.ok("close_session", {"session": sid}) == {}
-    other.close()
-    legacy.close()
+    assert other.ok("adopt_session", {"session": lapsing}) == {"session": lapsing}
+    assert other.ok("close_session", {"session": lapsing}) == {}
+    for c in (other, leased, legacy):
+        c.close()
+
+
+def test_the_lease_rule_at_the_default_lease(tmp_path) -> None:
+    """A 1.1 client silent past the default 15 s lease is forgotten (its sessions orphaned);
+    a 1.0 client silent as long is kept: it knows no leases (the longest one applies)."""
+    from igi_sdk.bridge.clients import Client as Connected
+    from igi_sdk.bridge.server import Server, ServerConfig
+
+    class NoModel:
+        model_name = None
+
+        def close(self) -> None:
+            pass
+
+    server = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'lease.sock'}",
+                                 model_dir=tmp_path), NoModel())  # type: ignore[arg-type]
+    try:
+        silent_since = time.monotonic() - 17  # past the default lease
+        for ident, minor in ((b"legacy", 0), (b"leased", 1)):
+            server.clients[ident] = Connected(ident, minor=minor, last_seen=silent_since)
+        assert P.Hello(protocol=1).lease_s == 15.0
+        server._heartbeat()
+        assert set(server.clients) == {b"legacy"}
+    finally:
+        server.close()
 
 
 def test_a_leased_client_that_pings_keeps_its_sessions_and_heartbeats(endpoint) -> None:
