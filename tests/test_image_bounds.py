@@ -120,10 +120,16 @@ def test_too_many_scans_are_refused_before_decoding() -> None:
     t0 = time.perf_counter()
     with pytest.raises(InvalidImageError, match="more than 64 scans"):
         check_encoded(bomb)
-    # walking the markers, not decoding: a small fraction of one decode of the plain image
     walk = time.perf_counter() - t0
-    assert walk < 0.5
-    assert check_encoded(_jpeg(8192, 4096)) == (8192, 4096)
+    plain = _jpeg(8192, 4096)
+    assert check_encoded(plain) == (8192, 4096)
+    t0 = time.perf_counter()
+    with Image.open(io.BytesIO(plain)) as im:
+        im.load()
+    decode = time.perf_counter() - t0
+    # walking the markers, not decoding: a small fraction of one decode of the plain image
+    # (measured 0.25 ms against 0.3 s)
+    assert walk < decode / 20, (walk, decode)
     with pytest.raises(InvalidImageError, match="larger than"):
         check_encoded(png(card(0, 8, 8))[:16] + struct.pack(">II", 9000, 9000) + bytes(16))
 
@@ -166,28 +172,43 @@ def slow_decoder() -> Iterator[ImageDecoder]:
 
 def test_a_decode_over_the_time_cap_is_killed_and_the_worker_restarted(
         slow_decoder: ImageDecoder) -> None:
-    slow_decoder.warm()
-    bomb = scan_bomb(8192, 4096, 2_000)  # ~14 s of libjpeg
+    slow_decoder.decode(png(card(0, 64, 48)))  # a warm worker: its start is not timed below
+    cap = slow_decoder.limits.time_s
+    bomb = scan_bomb(8192, 4096, 2_000)  # ~14 s of libjpeg: 23 times the cap
     t0 = time.perf_counter()
     with pytest.raises(InvalidImageError, match=r"longer than 0\.6 s"):
         slow_decoder.decode(bomb)
-    assert time.perf_counter() - t0 < 0.6 + 1.0
+    # ended by the cap, not before; the kill and the restart after it cost less than the cap
+    # itself (measured: 0.01 s over it)
+    assert cap <= time.perf_counter() - t0 < 2 * cap
     assert slow_decoder.started == 2  # a fresh worker, already starting
     out = slow_decoder.decode(png(card(0, 64, 48)))
     assert (out.width, out.height) == (64, 48)
     assert slow_decoder.started == 2
 
 
-def test_cancel_kills_a_decode_at_once(slow_decoder: ImageDecoder) -> None:
+def test_cancel_kills_a_decode_at_once() -> None:
     from igi_sdk.runtime.image_decode import DecodeCancel
 
-    slow_decoder.warm()
-    bomb, cancel = scan_bomb(8192, 4096, 2_000), DecodeCancel()
-    threading.Timer(0.2, cancel.cancel).start()
-    t0 = time.perf_counter()
-    with pytest.raises(GenerationCancelled):
-        slow_decoder.decode(bomb, cancel=cancel)
-    assert time.perf_counter() - t0 < 0.5
+    # the default 5 s cap: a decode the cancel does not end runs 25 times as long as the wait
+    d = ImageDecoder(DecodeLimits(max_scans=10**6))
+    try:
+        d.decode(png(card(0, 64, 48)))  # a warm worker
+        bomb, cancel = scan_bomb(8192, 4096, 2_000), DecodeCancel()
+        cancelled: list[float] = []
+
+        def cancel_now() -> None:
+            cancelled.append(time.perf_counter())
+            cancel.cancel()
+
+        threading.Timer(0.2, cancel_now).start()
+        with pytest.raises(GenerationCancelled):
+            d.decode(bomb, cancel=cancel)
+        latency = time.perf_counter() - cancelled[0]
+        # the cancel's latency is a small share of the decode it cut short (measured ~0.01 s)
+        assert latency < d.limits.time_s / 10, latency
+    finally:
+        d.close()
 
 
 def test_the_worker_memory_cap_refuses_without_harm() -> None:
@@ -207,10 +228,23 @@ def test_the_worker_memory_cap_refuses_without_harm() -> None:
 def test_png_bomb_inflates_only_the_image_rows() -> None:
     d = ImageDecoder()
     try:
-        t0 = time.perf_counter()
-        out = d.decode(png_bomb(1024, 1024, 1024))  # IDAT: 1 GiB of zeros, 1 MB on the wire
+        plain, bomb = png(card(0, 1024, 1024)), png_bomb(1024, 1024, 1024)  # IDAT: 1 GiB of 0s
+        d.decode(plain)  # a warm worker
+
+        def best_of_3(data: bytes) -> tuple[float, Decoded]:
+            timed = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                out = d.decode(data)
+                timed.append(time.perf_counter() - t0)
+            return min(timed), out
+
+        plain_s, _ = best_of_3(plain)
+        bomb_s, out = best_of_3(bomb)
         assert (out.width, out.height) == (1024, 1024) and not any(out.pixels[:4096])
-        assert time.perf_counter() - t0 < 2.0
+        # the rows of the image are inflated, not the 1 GiB: about what a plain image of that
+        # size costs (measured 1.6x; inflating it all takes 25x or more)
+        assert bomb_s < 8 * plain_s, (bomb_s, plain_s)
         rss = max(psutil.Process(w.proc.pid).memory_info().rss for w in d._idle)
         assert rss < 200 << 20
     finally:
@@ -295,16 +329,23 @@ def test_a_scan_bomb_is_refused_fast_and_never_holds_the_engine(
         bad = attacker.open_session("You are a mirror.", sampling=WIRE_GREEDY)
         good = npc.open_session("You are Brom.", sampling=WIRE_GREEDY)
         bomb = scan_bomb(8192, 4096, 2_000)  # 240 KB; 53 s in stb_image, 14 s in libjpeg
+        t0 = time.perf_counter()  # the yardstick: the NPC's line alone
+        npc.chat(good, "Hello there.", max_tokens=8, ignore_eos=True).result()
+        alone = time.perf_counter() - t0
         t0 = time.perf_counter()
         stream = attacker.chat(bad, "What is this?", images=[bomb], max_tokens=4)
         # another NPC's line meanwhile: the engine is free
         done = npc.chat(good, "Hello there.", max_tokens=8, ignore_eos=True).result()
         assert done["usage"]["completion_tokens"] == 8
-        assert time.perf_counter() - t0 < 5.0
+        beside = time.perf_counter() - t0
         with pytest.raises(BridgeError) as e:
             stream.result()
+        # refused by the scan count, before any decoding
         assert e.value.code == "invalid_image" and "scans" in str(e.value)
-        assert time.perf_counter() - t0 < 5.0
+        refused = time.perf_counter() - t0
+        # beside the bomb, the line costs about what it does alone, and the refusal no more than
+        # a few such lines: decoding it on the engine would add 14 s (hundreds of lines)
+        assert max(beside, refused) < 10 * alone, (beside, refused, alone)
         assert _tokens(attacker, bad) == 0
     finally:
         attacker.close()
@@ -383,10 +424,12 @@ def test_cancel_during_a_slow_decode_ends_the_chat_at_once(vlm: VLMFiles) -> Non
         time.sleep(0.3)
         t0 = time.perf_counter()
         handle.cancel()
-        assert ended.wait(1.0)
+        cap = host._decoder.limits.time_s  # what would end this decode if the cancel did not
+        assert ended.wait(cap)
         last, at = events[-1]
         assert isinstance(last, ReplyDone) and last.result.finish_reason == "cancelled"
-        assert at - t0 < 0.2
+        # the cancel's latency is a small share of the decode it cut short (measured ~0.01 s)
+        assert at - t0 < cap / 10, at - t0
         assert host.engine is not None and host.engine.session_info()[sid]["tokens"] == 0
         # the worker was killed and replaced (by the decoding thread, just after): the next
         # image is decoded as usual
