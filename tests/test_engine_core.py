@@ -190,3 +190,37 @@ def test_a_listener_that_waits_for_the_engine_is_refused_not_deadlocked(engine) 
     assert caught and "_async" in str(caught[0])
     assert engine.tokenize("halt")  # from any other thread it works
     engine.close_session(sid)
+
+
+def test_the_encoders_borrowing_never_tries_a_second_gpu_placement_after_a_failed_load() -> None:
+    """Vision borrowing moves the LM with the arbiter's two steps and its rule: the smaller
+    placement, else the room's fallback (the CPU plan under the arbiter); back, the LM's own
+    placement, else the fallback, never the smaller GPU one again."""
+    from igi_sdk.runtime.encoder import Encoder, EncoderRoom
+
+    main, small, cpu = (Plan.all_cpu().model_copy(update={"name": n})
+                        for n in ("main", "small", "cpu"))
+    tried: list[list[str]] = []
+
+    def move(lands_on: str | None):
+        def run(candidates):
+            tried.append([p.name for p in candidates])
+            return next((p for p in candidates if p.name == lands_on), None)
+        return run
+
+    enc = Encoder(EngineConfig(vision_gpu=True, mmproj="m.gguf"),
+                  EncoderRoom(((main, small), (cpu, None)), fallback=cpu))
+    assert enc.place(main, move("small")) is True and enc.lent_from == main
+    enc.give_back(move("cpu"))  # the game took the memory meanwhile
+    assert tried == [["small", "cpu"], ["main", "cpu"]]
+    tried.clear()
+    assert enc.place(main, move("cpu")) is False  # the smaller one failed: encoder on the CPU
+    assert enc.lent_from is None and tried == [["small", "cpu"]]
+    assert enc.place(cpu, move("cpu")) is False  # on the CPU rung the game has the GPU
+    # a fixed budget: the fallback is the LM's own placement, back to the smaller one if not
+    tried.clear()
+    fixed = Encoder(EngineConfig(vision_gpu=True, mmproj="m.gguf"),
+                    EncoderRoom.always(small, fallback=main))
+    assert fixed.place(main, move("small")) is True
+    fixed.give_back(move("small"))
+    assert tried == [["small", "main"], ["main", "small"]]

@@ -102,14 +102,17 @@ class Encoder:
         return True
 
     def give_back(self, move: Move) -> None:
-        """Once the encoder is closed, move the LM back to the placement it lent from; if that
-        does not load, to the one it was on (loaded a moment ago), else the fallback."""
+        """Once the encoder is closed, move the LM back to the placement it lent from. If that
+        does not load, the game took the memory meanwhile: the LM lands on the fallback (the
+        CPU plan under the arbiter: one failed GPU load, then no other), or, with a fixed
+        budget, on the smaller placement it was on (loaded a moment ago)."""
         if self.lent_from is None or self.context is not None:
             return
         main, self.lent_from = self.lent_from, None
-        small = self.room.target(main) if self.room is not None else None
-        candidates = [p for p in (main, small, self.room.fallback if self.room else None)
-                      if p is not None]
+        fallback = self.room.fallback if self.room is not None else None
+        if fallback is None or fallback == main:  # a fixed budget: nothing else to fight
+            fallback = self.room.target(main) if self.room is not None else None
+        candidates = [p for p in (main, fallback) if p is not None]
         if move(candidates) != main:
             log.warning("could not move the model back after an image turn; it stays on a "
                         "smaller placement until the next reshard")
