@@ -625,8 +625,35 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
 
     server.on_ready = ready
+    if args.http:
+        _start_http(args, server.bound, cfg.launch_token, cfg.curve_secret_file is not None)
     server.serve_forever()
     return 0
+
+
+def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
+                curve: bool) -> None:
+    """The OpenAI-compatible face beside the protocol server (``--http HOST:PORT``)."""
+    from igi_sdk.http.serve import start
+
+    if curve:
+        raise UsageError("--http speaks to the sidecar through its own endpoint, which "
+                         "CurveZMQ keys protect: serve the HTTP face from a sidecar without "
+                         "--curve-secret (the face has --api-key-file for remote clients)")
+    api_key = None
+    if args.api_key_file:
+        try:
+            api_key = Path(args.api_key_file).read_text().strip()
+        except OSError as e:
+            raise UsageError(f"cannot read --api-key-file: {e.strerror}") from None
+        if len(api_key) < 16:
+            raise UsageError("the API key must be at least 16 characters")
+    try:
+        start(args.http, endpoint, api_key=api_key, token=token)
+    except ValueError as e:
+        raise UsageError(str(e)) from None
+    print(f"igi-sdk OpenAI-compatible HTTP on http://{args.http}/v1", file=sys.stderr,
+          flush=True)
 
 
 def _check_model_dir(model_dir: Path, model: str | None, *, inventory: bool = True) -> None:
@@ -786,6 +813,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")
     sv.add_argument("--endpoint", default="tcp://127.0.0.1:5599",
                     help="tcp://127.0.0.1:PORT or ipc://PATH; other hosts need --curve-*")
+    sv.add_argument("--http", metavar="HOST:PORT",
+                    help="also serve an OpenAI-compatible HTTP face (/v1/chat/completions) "
+                         "there, e.g. 127.0.0.1:8080 (docs/openai.md)")
+    sv.add_argument("--api-key-file", help="a file holding the API key HTTP clients must send "
+                                           "(Bearer); required for an --http address other "
+                                           "than loopback")
     sv.add_argument("--model-dir", help="the only directory load_model may read "
                                         "(default: the embedded model's)")
     sv.add_argument("--model", help="model to load at start, inside --model-dir")

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Annotated, Any, get_args
+from typing import Annotated, Any, Literal, get_args
 
 import msgpack
 from pydantic import (
@@ -41,6 +41,7 @@ MAX_IMAGES = 4
 MAX_MESSAGE_BYTES = MAX_IMAGE_BYTES + (1 << 20)
 MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 MAX_TEXT_CHARS = 32_000
+MAX_HISTORY_TURNS = 256  # open_session.history: earlier turns a client may hand over
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
 # maps/arrays inside a request body, and inside a json_schema given as a JSON string: checked
@@ -124,12 +125,20 @@ class Sampling(Strict):
 Priority = Annotated[int, Field(ge=-100, le=100)]
 
 
+class HistoryTurn(Strict):
+    role: Literal["user", "assistant"]
+    content: Text
+
+
 class OpenSession(Strict):
     system_prompt: Text = ""
     persona: Annotated[str, Field(max_length=128)] = ""
     sampling: Sampling = Sampling()
     priority: Priority = 0
     name: Name | None = None  # a stable session id chosen by the game ("npc.brom")
+    # earlier turns of a conversation the client kept itself (an OpenAI-style transcript),
+    # read into the session's cache with its first line
+    history: list[HistoryTurn] = Field(default_factory=list, max_length=MAX_HISTORY_TURNS)
 
 
 class ChatImage(Strict):

@@ -30,6 +30,7 @@ class OpenSession(Command):
     params: SamplingParams
     priority: int
     session_id: str | None
+    history: tuple[tuple[str, str], ...] = ()  # (role, text): earlier turns, in order
 
 
 @dataclass

@@ -495,7 +495,8 @@ class EngineCore:
     # ============================================================ engine thread: sessions
 
     def _on_open_session(self, c: C.OpenSession) -> str:
-        return self._table.open(c.system_prompt, c.params, c.priority, c.session_id)
+        return self._table.open(c.system_prompt, c.params, c.priority, c.session_id,
+                                history=c.history)
 
     def _on_close_session(self, c: C.CloseSession) -> None:
         self._close_session(c.session_id)

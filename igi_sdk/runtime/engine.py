@@ -231,16 +231,27 @@ class Engine:
         sampling: SamplingParams | None = None,
         priority: int = 0,
         session_id: str | None = None,
+        history: Sequence[tuple[str, str]] = (),
     ) -> Future[str]:
+        """``history``: earlier turns of the conversation, (role, text) with role "user" or
+        "assistant" in order (a client that keeps its own transcript, as OpenAI-style clients
+        do); they are read into the cache with the session's first line."""
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
-        return self._submit(C.OpenSession(prompt, params, priority, session_id))
+        turns = tuple((role, image_turn.clean(text)) for role, text in history)
+        if any(role not in ("user", "assistant") for role, _ in turns):
+            out: Future[str] = Future()
+            out.set_exception(InvalidStateError("history roles are 'user' and 'assistant'"))
+            return out
+        return self._submit(C.OpenSession(prompt, params, priority, session_id, turns))
 
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,
-                     session_id: str | None = None) -> str:
+                     session_id: str | None = None,
+                     history: Sequence[tuple[str, str]] = ()) -> str:
         return _wait(self.open_session_async(system_prompt, sampling=sampling,
-                                             priority=priority, session_id=session_id))
+                                             priority=priority, session_id=session_id,
+                                             history=history))
 
     def close_session_async(self, session_id: str) -> Future[None]:
         return self._submit(C.CloseSession(session_id))

@@ -130,7 +130,8 @@ class SessionTable:
         return s
 
     def open(
-        self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None
+        self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None,
+        history: tuple[tuple[str, str], ...] = (),
     ) -> str:
         if not self.free_seqs:
             raise TooManySessionsError(
@@ -141,6 +142,8 @@ class SessionTable:
             raise SessionBusyError(f"session '{sid}' already exists")
         # image slots are already out of the prompt (Engine.open_session_async)
         messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        # earlier turns: read into the cache with the first line (nothing is committed yet)
+        messages += [{"role": role, "content": text} for role, text in history]
         seq = self.free_seqs.pop(0)
         self.by_id[sid] = Session(sid, seq, params, priority, messages)
         return sid

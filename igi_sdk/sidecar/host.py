@@ -322,7 +322,8 @@ class ModelHost:
         system = request.system_prompt or (
             f"You are {request.persona}." if request.persona else None)
         return eng.open_session_async(system, priority=request.priority, sampling=sampling,
-                                      session_id=request.name)
+                                      session_id=request.name,
+                                      history=[(t.role, t.content) for t in request.history])
 
     def close_session(self, session: str) -> Future[None]:
         try:

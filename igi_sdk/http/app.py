@@ -1,0 +1,369 @@
+"""The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
+``/health``, on FastAPI.
+
+Each request speaks the sidecar's own protocol inward (a ZeroMQ client of the sidecar's
+endpoint, with the face's owner key), so the caps, priorities, pacing and typed errors of the
+protocol server apply unchanged; the face only translates. A conversation's session is left for
+adoption between requests (``goodbye`` keeping sessions) and adopted by the next request of the
+same conversation (conversations.py); the protocol's orphan timeout ends idle ones.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import binascii
+import hmac
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import ValidationError
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
+from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
+from igi_sdk.http.errors import HttpError, from_code
+from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
+
+_DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
+                      "data:image/jpg;base64,")
+
+
+@dataclass(frozen=True)
+class HttpConfig:
+    endpoint: str  # the sidecar's own ZeroMQ endpoint
+    owner: str  # the owner key of the face's sessions
+    token: str | None = None  # the sidecar's launch token: the face is then the game's
+    api_key: str | None = None  # Bearer key every request must carry (required off loopback)
+    timeout_s: float = 120.0
+    max_conversations: int = 256
+
+
+def build_app(cfg: HttpConfig) -> FastAPI:
+    app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None)
+    table = Conversations(cfg.max_conversations)
+    lock = asyncio.Lock()
+
+    def client() -> Client:
+        return Client(cfg.endpoint, timeout=cfg.timeout_s, engine="openai-http",
+                      keep_sessions=True, owner=cfg.owner, token=cfg.token)
+
+    def authorised(request: Request) -> None:
+        if cfg.api_key is None:
+            return
+        given = request.headers.get("authorization", "")
+        if not hmac.compare_digest(given.encode(), f"Bearer {cfg.api_key}".encode()):
+            raise HttpError(401, "invalid_api_key", "a valid API key is required (Bearer)")
+
+    @app.exception_handler(HttpError)
+    async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
+        return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        authorised(request)
+        try:
+            st = await asyncio.to_thread(_stats, client)
+        except SidecarUnavailable as e:
+            raise HttpError(503, "unavailable", str(e)) from None
+        ok = st.get("model") is not None and not st.get("loading")
+        return JSONResponse({"status": "ok" if ok else "loading", "model": st.get("model")},
+                            status_code=200 if ok else 503)
+
+    @app.get("/v1/models")
+    async def models(request: Request) -> JSONResponse:
+        authorised(request)
+        st = await asyncio.to_thread(_stats, client)
+        name = st.get("model")
+        data = [] if name is None else [{"id": name, "object": "model", "created": 0,
+                                         "owned_by": "igi-sdk"}]
+        return JSONResponse({"object": "list", "data": data})
+
+    @app.post("/v1/chat/completions", response_model=None)
+    async def chat_completions(request: Request) -> Response:
+        authorised(request)
+        req = _parse(await _read_capped(request))
+        system, history, line, images = _split(req)
+        key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
+        priority = _priority(request.headers.get("x-igi-priority"))
+        async with lock:
+            match = table.match(key, system, history)
+            if match.conversation.busy:
+                raise HttpError(429, "session_busy", "this conversation is answering another "
+                                "request; send the next line when it ends")
+            match.conversation.busy = True
+            evicted = table.evictions()
+        try:
+            turn = await asyncio.to_thread(_begin, client, req, match, line, images, priority,
+                                           evicted)
+        except BaseException:
+            match.conversation.busy = False
+            if match.fresh:
+                table.forget(match.conversation.session)
+            raise
+        if req.stream:
+            return StreamingResponse(_sse(turn, req, table, line, request),
+                                     media_type="text/event-stream",
+                                     headers={"Cache-Control": "no-cache"})
+        try:
+            done = await asyncio.to_thread(_finish, turn)
+        finally:
+            turn.close()
+            match.conversation.busy = False
+        table.answered(match.conversation, line, done["text"])
+        return JSONResponse(_completion(turn, req, done))
+
+    return app
+
+
+@dataclass
+class _Turn:
+    """A request being answered: its protocol client, stream and figures."""
+
+    client: Client
+    stream: ChatStream
+    conversation: Conversation
+    cached: int  # KV cells the session held before the line
+    id: str
+    created: int
+
+    def close(self) -> None:
+        self.client.close()  # goodbye, keeping the session for the next request
+
+
+def _stats(client: Any) -> dict[str, Any]:
+    c = client()
+    try:
+        return c.stats()
+    finally:
+        c.close()
+
+
+async def _read_capped(request: Request) -> bytes:
+    """The body, refused with 413 past MAX_BODY_BYTES before it is all read."""
+    declared = request.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
+        raise HttpError(413, "request_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    parts, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > MAX_BODY_BYTES:
+            raise HttpError(413, "request_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+        parts.append(chunk)
+    return b"".join(parts)
+
+
+def _parse(body: bytes) -> ChatCompletionRequest:
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise HttpError(400, "invalid_body", "the body is not UTF-8 JSON") from None
+    if P.json_nesting(text) > P.MAX_NESTING:
+        raise HttpError(400, "invalid_body", f"the body nests deeper than {P.MAX_NESTING}")
+    try:
+        req = ChatCompletionRequest.model_validate_json(text)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
+    if req.n != 1:
+        raise HttpError(400, "invalid_argument", "n must be 1: one reply per request")
+    return req
+
+
+def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes]]:
+    """(system prompt, earlier turns, the new line, its images)."""
+    msgs = list(req.messages)
+    system_parts = []
+    while msgs and msgs[0].role in ("system", "developer"):
+        system_parts.append(msgs.pop(0).text())
+    if not msgs or msgs[-1].role != "user":
+        raise HttpError(400, "invalid_argument", "the last message must be the user's line")
+    turns: list[Turn] = []
+    for m in msgs[:-1]:
+        if m.role not in ("user", "assistant"):
+            raise HttpError(400, "invalid_argument", "system messages go first")
+        if m.image_urls():
+            raise HttpError(400, "invalid_argument", "images are read with the newest line only")
+        turns.append((m.role, m.text()))
+    last = msgs[-1]
+    return "\n\n".join(system_parts), turns, last.text(), [_image(u) for u in last.image_urls()]
+
+
+def _image(url: str) -> bytes:
+    if not url.startswith(_DATA_URL_PREFIXES):
+        raise HttpError(400, "invalid_image", "images must be PNG or JPEG data URLs "
+                        "(data:image/png;base64,...): the sidecar fetches nothing")
+    try:
+        return base64.b64decode(url.split(",", 1)[1], validate=True)
+    except (binascii.Error, ValueError):
+        raise HttpError(400, "invalid_image", "the image's base64 does not decode") from None
+
+
+def _priority(header: str | None) -> int:
+    if header is None:
+        return 0
+    try:
+        value = int(header)
+    except ValueError:
+        raise HttpError(400, "invalid_argument", "x-igi-priority is an integer") from None
+    if not -100 <= value <= 100:
+        raise HttpError(400, "invalid_argument", "x-igi-priority is from -100 to 100")
+    return value
+
+
+def _begin(make_client: Any, req: ChatCompletionRequest, match: Match, line: str,
+           images: list[bytes], priority: int, evicted: list[str]) -> _Turn:
+    """Open or adopt the conversation's session and start the line (a worker thread)."""
+    c: Client = make_client()
+    conv = match.conversation
+    try:
+        for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
+            _close_orphan(c, sid)
+        if match.fresh:
+            _open(c, req, conv, list(match.history), priority)
+        else:
+            try:
+                c.adopt_session(conv.session)
+            except BridgeError as e:
+                if e.code != "unknown_session":
+                    raise
+                # its session ended while idle (the orphan timeout): the transcript opens anew
+                _open(c, req, conv, conv.turns, priority)
+            if priority:
+                c.set_priority(conv.session, priority)
+        cached = next((s["tokens"] for s in c.list_sessions()["sessions"]
+                       if s["session"] == conv.session), 0)
+        options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
+                                   "stop": req.stops()}
+        fmt = req.response_format
+        if fmt is not None and fmt.type == "json_object":
+            options["json_schema"] = {"type": "object"}
+        elif fmt is not None and fmt.type == "json_schema":
+            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+                raise HttpError(400, "invalid_argument", "response_format.json_schema.schema "
+                                "is required")
+            options["json_schema"] = fmt.json_schema.schema_
+        if images:
+            options["images"] = images
+        stream = c.chat(conv.session, line, **options)
+    except BridgeError as e:
+        c.close()
+        raise from_code(e.code, e.message) from None
+    except SidecarUnavailable as e:
+        c.close()
+        raise HttpError(503, "unavailable", str(e)) from None
+    except BaseException:
+        c.close()
+        raise
+    return _Turn(c, stream, conv, int(cached), f"chatcmpl-{uuid.uuid4().hex[:24]}",
+                 int(time.time()))
+
+
+def _open(c: Client, req: ChatCompletionRequest, conv: Conversation, history: list[Turn],
+          priority: int) -> None:
+    sampling: dict[str, Any] = {}
+    if req.temperature is not None:
+        sampling["temperature"] = req.temperature
+    if req.top_p is not None:
+        sampling["top_p"] = req.top_p
+    if req.seed is not None:
+        sampling["seed"] = req.seed
+    c.open_session(conv.system, name=conv.session, priority=priority, sampling=sampling,
+                   history=[{"role": r, "content": t} for r, t in history])
+
+
+def _close_orphan(c: Client, sid: str) -> None:
+    """Close a session the face no longer uses (adopted first: it is an orphan)."""
+    try:
+        c.adopt_session(sid)
+        c.close_session(sid)
+    except BridgeError:
+        pass  # gone already
+
+
+def _finish(turn: _Turn) -> dict[str, Any]:
+    try:
+        return turn.stream.result()
+    except BridgeError as e:
+        raise from_code(e.code, e.message) from None
+
+
+def _usage(turn: _Turn, done: dict[str, Any]) -> dict[str, Any]:
+    usage = done.get("usage", {})
+    new, out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": turn.cached + new, "completion_tokens": out,
+            "total_tokens": turn.cached + new + out,
+            "prompt_tokens_details": {"cached_tokens": turn.cached}}
+
+
+def _finish_reason(done: dict[str, Any]) -> str:
+    return "length" if done.get("finish_reason") == "length" else "stop"
+
+
+def _completion(turn: _Turn, req: ChatCompletionRequest, done: dict[str, Any]
+                ) -> dict[str, Any]:
+    return {"id": turn.id, "object": "chat.completion", "created": turn.created,
+            "model": req.model or "igi-sdk",
+            "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
+                         "finish_reason": _finish_reason(done), "logprobs": None}],
+            "usage": _usage(turn, done)}
+
+
+def _chunk(turn: _Turn, req: ChatCompletionRequest, delta: dict[str, str],
+           finish: str | None = None) -> bytes:
+    body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
+            "model": req.model or "igi-sdk",
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
+               line: str, request: Request) -> AsyncIterator[bytes]:
+    """The reply as server-sent events; a client that goes away cancels it (checked between
+    pieces: a server may notice a closed connection only at a later write)."""
+    pieces: Iterator[str] = iter(turn.stream)
+    finished = False
+    try:
+        yield _chunk(turn, req, {"role": "assistant", "content": ""})
+        while True:
+            try:
+                piece = await asyncio.to_thread(next, pieces, None)
+            except BridgeError as e:
+                err = from_code(e.code, e.message)
+                yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
+                return
+            if piece is None:
+                break
+            if await request.is_disconnected():
+                return  # the finally below cancels the reply
+            yield _chunk(turn, req, {"content": piece})
+        done = turn.stream.done or {}
+        yield _chunk(turn, req, {}, _finish_reason(done))
+        if req.stream_options is not None and req.stream_options.include_usage:
+            usage = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
+                     "model": req.model or "igi-sdk", "choices": [],
+                     "usage": _usage(turn, done)}
+            yield b"data: " + json.dumps(usage).encode() + b"\n\n"
+        yield b"data: [DONE]\n\n"
+        table.answered(turn.conversation, line, done.get("text", ""))
+        finished = True
+    finally:
+        # shielded: the server cancels this generator when the client goes away, and every
+        # await in a cancelled scope would be cancelled too, leaving the reply running
+        with anyio.CancelScope(shield=True):
+            if not finished and turn.stream.done is None:
+                try:  # the client went away: stop the reply (the line stays as far as it got)
+                    await asyncio.to_thread(turn.stream.cancel)
+                except (BridgeError, SidecarUnavailable):
+                    pass
+                table.forget(turn.conversation.session)  # its transcript is not the client's
+            turn.conversation.busy = False
+            await asyncio.to_thread(turn.close)

@@ -1,0 +1,41 @@
+"""The sidecar's typed errors as OpenAI-shaped HTTP errors: ``{"error": {"message", "type",
+"code"}}`` with the status a Chat Completions client expects, and ``Retry-After`` where waiting
+helps."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# protocol error code -> HTTP status (anything else: 500)
+_STATUS = {
+    "malformed": 400, "invalid_body": 400, "invalid_argument": 400, "invalid_grammar": 400,
+    "invalid_image": 400, "invalid_sampling": 400, "vision_unavailable": 400,
+    "unknown_session": 400, "invalid_state": 400,
+    "prompt_too_long": 413,
+    "too_many_sessions": 429, "busy": 429, "session_busy": 429, "context_full": 429,
+    "session_owned": 429,
+    "loading": 503, "no_model": 503, "engine_unavailable": 503, "engine_closed": 503,
+    "cancelled": 499,
+}
+_TYPE = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
+         429: "rate_limit_error", 503: "server_error", 499: "cancelled", 500: "server_error"}
+RETRY_AFTER_S = 1
+
+
+@dataclass(frozen=True)
+class HttpError(Exception):
+    status: int
+    code: str
+    message: str
+
+    def body(self) -> dict[str, dict[str, str | None]]:
+        return {"error": {"message": self.message, "type": _TYPE.get(self.status, "server_error"),
+                          "param": None, "code": self.code}}
+
+    def headers(self) -> dict[str, str]:
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+
+
+def from_code(code: str, message: str) -> HttpError:
+    """The HTTP error for a sidecar error ``code``."""
+    return HttpError(_STATUS.get(code, 500), code, message)

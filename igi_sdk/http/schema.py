@@ -1,0 +1,96 @@
+"""The Chat Completions request the HTTP face accepts, bounded before anything reads it.
+
+Unknown fields are ignored, as llama-server and most local servers do: mods send the options of
+whichever server they were written for. What the face cannot honour is refused with a 400
+(``n`` other than 1, a role it does not know)."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from igi_sdk.bridge import protocol as P
+
+MAX_MESSAGES = P.MAX_HISTORY_TURNS + 2  # the history, a system prompt and the new line
+MAX_BODY_BYTES = 32 << 20  # what the face reads of a request at most (images included)
+
+Text = Annotated[str, Field(max_length=P.MAX_TEXT_CHARS)]
+
+
+class Loose(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+
+class TextPart(Loose):
+    type: Literal["text"]
+    text: Text
+
+
+class ImageUrl(Loose):
+    url: Annotated[str, Field(max_length=(P.MAX_IMAGE_BYTES * 4) // 3 + 64)]
+
+
+class ImagePart(Loose):
+    type: Literal["image_url"]
+    image_url: ImageUrl
+
+
+Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
+
+
+class Message(Loose):
+    role: Literal["system", "developer", "user", "assistant"]
+    content: Text | Annotated[list[Part], Field(max_length=P.MAX_IMAGES + 16)] | None = None
+
+    def text(self) -> str:
+        if self.content is None:
+            return ""
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(p.text for p in self.content if isinstance(p, TextPart))
+
+    def image_urls(self) -> list[str]:
+        if isinstance(self.content, list):
+            return [p.image_url.url for p in self.content if isinstance(p, ImagePart)]
+        return []
+
+
+class StreamOptions(Loose):
+    include_usage: bool = False
+
+
+class JsonSchemaFormat(Loose):
+    name: Annotated[str, Field(max_length=128)] = "reply"
+    schema_: dict[str, Any] | None = Field(None, alias="schema")
+
+
+class ResponseFormat(Loose):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class ChatCompletionRequest(Loose):
+    model: Annotated[str, Field(max_length=256)] = ""
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+    stream: bool = False
+    stream_options: StreamOptions | None = None
+    max_tokens: int | None = Field(None, ge=1, le=P.MAX_TOKENS)
+    max_completion_tokens: int | None = Field(None, ge=1, le=P.MAX_TOKENS)
+    temperature: float | None = Field(None, ge=0.0, le=2.0)
+    top_p: float | None = Field(None, gt=0.0, le=1.0)
+    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    stop: Annotated[str, Field(max_length=64)] | Annotated[
+        list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=8)] | None = None
+    response_format: ResponseFormat | None = None
+    n: int = Field(1, ge=1, le=128)
+    user: Annotated[str, Field(max_length=256)] | None = None
+    prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+
+    def reply_tokens(self) -> int:
+        return self.max_completion_tokens or self.max_tokens or 256
+
+    def stops(self) -> list[str]:
+        if self.stop is None:
+            return []
+        return [self.stop] if isinstance(self.stop, str) else list(self.stop)

@@ -1,0 +1,229 @@
+"""The OpenAI-compatible HTTP face against the real sidecar (the default model), with the
+official ``openai`` package as the client."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from igi_sdk.client import Client
+from tests.test_bridge import start_sidecar, stop
+
+NPC = "You are Brom, the village blacksmith. Answer in one short sentence."
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _wait_http(base: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.1)
+    raise AssertionError("the HTTP face did not come up")
+
+
+@pytest.fixture(scope="module")
+def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
+    d = tmp_path_factory.mktemp("http-models")
+    shutil.copy(default_model, d / "smol.gguf")
+    ep = f"ipc://{tmp_path_factory.mktemp('ipc-http') / 's.sock'}"
+    port = _free_port()
+    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "4",
+                         "--http", f"127.0.0.1:{port}")
+    probe = Client(ep, timeout=60)
+    probe.wait_ready(60)
+    probe.close()
+    base = f"http://127.0.0.1:{port}"
+    _wait_http(base)
+    yield base, ep
+    stop(proc)
+
+
+@pytest.fixture
+def api(face) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{face[0]}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_and_health(face, api) -> None:
+    assert [m.id for m in api.models.list().data] == ["smol.gguf"]
+    assert httpx.get(f"{face[0]}/health").json()["status"] == "ok"
+
+
+def test_a_reply_with_usage(api) -> None:
+    r = api.chat.completions.create(model="smol", max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": NPC}, {"role": "user", "content": "What do you sell?"}])
+    assert r.object == "chat.completion" and r.choices[0].message.role == "assistant"
+    assert r.choices[0].message.content and r.choices[0].finish_reason in ("stop", "length")
+    assert r.usage.completion_tokens >= 1 and r.usage.prompt_tokens > 10
+    assert r.usage.prompt_tokens_details.cached_tokens == 0  # a new conversation
+
+
+def test_a_streamed_reply_ends_with_usage_and_done(api) -> None:
+    chunks = list(api.chat.completions.create(
+        model="smol", max_tokens=12, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+        messages=[{"role": "system", "content": NPC}, {"role": "user", "content": "Hello!"}]))
+    text = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert text
+    assert chunks[-1].choices == [] and chunks[-1].usage.completion_tokens >= 1
+    assert any(c.choices and c.choices[0].finish_reason for c in chunks)
+
+
+def test_a_conversation_keeps_its_cache_and_prefills_only_the_new_line(api) -> None:
+    msgs = [{"role": "system", "content": NPC}, {"role": "user", "content": "I need a sword."}]
+    first = api.chat.completions.create(model="smol", max_tokens=10, temperature=0,
+                                        messages=msgs, extra_body={"prompt_cache_key": "brom-1"})
+    msgs += [{"role": "assistant", "content": first.choices[0].message.content},
+             {"role": "user", "content": "How much is it?"}]
+    second = api.chat.completions.create(model="smol", max_tokens=10, temperature=0,
+                                         messages=msgs, extra_body={"prompt_cache_key": "brom-1"})
+    cached = second.usage.prompt_tokens_details.cached_tokens
+    assert cached >= first.usage.prompt_tokens  # the first turn's prompt (and reply) are reused
+    assert second.usage.prompt_tokens - cached < first.usage.prompt_tokens  # only the suffix
+    # without a key: the conversation whose transcript is the request's prefix is found
+    msgs += [{"role": "assistant", "content": second.choices[0].message.content},
+             {"role": "user", "content": "Too dear."}]
+    third = api.chat.completions.create(model="smol", max_tokens=6, temperature=0,
+                                        messages=msgs, extra_body={"prompt_cache_key": "brom-1"})
+    assert third.usage.prompt_tokens_details.cached_tokens > cached
+
+
+def test_a_transcript_the_sidecar_never_saw_is_read_as_history(api) -> None:
+    r = api.chat.completions.create(model="smol", max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": NPC}, {"role": "user", "content": "Hi."},
+        {"role": "assistant", "content": "Welcome to my forge."},
+        {"role": "user", "content": "What did you just say?"}])
+    assert r.usage.prompt_tokens_details.cached_tokens == 0
+    short = api.chat.completions.create(model="smol", max_tokens=8, temperature=0, messages=[
+        {"role": "system", "content": NPC}, {"role": "user", "content": "What did you just say?"}])
+    assert r.usage.prompt_tokens > short.usage.prompt_tokens + 8  # the history was read
+
+
+def test_a_json_schema_reply_parses_and_validates(api) -> None:
+    schema = {"type": "object", "properties": {"price": {"type": "integer"},
+                                               "item": {"type": "string", "maxLength": 20}},
+              "required": ["price", "item"]}
+    r = api.chat.completions.create(
+        model="smol", max_tokens=60, temperature=0,
+        messages=[{"role": "system", "content": NPC},
+                  {"role": "user", "content": "Price of a sword, as JSON."}],
+        response_format={"type": "json_schema", "json_schema": {"name": "offer",
+                                                                 "schema": schema}})
+    data = json.loads(r.choices[0].message.content)
+    assert isinstance(data["price"], int) and isinstance(data["item"], str)
+
+
+def test_errors_are_openai_shaped(face, api) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        api.chat.completions.create(model="smol", n=2, messages=[
+            {"role": "user", "content": "Hi"}])
+    assert e.value.status_code == 400 and e.value.body["code"] == "invalid_argument"
+    r = httpx.post(f"{face[0]}/v1/chat/completions", content=b"{not json")
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+    with pytest.raises(openai.APIStatusError) as e:  # ~8 000 tokens in a 2 048-cell context
+        api.chat.completions.create(model="smol", max_tokens=4, messages=[
+            {"role": "user", "content": "word " * 6000}])
+    assert e.value.status_code == 413 and e.value.body["code"] == "prompt_too_long"
+    r = httpx.post(f"{face[0]}/v1/chat/completions", json={"messages": [
+        {"role": "user", "content": [{"type": "image_url",
+                                      "image_url": {"url": "https://example.com/a.png"}}]}]})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+
+
+def test_a_busy_conversation_answers_429_with_retry_after(face) -> None:
+    body = {"max_tokens": 200, "stream": True, "prompt_cache_key": "busy-1", "messages": [
+        {"role": "user", "content": "Tell me a long story about swords."}]}
+    started = threading.Event()
+
+    def first() -> None:
+        with httpx.stream("POST", f"{face[0]}/v1/chat/completions", json={
+                **body, "max_tokens": 60}, timeout=60) as r:
+            for _ in r.iter_lines():
+                started.set()
+
+    t = threading.Thread(target=first)
+    t.start()
+    assert started.wait(30)
+    r = httpx.post(f"{face[0]}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 429 and r.headers["retry-after"] == "1"
+    assert r.json()["error"]["type"] == "rate_limit_error"
+    t.join(60)
+
+
+def test_a_client_that_disconnects_cancels_its_reply(face, api) -> None:
+    seen: list[float] = []
+    with httpx.stream("POST", f"{face[0]}/v1/chat/completions", timeout=60, json={
+            "max_tokens": 400, "stream": True, "prompt_cache_key": "gone-1",
+            "messages": [{"role": "user", "content": "Count from one to a thousand."}]}) as r:
+        for line in r.iter_lines():
+            if line.startswith("data: "):
+                seen.append(time.monotonic())
+            if len(seen) > 8:
+                break  # the client goes away mid-reply
+    gone = time.monotonic()
+    per_token = (seen[-1] - seen[2]) / (len(seen) - 3)
+    c = Client(face[1], timeout=30)
+    while c.stats()["engine"]["active_replies"] and time.monotonic() - gone < 60:
+        time.sleep(0.02)
+    stopped = time.monotonic() - gone
+    c.close()
+    # the rest of a 400-token reply would take ~390 token times: it stopped within a few
+    assert stopped < 40 * per_token + 0.5, (stopped, per_token)
+    # and the next request is served at once
+    assert api.chat.completions.create(model="smol", max_tokens=3, messages=[
+        {"role": "user", "content": "Hi"}]).choices[0].message.content is not None
+
+
+def test_an_api_key_is_required_when_one_is_set_and_off_loopback(tmp_path, default_model) -> None:
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(default_model, d / "smol.gguf")
+    key = tmp_path / "key"
+    key.write_text("k" * 24)
+    # off loopback without a key: refused at start
+    out = subprocess.run([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+                          f"ipc://{tmp_path / 'a.sock'}", "--model-dir", str(d), "--model",
+                          "smol.gguf", "--http", "0.0.0.0:1"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode != 0 and "api-key" in out.stderr
+    port = _free_port()
+    ep = f"ipc://{tmp_path / 'b.sock'}"
+    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--http", f"127.0.0.1:{port}",
+                         "--api-key-file", str(key))
+    try:
+        Client(ep, timeout=60).wait_ready(60)
+        base = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{base}/v1/models", timeout=2).status_code == 401:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.1)
+        wrong = openai.OpenAI(base_url=f"{base}/v1", api_key="x" * 24, max_retries=0)
+        with pytest.raises(openai.AuthenticationError):
+            wrong.models.list()
+        right = openai.OpenAI(base_url=f"{base}/v1", api_key="k" * 24, max_retries=0)
+        assert [m.id for m in right.models.list().data] == ["smol.gguf"]
+    finally:
+        stop(proc)
+
+
