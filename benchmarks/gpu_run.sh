@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
 #   then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy |
+#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
 #         vlm | all
 #   (each fits one 10-minute device call)
@@ -129,6 +129,15 @@ if [ "$part" = arbiter ] || [ "$part" = all ]; then
   cp /tmp/igi-bench/profile.json "$out/profile-12t.json"
   python3 -m igi_sdk.cli plan /tmp/igi-bench/llama3-8b.gguf --vram 4GB --ctx 4096 \
     --profile /tmp/igi-bench/profile.json > "$out/plan-4gb.txt" 2>&1
+fi
+if [ "$part" = http ] || [ "$part" = all ]; then
+  # the OpenAI-compatible HTTP face against the ZeroMQ face, same sidecar, the synthetic 8B on
+  # the GPU (4 GiB cap under the arbiter's ladder)
+  timeout 240 python3 benchmarks/arbiter_bench.py --only prepare --workdir /tmp/igi-bench \
+    --threads 12 2>&1 | tail -3 > "$out/http-prepare.txt"
+  timeout 300 python3 benchmarks/http_face_bench.py --model-dir /tmp/igi-bench \
+    --model llama3-8b.gguf --rounds 30 --tokens 128 --threads 12 --json "$out/http-face.json" \
+    -- --profile /tmp/igi-bench/profile.json --vram 4GiB 2>&1 | tee "$out/http-face.txt"
 fi
 if [ "$part" = greedy ] || [ "$part" = all ]; then
   # the greedy game (it never talks to the sidecar; the arbiter sees it through NVML only), then,

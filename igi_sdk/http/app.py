@@ -1,11 +1,12 @@
 """The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
 ``/health``, on FastAPI.
 
-Each request speaks the sidecar's own protocol inward (a ZeroMQ client of the sidecar's
-endpoint, with the face's owner key), so the caps, priorities, pacing and typed errors of the
-protocol server apply unchanged; the face only translates. A conversation's session is left for
-adoption between requests (``goodbye`` keeping sessions) and adopted by the next request of the
-same conversation (conversations.py); the protocol's orphan timeout ends idle ones.
+The face speaks the sidecar's own protocol inward: one ZeroMQ client of the sidecar's endpoint
+(with the face's owner key, and the launch token when the sidecar has one) carries every
+request, so the caps, priorities, pacing and typed errors of the protocol server apply
+unchanged and the face only translates. Its sessions are the face's conversations
+(conversations.py); if that connection is lost, a new one adopts them (they wait as orphans
+for the protocol's orphan timeout).
 """
 
 from __future__ import annotations
@@ -15,9 +16,10 @@ import base64
 import binascii
 import hmac
 import json
+import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,10 +52,8 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None)
     table = Conversations(cfg.max_conversations)
     lock = asyncio.Lock()
-
-    def client() -> Client:
-        return Client(cfg.endpoint, timeout=cfg.timeout_s, engine="openai-http",
-                      keep_sessions=True, owner=cfg.owner, token=cfg.token)
+    inward = _Inward(cfg)
+    client = inward.get
 
     def authorised(request: Request) -> None:
         if cfg.api_key is None:
@@ -65,6 +65,10 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     @app.exception_handler(HttpError)
     async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
+
+    @app.on_event("shutdown")
+    def _close() -> None:
+        inward.close()
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -101,21 +105,35 @@ def build_app(cfg: HttpConfig) -> FastAPI:
             match.conversation.busy = True
             evicted = table.evictions()
         try:
-            turn = await asyncio.to_thread(_begin, client, req, match, line, images, priority,
-                                           evicted)
+            for attempt in range(4):
+                try:
+                    turn = await asyncio.to_thread(_begin, client, req, match, line, images,
+                                                   priority, evicted)
+                    break
+                except HttpError as e:
+                    # every session slot is taken: the least recently used idle conversation
+                    # gives its slot (its transcript opens anew if it comes back)
+                    if e.code != "too_many_sessions" or not match.fresh or attempt == 3:
+                        raise
+                    async with lock:
+                        victim = table.least_recent_idle(but=match.conversation.session)
+                        if victim is None:
+                            raise
+                        table.forget(victim)
+                    evicted = [victim]
         except BaseException:
             match.conversation.busy = False
-            if match.fresh:
+            if match.fresh:  # a session opened for a line that failed: not kept
                 table.forget(match.conversation.session)
+                await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
             raise
         if req.stream:
-            return StreamingResponse(_sse(turn, req, table, line, request),
+            return StreamingResponse(_sse(turn, req, table, line, request, inward),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            done = await asyncio.to_thread(_finish, turn)
+            done = await asyncio.to_thread(_finish, turn, inward)
         finally:
-            turn.close()
             match.conversation.busy = False
         table.answered(match.conversation, line, done["text"])
         return JSONResponse(_completion(turn, req, done))
@@ -123,9 +141,39 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     return app
 
 
+class _Inward:
+    """The face's one protocol connection to the sidecar, made again when it is lost."""
+
+    def __init__(self, cfg: HttpConfig) -> None:
+        self.cfg = cfg
+        self._client: Client | None = None
+        self._lock = threading.Lock()
+
+    def get(self) -> Client:
+        with self._lock:
+            if self._client is None:
+                self._client = Client(self.cfg.endpoint, timeout=self.cfg.timeout_s,
+                                      engine="openai-http", keep_sessions=True,
+                                      owner=self.cfg.owner, token=self.cfg.token)
+            return self._client
+
+    def lost(self, c: Client) -> None:
+        """``c`` stopped answering: the next request connects again (and adopts)."""
+        with self._lock:
+            if self._client is c:
+                self._client = None
+        c.close()
+
+    def close(self) -> None:
+        with self._lock:
+            c, self._client = self._client, None
+        if c is not None:
+            c.close()
+
+
 @dataclass
 class _Turn:
-    """A request being answered: its protocol client, stream and figures."""
+    """A request being answered: its stream and figures."""
 
     client: Client
     stream: ChatStream
@@ -134,16 +182,9 @@ class _Turn:
     id: str
     created: int
 
-    def close(self) -> None:
-        self.client.close()  # goodbye, keeping the session for the next request
-
 
 def _stats(client: Any) -> dict[str, Any]:
-    c = client()
-    try:
-        return c.stats()
-    finally:
-        c.close()
+    return client().stats()
 
 
 async def _read_capped(request: Request) -> bytes:
@@ -221,26 +262,27 @@ def _priority(header: str | None) -> int:
 
 def _begin(make_client: Any, req: ChatCompletionRequest, match: Match, line: str,
            images: list[bytes], priority: int, evicted: list[str]) -> _Turn:
-    """Open or adopt the conversation's session and start the line (a worker thread)."""
+    """Open the conversation's session if it is new and start the line (a worker thread)."""
     c: Client = make_client()
     conv = match.conversation
     try:
         for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
-            _close_orphan(c, sid)
+            _close_quietly(c, sid)
+        listing: list[dict[str, Any]] = []
         if match.fresh:
             _open(c, req, conv, list(match.history), priority)
-        else:
-            try:
+        elif not _held(listing := c.list_sessions()["sessions"], conv.session):
+            try:  # the connection was made again: its sessions wait as orphans
                 c.adopt_session(conv.session)
             except BridgeError as e:
                 if e.code != "unknown_session":
                     raise
-                # its session ended while idle (the orphan timeout): the transcript opens anew
+                # it ended while idle (the orphan timeout): the transcript opens anew
                 _open(c, req, conv, conv.turns, priority)
-            if priority:
-                c.set_priority(conv.session, priority)
-        cached = next((s["tokens"] for s in c.list_sessions()["sessions"]
-                       if s["session"] == conv.session), 0)
+        if priority and not match.fresh:
+            c.set_priority(conv.session, priority)
+        # what the session's cache held before the line (a new session holds nothing yet)
+        cached = next((s["tokens"] for s in listing if s["session"] == conv.session), 0)
         options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
                                    "stop": req.stops()}
         fmt = req.response_format
@@ -255,16 +297,16 @@ def _begin(make_client: Any, req: ChatCompletionRequest, match: Match, line: str
             options["images"] = images
         stream = c.chat(conv.session, line, **options)
     except BridgeError as e:
-        c.close()
         raise from_code(e.code, e.message) from None
     except SidecarUnavailable as e:
-        c.close()
         raise HttpError(503, "unavailable", str(e)) from None
-    except BaseException:
-        c.close()
-        raise
     return _Turn(c, stream, conv, int(cached), f"chatcmpl-{uuid.uuid4().hex[:24]}",
                  int(time.time()))
+
+
+def _held(listing: list[dict[str, Any]], session: str) -> bool:
+    """Whether the face's connection holds ``session`` (``listing``: its list_sessions)."""
+    return any(s["session"] == session and s["owner"] == "you" for s in listing)
 
 
 def _open(c: Client, req: ChatCompletionRequest, conv: Conversation, history: list[Turn],
@@ -280,8 +322,20 @@ def _open(c: Client, req: ChatCompletionRequest, conv: Conversation, history: li
                    history=[{"role": r, "content": t} for r, t in history])
 
 
-def _close_orphan(c: Client, sid: str) -> None:
-    """Close a session the face no longer uses (adopted first: it is an orphan)."""
+def _close_quietly_any(client: Any, sid: str) -> None:
+    try:
+        _close_quietly(client(), sid)
+    except SidecarUnavailable:
+        pass  # its session waits as an orphan until the orphan timeout
+
+
+def _close_quietly(c: Client, sid: str) -> None:
+    """Close a session the face no longer uses (adopted first if it waits as an orphan)."""
+    try:
+        c.close_session(sid)
+        return
+    except BridgeError:
+        pass
     try:
         c.adopt_session(sid)
         c.close_session(sid)
@@ -289,11 +343,14 @@ def _close_orphan(c: Client, sid: str) -> None:
         pass  # gone already
 
 
-def _finish(turn: _Turn) -> dict[str, Any]:
+def _finish(turn: _Turn, inward: _Inward) -> dict[str, Any]:
     try:
         return turn.stream.result()
     except BridgeError as e:
         raise from_code(e.code, e.message) from None
+    except SidecarUnavailable as e:
+        inward.lost(turn.client)
+        raise HttpError(503, "unavailable", str(e)) from None
 
 
 def _usage(turn: _Turn, done: dict[str, Any]) -> dict[str, Any]:
@@ -325,24 +382,45 @@ def _chunk(turn: _Turn, req: ChatCompletionRequest, delta: dict[str, str],
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
+_END = object()
+
+
+def _pump(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    """Read the reply's pieces on a thread of its own and hand each to the event loop: one
+    wake-up per piece, not a thread-pool task per piece."""
+    try:
+        for piece in turn.stream:
+            loop.call_soon_threadsafe(queue.put_nowait, piece)
+        loop.call_soon_threadsafe(queue.put_nowait, _END)
+    except (BridgeError, SidecarUnavailable) as e:
+        loop.call_soon_threadsafe(queue.put_nowait, e)
+
+
 async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
-               line: str, request: Request) -> AsyncIterator[bytes]:
+               line: str, request: Request, inward: _Inward) -> AsyncIterator[bytes]:
     """The reply as server-sent events; a client that goes away cancels it (checked between
-    pieces: a server may notice a closed connection only at a later write)."""
-    pieces: Iterator[str] = iter(turn.stream)
+    pieces too: a server may notice a closed connection only at a later write)."""
+    queue: asyncio.Queue = asyncio.Queue()
+    threading.Thread(target=_pump, args=(turn, asyncio.get_running_loop(), queue),
+                     name="igi-http-stream", daemon=True).start()
     finished = False
     try:
         yield _chunk(turn, req, {"role": "assistant", "content": ""})
+        n = 0
         while True:
-            try:
-                piece = await asyncio.to_thread(next, pieces, None)
-            except BridgeError as e:
-                err = from_code(e.code, e.message)
-                yield b"data: " + json.dumps(err.body()).encode() + b"\n\n"
-                return
-            if piece is None:
+            piece = await queue.get()
+            if piece is _END:
                 break
-            if await request.is_disconnected():
+            if isinstance(piece, SidecarUnavailable):
+                inward.lost(turn.client)
+                piece = HttpError(503, "unavailable", str(piece))
+            if isinstance(piece, BridgeError):
+                piece = from_code(piece.code, piece.message)
+            if isinstance(piece, HttpError):
+                yield b"data: " + json.dumps(piece.body()).encode() + b"\n\n"
+                return
+            n += 1
+            if n % 8 == 0 and await request.is_disconnected():
                 return  # the finally below cancels the reply
             yield _chunk(turn, req, {"content": piece})
         done = turn.stream.done or {}
@@ -360,10 +438,9 @@ async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
         # await in a cancelled scope would be cancelled too, leaving the reply running
         with anyio.CancelScope(shield=True):
             if not finished and turn.stream.done is None:
-                try:  # the client went away: stop the reply (the line stays as far as it got)
-                    await asyncio.to_thread(turn.stream.cancel)
-                except (BridgeError, SidecarUnavailable):
-                    pass
-                table.forget(turn.conversation.session)  # its transcript is not the client's
+                # the client went away: the reply stops, and its session is closed (its
+                # transcript is no longer the client's)
+                table.forget(turn.conversation.session)
+                await asyncio.to_thread(_close_quietly_any, lambda: turn.client,
+                                        turn.conversation.session)
             turn.conversation.busy = False
-            await asyncio.to_thread(turn.close)

@@ -85,6 +85,12 @@ class Conversations:
             out.append(sid)
         return out
 
+    def least_recent_idle(self, but: str) -> str | None:
+        """The session of the least recently used conversation not answering now (other than
+        ``but``): the one to close when the sidecar has no session slot left."""
+        return next((sid for sid, c in self._by_session.items()
+                     if not c.busy and sid != but), None)
+
     def answered(self, conv: Conversation, line: str, reply: str) -> None:
         """The session's cache now holds ``line`` and ``reply`` too."""
         conv.turns = [*conv.turns, ("user", line), ("assistant", reply)]
