@@ -484,14 +484,9 @@ def test_the_lm_moves_for_the_encoder_and_back_and_replies_do_not_change(vlm: VL
     assert moved == kept
 
 
-def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
-        vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The encoder's placement cannot load (out of VRAM): the LM lands on the fallback (its
-    own placement here), the encoder runs on the CPU for that line, which is answered, and the
-    next line works."""
-    from igi_sdk.errors import ModelLoadError
+def _record_encoder_placement(monkeypatch: pytest.MonkeyPatch) -> list[bool]:
+    """Whether each vision context the engine opens goes on the GPU, in order."""
     from igi_sdk.runtime import core as core_module
-    from igi_sdk.runtime import loader
 
     placed: list[bool] = []
 
@@ -501,6 +496,18 @@ def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
             super().__init__(model, path, options)
 
     monkeypatch.setattr(core_module, "VisionContext", Recorded)
+    return placed
+
+
+def test_a_placement_for_the_encoder_that_fails_to_load_keeps_the_lm(
+        vlm: VLMFiles, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The encoder's placement cannot load (out of VRAM): the LM lands on the fallback (its
+    own placement here), the encoder runs on the CPU for that line, which is answered, and the
+    next line works."""
+    from igi_sdk.errors import ModelLoadError
+    from igi_sdk.runtime import loader
+
+    placed = _record_encoder_placement(monkeypatch)
 
     real_load = loader.load
 
@@ -527,16 +534,7 @@ def test_the_encoder_opens_on_the_cpu_where_the_room_has_none(
     """``encoder_room`` answering None (the arbiter's CPU rung: the game has the GPU) keeps a
     ``vision_gpu`` encoder off the GPU for that turn; a placement puts it there. The engine's
     status tells which, and counts the moves."""
-    from igi_sdk.runtime import core as core_module
-
-    placed: list[bool] = []
-
-    class Recorded(core_module.VisionContext):  # type: ignore[misc,valid-type]
-        def __init__(self, model: object, path: str, options: object) -> None:
-            placed.append(options.use_gpu)  # type: ignore[attr-defined]
-            super().__init__(model, path, options)
-
-    monkeypatch.setattr(core_module, "VisionContext", Recorded)
+    placed = _record_encoder_placement(monkeypatch)
     with Engine(vlm.model, Plan.all_cpu(), _config(vlm, vision_gpu=True),
                 encoder_room=EncoderRoom()) as eng:
         assert placed == [False]  # the load's check of the mmproj: always on the CPU

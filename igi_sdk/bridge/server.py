@@ -91,7 +91,11 @@ def is_loopback(endpoint: str) -> bool:
     """ipc:// and inproc:// never leave the machine; tcp:// only to 127.0.0.0/8 or ::1."""
     if endpoint.startswith(("ipc://", "inproc://")):
         return True
-    host = urlparse(endpoint).hostname or ""
+    return is_loopback_host(urlparse(endpoint).hostname or "")
+
+
+def is_loopback_host(host: str) -> bool:
+    """``localhost``, 127.0.0.0/8 or ::1 (the faces' rule for listening without keys)."""
     if host == "localhost":
         return True
     try:

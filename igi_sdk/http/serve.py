@@ -3,12 +3,12 @@ thread and event loop; the face reaches the sidecar through its ZeroMQ endpoint)
 
 from __future__ import annotations
 
-import ipaddress
 import secrets
 import threading
 
 import uvicorn
 
+from igi_sdk.bridge.server import is_loopback_host
 from igi_sdk.http.app import HttpConfig, build_app
 
 
@@ -18,15 +18,6 @@ def parse_bind(bind: str) -> tuple[str, int]:
     if not sep or not port.isdigit() or not 0 < int(port) < 65536 or not host:
         raise ValueError(f"--http wants HOST:PORT (e.g. 127.0.0.1:8080), not {bind!r}")
     return host.strip("[]"), int(port)
-
-
-def is_loopback_host(host: str) -> bool:
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 def start(bind: str, endpoint: str, *, api_key: str | None, token: str | None) -> uvicorn.Server:
