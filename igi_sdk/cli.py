@@ -22,6 +22,7 @@ if TYPE_CHECKING:
     from igi_sdk.model import ModelInventory
     from igi_sdk.planner import Workload
     from igi_sdk.profile import Profile
+    from igi_sdk.upstream import UpstreamConfig
 
 DEFAULT_PERSONA = (
     "You are Brom, the blacksmith of the village of Oakvale. You are gruff but kind, proud of "
@@ -604,7 +605,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     )
     _more_descriptors()
     try:
-        server = build_server(cfg, host)
+        server = build_server(cfg, host, _upstream(args))
     except ValueError as e:
         raise UsageError(str(e)) from None
     loading = f"; loading {model}" if model else ""
@@ -629,6 +630,23 @@ def cmd_serve(args: argparse.Namespace) -> int:
         _start_http(args, server.bound, cfg.launch_token, cfg.curve_secret_file is not None)
     server.serve_forever()
     return 0
+
+
+def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
+    """``--upstream``'s settings (the key from the environment: never on a command line, which
+    other local processes can read)."""
+    if not args.upstream:
+        return None
+    import os
+
+    from igi_sdk.upstream import UpstreamConfig
+
+    return UpstreamConfig(
+        urls=tuple(args.upstream), policy=args.upstream_policy,
+        api_key=os.environ.get(args.upstream_key_env) or None, model=args.upstream_model,
+        affinity_header=args.upstream_affinity_header, read_timeout_s=args.upstream_timeout,
+        schema_format=args.upstream_schema_format,
+        retries=args.upstream_retries, min_local_tps=args.overflow_min_tps)
 
 
 def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
@@ -819,6 +837,35 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key-file", help="a file holding the API key HTTP clients must send "
                                            "(Bearer); required for an --http address other "
                                            "than loopback")
+    up = sv.add_argument_group("scale-out to an OpenAI-compatible cluster (docs/openai.md)")
+    up.add_argument("--upstream", action="append", metavar="URL", default=[],
+                    help="an OpenAI-compatible server or router (vLLM, SGLang, NVIDIA Dynamo, "
+                         "llama-server), e.g. http://10.0.0.5:8000/v1; repeat for replicas "
+                         "without a router (each session keeps to one)")
+    up.add_argument("--upstream-policy", choices=["local", "remote", "overflow"],
+                    default="overflow",
+                    help="remote: every session upstream; overflow (default): the local model "
+                         "first, the upstream while it is unavailable, out of session slots or "
+                         "slower than --overflow-min-tps on its CPU placement; local: never")
+    up.add_argument("--upstream-key-env", default="IGI_SDK_UPSTREAM_KEY", metavar="VAR",
+                    help="the environment variable holding the upstream's API key (Bearer)")
+    up.add_argument("--upstream-model",
+                    help="the model name to ask for (default: the first of its /v1/models)")
+    up.add_argument("--upstream-affinity-header", default="x-session-id", metavar="NAME",
+                    help="the sticky header the cluster's router pins sessions by "
+                         "(x-dynamo-session-id for NVIDIA Dynamo)")
+    up.add_argument("--upstream-schema-format", choices=["json_schema", "json_object"],
+                    default="json_schema",
+                    help="how json_schema replies are asked for: OpenAI's json_schema (vLLM, "
+                         "SGLang, Dynamo, llama-server) or json_object with a schema "
+                         "(llama-cpp-python's server)")
+    up.add_argument("--upstream-timeout", type=float, default=120.0, metavar="S",
+                    help="the longest silence within a reply before it is given up")
+    up.add_argument("--upstream-retries", type=int, default=3,
+                    help="more tries on 429/502/503/504 and lost connections, with back-off")
+    up.add_argument("--overflow-min-tps", type=float, default=0.0, metavar="TPS",
+                    help="overflow: go upstream while the local model decodes slower than this "
+                         "on its CPU placement (0: never for speed)")
     sv.add_argument("--model-dir", help="the only directory load_model may read "
                                         "(default: the embedded model's)")
     sv.add_argument("--model", help="model to load at start, inside --model-dir")

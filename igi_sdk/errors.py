@@ -189,6 +189,22 @@ class EngineUnavailableError(IgiError):
     retryable = True
 
 
+class UpstreamUnavailableError(IgiError):
+    """The OpenAI-compatible upstream (``serve --upstream``) could not be reached, kept answering
+    429/503 after every retry, or broke off a reply; the line is rolled back and the session
+    keeps its conversation."""
+
+    code = "upstream_unavailable"
+    retryable = True
+
+
+class UpstreamRefusedError(IgiError):
+    """The upstream refused the request itself (a 4xx other than 429: a model name it does not
+    serve, a body it cannot take); retrying the same line will not help."""
+
+    code = "upstream_refused"
+
+
 # --- VRAM reservations ---------------------------------------------------------------------------
 
 

@@ -30,6 +30,9 @@ class _Stalled:
         self.chats = 0
         self.reservations = 0
 
+    def session_slots(self, local_slots: int) -> int:
+        return local_slots
+
     def load_model(self, path: Path, request: P.LoadModel, draft: Path | None = None,
                    mmproj: Path | None = None) -> dict[str, Any]:
         return {"model": path.name}

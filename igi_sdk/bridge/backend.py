@@ -31,6 +31,11 @@ class Backend(Protocol):
     @property
     def model_name(self) -> str | None: ...
 
+    def session_slots(self, local_slots: int) -> int:
+        """Sessions this side can hold when the local model has ``local_slots`` (more with an
+        upstream that serves sessions beyond them)."""
+        ...
+
     def load_model(self, path: Path, request: P.LoadModel,
                    draft: Path | None = None, mmproj: Path | None = None) -> dict[str, Any]:
         """Load (or replace) the model, with ``draft`` (a resolved ``request.draft``) for

@@ -196,6 +196,10 @@ class StatsOk(Answer):
                                           "timings, context cells, drafting and vision figures")
     # present only while the VRAM arbiter runs:
     arbiter: dict[str, Any] | None = Field(None, description="the VRAM arbiter's figures")
+    # present only with serve --upstream:
+    upstream: dict[str, Any] | None = Field(None, description="the OpenAI-compatible upstream: "
+                                            "policy, replicas, sessions served there, replies, "
+                                            "retries and failures")
 
 
 # the body of the ``ok`` answering each request type; ``chat`` is answered by a stream instead
@@ -347,6 +351,13 @@ ERROR_CODES: dict[str, ErrorCode] = {
     "engine_unavailable": ErrorCode(True, "no placement of the model fits the memory that is "
                                           "free now (the game took it); sessions are kept and "
                                           "the sidecar keeps trying — retry shortly"),
+    "upstream_unavailable": ErrorCode(True, "the session is served by the OpenAI-compatible "
+                                            "upstream (serve --upstream), which could not be "
+                                            "reached or kept refusing after the retries; the "
+                                            "line is rolled back — retry shortly"),
+    "upstream_refused": ErrorCode(False, "the upstream refused the request itself (a model it "
+                                         "does not serve, a body it cannot take); its message "
+                                         "is passed on"),
     # reserve_vram (every reservation ends with ok/granted or one of these)
     "cannot_free": ErrorCode(False, "the model cannot give back that much: it is on a fixed "
                                     "GPU plan (no arbiter), or already on its CPU plan and the "

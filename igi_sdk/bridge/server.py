@@ -498,13 +498,17 @@ class Server:
         self.sessions.clear()
 
     def _client_cap(self, c: Client) -> int:
-        return slot_cap(c, self.model_slots, self.cfg.max_sessions_per_client)
+        return slot_cap(c, self._slots(), self.cfg.max_sessions_per_client)
 
     def _below_client_cap(self, c: Client) -> None:
         held = len(self.sessions.owned(c.identity)) + c.opening
         if held >= self._client_cap(c):
             raise P.ProtocolError("too_many_sessions", f"this client already has {held} "
                                   "sessions; close one first", retryable=True)
+
+    def _slots(self) -> int:
+        """Session slots in all: the loaded model's, and an upstream's beyond them."""
+        return self.backend.session_slots(self.model_slots)
 
     def _slots_taken(self) -> int:
         """Session slots of the model held by open, orphaned and opening sessions."""
@@ -515,7 +519,7 @@ class Server:
         orphan when every slot is taken (the engine runs the close before the open)."""
         self._below_client_cap(c)
         orphans = self.sessions.orphans()
-        if self._slots_taken() >= self.model_slots and orphans:
+        if self._slots_taken() >= self._slots() and orphans:
             log.info("closing orphaned session %s to make room", orphans[0])
             self._close_orphan(orphans[0])
 
@@ -752,7 +756,7 @@ class Server:
                 busy=figures["busy"] if figures else False,
                 tokens=figures["tokens"] if figures else 0,
                 idle_s=round(now - info.since, 3)))
-        free = max(0, self.model_slots - self._slots_taken())
+        free = max(0, self._slots() - self._slots_taken())
         return C.ListSessionsOk(sessions=listed, free_slots=free, others=others)
 
     def _on_adopt_session(self, c: Client, msg_id: int, body: P.SessionRef) -> C.SessionOk:

@@ -62,6 +62,7 @@ from igi_sdk.tuning import (
     with_threshold_in_effect,
 )
 from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun
+from igi_sdk.upstream.policy import LocalHealth
 
 log = logging.getLogger("igi_sdk.sidecar")
 
@@ -311,6 +312,21 @@ class ModelHost:
         if eng is None:
             raise EngineUnavailableError("no model is loaded right now; retry shortly")
         return eng
+
+    def session_slots(self, local_slots: int) -> int:
+        return local_slots
+
+    @property
+    def outbox(self) -> Outbox:
+        """Where replies leave the model side, for every model loaded (and every upstream reply
+        routed beside them)."""
+        return self._outbox
+
+    def health(self) -> LocalHealth:
+        eng = self.engine
+        if eng is None or eng.state == "unavailable":  # (a move in progress still answers)
+            return LocalHealth(available=False, on_gpu=False)
+        return LocalHealth(available=True, on_gpu=eng.gpu is not None and eng.plan.uses_gpu())
 
     def open_session(self, request: P.OpenSession) -> Future[str]:
         try:
