@@ -3,6 +3,7 @@ official ``openai`` package as the client."""
 
 from __future__ import annotations
 
+import base64
 import json
 import shutil
 import socket
@@ -227,3 +228,25 @@ def test_an_api_key_is_required_when_one_is_set_and_off_loopback(tmp_path, defau
         stop(proc)
 
 
+
+
+def test_images_without_a_projector_are_the_typed_error(api) -> None:
+    from tests.images import card, png
+
+    url = "data:image/png;base64," + base64.b64encode(png(card(0))).decode()
+    with pytest.raises(openai.BadRequestError) as e:
+        api.chat.completions.create(model="smol", max_tokens=4, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}])
+    assert e.value.body["code"] == "vision_unavailable"
+
+
+def test_no_cors_headers_unless_asked(face) -> None:
+    origin = {"Origin": "https://mod.example"}
+    preflight = httpx.options(f"{face[0]}/v1/chat/completions", headers={
+        **origin, "Access-Control-Request-Method": "POST",
+        "Access-Control-Request-Headers": "authorization,content-type"})
+    assert preflight.status_code in (404, 405)  # no CORS layer answers it
+    for r in (preflight, httpx.get(f"{face[0]}/v1/models", headers=origin),
+              httpx.post(f"{face[0]}/v1/chat/completions", headers=origin, json={"n": 2})):
+        assert not any(k.startswith("access-control-") for k in r.headers), r.headers

@@ -12,7 +12,6 @@ for the protocol's orphan timeout).
 from __future__ import annotations
 
 import asyncio
-import base64
 import binascii
 import hmac
 import json
@@ -31,7 +30,7 @@ from pydantic import ValidationError
 from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
-from igi_sdk.http.errors import HttpError, from_code
+from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
 
 _DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
@@ -77,14 +76,20 @@ def build_app(cfg: HttpConfig) -> FastAPI:
             st = await asyncio.to_thread(_stats, client)
         except SidecarUnavailable as e:
             raise HttpError(503, "unavailable", str(e)) from None
-        ok = st.get("model") is not None and not st.get("loading")
-        return JSONResponse({"status": "ok" if ok else "loading", "model": st.get("model")},
-                            status_code=200 if ok else 503)
+        if st.get("model") is not None and not st.get("loading"):
+            return JSONResponse({"status": "ok", "model": st.get("model")})
+        # a load balancer or client waits and asks again, as for a 503 of the chat route
+        return JSONResponse({"status": "loading" if st.get("loading") else "no_model",
+                             "model": None}, status_code=503,
+                            headers={"Retry-After": str(RETRY_AFTER_S)})
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
         authorised(request)
-        st = await asyncio.to_thread(_stats, client)
+        try:
+            st = await asyncio.to_thread(_stats, client)
+        except SidecarUnavailable as e:
+            raise HttpError(503, "unavailable", str(e)) from None
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
                                          "owned_by": "igi-sdk"}]
@@ -93,8 +98,10 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         authorised(request)
-        req = _parse(await _read_capped(request))
-        system, history, line, images = _split(req)
+        body = await _read_capped(request)
+        # parsing and base64 decoding take tens of milliseconds for a large image: on a
+        # worker thread, in slices, so the event loop keeps answering other requests
+        req, (system, history, line, images) = await asyncio.to_thread(_read, body)
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
@@ -201,14 +208,21 @@ async def _read_capped(request: Request) -> bytes:
     return b"".join(parts)
 
 
+def _read(body: bytes) -> tuple[ChatCompletionRequest, tuple[str, list[Turn], str, list[bytes]]]:
+    """The request and its parts (a worker thread)."""
+    req = _parse(body)
+    return req, _split(req)
+
+
 def _parse(body: bytes) -> ChatCompletionRequest:
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise HttpError(400, "invalid_body", "the body is not UTF-8 JSON") from None
-    if P.json_nesting(text) > P.MAX_NESTING:
-        raise HttpError(400, "invalid_body", f"the body nests deeper than {P.MAX_NESTING}")
     try:
+        # pydantic's JSON reader refuses nesting past its own recursion limit (a 400 here),
+        # so the body is not scanned for nesting first: that walk held the GIL for seconds
+        # on a body with a large image
         req = ChatCompletionRequest.model_validate_json(text)
     except ValidationError as e:
         first = e.errors()[0]
@@ -216,6 +230,11 @@ def _parse(body: bytes) -> ChatCompletionRequest:
         raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
     if req.n != 1:
         raise HttpError(400, "invalid_argument", "n must be 1: one reply per request")
+    fmt = req.response_format
+    schema = fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None
+    if schema is not None and P.nesting(schema, P.MAX_NESTING) > P.MAX_NESTING:
+        raise HttpError(400, "invalid_body", "response_format.json_schema.schema nests more "
+                        f"than {P.MAX_NESTING} objects/arrays deep")
     return req
 
 
@@ -234,18 +253,69 @@ def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes
         if m.image_urls():
             raise HttpError(400, "invalid_argument", "images are read with the newest line only")
         turns.append((m.role, m.text()))
-    last = msgs[-1]
-    return "\n\n".join(system_parts), turns, last.text(), [_image(u) for u in last.image_urls()]
+    system, last = "\n\n".join(system_parts), msgs[-1]
+    # a transcript opens a session in one protocol message (its history)
+    _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+    images = _images(last.image_urls())
+    schema = _schema_size(req)
+    _fits(len(last.text().encode()) + sum(map(len, images)) + schema, "the line with its images")
+    return system, turns, last.text(), images
 
 
-def _image(url: str) -> bytes:
-    if not url.startswith(_DATA_URL_PREFIXES):
-        raise HttpError(400, "invalid_image", "images must be PNG or JPEG data URLs "
-                        "(data:image/png;base64,...): the sidecar fetches nothing")
+# what one protocol message holds beside its texts and images: the envelope and options
+_ROOM = 64 << 10
+
+
+def _fits(size: int, what: str) -> None:
+    """Refuse what the sidecar's socket would drop unanswered (MAX_MESSAGE_BYTES)."""
+    if size > P.MAX_MESSAGE_BYTES - _ROOM:
+        raise HttpError(413, "request_too_large", f"{what} is over the "
+                        f"{P.MAX_MESSAGE_BYTES - _ROOM} bytes one request to the sidecar holds")
+
+
+def _schema_size(req: ChatCompletionRequest) -> int:
+    fmt = req.response_format
+    if fmt is None or fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        return 0
+    return len(json.dumps(fmt.json_schema.schema_).encode())
+
+
+def _images(urls: list[str]) -> list[bytes]:
+    """The line's data URLs decoded, once their count and size are known to fit."""
+    if len(urls) > P.MAX_IMAGES:
+        raise HttpError(400, "invalid_image", f"a line carries at most {P.MAX_IMAGES} images")
+    payloads = []
+    for url in urls:
+        if not url.startswith(_DATA_URL_PREFIXES):
+            raise HttpError(400, "invalid_image", "images must be PNG or JPEG data URLs "
+                            "(data:image/png;base64,...): the sidecar fetches nothing")
+        payloads.append(url[url.index(",") + 1:])
+    # checked on the encoded length, before anything is decoded: base64 is 4 chars a 3 bytes
+    if sum(len(p) * 3 // 4 for p in payloads) > P.MAX_IMAGE_BYTES:
+        raise HttpError(413, "request_too_large", f"a line's images together are over "
+                        f"{P.MAX_IMAGE_BYTES} bytes")
+    return [_decode(p) for p in payloads]
+
+
+_SLICE = 1 << 20  # base64 characters decoded at a time (a multiple of 4)
+
+
+def _decode(b64: str) -> bytes:
+    """Strict base64 (no padding inside, nothing outside the alphabet), a slice at a time:
+    the decoder holds the GIL, and between slices the event loop's thread runs."""
+    out = []
     try:
-        return base64.b64decode(url.split(",", 1)[1], validate=True)
-    except (binascii.Error, ValueError):
+        for i in range(0, len(b64), _SLICE):
+            part = b64[i:i + _SLICE]
+            if i + _SLICE < len(b64) and part.endswith("="):
+                raise binascii.Error("padding inside the data")
+            out.append(binascii.a2b_base64(part, strict_mode=True))
+    except (binascii.Error, ValueError):  # ValueError: characters outside ASCII
         raise HttpError(400, "invalid_image", "the image's base64 does not decode") from None
+    data = b"".join(out)
+    if not data:
+        raise HttpError(400, "invalid_image", "the image is empty")
+    return data
 
 
 def _priority(header: str | None) -> int:

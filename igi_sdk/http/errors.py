@@ -4,8 +4,6 @@ helps."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 # protocol error code -> HTTP status (anything else: 500)
 _STATUS = {
     "malformed": 400, "invalid_body": 400, "invalid_argument": 400, "invalid_grammar": 400,
@@ -22,11 +20,12 @@ _TYPE = {400: "invalid_request_error", 401: "authentication_error", 413: "invali
 RETRY_AFTER_S = 1
 
 
-@dataclass(frozen=True)
 class HttpError(Exception):
-    status: int
-    code: str
-    message: str
+    """Not frozen: the ASGI stack clears ``__traceback__`` on the exceptions it has answered."""
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(status, code, message)
+        self.status, self.code, self.message = status, code, message
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": _TYPE.get(self.status, "server_error"),

@@ -1,0 +1,107 @@
+"""What the HTTP face refuses on its own, before it asks the sidecar anything: the app in this
+process with no sidecar behind it (a request that got through would wait on the missing
+sidecar and answer 503, not the error asserted)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+import os
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.http import app as face
+from igi_sdk.http.app import HttpConfig, build_app
+from igi_sdk.http.errors import HttpError
+
+URL = "/v1/chat/completions"
+
+
+@pytest.fixture(scope="module")
+def http(tmp_path_factory: pytest.TempPathFactory) -> TestClient:
+    nowhere = f"ipc://{tmp_path_factory.mktemp('ipc-none') / 'none.sock'}"
+    # server exceptions are raised in the test: an error answered must not fail afterwards
+    return TestClient(build_app(HttpConfig(endpoint=nowhere, owner="o" * 32, timeout_s=2.0)),
+                      raise_server_exceptions=True)
+
+
+def _line(*urls: str) -> list[dict[str, object]]:
+    return [{"role": "user", "content": [{"type": "text", "text": "What is this?"},
+                                         *[{"type": "image_url", "image_url": {"url": u}}
+                                           for u in urls]]}]
+
+
+def _error(r: httpx.Response, status: int, code: str) -> str:
+    assert r.status_code == status, r.text[:300]
+    assert r.json()["error"]["code"] == code
+    return str(r.json()["error"]["message"])
+
+
+def test_an_answered_error_raises_nothing_afterwards(http: TestClient) -> None:
+    # the ASGI stack clears the traceback of an exception it has answered: a frozen error
+    # raised there, after the response, and the server dropped the keep-alive connection
+    for _ in range(2):
+        _error(http.post(URL, json={"n": 2, "messages": [{"role": "user", "content": "Hi"}]}),
+               400, "invalid_argument")
+
+
+def test_nesting_is_refused_without_a_scan_of_the_body(http: TestClient) -> None:
+    _error(http.post(URL, content=b'{"messages":' + b"[" * 100_000), 400, "invalid_body")
+    schema: dict[str, object] = {"type": "string"}
+    for _ in range(P.MAX_NESTING + 2):
+        schema = {"type": "array", "items": schema}
+    msg = _error(http.post(URL, json={
+        "messages": [{"role": "user", "content": "Hi"}],
+        "response_format": {"type": "json_schema", "json_schema": {"schema": schema}}}),
+        400, "invalid_body")
+    assert "nests" in msg
+
+
+def test_image_count_and_size_are_refused_before_decoding(http: TestClient) -> None:
+    small = "data:image/png;base64," + base64.b64encode(b"\x89PNG....").decode()
+    msg = _error(http.post(URL, json={"messages": _line(*[small] * (P.MAX_IMAGES + 1))}),
+                 400, "invalid_image")
+    assert str(P.MAX_IMAGES) in msg
+    # together over the images' share of a message, each under its own cap; not base64 at
+    # all, so a 413 (not invalid_image) shows the size was judged before any decoding
+    half = "data:image/png;base64," + "!" * ((P.MAX_IMAGE_BYTES // 2 + 8) * 4 // 3)
+    _error(http.post(URL, json={"messages": _line(half, half)}), 413, "request_too_large")
+
+
+def test_a_transcript_over_one_message_is_413_not_a_dropped_request(http: TestClient) -> None:
+    # 150 turns of 32 000 four-byte characters: 19 MB of history, more than the sidecar's
+    # socket takes in one message (it drops such a message unanswered)
+    turn = "\N{GRINNING FACE}" * P.MAX_TEXT_CHARS
+    msgs = [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(150)]
+    body = json.dumps({"messages": [*msgs, {"role": "user", "content": "And?"}]},
+                      ensure_ascii=False).encode()
+    assert len(body) < 32 << 20  # under the face's body cap
+    msg = _error(http.post(URL, content=body, headers={"content-type": "application/json"}),
+                 413, "request_too_large")
+    assert "transcript" in msg
+
+
+@pytest.mark.parametrize("size", [0, 1, 2, 3, face._SLICE * 3 // 4 - 1, face._SLICE * 3 // 4,
+                                  face._SLICE * 3 // 4 + 1, face._SLICE * 3 // 2 + 2])
+def test_sliced_decoding_is_base64(size: int) -> None:
+    data = os.urandom(size)
+    encoded = base64.b64encode(data).decode()
+    if size == 0:
+        with pytest.raises(HttpError):
+            face._decode(encoded)
+        return
+    assert face._decode(encoded) == data == binascii.a2b_base64(encoded, strict_mode=True)
+
+
+def test_padding_inside_the_data_is_refused_at_a_slice_edge() -> None:
+    # "QQ==" ends the first slice exactly: valid alone, padding in the middle of the whole
+    inside = "A" * (face._SLICE - 4) + "QQ==" + "QUJD"
+    with pytest.raises(HttpError) as e:
+        face._decode(inside)
+    assert e.value.code == "invalid_image"
+    with pytest.raises(binascii.Error):
+        binascii.a2b_base64(inside, strict_mode=True)

@@ -1,0 +1,181 @@
+"""Images through the HTTP face: ``image_url`` data URLs read by the tiny synthetic Qwen2.5-VL
+on the CPU (a real sidecar with ``--mmproj``), URLs it must never fetch, and bounds checked
+before anything is decoded."""
+
+from __future__ import annotations
+
+import base64
+import http.server
+import shutil
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import openai
+import pytest
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.client import Client
+from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
+from tests.images import card, png
+from tests.test_bridge import start_sidecar, stop
+from tests.test_http_face import _free_port, _wait_http
+
+NPC = "You are Brom, the blacksmith. Describe what the player shows you."
+
+
+def _data_url(data: bytes, kind: str = "png") -> str:
+    return f"data:image/{kind};base64,{base64.b64encode(data).decode()}"
+
+
+def _line(*urls: str, text: str = "What is this?") -> list[dict[str, object]]:
+    parts: list[dict[str, object]] = [{"type": "text", "text": text}]
+    parts += [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+    return [{"role": "system", "content": NPC}, {"role": "user", "content": parts}]
+
+
+@pytest.fixture(scope="module")
+def face(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    vlm = write_synthetic_vlm(tmp_path_factory.mktemp("vlm"), "tiny")
+    d = tmp_path_factory.mktemp("vlm-http")
+    shutil.copy(vlm.model, d / "tiny-vl.gguf")
+    shutil.copy(vlm.mmproj, d / "mmproj-tiny-vl.gguf")
+    ep = f"ipc://{tmp_path_factory.mktemp('ipc-http-img') / 's.sock'}"
+    port = _free_port()
+    proc = start_sidecar(d, ep, "--model", "tiny-vl.gguf", "--mmproj", "mmproj-tiny-vl.gguf",
+                         "--max-sessions", "4", "--prefill-chunk", "48", "--no-arbiter",
+                         "--http", f"127.0.0.1:{port}")
+    try:
+        probe = Client(ep, timeout=60)
+        try:
+            probe.wait_ready(60)
+        finally:
+            probe.close()
+        base = f"http://127.0.0.1:{port}"
+        _wait_http(base)
+        yield base
+    finally:
+        stop(proc)
+
+
+@pytest.fixture
+def api(face: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{face}/v1", api_key="unused", max_retries=0)
+
+
+def _reply(api: openai.OpenAI, url: str) -> openai.types.chat.ChatCompletion:
+    return api.chat.completions.create(
+        model="tiny-vl", max_tokens=6, temperature=0, messages=_line(url))  # type: ignore[arg-type]
+
+
+def test_a_png_data_url_on_the_newest_line_is_seen(api: openai.OpenAI) -> None:
+    shown = _reply(api, _data_url(png(card(0))))
+    assert shown.choices[0].message.content is not None
+    assert shown.usage is not None
+    text_only = api.chat.completions.create(
+        model="tiny-vl", max_tokens=2, temperature=0,
+        messages=[{"role": "system", "content": NPC},
+                  {"role": "user", "content": "What is this?"}])
+    # the 64x64 card is 9 patches and two delimiters: the prompt holds the image
+    assert text_only.usage is not None
+    assert shown.usage.prompt_tokens >= text_only.usage.prompt_tokens + 9
+
+
+def test_a_url_is_refused_and_nothing_is_fetched(face: str) -> None:
+    hits: list[str] = []
+
+    class Recorder(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:
+            hits.append(self.path)
+            self.send_response(200)
+            self.end_headers()
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Recorder)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/sword.png"
+        r = httpx.post(f"{face}/v1/chat/completions", json={"messages": _line(url)}, timeout=30)
+        assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+        time.sleep(0.2)  # a fetch started anyway would have arrived by now
+        assert hits == []
+    finally:
+        server.shutdown()
+
+
+@pytest.mark.parametrize("url", [
+    "data:image/png;base64,iVBORw0KGgo!!!",  # not base64
+    "data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAA",  # cut mid-quad
+    "data:image/png;base64,QQ==QUJD",  # padding in the middle
+    "data:image/gif;base64,R0lGODlhAQABAAAAACw=",  # a format the sidecar does not read
+])
+def test_broken_data_urls_are_invalid_image(face: str, url: str) -> None:
+    r = httpx.post(f"{face}/v1/chat/completions", json={"messages": _line(url)}, timeout=30)
+    assert r.status_code == 400, r.text
+    assert r.json()["error"]["code"] == "invalid_image"
+
+
+def test_bytes_that_are_not_an_image_are_the_sidecars_typed_error(api: openai.OpenAI) -> None:
+    with pytest.raises(openai.BadRequestError) as e:
+        _reply(api, _data_url(png(card(0))[:60]))  # a PNG cut short
+    assert e.value.body["code"] == "invalid_image"  # type: ignore[index]
+    assert _reply(api, _data_url(png(card(1)))).choices[0].message.content is not None
+
+
+def test_more_images_than_a_line_holds_are_refused_before_decoding(face: str) -> None:
+    url = _data_url(png(card(0)))
+    r = httpx.post(f"{face}/v1/chat/completions", timeout=30,
+                   json={"messages": _line(*[url] * (P.MAX_IMAGES + 1))})
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+    assert str(P.MAX_IMAGES) in r.json()["error"]["message"]
+
+
+def test_images_over_one_message_together_are_413_and_the_face_keeps_serving(
+        face: str, api: openai.OpenAI) -> None:
+    # two images of 9 MiB: each under the per-image cap, together over what one protocol
+    # message carries (the sidecar's socket would drop it unanswered)
+    big = _data_url(bytes(9 << 20))
+    t0 = time.monotonic()
+    r = httpx.post(f"{face}/v1/chat/completions", json={"messages": _line(big, big)},
+                   timeout=30)
+    assert r.status_code == 413, r.text[:200]
+    assert r.json()["error"]["code"] == "request_too_large"
+    refused = time.monotonic() - t0
+    t0 = time.monotonic()
+    assert _reply(api, _data_url(png(card(0)))).choices[0].message.content is not None
+    assert refused < 5 * (time.monotonic() - t0) + 1.0  # refused, not timed out
+
+
+def test_the_event_loop_answers_while_a_large_body_is_read(face: str) -> None:
+    # a 12 MiB image of bytes no decoder reads: the face parses and decodes ~16 MiB of JSON
+    # and base64, and the sidecar refuses the picture; /health is asked meanwhile
+    body = {"messages": _line(_data_url(bytes(12 << 20)))}
+    for _ in range(2):  # warm: the first big body pays for allocator growth
+        httpx.post(f"{face}/v1/chat/completions", json=body, timeout=60)
+    stalls: list[float] = []
+    running = threading.Event()
+    running.set()
+
+    def probe() -> None:
+        with httpx.Client(timeout=30) as h:
+            while running.is_set():
+                t0 = time.perf_counter()
+                h.get(f"{face}/health")
+                stalls.append(time.perf_counter() - t0)
+
+    t = threading.Thread(target=probe)
+    t.start()
+    time.sleep(0.1)
+    t0 = time.perf_counter()
+    r = httpx.post(f"{face}/v1/chat/completions", json=body, timeout=60)
+    took = time.perf_counter() - t0
+    running.clear()
+    t.join(30)
+    assert r.status_code == 400 and r.json()["error"]["code"] == "invalid_image"
+    # the loop was never held for most of the request: the longest /health wait is a small
+    # share of the big request's time (it was the whole of it while the body was scanned on
+    # the loop)
+    assert max(stalls) < 0.5 * took, (max(stalls), took)
