@@ -1,0 +1,83 @@
+"""The pure parts of scale-out: where a line goes, what a routed conversation keeps, the bounded
+event-stream reader, and which replica a session keeps to."""
+
+from __future__ import annotations
+
+import pytest
+
+from igi_sdk.bridge.protocol import MAX_HISTORY_TURNS, Sampling
+from igi_sdk.errors import UpstreamUnavailableError
+from igi_sdk.upstream.client import UpstreamClient
+from igi_sdk.upstream.config import UpstreamConfig, api_base
+from igi_sdk.upstream.policy import LocalHealth, route
+from igi_sdk.upstream.sse import data_lines
+from igi_sdk.upstream.transcript import MAX_TRANSCRIPT_CHARS, Transcript
+
+UP = LocalHealth(available=True, on_gpu=True)
+CPU = LocalHealth(available=True, on_gpu=False)
+DOWN = LocalHealth(available=False, on_gpu=False)
+
+
+def test_route_by_policy_health_and_speed() -> None:
+    kw = {"cpu_tps": None, "min_local_tps": 0.0, "restored": False}
+    assert route("local", DOWN, **kw) == "local"
+    assert route("remote", UP, **kw) == "remote"
+    assert route("overflow", UP, **kw) == "local"
+    assert route("overflow", DOWN, **kw) == "remote"
+    slow = {"cpu_tps": 3.0, "min_local_tps": 8.0, "restored": False}
+    assert route("overflow", CPU, **slow) == "remote"  # the CPU rung, measured too slow
+    assert route("overflow", UP, **slow) == "local"  # the figure is of the CPU placement only
+    assert route("overflow", CPU, **{**slow, "cpu_tps": None}) == "local"  # not measured yet
+    assert route("overflow", DOWN, **{**kw, "restored": True}) == "local"  # its text is local
+
+
+def test_a_transcript_keeps_the_newest_whole_exchanges_within_its_bounds() -> None:
+    t = Transcript("sys", Sampling(), 0, local_turns=0)
+    for i in range(MAX_HISTORY_TURNS):  # twice the turns it may keep
+        t.commit(f"line {i}", f"reply {i}", local=True)
+    assert len(t.turns) == MAX_HISTORY_TURNS and t.turns[0] == ("user", f"line {i - 127}")
+    assert t.local_fresh and t.dropped == MAX_HISTORY_TURNS
+    t.commit("upstream line", "upstream reply", local=False)
+    assert not t.local_fresh  # its local copy lacks the last exchange
+    big = Transcript("", Sampling(), 0)
+    for i in range(6):
+        big.commit("x" * (MAX_TRANSCRIPT_CHARS // 4), f"r{i}", local=False)
+    assert sum(len(x) for _, x in big.turns) <= MAX_TRANSCRIPT_CHARS
+    assert big.turns[-1] == ("assistant", "r5") and big.turns[0][0] == "user"
+    msgs = big.messages("now")
+    assert msgs[-1] == {"role": "user", "content": "now"} and msgs[0]["role"] == "user"
+
+
+def test_event_lines_are_bounded_before_they_are_held() -> None:
+    stream = [b"data: {\"a\"", b": 1}\n\n: keep-alive\nevent: x\ndata: [DONE]\n"]
+    assert list(data_lines(stream, 64)) == [b'{"a": 1}', b"[DONE]"]
+    with pytest.raises(UpstreamUnavailableError):  # one endless line, never ended by \n
+        list(data_lines((b"data: " + b"x" * 1000 for _ in range(100)), 4096))
+    with pytest.raises(UpstreamUnavailableError):  # one long line inside a chunk
+        list(data_lines([b"data: " + b"y" * 10_000 + b"\n"], 4096))
+
+
+def test_each_session_keeps_to_one_replica_and_only_a_lost_replicas_sessions_move() -> None:
+    urls = tuple(f"http://10.0.0.{i}:8000" for i in range(1, 5))
+    four = UpstreamClient(UpstreamConfig(urls=urls))
+    three = UpstreamClient(UpstreamConfig(urls=urls[:3]))
+    keys = [f"session-{i}" for i in range(400)]
+    first = {k: four.replicas_for(k)[0] for k in keys}
+    assert first == {k: four.replicas_for(k)[0] for k in keys}  # stable
+    assert min(list(first.values()).count(api_base(u)) for u in urls) > 60  # spread
+    moved = [k for k in keys if three.replicas_for(k)[0] != first[k]]
+    assert moved and all(first[k] == api_base(urls[3]) for k in moved)
+    four.close()
+    three.close()
+
+
+def test_upstream_settings_are_checked() -> None:
+    assert api_base("http://h:8000") == "http://h:8000/v1"
+    assert api_base("https://h/api/v1/") == "https://h/api/v1"
+    for bad in ("ftp://h/v1", "http://user:pw@h/v1", "http://h/v1?x=1", "h:8000"):
+        with pytest.raises(ValueError):
+            api_base(bad)
+    with pytest.raises(ValueError):
+        UpstreamConfig(urls=())
+    with pytest.raises(ValueError):
+        UpstreamConfig(urls=("http://h",), affinity_header="x-bad: header")
