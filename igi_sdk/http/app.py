@@ -19,6 +19,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -48,10 +49,17 @@ class HttpConfig:
 
 
 def build_app(cfg: HttpConfig) -> FastAPI:
-    app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None)
     table = Conversations(cfg.max_conversations)
     lock = asyncio.Lock()
     inward = _Inward(cfg)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        yield
+        inward.close()  # its sessions are kept, to be adopted by the next connection
+
+    app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
+                  lifespan=lifespan)
     client = inward.get
 
     def authorised(request: Request) -> None:
@@ -64,10 +72,6 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     @app.exception_handler(HttpError)
     async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
-
-    @app.on_event("shutdown")
-    def _close() -> None:
-        inward.close()
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
@@ -191,7 +195,10 @@ class _Turn:
 
 
 def _stats(client: Any) -> dict[str, Any]:
-    return client().stats()
+    try:
+        return client().stats()
+    except BridgeError as e:  # not answered in time, say: typed, not an ASGI 500
+        raise from_code(e.code, e.message) from None
 
 
 async def _read_capped(request: Request) -> bytes:
