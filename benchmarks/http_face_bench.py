@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import signal
 import socket
 import statistics
@@ -44,6 +45,9 @@ from typing import Any
 import httpx
 from http_peer import MIB, LlamaServer, Turn, VramSampler, gpu_free_bytes, stream_chat
 
+# this process only talks to the servers: no llama.cpp (nor its CUDA context) in it, and no
+# thread-wait policy of the SDK's in the environment that llama-server inherits
+os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
 from igi_sdk.client import Client
 
 NPC = "You are Brom, the village blacksmith."
@@ -129,6 +133,11 @@ class Run:
             rec["status"] = "failed"
             rec["error"] = traceback.format_exc()[-1500:]
             say(f"phase {phase.name}: FAILED: {e!r}")
+        except BaseException:  # the run's own timeout (SIGTERM): what it got is kept
+            rec["status"] = "interrupted"
+            rec["wall_s"] = round(time.monotonic() - t0, 1)
+            say(f"phase {phase.name}: interrupted")
+            raise
         rec["wall_s"] = round(time.monotonic() - t0, 1)
         say(f"phase {phase.name}: {rec['status']} after {rec['wall_s']} s")
         self.write()
@@ -181,7 +190,8 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
     out["ours_cmd"] = " ".join(cmd)
     log = Path(args.logs) / "http-sidecar.log"
     logf = log.open("w")
-    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT)
+    env = {k: v for k, v in os.environ.items() if k != "IGI_SDK_CLIENT_ONLY"}
+    proc = subprocess.Popen(cmd, stdout=logf, stderr=subprocess.STDOUT, env=env)
     sampler = VramSampler(proc.pid)
     base = f"http://127.0.0.1:{port}/v1"
     http = httpx.Client(timeout=120)
@@ -257,12 +267,7 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
                     f"{t.ttft_s * 1000:.1f} ms ({t.completion_tokens} tokens)")
 
         run.run(PHASES[1], faces)
-        med = {k: _med(v) for k, v in rows.items() if v}
-        out["median"] = med
-        if "zmq_turn_s" in med and "http_turn_s" in med:
-            out["http_added_ms_per_request"] = (med["http_turn_s"] - med["zmq_turn_s"]) * 1000
-        if med.get("zmq_tps") and med.get("http_tps"):
-            out["http_decode_ratio"] = med["http_tps"] / med["zmq_tps"]
+        summarize(out)
         kv: list[dict[str, Any]] = []
         out.setdefault("kv", {})["ours"] = kv
         run.run(PHASES[2], lambda end: kv_conversation(
@@ -367,7 +372,7 @@ def peer(args: argparse.Namespace, run: Run, budget: int | None) -> None:
                     f"{t.ttft_s * 1000:.1f} ms ({t.completion_tokens} tokens)")
 
         run.run(PHASES[4], faces)
-        res["median"] = {k: _med(v) for k, v in rows.items() if v}
+        summarize(out)
         kv: list[dict[str, Any]] = []
         out.setdefault("kv", {})["peer"] = kv
         run.run(PHASES[5], lambda end: kv_conversation(
@@ -378,6 +383,19 @@ def peer(args: argparse.Namespace, run: Run, budget: int | None) -> None:
         if "srv" in state:
             res["vram"] = state["srv"].stop()
         run.write()
+
+
+def summarize(out: dict[str, Any]) -> None:
+    """Medians of the rows so far, and the HTTP face's cost over the ZeroMQ face."""
+    med = {k: _med(v) for k, v in (out.get("raw") or {}).items() if v}
+    out["median"] = med
+    if "zmq_turn_s" in med and "http_turn_s" in med:
+        out["http_added_ms_per_request"] = (med["http_turn_s"] - med["zmq_turn_s"]) * 1000
+    if med.get("zmq_tps") and med.get("http_tps"):
+        out["http_decode_ratio"] = med["http_tps"] / med["zmq_tps"]
+    res = out.get("peer") or {}
+    if res.get("raw"):
+        res["median"] = {k: _med(v) for k, v in res["raw"].items() if v}
 
 
 def table(out: dict[str, Any]) -> str:
@@ -404,13 +422,14 @@ def table(out: dict[str, Any]) -> str:
              f"{'llama-server, HTTP':24} {ms(pm.get('turn_s')):>15} {ms(pm.get('ttft_s')):>11} "
              f"{tps(pm.get('tps')):>13} {gib(peer_vram):>10}"]
     if "http_added_ms_per_request" in out:
-        lines.append(f"HTTP face: +{out['http_added_ms_per_request']:.2f} ms per request, decode "
-                     f"{out.get('http_decode_ratio', float('nan')):.3f}x the ZeroMQ face")
+        ratio = out.get("http_decode_ratio")
+        lines.append(f"HTTP face: {out['http_added_ms_per_request']:+.2f} ms per request"
+                     + (f", decode {ratio:.3f}x the ZeroMQ face" if ratio else ""))
     kv = out.get("kv") or {}
     a, b = kv.get("ours") or [], kv.get("peer") or []
     if a or b:
-        lines.append("KV reuse, 10-turn NPC conversation (prompt / cached / prefilled tokens, "
-                     "TTFT)")
+        lines.append(f"KV reuse, {out.get('kv_turns')}-turn NPC conversation (prompt / cached / "
+                     "prefilled tokens, TTFT)")
         lines.append(f"{'turn':>4}  {'ours (HTTP face)':>34}  {'llama-server cache_prompt':>34}")
 
         def cell(r: dict[str, Any] | None) -> str:
@@ -470,6 +489,7 @@ def main() -> int:
         budget = ours(args, run)
         peer(args, run, budget)
     finally:
+        summarize(out)
         run.write()
         print(table(out), flush=True)
     return 0
