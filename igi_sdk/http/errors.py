@@ -14,9 +14,12 @@ _STATUS = {
     "session_owned": 429,
     "loading": 503, "no_model": 503, "engine_unavailable": 503, "engine_closed": 503,
     "cancelled": 499,
+    # the upstream cluster (serve --upstream): gone or busy after the retries, or refusing
+    "upstream_unavailable": 503, "upstream_refused": 502, "timeout": 504,
 }
 _TYPE = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
-         429: "rate_limit_error", 503: "server_error", 499: "cancelled", 500: "server_error"}
+         429: "rate_limit_error", 503: "server_error", 499: "cancelled", 500: "server_error",
+         502: "server_error", 504: "server_error"}
 RETRY_AFTER_S = 1
 
 
@@ -32,7 +35,7 @@ class HttpError(Exception):
                           "param": None, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
-        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503) else {}
+        return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503, 504) else {}
 
 
 def from_code(code: str, message: str) -> HttpError:
