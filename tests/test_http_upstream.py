@@ -171,15 +171,25 @@ def test_json_schema_replies_come_back_valid_from_the_upstream(remote, upstream)
 def test_an_unreachable_upstream_is_a_typed_retryable_error(tmp_path_factory,
                                                            default_model) -> None:
     gone = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
+    port = _free_port()
     proc, ep = _sidecar(tmp_path_factory, default_model, "--upstream", gone,
-                        "--upstream-policy", "remote", "--upstream-retries", "1")
+                        "--upstream-policy", "remote", "--upstream-retries", "1",
+                        "--http", f"127.0.0.1:{port}")
     try:
+        _wait_http(f"http://127.0.0.1:{port}")
+        oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
+        with pytest.raises(openai.APIStatusError) as http_error:
+            oa.chat.completions.create(model="any", max_tokens=4,
+                                       messages=[{"role": "user", "content": "Hello?"}])
+        assert http_error.value.status_code == 503
+        assert http_error.value.response.headers["retry-after"]
+        assert http_error.value.body["code"] == "upstream_unavailable"
         c = Client(ep, timeout=60)
         sid = c.open_session(NPC, name="npc.lost")
         with pytest.raises(BridgeError) as e:
             c.chat(sid, "Anyone there?", max_tokens=4).result()
         assert e.value.code == "upstream_unavailable" and e.value.retryable
-        assert c.stats()["upstream"]["failures"] == 1
+        assert c.stats()["upstream"]["failures"] == 2  # the HTTP line, then this one
         assert c.request("ping") is not None  # the sidecar keeps serving
         c.close()
     finally:
