@@ -71,6 +71,9 @@ PLAYER = ["Good morning! Are you the smith?", "What do you have for sale today?"
           "How long will the repairs take?", "Thank you, Brom. I'll be back tomorrow."]
 
 T0 = time.monotonic()
+# a reply that ended (end of text) within this many tokens times no decode rate: its few tokens
+# are mostly the first one's latency
+MIN_DECODE_TOKENS = 8
 
 
 def say(msg: str) -> None:
@@ -239,7 +242,8 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
             end = time.perf_counter()
             toks = stream.done["usage"]["completion_tokens"] if stream.done else count
             gen_s = end - (first or end)
-            return end - t0, (first or end) - t0, (toks - 1) / gen_s if toks > 1 and gen_s else 0.0
+            rate = (toks - 1) / gen_s if toks >= MIN_DECODE_TOKENS and gen_s else 0.0
+            return end - t0, (first or end) - t0, rate
 
         def faces(end: float) -> None:
             for k in range(args.rounds):
@@ -258,10 +262,12 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
                 line = LINES[k % len(LINES)]
                 _, ttft, tps = zmq_turn(line, args.tokens)
                 rows["zmq_ttft_s"].append(ttft)
-                rows["zmq_tps"].append(tps)
+                if tps:
+                    rows["zmq_tps"].append(tps)
                 t = chat.turn(line, args.tokens, end)
                 rows["http_ttft_s"].append(t.ttft_s)
-                rows["http_tps"].append(t.decode_tps)
+                if t.completion_tokens >= MIN_DECODE_TOKENS:
+                    rows["http_tps"].append(t.decode_tps)
                 say(f"  long reply {k + 1}/{args.long_rounds}: zmq {tps:.1f} tok/s "
                     f"TTFT {ttft * 1000:.1f} ms; http {t.decode_tps:.1f} tok/s TTFT "
                     f"{t.ttft_s * 1000:.1f} ms ({t.completion_tokens} tokens)")
@@ -365,8 +371,10 @@ def peer(args: argparse.Namespace, run: Run, budget: int | None) -> None:
                     return
                 t = chat.turn(LINES[k % len(LINES)], args.tokens, end)
                 rows["ttft_s"].append(t.ttft_s)
-                rows["tps"].append(t.decode_tps)
-                if "predicted_per_second" in t.timings:
+                if t.completion_tokens >= MIN_DECODE_TOKENS:
+                    rows["tps"].append(t.decode_tps)
+                if "predicted_per_second" in t.timings and \
+                        t.completion_tokens >= MIN_DECODE_TOKENS:
                     rows["server_tps"].append(float(t.timings["predicted_per_second"]))
                 say(f"  long reply {k + 1}/{args.long_rounds}: {t.decode_tps:.1f} tok/s TTFT "
                     f"{t.ttft_s * 1000:.1f} ms ({t.completion_tokens} tokens)")
@@ -441,6 +449,12 @@ def table(out: dict[str, Any]) -> str:
         for k in range(max(len(a), len(b))):
             lines.append(f"{k + 1:>4}  {cell(a[k] if k < len(a) else None):>34}  "
                          f"{cell(b[k] if k < len(b) else None):>34}")
+
+        def rate(rows: list[dict[str, Any]]) -> str:
+            return tps(_med([r["decode_tps"] for r in rows
+                             if r["completion_tokens"] >= MIN_DECODE_TOKENS]))
+
+        lines.append(f"{'tok/s':>5} {rate(a):>34}  {rate(b):>34}   (median decode of its turns)")
     return "\n".join(lines)
 
 

@@ -45,7 +45,21 @@ class Turn:
 
 def stream_chat(http: httpx.Client, url: str, body: dict[str, Any], deadline: float) -> Turn:
     """POST a streamed chat completion and time it; stops reading at ``deadline`` (monotonic),
-    which closes the connection (both servers cancel a generation whose client left)."""
+    which closes the connection (both servers cancel a generation whose client left).
+
+    A kept-alive connection the server closed as the request went out is retried on a new one,
+    as OpenAI clients do (llama-server's HTTP library closes idle connections); the turn is
+    timed from the attempt that was answered."""
+    for attempt in range(3):
+        try:
+            return _stream_once(http, url, body, deadline)
+        except (httpx.RemoteProtocolError, httpx.ConnectError) as e:
+            if attempt == 2 or getattr(e, "answered", False):
+                raise
+    raise AssertionError("unreachable")
+
+
+def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: float) -> Turn:
     body = {**body, "stream": True, "stream_options": {"include_usage": True}}
     left = max(1.0, deadline - time.monotonic())
     timeout = httpx.Timeout(connect=10.0, read=left, write=10.0, pool=10.0)
@@ -58,22 +72,26 @@ def stream_chat(http: httpx.Client, url: str, body: dict[str, Any], deadline: fl
     with http.stream("POST", url, json=body, timeout=timeout) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.read()[:300]!r}")
-        for line in r.iter_lines():
-            if time.monotonic() > deadline:
-                cut = True
-                break
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[6:])
-            if "error" in chunk:
-                raise RuntimeError(f"{url}: {chunk['error']}")
-            usage = chunk.get("usage") or usage
-            timings = chunk.get("timings") or timings
-            for c in chunk.get("choices") or []:
-                piece = (c.get("delta") or {}).get("content")
-                if piece:
-                    first = first or time.perf_counter()
-                    said.append(piece)
+        try:
+            for line in r.iter_lines():
+                if time.monotonic() > deadline:
+                    cut = True
+                    break
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if "error" in chunk:
+                    raise RuntimeError(f"{url}: {chunk['error']}")
+                usage = chunk.get("usage") or usage
+                timings = chunk.get("timings") or timings
+                for c in chunk.get("choices") or []:
+                    piece = (c.get("delta") or {}).get("content")
+                    if piece:
+                        first = first or time.perf_counter()
+                        said.append(piece)
+        except httpx.RemoteProtocolError as e:
+            e.answered = True  # type: ignore[attr-defined]  # a reply broken off: no retry
+            raise
     end = time.perf_counter()
     prompt = int(usage.get("prompt_tokens", 0))
     details = usage.get("prompt_tokens_details") or {}

@@ -64,3 +64,20 @@ def test_an_error_status_is_raised_not_timed() -> None:
     with pytest.raises(RuntimeError, match="HTTP 429"):
         stream_chat(_client(b'{"error": {"message": "busy"}}', 429), "http://x/v1/c",
                     {"messages": []}, time.monotonic() + 30)
+
+
+def test_a_kept_alive_connection_closed_by_the_server_is_retried() -> None:
+    # llama-server's HTTP library may close a kept-alive connection as the next request goes
+    # out: the client retries it on a new one (as OpenAI clients do) instead of failing the turn
+    calls = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        calls.append(request)
+        if len(calls) == 1:
+            raise httpx.RemoteProtocolError("Server disconnected without sending a response.")
+        return httpx.Response(200, content=_sse([_delta("Aye.")]),
+                              headers={"content-type": "text/event-stream"})
+
+    http = httpx.Client(transport=httpx.MockTransport(handler))
+    t = stream_chat(http, "http://x/v1/chat/completions", {"messages": []}, time.monotonic() + 30)
+    assert t.text == "Aye." and len(calls) == 2
