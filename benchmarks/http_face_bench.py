@@ -329,9 +329,10 @@ def peer(args: argparse.Namespace, run: Run, budget: int | None) -> None:
             state["srv"] = srv
             ready_s = srv.wait_ready(end)
             # one short reply allocates what a turn needs: then the peak is the load's and a turn's
-            warm = stream_chat(httpx.Client(), f"{srv.url}/v1/chat/completions",
-                               {"messages": [{"role": "user", "content": "Hello"}],
-                                "max_tokens": 4, "temperature": 0}, end)
+            with httpx.Client() as c:
+                warm = stream_chat(c, f"{srv.url}/v1/chat/completions",
+                                   {"messages": [{"role": "user", "content": "Hello"}],
+                                    "max_tokens": 4, "temperature": 0}, end)
             peak = srv.sampler.peak()
             rec = {"cmd": " ".join(srv.cmd), "ready_s": round(ready_s, 1), "peak_bytes": peak,
                    "warm_ttft_s": round(warm.ttft_s, 4), "offload": srv.offload()}
