@@ -1,0 +1,948 @@
+#include "IgiClient.h"
+
+#include <algorithm>
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <random>
+#include <set>
+#include <thread>
+
+#include "IgiZmtp.h"
+
+namespace igi {
+
+const char* ToString(ConnectionState s) {
+    switch (s) {
+    case ConnectionState::Connecting: return "connecting";
+    case ConnectionState::Ready: return "ready";
+    case ConnectionState::Unavailable: return "unavailable";
+    case ConnectionState::Refused: return "refused";
+    case ConnectionState::Closed: return "closed";
+    }
+    return "?";
+}
+
+bool ServerInfo::Has(const char* feature) const {
+    for (const auto& f : features) if (f == feature) return true;
+    return false;
+}
+
+std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body) {
+    std::string out;
+    MsgWriter w(out);
+    w.MapHeader(4);
+    w.Str("v", 1);
+    w.Int(kProtocolVersion);
+    w.Str("id", 2);
+    w.UInt(id);
+    w.Str("type", 4);
+    w.Str(type, std::char_traits<char>::length(type));
+    w.Str("body", 4);
+    if (body.IsMap()) w.Value(body); else w.MapHeader(0);
+    return out;
+}
+
+bool DecodeEnvelope(const std::string& frame, uint64_t& id, std::string& type, MsgValue& body) {
+    MsgValue msg;
+    if (!MsgDecode(reinterpret_cast<const uint8_t*>(frame.data()), frame.size(), msg)) return false;
+    if (!msg.IsMap()) return false;
+    const MsgValue* v = msg.Find("v");
+    const MsgValue* i = msg.Find("id");
+    const MsgValue* t = msg.Find("type");
+    int64_t version = 0, raw_id = 0;
+    if (!v || !v->GetInt(version) || version != kProtocolVersion) return false;
+    if (!i || !i->GetInt(raw_id) || raw_id < 0) return false;
+    if (!t || !t->IsStr()) return false;
+    id = static_cast<uint64_t>(raw_id);
+    type = t->AsString();
+    const MsgValue* b = msg.Find("body");
+    if (b && b->IsMap()) body = *b;
+    else if (!b || b->IsNil()) body = MsgValue::Map();
+    else return false;
+    return true;
+}
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+const int kConnectTimeoutMs = 2000;
+const int kFirstBackoffMs = 100, kMaxBackoffMs = 2000;
+const int kGoodbyeWaitMs = 300, kFlushWaitMs = 600;
+// what a hello carries: everything (1.2), no owner/token (a 1.1 sidecar refuses them), or only
+// the 1.0 fields (a 1.0 sidecar refuses minor and lease_s)
+const int kHelloFull = 2, kHelloNoKeys = 1, kHelloLegacy = 0;
+
+bool IsIdempotent(const std::string& type) {
+    return type == "ping" || type == "stats" || type == "list_sessions" || type == "set_priority";
+}
+
+MsgValue ErrorBody(const char* code, const std::string& message, bool retryable) {
+    MsgValue b = MsgValue::Map();
+    b.Set("code", MsgValue::Str(code));
+    b.Set("message", MsgValue::Str(message));
+    b.Set("retryable", MsgValue::Bool(retryable));
+    return b;
+}
+
+std::string RandomHex(size_t digits) {
+    std::random_device rd;
+    std::mt19937_64 rng((static_cast<uint64_t>(rd()) << 32) ^ rd() ^
+                        static_cast<uint64_t>(Clock::now().time_since_epoch().count()));
+    static const char hex[] = "0123456789abcdef";
+    std::string s;
+    for (size_t i = 0; i < digits; ++i) s.push_back(hex[rng() & 15]);
+    return s;
+}
+
+bool ValidKey(const std::string& s) {
+    if (s.size() < 16 || s.size() > 128) return false;
+    for (char c : s) {
+        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+        if (!ok) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+struct Client::Impl {
+    enum class OutKind { Send, Frame, Stop, Drop, Endpoint };
+    struct Outgoing {
+        OutKind kind = OutKind::Send;
+        uint64_t id = 0;
+        std::string type;
+        std::string bytes;
+        bool stream = false;
+        std::string session;
+        std::string feature;
+        std::string endpoint, instance;
+    };
+    struct InFlight {
+        uint64_t id = 0;
+        std::string type;
+        std::string bytes;
+        bool stream = false;
+        bool internal = false;  // sent by the I/O thread; its answer is not forwarded
+        bool sent = false;
+        bool needs_resume = false;
+        bool resume_asked = false;
+        int64_t last_token = 0;
+        uint64_t resume_of = 0;
+        int hello_level = kHelloFull;
+        bool hello_had_keys = false;
+        int hello_retries = 0;
+        std::string session;
+        std::string feature;
+        Clock::time_point queued_at, sent_at;
+    };
+
+    explicit Impl(ClientOptions o) : options(std::move(o)) {}
+
+    ClientOptions options;
+    std::string routing_id;
+    std::atomic<uint64_t> last_id{0};
+    std::atomic<int> state{static_cast<int>(ConnectionState::Connecting)};
+    std::atomic<bool> running{false};
+
+    // caller <-> I/O thread
+    mutable std::mutex out_mutex;
+    std::deque<Outgoing> outbox;
+    std::mutex in_mutex;
+    std::vector<Event> inbox;
+    mutable std::mutex info_mutex;
+    ServerInfo shared_info;
+    ClientCounters shared_counters;
+    std::atomic<int64_t> max_message_bytes{kMaxMessageBytes};
+    std::thread thread;
+    std::condition_variable out_cv;  // wakes the thread while it has no connection
+
+    // ---- state owned by the I/O thread --------------------------------------------------
+    std::unique_ptr<ZmtpDealer> dealer;
+    std::map<uint64_t, InFlight> inflight;
+    std::deque<InFlight> waiting;
+    std::set<std::string> owned_sessions;
+    std::vector<std::string> received;
+    ServerInfo info;
+    ClientCounters counters;
+    bool stop_requested = false;
+    bool greeted = false;
+    uint64_t hello_id = 0;
+    int hello_level = kHelloFull;
+    Clock::time_point hello_again_at{};
+    bool hello_again = false;
+    int hello_backoff_ms = kFirstBackoffMs * 5;
+    bool farewell = false;   // goodbye answered: quiet until the game asks for something
+    bool refused = false;    // the sidecar is not ours, or refused us: no reconnect until told
+    bool readopt_after_hello = false;
+    bool down = false;
+    bool ever_connected = false;
+    Clock::time_point heard_at = Clock::now();
+    Clock::time_point greeted_at = Clock::now();
+    Clock::time_point accepted_at = Clock::now();  // an answer that kept the lease
+    Clock::time_point pinged_at = Clock::now();
+    Clock::time_point next_connect_at = Clock::now();
+    int backoff_ms = kFirstBackoffMs;
+    std::string last_transport_error;
+    ConnectionState posted = ConnectionState::Connecting;
+
+    static double Since(Clock::time_point t) { return std::chrono::duration<double>(Clock::now() - t).count(); }
+
+    // ---- caller side --------------------------------------------------------------------
+
+    void Enqueue(Outgoing o) {
+        {
+            std::lock_guard<std::mutex> lock(out_mutex);
+            outbox.push_back(std::move(o));
+        }
+        out_cv.notify_one();
+        std::lock_guard<std::mutex> lock(out_mutex);
+        if (dealer) dealer->Wake();
+    }
+
+    void Post(Event e) {
+        std::lock_guard<std::mutex> lock(in_mutex);
+        inbox.push_back(std::move(e));
+    }
+
+    uint64_t Submit(const char* type, const MsgValue& body, bool stream, const char* feature, const std::string& session) {
+        uint64_t id = ++last_id;
+        Outgoing o;
+        o.kind = OutKind::Send;
+        o.id = id;
+        o.type = type;
+        o.bytes = EncodeEnvelope(id, type, body);
+        o.stream = stream;
+        o.session = session;
+        if (feature) o.feature = feature;
+        if (static_cast<int64_t>(o.bytes.size()) > max_message_bytes.load()) {
+            // the sidecar would drop the connection without an answer: fail it here, at once
+            Event e;
+            e.kind = EventKind::Error;
+            e.id = id;
+            e.error = Error{errc::kMessageTooLarge,
+                            std::string(type) + " is " + std::to_string(o.bytes.size()) +
+                                " bytes; the protocol's limit is " + std::to_string(max_message_bytes.load()),
+                            false};
+            Post(std::move(e));
+            return id;
+        }
+        Enqueue(std::move(o));
+        return id;
+    }
+
+    // ---- the I/O thread -------------------------------------------------------------------
+
+    void Run() {
+        while (!stop_requested) {
+            DrainOutbox();
+            if (stop_requested) break;
+            if (!dealer->IsConnected()) {
+                if (!refused && Clock::now() >= next_connect_at) TryConnect();
+                if (!dealer->IsConnected()) {
+                    CheckSilence();
+                    std::unique_lock<std::mutex> lock(out_mutex);
+                    if (outbox.empty()) out_cv.wait_for(lock, std::chrono::milliseconds(20));
+                    continue;
+                }
+            }
+            SendWhatIsReady();
+            if (!dealer->IsConnected()) { OnDropped(); continue; }
+            received.clear();
+            bool alive = dealer->Receive(options.io_wait_ms, received);
+            for (const auto& m : received) Handle(m);
+            if (!alive || dealer->SecondsSinceTraffic() > options.silence_s) OnDropped();
+            CheckSilence();
+            PublishCounters();
+        }
+        SayGoodbye();
+        FailEverything(Error{errc::kStopped, "the client stopped", false});
+        dealer->Close();
+        PostState(ConnectionState::Closed, nullptr);
+    }
+
+    void DrainOutbox() {
+        std::deque<Outgoing> batch;
+        {
+            std::lock_guard<std::mutex> lock(out_mutex);
+            batch.swap(outbox);
+        }
+        for (auto& o : batch) {
+            switch (o.kind) {
+            case OutKind::Stop: stop_requested = true; break;
+            case OutKind::Drop:
+                if (dealer->IsConnected()) { dealer->Close(); OnDropped(); }
+                break;
+            case OutKind::Endpoint:
+                options.endpoint = o.endpoint;
+                options.expected_instance = o.instance;
+                refused = false;
+                if (posted == ConnectionState::Refused) PostState(ConnectionState::Connecting, nullptr);
+                if (dealer->IsConnected()) { dealer->Close(); OnDropped(); }
+                next_connect_at = Clock::now();
+                break;
+            case OutKind::Frame:
+                // only to a greeted sidecar; the answer is dropped
+                if (greeted && dealer->IsConnected()) SendInternal("frame", std::move(o.bytes), 0, o.id);
+                break;
+            case OutKind::Send: {
+                InFlight f;
+                f.id = o.id;
+                f.type = std::move(o.type);
+                f.bytes = std::move(o.bytes);
+                f.stream = o.stream;
+                f.session = std::move(o.session);
+                f.feature = std::move(o.feature);
+                f.queued_at = Clock::now();
+                if (f.type != "goodbye") farewell = false;
+                if (refused) {
+                    Forward(f.id, "error", ErrorBody(errc::kUnavailable, "the sidecar was refused: " + last_transport_error, false));
+                    break;
+                }
+                waiting.push_back(std::move(f));
+                break;
+            }
+            }
+        }
+    }
+
+    void TryConnect() {
+        std::string error;
+        if (!dealer->Connect(options.endpoint, routing_id, kConnectTimeoutMs, error)) {
+            last_transport_error = error;
+            next_connect_at = Clock::now() + std::chrono::milliseconds(backoff_ms);
+            backoff_ms = std::min(backoff_ms * 2, kMaxBackoffMs);
+            return;
+        }
+        if (ever_connected) ++counters.reconnects;
+        ever_connected = true;
+        backoff_ms = kFirstBackoffMs;
+        last_transport_error.clear();
+        greeted = false;
+        hello_id = 0;
+        heard_at = Clock::now();
+        if (!farewell || !waiting.empty() || !inflight.empty()) SendHello();
+    }
+
+    void OnDropped() {
+        dealer->Close();
+        greeted = false;
+        hello_id = 0;
+        next_connect_at = Clock::now() + std::chrono::milliseconds(kFirstBackoffMs);
+        std::vector<InFlight> requeue;
+        for (auto it = inflight.begin(); it != inflight.end();) {
+            InFlight& f = it->second;
+            if (f.stream) { f.needs_resume = true; f.resume_asked = false; ++it; continue; }
+            InFlight moved = std::move(f);
+            it = inflight.erase(it);
+            if (moved.internal) continue;
+            if (!moved.sent || IsIdempotent(moved.type)) {
+                moved.sent = false;
+                moved.queued_at = Clock::now();
+                requeue.push_back(std::move(moved));
+                continue;
+            }
+            Forward(moved.id, "error", ErrorBody(errc::kUnavailable,
+                "the connection to the sidecar dropped before " + moved.type + " was answered", true));
+        }
+        for (auto r = requeue.rbegin(); r != requeue.rend(); ++r) waiting.push_front(std::move(*r));
+        if (posted == ConnectionState::Ready) PostState(ConnectionState::Connecting, nullptr);
+    }
+
+    void CheckSilence() {
+        double limit = options.silence_s;
+        if (!greeted) {
+            for (auto it = waiting.begin(); it != waiting.end();) {
+                if (Since(it->queued_at) <= limit) { ++it; continue; }
+                if (!it->internal)
+                    Forward(it->id, "error", ErrorBody(errc::kUnavailable, "no sidecar answered at " + options.endpoint +
+                        (last_transport_error.empty() ? "" : " (" + last_transport_error + ")"), true));
+                it = waiting.erase(it);
+            }
+        }
+        Clock::time_point last = heard_at;
+        bool any = false;
+        for (auto it = inflight.begin(); it != inflight.end();) {
+            InFlight& f = it->second;
+            Clock::time_point since = std::max(f.sent_at, heard_at);
+            if ((f.sent || f.needs_resume) && Since(since) > limit) {
+                if (f.id == hello_id) hello_id = 0;
+                if (!f.internal)
+                    Forward(f.id, "error", ErrorBody(errc::kUnavailable, "no message from the sidecar at " + options.endpoint +
+                        " for " + std::to_string(static_cast<int>(limit)) + " s", true));
+                it = inflight.erase(it);
+                any = true;
+                continue;
+            }
+            ++it;
+        }
+        bool silent = greeted && Since(std::max(last, greeted_at)) > limit;
+        if ((any || silent) && !down) {
+            down = true;
+            greeted = false;  // whatever answers next is greeted again first
+            PostState(ConnectionState::Unavailable, nullptr);
+        }
+    }
+
+    void FailEverything(const Error& e) {
+        MsgValue body = ErrorBody(e.code.c_str(), e.message, e.retryable);
+        for (auto& kv : inflight) if (!kv.second.internal) Forward(kv.first, "error", body);
+        for (auto& f : waiting) if (!f.internal) Forward(f.id, "error", body);
+        inflight.clear();
+        waiting.clear();
+    }
+
+    // ---- sending ---------------------------------------------------------------------------
+
+    void SendWhatIsReady() {
+        if (!greeted) {
+            bool due = hello_again ? Clock::now() >= hello_again_at : (!waiting.empty() || !inflight.empty());
+            if (hello_id == 0 && due) SendHello();
+            return;
+        }
+        while (!waiting.empty() && dealer->IsConnected()) {
+            InFlight f = std::move(waiting.front());
+            waiting.pop_front();
+            if (!f.feature.empty() && !info.Has(f.feature.c_str())) {
+                Forward(f.id, "error", ErrorBody(errc::kUnsupported, f.type + " needs the protocol feature '" + f.feature +
+                    "', which the sidecar at " + options.endpoint + " does not offer", false));
+                continue;
+            }
+            uint64_t id = f.id;
+            inflight[id] = std::move(f);
+            Transmit(inflight[id]);
+        }
+        // the lease is kept by accepted requests; with nothing else said, a ping every lease/3
+        double lease = info.lease_s > 0 ? info.lease_s : options.lease_s;
+        if (!farewell && Since(std::max(accepted_at, pinged_at)) > lease / 3) {
+            pinged_at = Clock::now();
+            uint64_t id = ++last_id;
+            SendInternal("ping", EncodeEnvelope(id, "ping", MsgValue::Map()), 0, id);
+        }
+    }
+
+    void SendHello() {
+        std::string owner = options.owner_key, token = options.launch_token;
+        MsgValue body = MsgValue::Map();
+        body.Set("protocol", MsgValue::Int(kProtocolVersion));
+        if (hello_level > kHelloLegacy) {
+            body.Set("minor", MsgValue::Int(kProtocolMinor));
+            body.Set("lease_s", MsgValue::Float(options.lease_s));
+        }
+        body.Set("engine", MsgValue::Str(options.engine));
+        body.Set("client_name", MsgValue::Str(options.client_name));
+        if (options.game_pid > 0) body.Set("game_pid", MsgValue::Int(options.game_pid));
+        bool keys = hello_level == kHelloFull && (!owner.empty() || !token.empty());
+        if (keys && !owner.empty()) body.Set("owner", MsgValue::Str(owner));
+        if (keys && !token.empty()) body.Set("token", MsgValue::Str(token));
+        hello_again = false;
+        uint64_t id = ++last_id;
+        InFlight& f = SendInternal("hello", EncodeEnvelope(id, "hello", body), 0, id);
+        f.hello_level = hello_level;
+        f.hello_had_keys = keys;
+        hello_id = id;
+    }
+
+    // `bytes` is the envelope already encoded with `id`
+    InFlight& SendInternal(const char* type, std::string bytes, uint64_t resume_of, uint64_t id) {
+        InFlight& f = inflight[id];
+        f.id = id;
+        f.type = type;
+        f.bytes = std::move(bytes);
+        f.internal = true;
+        f.resume_of = resume_of;
+        f.queued_at = Clock::now();
+        Transmit(f);
+        return f;
+    }
+
+    void Transmit(InFlight& f) {
+        if (!dealer->IsConnected()) return;
+        if (dealer->Send(f.bytes)) {
+            f.sent = true;
+            f.sent_at = Clock::now();
+        }
+        // a failed send closed the dealer: the loop handles the drop
+    }
+
+    // ---- receiving -------------------------------------------------------------------------
+
+    void Handle(const std::string& frame) {
+        uint64_t id;
+        std::string type;
+        MsgValue body;
+        if (!DecodeEnvelope(frame, id, type, body)) { ++counters.dropped_messages; return; }
+        heard_at = Clock::now();
+        if (down) {
+            down = false;
+            if (!greeted && hello_id == 0) SendHello();  // back, or only stalled: greet to learn which
+        }
+        if (type != "ok" && type != "error" && type != "token" && type != "done") return;  // heartbeat, newer types
+        auto it = inflight.find(id);
+        if (it == inflight.end()) return;
+        InFlight& f = it->second;
+        if (type != "error") accepted_at = Clock::now();
+        if (type == "error" && body.GetString("code") == "hello_required" && f.type != "hello") {
+            HelloAgainThenResend(id);
+            return;
+        }
+        if (f.type == "hello") { OnHelloAnswer(id, type, body); return; }
+        if (f.resume_of != 0) { OnResumeAnswer(id, type, body); return; }
+        if (f.stream) {
+            if (type == "token") OnToken(f, body);
+            else if (type == "done" || type == "error") {
+                inflight.erase(it);
+                Forward(id, type.c_str(), std::move(body));
+            }
+            return;
+        }
+        if (type != "ok" && type != "error") return;
+        InFlight done = std::move(f);
+        inflight.erase(it);
+        if (type == "ok") TrackSessions(done, body);
+        else if (done.internal && done.type == "adopt_session") owned_sessions.erase(done.session);
+        if (!done.internal) Forward(id, type.c_str(), std::move(body));
+    }
+
+    // Tokens reach the game in order, each once. A gap in `i` means events were lost: ask for a
+    // replay from the last one delivered; replayed duplicates are dropped.
+    void OnToken(InFlight& f, const MsgValue& body) {
+        int64_t i = body.GetInt("i", 0);
+        if (i == f.last_token + 1 || !info.Has("resume_stream")) {
+            f.last_token = std::max(f.last_token, i);
+            Event e;
+            e.kind = EventKind::Token;
+            e.id = f.id;
+            e.index = i;
+            e.text = body.GetString("text");
+            Post(std::move(e));
+            return;
+        }
+        if (i <= f.last_token) { ++counters.duplicate_tokens; return; }
+        if (f.resume_asked) return;  // a replay is on its way
+        f.resume_asked = true;
+        SendResume(f);
+    }
+
+    void SendResume(InFlight& f) {
+        MsgValue body = MsgValue::Map();
+        body.Set("request", MsgValue::UInt(f.id));
+        body.Set("after", MsgValue::Int(f.last_token));
+        uint64_t id = ++last_id;
+        uint64_t of = f.id;
+        ++counters.resumes;
+        SendInternal("resume_stream", EncodeEnvelope(id, "resume_stream", body), of, id);
+    }
+
+    void HelloAgainThenResend(uint64_t id) {
+        InFlight f = std::move(inflight[id]);
+        inflight.erase(id);
+        greeted = false;
+        if (!farewell && !owned_sessions.empty()) readopt_after_hello = true;
+        // forgotten (its lease lapsed) or a new sidecar: streams were cancelled there; the hello
+        // is followed by a resume for each, which replays their end or says they are gone
+        for (auto& kv : inflight) if (kv.second.stream) { kv.second.needs_resume = true; kv.second.resume_asked = false; }
+        if (f.hello_retries++ < 2) {
+            f.sent = false;
+            if (!(f.internal && f.type == "ping")) waiting.push_front(std::move(f));
+        } else if (!f.internal) {
+            Forward(f.id, "error", ErrorBody("hello_required", "the sidecar keeps asking for hello", true));
+        }
+        if (hello_id == 0) SendHello();
+    }
+
+    void OnHelloAnswer(uint64_t id, const std::string& type, const MsgValue& body) {
+        InFlight f = std::move(inflight[id]);
+        inflight.erase(id);
+        if (id == hello_id) hello_id = 0;
+        if (type == "ok") {
+            ServerInfo next;
+            next.minor = static_cast<int>(body.GetInt("minor", 0));
+            next.lease_s = body.GetDouble("lease_s", 0);
+            next.game = body.GetBool("game", false);
+            next.model = body.GetString("model");
+            next.instance = body.GetString("instance");
+            next.owner = body.GetString("owner");
+            if (const MsgValue* feats = body.Find("features"))
+                for (const auto& v : feats->Items()) if (v.IsStr()) next.features.push_back(v.AsString());
+            if (const MsgValue* limits = body.Find("limits")) {
+                next.max_message_bytes = limits->GetInt("max_message_bytes", kMaxMessageBytes);
+                next.max_text_chars = limits->GetInt("max_text_chars", 32000);
+            }
+            if (!options.expected_instance.empty() && next.instance != options.expected_instance) {
+                // another game's sidecar, a developer's own, or a stale one on a reused port
+                std::string why = next.instance.empty()
+                    ? "the sidecar at " + options.endpoint + " did not report an instance (expected " + options.expected_instance + ")"
+                    : "the sidecar at " + options.endpoint + " is instance " + next.instance + ", not " + options.expected_instance;
+                Refuse(errc::kWrongSidecar, why);
+                return;
+            }
+            info = next;
+            max_message_bytes.store(info.max_message_bytes > 0 ? info.max_message_bytes : kMaxMessageBytes);
+            {
+                std::lock_guard<std::mutex> lock(info_mutex);
+                shared_info = info;
+            }
+            greeted = true;
+            down = false;
+            greeted_at = accepted_at = Clock::now();
+            hello_backoff_ms = kFirstBackoffMs * 5;
+            PostState(ConnectionState::Ready, &body);
+            ResumeStreams();
+            if (readopt_after_hello) Readopt();
+            return;
+        }
+        std::string code = body.GetString("code", "error");
+        if (code == "invalid_body" && f.hello_level > kHelloLegacy) {
+            hello_level = f.hello_had_keys ? kHelloNoKeys : kHelloLegacy;
+            SendHello();
+            return;
+        }
+        std::string message = "hello refused: " + body.GetString("message");
+        if (body.GetBool("retryable")) {
+            hello_again = true;
+            hello_again_at = Clock::now() + std::chrono::milliseconds(hello_backoff_ms);
+            hello_backoff_ms = std::min(hello_backoff_ms * 2, kMaxBackoffMs * 2);
+            return;
+        }
+        Refuse(code.c_str(), message);
+    }
+
+    void Refuse(const char* code, const std::string& message) {
+        refused = true;
+        last_transport_error = message;
+        FailEverything(Error{code, message, false});
+        dealer->Close();
+        greeted = false;
+        Event e;
+        e.kind = EventKind::State;
+        e.state = ConnectionState::Refused;
+        e.error = Error{code, message, false};
+        posted = ConnectionState::Refused;
+        state.store(static_cast<int>(posted));
+        Post(std::move(e));
+    }
+
+    void ResumeStreams() {
+        for (auto it = inflight.begin(); it != inflight.end();) {
+            InFlight& f = it->second;
+            if (!f.stream || !f.needs_resume) { ++it; continue; }
+            f.needs_resume = false;
+            if (info.Has("resume_stream")) {
+                f.resume_asked = true;
+                SendResume(f);
+                // SendResume inserted into the map; iterators of std::map stay valid
+                ++it;
+            } else {
+                uint64_t id = f.id;
+                it = inflight.erase(it);
+                Forward(id, "error", ErrorBody(errc::kStreamLost, "the connection dropped mid-stream and this sidecar cannot resume streams", true));
+            }
+        }
+    }
+
+    void OnResumeAnswer(uint64_t id, const std::string& type, const MsgValue& body) {
+        uint64_t of = inflight[id].resume_of;
+        inflight.erase(id);
+        auto stream = inflight.find(of);
+        if (stream == inflight.end()) return;
+        stream->second.resume_asked = false;  // the replay follows this ok; a later gap may ask again
+        if (type != "error") return;
+        inflight.erase(stream);
+        Forward(of, "error", ErrorBody(errc::kStreamLost, "the stream could not be resumed after a reconnect (" +
+            body.GetString("code") + ": " + body.GetString("message") + ")", true));
+    }
+
+    void Readopt() {
+        readopt_after_hello = false;
+        if (!info.Has("adopt_session")) return;
+        for (const auto& s : owned_sessions) {
+            MsgValue body = MsgValue::Map();
+            body.Set("session", MsgValue::Str(s));
+            uint64_t id = ++last_id;
+            SendInternal("adopt_session", EncodeEnvelope(id, "adopt_session", body), 0, id).session = s;
+        }
+    }
+
+    void TrackSessions(const InFlight& f, const MsgValue& body) {
+        if (f.type == "open_session" || f.type == "restore_session" || f.type == "adopt_session") {
+            std::string s = body.GetString("session");
+            if (!s.empty()) owned_sessions.insert(s);
+        } else if (f.type == "close_session") {
+            owned_sessions.erase(f.session);
+        } else if (f.type == "goodbye") {
+            owned_sessions.clear();
+            greeted = false;
+            farewell = true;
+        } else if (f.type == "load_model") {
+            owned_sessions.clear();
+        }
+    }
+
+    // ---- leaving ---------------------------------------------------------------------------
+
+    void SayGoodbye() {
+        if (!dealer->IsConnected() || !greeted) return;
+        std::vector<uint64_t> asked;
+        while (!waiting.empty()) {
+            InFlight f = std::move(waiting.front());
+            waiting.pop_front();
+            uint64_t id = f.id;
+            bool stream = f.stream;
+            inflight[id] = std::move(f);
+            Transmit(inflight[id]);
+            if (!stream) asked.push_back(id);
+        }
+        AwaitAnswers(asked, kFlushWaitMs);  // a save_session must land before goodbye closes it
+        if (info.Has("goodbye")) {
+            MsgValue body = MsgValue::Map();
+            body.Set("keep_sessions", MsgValue::Bool(options.keep_sessions_on_stop));
+            uint64_t id = ++last_id;
+            SendInternal("goodbye", EncodeEnvelope(id, "goodbye", body), 0, id);
+            asked.push_back(id);
+        }
+        AwaitAnswers(asked, kGoodbyeWaitMs);
+    }
+
+    void AwaitAnswers(std::vector<uint64_t>& asked, int limit_ms) {
+        auto start = Clock::now();
+        while (!asked.empty() && dealer->IsConnected() && Since(start) * 1000 < limit_ms) {
+            received.clear();
+            dealer->Receive(10, received);
+            for (const auto& m : received) {
+                uint64_t id;
+                std::string type;
+                MsgValue body;
+                if (!DecodeEnvelope(m, id, type, body)) continue;
+                auto it = inflight.find(id);
+                if (it != inflight.end() && (type == "ok" || type == "error")) {
+                    if (!it->second.internal) Forward(id, type.c_str(), std::move(body));
+                    inflight.erase(it);
+                }
+                if (type == "ok" || type == "error") asked.erase(std::remove(asked.begin(), asked.end(), id), asked.end());
+            }
+        }
+    }
+
+    // ---- I/O thread -> caller -----------------------------------------------------------------
+
+    void Forward(uint64_t id, const char* type, MsgValue body) {
+        Event e;
+        e.id = id;
+        std::string t(type);
+        if (t == "ok") {
+            e.kind = EventKind::Ok;
+            e.body = std::move(body);
+        } else if (t == "done") {
+            e.kind = EventKind::Done;
+            e.text = body.GetString("text");
+            e.finish_reason = body.GetString("finish_reason");
+            e.body = std::move(body);
+        } else {
+            e.kind = EventKind::Error;
+            e.error = Error{body.GetString("code", "error"), body.GetString("message"), body.GetBool("retryable")};
+        }
+        Post(std::move(e));
+    }
+
+    void PostState(ConnectionState s, const MsgValue* hello) {
+        if (s == posted && hello == nullptr) return;
+        posted = s;
+        state.store(static_cast<int>(s));
+        Event e;
+        e.kind = EventKind::State;
+        e.state = s;
+        if (hello) e.body = *hello;
+        Post(std::move(e));
+    }
+
+    void PublishCounters() {
+        std::lock_guard<std::mutex> lock(info_mutex);
+        shared_counters = counters;
+    }
+};
+
+Client::Client(ClientOptions options) : impl_(new Impl(std::move(options))) {
+    impl_->routing_id = impl_->options.routing_id.empty() ? "igi-" + RandomHex(24) : impl_->options.routing_id;
+}
+
+Client::~Client() { Stop(); }
+
+bool Client::Start(std::string* error) {
+    Impl& d = *impl_;
+    if (d.running.load()) return true;
+    std::string host;
+    uint16_t port;
+    auto fail = [&](const std::string& why) { if (error) *error = why; return false; };
+    if (!ParseTcpEndpoint(d.options.endpoint, host, port)) return fail("endpoint must be tcp://HOST:PORT: " + d.options.endpoint);
+    if (d.options.launch_token.empty()) {
+        const char* env = std::getenv("IGI_SDK_TOKEN");
+        if (env) d.options.launch_token = env;
+    }
+    if (!d.options.owner_key.empty() && !ValidKey(d.options.owner_key))
+        return fail("owner key must be 16-128 characters of [A-Za-z0-9_-]");
+    if (d.options.launch_token.size() > 128) return fail("launch token longer than 128 characters");
+    if (d.options.lease_s < 2 || d.options.lease_s > 3600) return fail("lease_s must be 2..3600");
+    if (d.routing_id.empty() || d.routing_id.size() > 255 || d.routing_id[0] == '\0')
+        return fail("routing id must be 1-255 bytes not starting with a zero byte");
+#ifdef IGI_SDK_NO_BSD_SOCKETS
+    if (!d.options.socket_factory) return fail("no socket factory");
+    std::unique_ptr<ISocket> socket = d.options.socket_factory();
+#else
+    std::unique_ptr<ISocket> socket = d.options.socket_factory ? d.options.socket_factory() : MakeBsdSocket();
+#endif
+    if (!socket) return fail("the socket factory made no socket");
+    {
+        std::lock_guard<std::mutex> lock(d.out_mutex);
+        d.dealer.reset(new ZmtpDealer(std::move(socket)));
+    }
+    d.stop_requested = false;
+    d.running.store(true);
+    d.thread = std::thread([&d]() { d.Run(); });
+    return true;
+}
+
+void Client::Stop() {
+    Impl& d = *impl_;
+    if (!d.running.exchange(false)) return;
+    Impl::Outgoing o;
+    o.kind = Impl::OutKind::Stop;
+    d.Enqueue(std::move(o));
+    if (d.thread.joinable()) d.thread.join();
+}
+
+void Client::SetEndpoint(const std::string& endpoint, const std::string& expected_instance) {
+    Impl::Outgoing o;
+    o.kind = Impl::OutKind::Endpoint;
+    o.endpoint = endpoint;
+    o.instance = expected_instance;
+    impl_->Enqueue(std::move(o));
+}
+
+void Client::DropConnection() {
+    Impl::Outgoing o;
+    o.kind = Impl::OutKind::Drop;
+    impl_->Enqueue(std::move(o));
+}
+
+uint64_t Client::Request(const char* type, MsgValue body, const char* feature) {
+    std::string session = body.GetString("session");
+    return impl_->Submit(type, body.IsMap() ? body : MsgValue::Map(), false, feature, session);
+}
+
+uint64_t Client::OpenSession(const std::string& system_prompt, const std::string& name, int priority, const std::string& persona) {
+    MsgValue b = MsgValue::Map();
+    b.Set("system_prompt", MsgValue::Str(system_prompt));
+    if (!persona.empty()) b.Set("persona", MsgValue::Str(persona));
+    if (!name.empty()) b.Set("name", MsgValue::Str(name));
+    if (priority != 0) b.Set("priority", MsgValue::Int(priority));
+    return Request("open_session", std::move(b));
+}
+
+uint64_t Client::Chat(const std::string& session, const std::string& text, int max_tokens, MsgValue extra) {
+    MsgValue b = extra.IsMap() ? std::move(extra) : MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    b.Set("text", MsgValue::Str(text));
+    b.Set("max_tokens", MsgValue::Int(max_tokens));
+    return impl_->Submit("chat", b, true, nullptr, session);
+}
+
+uint64_t Client::Cancel(uint64_t chat_id) {
+    MsgValue b = MsgValue::Map();
+    b.Set("request", MsgValue::UInt(chat_id));
+    return Request("cancel", std::move(b));
+}
+
+uint64_t Client::SetPriority(const std::string& session, int priority) {
+    MsgValue b = MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    b.Set("priority", MsgValue::Int(priority));
+    return Request("set_priority", std::move(b), "set_priority");
+}
+
+uint64_t Client::ListSessions() { return Request("list_sessions", MsgValue::Map(), "list_sessions"); }
+
+uint64_t Client::SaveSession(const std::string& session, const std::string& name) {
+    MsgValue b = MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    b.Set("name", MsgValue::Str(name));
+    return Request("save_session", std::move(b));
+}
+
+uint64_t Client::RestoreSession(const std::string& name, const std::string& session) {
+    MsgValue b = MsgValue::Map();
+    b.Set("name", MsgValue::Str(name));
+    if (!session.empty()) b.Set("session", MsgValue::Str(session));
+    return Request("restore_session", std::move(b));
+}
+
+uint64_t Client::CloseSession(const std::string& session) {
+    MsgValue b = MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    return Request("close_session", std::move(b));
+}
+
+uint64_t Client::AdoptSession(const std::string& session) {
+    MsgValue b = MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    return Request("adopt_session", std::move(b), "adopt_session");
+}
+
+uint64_t Client::ReserveVram(int64_t bytes, int deadline_frames) {
+    MsgValue b = MsgValue::Map();
+    b.Set("bytes", MsgValue::Int(bytes));
+    b.Set("deadline_frames", MsgValue::Int(deadline_frames));
+    return Request("reserve_vram", std::move(b));
+}
+
+uint64_t Client::Stats() { return Request("stats", MsgValue::Map()); }
+uint64_t Client::Ping() { return Request("ping", MsgValue::Map()); }
+
+uint64_t Client::Goodbye(bool keep_sessions) {
+    MsgValue b = MsgValue::Map();
+    b.Set("keep_sessions", MsgValue::Bool(keep_sessions));
+    return Request("goodbye", std::move(b), "goodbye");
+}
+
+void Client::ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used, int64_t vram_budget) {
+    if (impl_->state.load() != static_cast<int>(ConnectionState::Ready)) return;
+    MsgValue b = MsgValue::Map();
+    b.Set("frame", MsgValue::Int(frame < 0 ? 0 : frame));
+    b.Set("frame_time_ms", MsgValue::Float(frame_time_ms < 0 ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms));
+    if (target_frame_time_ms > 0) b.Set("target_frame_time_ms", MsgValue::Float(std::min(target_frame_time_ms, 1000.0)));
+    if (vram_used >= 0) b.Set("vram_used", MsgValue::Int(vram_used));
+    if (vram_budget >= 0) b.Set("vram_budget", MsgValue::Int(vram_budget));
+    uint64_t id = ++impl_->last_id;
+    Impl::Outgoing o;
+    o.kind = Impl::OutKind::Frame;
+    o.id = id;
+    o.bytes = EncodeEnvelope(id, "frame", b);
+    impl_->Enqueue(std::move(o));
+}
+
+void Client::Poll(std::vector<Event>& out) {
+    out.clear();
+    std::lock_guard<std::mutex> lock(impl_->in_mutex);
+    out.swap(impl_->inbox);
+}
+
+ConnectionState Client::State() const { return static_cast<ConnectionState>(impl_->state.load()); }
+
+ServerInfo Client::Info() const {
+    std::lock_guard<std::mutex> lock(impl_->info_mutex);
+    return impl_->shared_info;
+}
+
+ClientCounters Client::Counters() const {
+    std::lock_guard<std::mutex> lock(impl_->info_mutex);
+    return impl_->shared_counters;
+}
+
+const std::string& Client::RoutingId() const { return impl_->routing_id; }
+
+}  // namespace igi
