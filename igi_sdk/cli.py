@@ -589,7 +589,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         max_clients=args.max_clients,
         curve_secret_file=Path(args.curve_secret) if args.curve_secret else None,
         curve_clients_dir=Path(args.curve_clients) if args.curve_clients else None,
-        mmproj=args.mmproj,
+        mmproj=args.mmproj, instance=_instance(args.instance),
     )
     host = HostConfig(
         n_threads=args.threads, arbiter=not args.no_arbiter,
@@ -611,6 +611,16 @@ def cmd_serve(args: argparse.Namespace) -> int:
     loading = f"; loading {model}" if model else ""
     print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir}){loading}",
           file=sys.stderr, flush=True)
+    # the endpoint actually bound (--endpoint tcp://127.0.0.1:0 takes a free port), before the
+    # model loads: a launcher reads this one stdout line, or the --endpoint-file
+    print(f"{ENDPOINT_LINE}{server.bound}", flush=True)
+    if args.endpoint_file:
+        try:
+            _write_endpoint_file(Path(args.endpoint_file), server.bound)
+        except OSError as e:
+            server.close()
+            raise UsageError(f"cannot write --endpoint-file {args.endpoint_file}: "
+                             f"{e.strerror}") from None
     t0 = time.monotonic()
 
     def ready() -> None:  # the model named at start is loaded; requests are served from now
@@ -626,10 +636,47 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
 
     server.on_ready = ready
-    if args.http:
-        _start_http(args, server.bound, cfg.launch_token, cfg.curve_secret_file is not None)
-    server.serve_forever()
+    try:
+        if args.http:
+            _start_http(args, server.bound, cfg.launch_token,
+                        cfg.curve_secret_file is not None)
+        server.serve_forever()
+    finally:
+        if args.endpoint_file:  # a file naming a sidecar that is gone would mislead
+            _remove_endpoint_file(Path(args.endpoint_file), server.bound)
     return 0
+
+
+ENDPOINT_LINE = "igi-sdk endpoint "  # serve's one stdout line: this, then the bound endpoint
+_INSTANCE = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
+
+
+def _instance(value: str | None) -> str | None:
+    """``serve --instance ID``: 1-64 characters of [A-Za-z0-9_.-] (not a secret: hello echoes
+    it to every client, so a launcher can tell its own sidecar from another one)."""
+    if value is None or _INSTANCE.fullmatch(value):
+        return value
+    raise UsageError(f"--instance {value!r}: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' "
+                     "and '-' (an id for this launch, e.g. the game's name, PID and a counter)")
+
+
+def _write_endpoint_file(path: Path, endpoint: str) -> None:
+    """The endpoint as one line, atomically: a reader sees no file or the whole line."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(endpoint + "\n", encoding="utf-8")
+        os.replace(tmp, path)
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _remove_endpoint_file(path: Path, endpoint: str) -> None:
+    try:  # only our own line: a newer sidecar may have written its endpoint there since
+        if path.read_text(encoding="utf-8").strip() == endpoint:
+            path.unlink()
+    except OSError:
+        pass
 
 
 def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
@@ -830,7 +877,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     sv = sub.add_parser("serve", help="run the sidecar (ZeroMQ ROUTER on loopback)")
     sv.add_argument("--endpoint", default="tcp://127.0.0.1:5599",
-                    help="tcp://127.0.0.1:PORT or ipc://PATH; other hosts need --curve-*")
+                    help="tcp://127.0.0.1:PORT (PORT 0: a free port, reported on stdout) or "
+                         "ipc://PATH; other hosts need --curve-*")
+    sv.add_argument("--endpoint-file", metavar="PATH",
+                    help="also write the bound endpoint there (one line, written atomically), "
+                         "e.g. with --endpoint tcp://127.0.0.1:0; removed when the sidecar "
+                         "exits normally. The endpoint is always printed on stdout as "
+                         f"'{ENDPOINT_LINE}ENDPOINT'")
+    sv.add_argument("--instance", metavar="ID",
+                    help="an id for this launch (1-64 of A-Za-z0-9_.-; not a secret) that "
+                         "hello's answer echoes, so a client refuses a sidecar started by "
+                         "someone else")
     sv.add_argument("--http", metavar="HOST:PORT",
                     help="also serve an OpenAI-compatible HTTP face (/v1/chat/completions) "
                          "there, e.g. 127.0.0.1:8080 (docs/openai.md)")

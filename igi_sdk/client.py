@@ -37,6 +37,15 @@ class BridgeError(Exception):
         self.code, self.message, self.retryable = code, message, retryable
 
 
+class WrongSidecar(BridgeError):
+    """The sidecar at the endpoint is not the one this client launched: hello's ``instance``
+    (or ``model``) differs from what the client expects. Never reuse it: another game's
+    sidecar has another model, another save folder and watches another process."""
+
+    def __init__(self, message: str) -> None:
+        super().__init__("wrong_sidecar", message, retryable=False)
+
+
 class RequestTimeout(BridgeError, TimeoutError):
     """The sidecar is alive (its heartbeats arrive) but did not answer in time."""
 
@@ -89,11 +98,16 @@ class Client:
                  engine: str = "python", game_pid: int | None = None,
                  curve: dict[str, bytes] | None = None, lease_s: float = 15.0,
                  keep_sessions: bool = False, owner: str | None = None,
-                 token: str | None = None) -> None:
+                 token: str | None = None, instance: str | None = None,
+                 model: str | None = None) -> None:
         """``owner``: the owner key this client's sessions belong to (a later client with the
         same key may adopt them; nobody else sees them). ``token``: the sidecar's launch token
-        (the value its process got in IGI_SDK_TOKEN), which makes this client the game."""
+        (the value its process got in IGI_SDK_TOKEN), which makes this client the game.
+        ``instance`` / ``model``: what the sidecar this client launched answers in hello
+        (``serve --instance``, the model's file name); any other sidecar is refused with
+        :class:`WrongSidecar`."""
         self.endpoint, self.timeout = endpoint, timeout
+        self.expect_instance, self.expect_model = instance, model
         self._hello_body = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
                             "engine": engine, "game_pid": game_pid,
                             "client_name": f"pid{os.getpid()}", "lease_s": lease_s}
@@ -246,6 +260,7 @@ class Client:
     def hello(self) -> dict[str, Any]:
         reply = self.request("hello", {k: v for k, v in self._hello_body.items()
                                        if v is not None})
+        _check_identity(reply, self.expect_instance, self.expect_model)
         self._greeted = True
         return reply
 
@@ -313,6 +328,17 @@ class Client:
             self.hello()
         msg_id = self.send("chat", {"session": session, "text": text, **_wire_images(options)})
         return ChatStream(self, msg_id)
+
+
+def _check_identity(hello: dict[str, Any], instance: str | None, model: str | None) -> None:
+    """Refuse a sidecar that is not the one launched (PROTOCOL.md §8): another instance id (a
+    sidecar without one answers null), or another model once one is loaded."""
+    if instance is not None and hello.get("instance") != instance:
+        raise WrongSidecar(f"the sidecar answering is instance {hello.get('instance')!r}, not "
+                           f"{instance!r}: another program's sidecar")
+    if model is not None and hello.get("model") not in (None, model):
+        raise WrongSidecar(f"the sidecar answering serves {hello.get('model')!r}, not "
+                           f"{model!r}")
 
 
 def _wire_images(options: dict[str, Any]) -> dict[str, Any]:

@@ -83,6 +83,11 @@ class HelloOk(Answer):
                               "(its owner key) or \"connection\" (this connection alone)")
     model: str | None = Field(description="file name of the loaded model; null if none")
     loading: bool = Field(description="a load_model is in progress")
+    instance: str | None = Field(None, description="1.2: the sidecar's instance id (serve "
+                                 "--instance); null: started without one. A client that "
+                                 "launched a sidecar with an instance id refuses one that "
+                                 "answers with another id (or none), and one whose model is "
+                                 "not the one it asked for")
     limits: Limits
 
 
@@ -140,8 +145,13 @@ class SessionListing(Reply):
 class ListSessionsOk(Answer):
     sessions: list[SessionListing] = Field(description="this client's sessions and the "
                                                        "orphaned ones (adoptable)")
-    free_slots: int = Field(description="session slots of the model no one holds")
+    free_slots: int = Field(description="session slots of the model no one holds (an "
+                            "orphaned session holds its slot)")
     others: int = Field(description="sessions of other connected clients (not listed)")
+    reclaimable: int | None = Field(None, description="1.2: orphaned sessions (of any owner) "
+                                    "that open_session / restore_session close, longest-"
+                                    "waiting first, when no slot is free: a newcomer can get "
+                                    "free_slots + reclaimable slots (its own cap aside)")
 
 
 class ResumeStreamOk(Answer):
@@ -270,7 +280,10 @@ class ErrorCode:
 # Every code the sidecar can send: protocol.py / server.py literals and igi_sdk.errors classes.
 ERROR_CODES: dict[str, ErrorCode] = {
     # envelope and body validation (protocol.parse_request)
-    "malformed": ErrorCode(False, "not a msgpack map, bad or missing id, or body not a map"),
+    "malformed": ErrorCode(False, "not a msgpack map, bad or missing id, body not a map, or a "
+                                  "value past the message limits (str 1 MiB, array 4096 items, "
+                                  "map 256 entries) or a key that is not a string; answered "
+                                  "with the message's id when it can be read, else id 0"),
     "unsupported_version": ErrorCode(False, "envelope v or hello.protocol (the major version) "
                                             f"is not {P.PROTOCOL_VERSION}"),
     "unknown_type": ErrorCode(False, "type is not a request type of this sidecar"),
@@ -370,9 +383,21 @@ ERROR_CODES: dict[str, ErrorCode] = {
 # --- schemas ----------------------------------------------------------------------------------
 
 
+def _open_objects(schema: Any) -> Any:
+    """``schema`` with every ``additionalProperties: false`` turned to true: the sidecar ignores
+    (and names in ``ignored``) the body fields it does not define, at any depth, so a schema
+    must not refuse them (the pydantic models forbid them only after they were taken out)."""
+    if isinstance(schema, dict):
+        return {k: True if k == "additionalProperties" and v is False else _open_objects(v)
+                for k, v in schema.items()}
+    if isinstance(schema, list):
+        return [_open_objects(v) for v in schema]
+    return schema
+
+
 def request_schema(msg_type: str) -> dict[str, Any]:
     model = P.REQUESTS[msg_type]
-    schema = model.model_json_schema()
+    schema = _open_objects(model.model_json_schema())
     schema["$schema"] = JSON_SCHEMA_DIALECT
     schema["$comment"] = (f"body of the '{msg_type}' request; generated from "
                           f"igi_sdk.bridge.protocol.{model.__name__} by `{REGENERATE}`")
@@ -380,7 +405,8 @@ def request_schema(msg_type: str) -> dict[str, Any]:
 
 
 def envelope_schema() -> dict[str, Any]:
-    def envelope(types: list[str], required: list[str], what: str) -> dict[str, Any]:
+    def envelope(types: list[str], required: list[str], what: str,
+                 extra_keys: bool) -> dict[str, Any]:
         return {
             "type": "object",
             "description": what,
@@ -391,7 +417,7 @@ def envelope_schema() -> dict[str, Any]:
                 "body": {"type": "object"},
             },
             "required": required,
-            "additionalProperties": False,
+            "additionalProperties": extra_keys,
         }
 
     return {
@@ -405,11 +431,13 @@ def envelope_schema() -> dict[str, Any]:
         "$defs": {
             "request": envelope(sorted(P.REQUESTS), ["v", "id", "type"],
                                 "client -> sidecar; id chosen by the client; a missing body "
-                                "is an empty map"),
+                                "is an empty map; other keys are ignored (not named in "
+                                "'ignored', which names body fields)", True),
             "reply": envelope(list(P.REPLY_TYPES), ["v", "id", "type", "body"],
                               "sidecar -> client; id is the id of the request answered "
-                              "(0 for heartbeat, and for an error answering a message whose "
-                              "id could not be read)"),
+                              "(0 for heartbeat, for an error answering a message whose "
+                              "id could not be read, and for duplicate_id); the sidecar sends "
+                              "no other key", False),
         },
     }
 
@@ -476,8 +504,12 @@ def _bad(name: str, message: Any, code: str, answer_id: int, note: str) -> Vecto
                   {"type": "error", "code": code, "id": answer_id})
 
 
-def _bad_raw(name: str, frame: bytes, code: str, note: str) -> Vector:
-    return Vector(name, "request", note, frame, None, {"type": "error", "code": code, "id": 0})
+def _bad_raw(name: str, frame: bytes, code: str, note: str, answer_id: int = 0) -> Vector:
+    return Vector(name, "request", note, frame, None,
+                  {"type": "error", "code": code, "id": answer_id})
+
+
+INSTANCE = "mygame-4242-7f3a"  # a launcher's instance id (serve --instance)
 
 
 def _rep(name: str, msg_id: int, msg_type: str, body: dict[str, Any], note: str) -> Vector:
@@ -607,8 +639,8 @@ def vectors() -> list[Vector]:
         # --- invalid requests: the error the sidecar answers (with that id) ---
         _bad_raw("invalid_not_msgpack", b"\xc1hello", "malformed",
                  "0xc1 is never valid msgpack; no id can be read, so the error has id 0"),
-        _bad_raw("invalid_non_string_key", msgpack.packb({1: "x", "id": 3}), "malformed",
-                 "map keys must be strings"),
+        _bad_raw("invalid_non_string_key", msgpack.packb({1: "x", "id": 42}), "malformed",
+                 "map keys must be strings; the id can be read, so the error carries it", 42),
         _bad("invalid_not_a_map", [1, 1, "ping", {}], "malformed", 0, "an array, not a map"),
         _bad("invalid_id_missing", {"v": 1, "type": "ping", "body": {}}, "malformed", 0,
              "id is required"),
@@ -651,19 +683,26 @@ def vectors() -> list[Vector]:
         _bad("invalid_save_name_device", _env(34, "restore_session", {"name": "Con.txt"}),
              "invalid_body", 34, "Windows device names (CON, PRN, AUX, NUL, COM0-9, LPT0-9, "
              "any case, any extension) are not save names"),
-        _bad("invalid_chat_image_source", _env(35, "chat", {"session": SID, "text": "Look!",
+        _bad("invalid_chat_image_source", _env(38, "chat", {"session": SID, "text": "Look!",
                                                             "images": [{"width": 64}]}),
-             "invalid_body", 35, "an image has either data (PNG/JPEG bin) or pixels (bin)"),
-        _bad("invalid_chat_images_too_many", _env(36, "chat", {
+             "invalid_body", 38, "an image has either data (PNG/JPEG bin) or pixels (bin)"),
+        _bad("invalid_chat_images_too_many", _env(39, "chat", {
             "session": SID, "text": "Look!", "images": [{}] * (P.MAX_IMAGES + 1)}),
-             "invalid_body", 36, f"at most {P.MAX_IMAGES} images per chat"),
+             "invalid_body", 39, f"at most {P.MAX_IMAGES} images per chat"),
+        _bad("invalid_array_too_long", _env(40, "stats", {"x": [0] * 4097}), "malformed", 40,
+             "an array of more than 4096 items, even in a field the sidecar ignores; the id "
+             "can be read, so the error carries it (the request ends)"),
+        _bad("invalid_map_too_large", _env(41, "stats", {f"k{i}": 0 for i in range(257)}),
+             "malformed", 41, "a map of more than 256 entries; answered with its id"),
         # --- replies and events ---
         _rep("reply_ok_hello", 1, "ok", {"protocol": P.PROTOCOL_VERSION,
                                           "minor": P.PROTOCOL_MINOR,
                                           "features": list(P.FEATURES), "lease_s": 15.0,
                                           "game": True, "owner": "key",
                                           "model": "smol.gguf", "loading": False,
-                                          "limits": limits}, ""),
+                                          "instance": INSTANCE, "limits": limits},
+             "instance (1.2): serve --instance; a launcher refuses a sidecar whose instance "
+             "or model is not its own"),
         _rep("reply_ok_ping", 2, "ok", {"t": 1_700_000_000.25}, ""),
         _rep("reply_ok_load_model", 3, "ok", {"model": "smol.gguf", "memory": MEMORY}, ""),
         _rep("reply_ok_open_session", 4, "ok", {"session": SID}, ""),
@@ -691,15 +730,18 @@ def vectors() -> list[Vector]:
             "last_frame": {"frame": 1200, "frame_time_ms": 16.6, "target_frame_time_ms": 16.6,
                            "vram_used": 5 * 2**30, "vram_budget": 8 * 2**30},
             "reservations": [{"bytes": 2**30, "deadline_frames": 30}],
-            "sessions": 2, "plan": "all-cpu", "memory": MEMORY, "reshards": 0}, ""),
+            "pacing_delay_s": 0.0, "sessions": 2, "plan": "all-cpu", "memory": MEMORY,
+            "reshards": 0}, ""),
         _rep("reply_ok_shutdown", 13, "ok", {}, ""),
         _rep("reply_ok_set_priority", 14, "ok", {}, ""),
         _rep("reply_ok_list_sessions", 15, "ok", {"sessions": [
             {"session": SID, "owner": "you", "persona": "brom", "priority": 50, "busy": False,
              "tokens": 57, "idle_s": 3.5},
             {"session": "npc.brom", "owner": "orphaned", "persona": "brom", "priority": 0,
-             "busy": False, "tokens": 112, "idle_s": 20.25}], "free_slots": 5, "others": 1},
-             ""),
+             "busy": False, "tokens": 112, "idle_s": 20.25}], "free_slots": 5, "others": 1,
+            "reclaimable": 1},
+             "reclaimable (1.2): orphaned sessions an open_session would close when no slot "
+             "is free"),
         _rep("reply_ok_adopt_session", 16, "ok", {"session": "npc.brom"}, ""),
         _rep("reply_ok_resume_stream", 17, "ok", {"running": False, "replayed": 1},
              "then the missed events: here chat 5's done"),

@@ -31,7 +31,7 @@ PROTOCOL_MINOR = 2  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
-            "images", "owners", "launch_token")
+            "images", "owners", "launch_token", "instance")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -304,6 +304,11 @@ def decode_envelope(frame: bytes) -> tuple[int, str, dict[str, Any]]:
     try:
         msg = _unpack(frame)
     except Exception as e:  # noqa: BLE001 - msgpack raises many types for garbage input
+        said = str(e)
+        if "exceeds max_" in said or "map key" in said:  # msgpack names the limit or the key
+            raise ProtocolError("malformed", f"a value breaks the message limits (str 1 MiB, "
+                                             f"array 4096 items, map 256 entries, string "
+                                             f"keys): {said[:120]}") from None
         raise ProtocolError("malformed", f"not a msgpack message: {type(e).__name__}") from None
     if not isinstance(msg, dict):
         raise ProtocolError("malformed", "a message must be a msgpack map {v, id, type, body}")
@@ -453,12 +458,42 @@ def _unpack(frame: bytes) -> Any:
 
 
 def _best_effort_id(frame: bytes) -> int:
+    i = peek_id(frame)
+    return i if i is not None and 0 <= i <= MAX_ID else 0
+
+
+# "id" as a msgpack str key, in each encoding an encoder may choose (fixstr, str8/16/32)
+_ID_KEYS = (b"\xa2id", b"\xd9\x02id", b"\xda\x00\x02id", b"\xdb\x00\x00\x00\x02id")
+_INT_HEADS = frozenset([*range(0x00, 0x80), *range(0xcc, 0xd4), *range(0xe0, 0x100)])
+
+
+def peek_id(frame: bytes) -> int | None:
+    """The integer ``id`` of a frame that is one msgpack map, read without the value limits of
+    :func:`_unpack`: a message refused for what it holds (a str over 1 MiB, an array over 4096
+    items, a map over 256 entries, a non-string key) still has an id, and its ``error`` must
+    carry it, or that request would never end. The other values are skipped, not built (the
+    C unpacker's skip: milliseconds for a 17 MiB message). None: not a map, no integer ``id``,
+    or not one whole msgpack document."""
+    up = msgpack.Unpacker(max_buffer_size=max(len(frame), 1))
     try:
-        msg = _unpack(frame)
-        i = msg.get("id") if isinstance(msg, dict) else None
-        return i if isinstance(i, int) and not isinstance(i, bool) and 0 <= i <= MAX_ID else 0
-    except Exception:  # noqa: BLE001 - garbage: no id to answer
-        return 0
+        up.feed(frame)
+        found: int | None = None
+        for _ in range(up.read_map_header()):
+            key_at = up.tell()
+            is_id = any(frame.startswith(k, key_at) for k in _ID_KEYS)
+            up.skip()
+            if is_id and frame[up.tell()] in _INT_HEADS:
+                value = up.unpack()
+                found = value if isinstance(value, int) else None
+            else:
+                if is_id:
+                    found = None  # the last "id" counts, as when the map is read whole
+                up.skip()
+        if up.tell() != len(frame):
+            return None  # more than one document
+        return found
+    except Exception:  # noqa: BLE001 - msgpack raises many types for garbage input
+        return None
 
 
 def decode_reply(frame: bytes) -> tuple[int, str, dict[str, Any]]:

@@ -57,6 +57,7 @@ log = logging.getLogger("igi_sdk.bridge")
 _EVENTS = "inproc://igi-events"
 _T = TypeVar("_T")
 _SESSION_SUFFIX = ".igisession"
+PID_POLL_S = 0.25  # how often the game-PID watch looks (PROTOCOL.md §10)
 
 
 @dataclass
@@ -85,6 +86,9 @@ class ServerConfig:
     # the launch token (IGI_SDK_TOKEN of the process that started the sidecar): the client that
     # presents it is the game. None: every client is (a developer's sidecar).
     launch_token: str | None = None
+    # who launched this sidecar, for whom (``serve --instance``): not a secret — hello echoes
+    # it, so a client can tell its own sidecar from another one answering on that endpoint
+    instance: str | None = None
 
 
 def is_loopback(endpoint: str) -> bool:
@@ -421,7 +425,9 @@ class Server:
             raise P.ProtocolError("invalid_state", "this connection holds sessions of another "
                                   "owner key: say goodbye (or close them) first")
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
-        c.minor, c.lease_s = body.minor, min(body.lease_s, P.MAX_LEASE_S)
+        # a 1.0 client knows no leases: it is under the longest one, and hello says so
+        c.minor = body.minor
+        c.lease_s = min(body.lease_s, P.MAX_LEASE_S) if body.minor >= 1 else P.MAX_LEASE_S
         c.scope, c.game = scope, token is None or body.token is not None
         # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
         # stranger's PID — or a dead one, PID 1 or this process — must not be able to shut it
@@ -433,7 +439,8 @@ class Server:
         return C.HelloOk(
             protocol=P.PROTOCOL_VERSION, minor=P.PROTOCOL_MINOR, features=list(P.FEATURES),
             lease_s=c.lease_s, game=c.game, owner="key" if body.owner else "connection",
-            model=self.model_name, loading=self.loading, limits=C.Limits(
+            model=self.model_name, loading=self.loading, instance=self.cfg.instance,
+            limits=C.Limits(
                 max_message_bytes=P.MAX_MESSAGE_BYTES, max_text_chars=P.MAX_TEXT_CHARS,
                 max_tokens=P.MAX_TOKENS, max_sessions_per_client=self._client_cap(c),
                 max_streams_per_client=self.cfg.max_streams_per_client))
@@ -757,7 +764,10 @@ class Server:
                 tokens=figures["tokens"] if figures else 0,
                 idle_s=round(now - info.since, 3)))
         free = max(0, self._slots() - self._slots_taken())
-        return C.ListSessionsOk(sessions=listed, free_slots=free, others=others)
+        # orphans are held, but the next open_session or restore_session closes one (the
+        # longest-waiting) when no slot is free: slots a newcomer can get are free + reclaimable
+        return C.ListSessionsOk(sessions=listed, free_slots=free, others=others,
+                                reclaimable=len(self.sessions.orphans()))
 
     def _on_adopt_session(self, c: Client, msg_id: int, body: P.SessionRef) -> C.SessionOk:
         name = body.session
@@ -875,13 +885,14 @@ class Server:
                          name="igi-pid-watch").start()
 
     def _watch_pid(self, pid: int) -> None:
-        """The sidecar must not outlive the game: exit within 2 s of its process ending."""
+        """The sidecar must not outlive the game: it sees the process gone within
+        PID_POLL_S and then stops as ``shutdown`` does (PROTOCOL.md §10 gives the bound)."""
         while not self.stopping.is_set():
             if not alive(pid):
                 log.warning("game process %d is gone; shutting down", pid)
                 self._push(b"", b"stop")
                 return
-            time.sleep(0.25)
+            self.stopping.wait(PID_POLL_S)
 
 
 class _Latency:
