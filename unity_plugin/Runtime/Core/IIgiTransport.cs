@@ -31,6 +31,19 @@ namespace Igi.Sdk
         void Close();
     }
 
+    /// <summary>
+    /// A transport whose wait in <see cref="IIgiTransport.Receive"/> can be cut short from another
+    /// thread. The client's I/O thread then sleeps on the socket until traffic comes or a request
+    /// is queued (both built-in transports), instead of polling every few milliseconds.
+    /// </summary>
+    public interface IIgiWakeableTransport : IIgiTransport
+    {
+        /// <summary>Called from any thread, at any time (before Connect, after Close): the
+        /// <see cref="IIgiTransport.Receive"/> in progress, or else the next one, returns at once.
+        /// Allocates nothing (it runs on the game's thread with every request).</summary>
+        void Wake();
+    }
+
     public sealed class IgiTransportException : Exception
     {
         public IgiTransportException(string message) : base(message) { }

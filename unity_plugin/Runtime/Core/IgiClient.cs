@@ -349,6 +349,28 @@ namespace Igi.Sdk
 
         /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.
         /// Protocol 1.2: only the game may (<see cref="IsGame"/>); others get <c>forbidden</c>.</summary>
+        /// <summary>
+        /// The frame report for every frame: the same message as <see cref="Frame"/>, without a
+        /// request handle and without garbage on the calling thread (the I/O thread encodes and
+        /// sends the latest one; one not sent yet is replaced). Pass NaN for no target and -1
+        /// for no VRAM figure. The sidecar's refusals (e.g. <c>forbidden</c> for a client that is
+        /// not the game) are in <see cref="FrameError"/>. False once disposed.
+        /// </summary>
+        public bool ReportFrame(long frame, double frameTimeMs, double targetFrameTimeMs = double.NaN,
+            long vramUsed = -1, long vramBudget = -1)
+        {
+            if (disposed) return false;
+            connection.PostFrame(frame, frameTimeMs, targetFrameTimeMs, vramUsed, vramBudget);
+            return true;
+        }
+
+        /// <summary>"code: message" of the last <see cref="ReportFrame"/> the sidecar refused; null if none.</summary>
+        public string FrameError { get { return connection.FrameError; } }
+
+        /// <summary>Turns of the I/O thread's loop so far: each is one wait on the socket (or the
+        /// queue) that ended. Idle, it waits about 200 ms a turn.</summary>
+        public long IoTurns { get { return connection.Turns; } }
+
         public IgiRequest ReserveVram(long bytes, int deadlineFrames)
         {
             var body = new Dictionary<string, object>();
@@ -435,7 +457,7 @@ namespace Igi.Sdk
                 try { bytes = Protocol.Encode(id, type, body); }
                 catch (MsgPackException e) { refusal = e.Message; }
             }
-            long maxBytes = Server != null ? Server.MaxMessageBytes : 1048576;
+            long maxBytes = Server != null ? Server.MaxMessageBytes : Protocol.MaxMessageBytes;
             if (refusal == null && bytes.Length > maxBytes)
                 refusal = "the message has " + bytes.Length + " bytes (limit " + maxBytes + ")";
             request.DeadlineAt = clock.Elapsed.TotalSeconds + request.TimeoutSeconds;

@@ -6,7 +6,9 @@
 // connection (without the 1.2 fields owner and token if the sidecar refuses them, then as 1.0
 // if it refuses the 1.1 fields), answer
 // hello_required by saying hello and sending the request again, keep the lease with a ping every
-// lease_s/3, declare the sidecar down after 5 s of silence (pending requests fail with
+// lease_s/3 counted from the last message the sidecar accepted (one it refused as malformed or
+// invalid did not keep the lease), refuse a sidecar of another instance or model (wrong_sidecar,
+// never used again), declare the sidecar down after 5 s of silence (pending requests fail with
 // `unavailable`), resume open streams after a reconnect, and say goodbye when disposed.
 using System;
 using System.Collections.Concurrent;
@@ -64,7 +66,11 @@ namespace Igi.Sdk
             public double SentAt;
         }
 
+        // a transport that cannot be woken (a test's, a game's own) is polled this often; the
+        // built-in ones are woken by Enqueue and by traffic, so the thread sleeps IdleWaitMs when
+        // nothing happens (its timers: pings every second or more, silence after 5 s)
         const int PollMs = 2;
+        const int IdleWaitMs = 200;
         const int ConnectTimeoutMs = 2000;
         const int FirstBackoffMs = 100, MaxBackoffMs = 2000;
         const int GoodbyeWaitMs = 300;
@@ -79,6 +85,7 @@ namespace Igi.Sdk
 
         readonly IgiClientOptions options;
         readonly IIgiTransport transport;
+        readonly IIgiWakeableTransport wakeable; // transport, when it can be woken; else null
         readonly byte[] routingId;
         public readonly ConcurrentQueue<Incoming> Inbox = new ConcurrentQueue<Incoming>();
         readonly ConcurrentQueue<Outgoing> outbox = new ConcurrentQueue<Outgoing>();
@@ -104,7 +111,9 @@ namespace Igi.Sdk
         bool down;              // silent for SidecarSilenceSeconds
         double heardAt;         // last message from the sidecar
         double greetedAt;
-        double sentAt;
+        double acceptedAt;      // when the last message the sidecar accepted was sent (its lease)
+        double keepaliveAt;     // when the last keepalive ping was sent
+        IgiError identityRefusal; // the sidecar is not the one expected: nothing more goes to it
         double nextConnectAt;
         int backoffMs = FirstBackoffMs;
         string lastTransportError; // why the last connect failed, for the unavailable message
@@ -114,6 +123,7 @@ namespace Igi.Sdk
         {
             this.options = options;
             transport = options.TransportFactory != null ? options.TransportFactory() : new ZmtpDealer();
+            wakeable = transport as IIgiWakeableTransport;
             string id = options.RoutingId;
             if (string.IsNullOrEmpty(id)) id = "igi-" + Guid.NewGuid().ToString("N").Substring(0, 24);
             routingId = Encoding.ASCII.GetBytes(id);
@@ -131,7 +141,57 @@ namespace Igi.Sdk
         {
             outbox.Enqueue(message);
             wake.Set();
+            if (wakeable != null) wakeable.Wake(); // cuts the I/O thread's wait on the socket short
         }
+
+        // ---- frame reports: the game's thread writes the latest here, the I/O thread sends it.
+        // Nothing is allocated on the game's thread (no request object, no encoding, no answer
+        // delivered back): a frame report every frame would otherwise be garbage every frame.
+        readonly object frameLock = new object();
+        bool framePending;
+        long frameNumber;
+        double frameTimeMs, frameTarget;
+        long frameVramUsed, frameVramBudget;
+        volatile string frameError;
+
+        /// <summary>The code and message of the last frame report the sidecar refused; null if none was.</summary>
+        public string FrameError { get { return frameError; } }
+
+        public void PostFrame(long frame, double timeMs, double targetMs, long vramUsed, long vramBudget)
+        {
+            lock (frameLock)
+            {
+                // the sidecar paces by the latest frame: one not yet sent is replaced, not queued
+                framePending = true;
+                frameNumber = frame;
+                frameTimeMs = timeMs;
+                frameTarget = targetMs;
+                frameVramUsed = vramUsed;
+                frameVramBudget = vramBudget;
+            }
+            wake.Set();
+            if (wakeable != null) wakeable.Wake();
+        }
+
+        void SendFrame()
+        {
+            var body = new Dictionary<string, object>();
+            lock (frameLock)
+            {
+                if (!framePending) return;
+                framePending = false;
+                body["frame"] = frameNumber;
+                body["frame_time_ms"] = frameTimeMs;
+                if (!double.IsNaN(frameTarget)) body["target_frame_time_ms"] = frameTarget;
+                if (frameVramUsed >= 0) body["vram_used"] = frameVramUsed;
+                if (frameVramBudget >= 0) body["vram_budget"] = frameVramBudget;
+            }
+            SendInternal("frame", body, 0);
+        }
+
+        /// <summary>Loop turns of the I/O thread so far (each wait on the socket or the queue is one).</summary>
+        public long Turns { get { return Interlocked.Read(ref turns); } }
+        long turns;
 
         /// <summary>Stops the thread (after a goodbye, bounded) and waits for it, bounded.</summary>
         public void Stop(int joinTimeoutMs)
@@ -150,21 +210,27 @@ namespace Igi.Sdk
                 {
                     DrainOutbox();
                     if (stopRequested) break;
+                    Interlocked.Increment(ref turns);
                     if (!transport.IsConnected)
                     {
+                        if (identityRefusal != null)
+                        {
+                            wake.WaitOne(IdleWaitMs); // refused: no reconnecting, only failing what comes
+                            continue;
+                        }
                         if (Now >= nextConnectAt) TryConnect();
                         if (!transport.IsConnected)
                         {
                             CheckSilence();
                             int waitMs = (int)Math.Ceiling((nextConnectAt - Now) * 1000);
-                            wake.WaitOne(Math.Max(1, Math.Min(20, waitMs)));
+                            wake.WaitOne(Math.Max(1, Math.Min(IdleWaitMs, waitMs)));
                             continue;
                         }
                     }
                     SendWhatIsReady();
                     if (!transport.IsConnected) { OnDropped(); continue; }
                     received.Clear();
-                    bool alive = transport.Receive(PollMs, received);
+                    bool alive = transport.Receive(wakeable != null ? IdleWaitMs : PollMs, received);
                     foreach (var message in received) HandleSafely(message);
                     if (!alive || transport.SecondsSinceTraffic > options.SidecarSilenceSeconds) OnDropped();
                     CheckSilence();
@@ -200,6 +266,11 @@ namespace Igi.Sdk
                         waiting.RemoveAll(f => f.Id == o.Id);
                         break;
                     case OutKind.Send:
+                        if (identityRefusal != null)
+                        {
+                            Forward(o.Id, "error", ErrorBody(identityRefusal.Code, identityRefusal.Message, false));
+                            break;
+                        }
                         waiting.Add(new InFlight
                         {
                             Id = o.Id, Type = o.Type, Bytes = o.Bytes, IsStream = o.IsStream,
@@ -342,7 +413,13 @@ namespace Igi.Sdk
                 Transmit(f);
             }
             double leaseS = info != null && info.LeaseSeconds > 0 ? info.LeaseSeconds : options.LeaseSeconds;
-            if (!farewell && Now - sentAt > leaseS / 3) SendInternal("ping", new Dictionary<string, object>(), 0);
+            if (framePending && transport.IsConnected) SendFrame();
+            // the lease runs from the last message the sidecar accepted, not the last one sent
+            if (!farewell && Now - Math.Max(acceptedAt, keepaliveAt) > leaseS / 3)
+            {
+                keepaliveAt = Now;
+                SendInternal("ping", new Dictionary<string, object>(), 0);
+            }
         }
 
         void SendHello()
@@ -397,7 +474,7 @@ namespace Igi.Sdk
             {
                 transport.Send(f.Bytes);
                 f.Sent = true;
-                f.SentAt = sentAt = Now;
+                f.SentAt = Now;
             }
             catch (IgiTransportException)
             {
@@ -439,6 +516,9 @@ namespace Igi.Sdk
             if (type != "ok" && type != "error" && type != "token" && type != "done") return; // heartbeat, or newer
             InFlight f;
             if (!inflight.TryGetValue(id, out f)) return;
+            // any answer but a refusal to read it means the sidecar took the message: its lease
+            // was renewed when the message arrived
+            if (type != "error" || !NotRead(MsgValue.GetString(body, "code"))) acceptedAt = Math.Max(acceptedAt, f.SentAt);
 
             if (type == "error" && MsgValue.GetString(body, "code") == "hello_required" && f.Type != "hello")
             {
@@ -462,6 +542,8 @@ namespace Igi.Sdk
             if (type == "ok") TrackSessions(f, body);
             else if (f.Internal && f.Type == "adopt_session") ownedSessions.Remove(f.Session); // gone
             if (!f.Internal) Forward(id, type, body);
+            else if (f.Type == "frame" && type == "error")
+                frameError = MsgValue.GetString(body, "code") + ": " + MsgValue.GetString(body, "message");
         }
 
         // Tokens go to the game in order, each once. A gap in `i` means events were lost (a
@@ -488,6 +570,12 @@ namespace Igi.Sdk
             body["request"] = f.Id;
             body["after"] = f.LastToken;
             SendInternal("resume_stream", body, f.Id);
+        }
+
+        // what the sidecar answers to a message it did not read as a request (PROTOCOL.md §6)
+        static bool NotRead(string code)
+        {
+            return code == "malformed" || code == "unknown_type" || code == "invalid_body" || code == "unsupported_version";
         }
 
         void HelloAgainThenResend(InFlight f)
@@ -517,11 +605,22 @@ namespace Igi.Sdk
             if (f.Id == helloId) helloId = 0;
             if (type == "ok")
             {
+                var served = IgiServerInfo.FromHello(body);
+                string wrong = IdentityProblem(served);
+                if (wrong != null)
+                {
+                    // another game's, another Editor's or a developer's sidecar: never used
+                    identityRefusal = new IgiError(IgiError.WrongSidecar, wrong, false);
+                    if (!f.Internal) Forward(f.Id, "error", ErrorBody(IgiError.WrongSidecar, wrong, false));
+                    RefuseHello(IgiError.WrongSidecar, wrong);
+                    transport.Close();
+                    return;
+                }
                 greeted = true;
                 greetedAt = Now;
                 helloBackoffMs = FirstBackoffMs * 5;
                 down = false;
-                info = IgiServerInfo.FromHello(body);
+                info = served;
                 PostState(IgiConnectionState.Ready, info);
                 if (!f.Internal) Forward(f.Id, type, body);
                 ResumeStreams();
@@ -551,6 +650,25 @@ namespace Igi.Sdk
             // the sidecar will not talk to us (unsupported_version, forbidden: a wrong launch
             // token, ...): what waits cannot go
             RefuseHello(code ?? "error", message);
+        }
+
+        string IdentityProblem(IgiServerInfo served)
+        {
+            string instance = Volatile.Read(ref options.ExpectedInstance);
+            if (instance != null && served.Instance != instance)
+                return "the sidecar at " + options.Endpoint + " is " + (served.Instance == null ? "not a named instance" :
+                    "instance '" + served.Instance + "'") + ", not '" + instance + "' (another program's sidecar): not used";
+            string model = Volatile.Read(ref options.ExpectedModel);
+            if (model == null || (served.Model == null && served.Loading)) return null;
+            if (FileName(served.Model) == FileName(model)) return null;
+            return "the sidecar at " + options.Endpoint + " serves " + (served.Model ?? "no model") + ", not " + model + ": not used";
+        }
+
+        static string FileName(string path)
+        {
+            if (path == null) return null;
+            int slash = Math.Max(path.LastIndexOf('/'), path.LastIndexOf('\\'));
+            return path.Substring(slash + 1);
         }
 
         void RefuseHello(string code, string message)

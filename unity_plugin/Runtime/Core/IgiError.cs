@@ -34,6 +34,11 @@ namespace Igi.Sdk
         /// <summary>Protocol 1.2: hello with a wrong launch token, or shutdown from a client that
         /// is not the game. Not retryable.</summary>
         public const string Forbidden = "forbidden";
+        /// <summary>Local: the sidecar that answered hello is not the one expected (another
+        /// <c>instance</c> than <see cref="IgiClientOptions.ExpectedInstance"/>, or another model
+        /// than <see cref="IgiClientOptions.ExpectedModel"/>): another game's, another Editor's
+        /// or a developer's own. Nothing more is sent to it; not retryable.</summary>
+        public const string WrongSidecar = "wrong_sidecar";
 
         public readonly string Code;
         public readonly string Message;

@@ -29,6 +29,14 @@ namespace Igi.Sdk
         /// at every hello (a launcher that starts a new sidecar sets the new token here before the
         /// client reconnects); the constructor refuses a malformed one.</summary>
         public string LaunchToken;
+        /// <summary>The <c>--instance</c> id the expected sidecar was started with: a sidecar whose
+        /// hello answers another one (or none) is refused with <see cref="IgiError.WrongSidecar"/>
+        /// and never used. Null: any. Read at every hello.</summary>
+        public string ExpectedInstance;
+        /// <summary>The model file name the sidecar must have loaded (hello's <c>model</c>;
+        /// compared by file name). Null: any. A sidecar still loading (model null, loading true)
+        /// passes.</summary>
+        public string ExpectedModel;
         /// <summary>hello.lease_s (protocol 1.1, 2..3600; a 1.2 sidecar grants at most 300, see
         /// <see cref="IgiServerInfo.LeaseSeconds"/>): silent longer than this, the sidecar forgets
         /// the client and orphans its sessions. The client pings every third of the lease granted.</summary>

@@ -13,7 +13,7 @@ namespace Igi.Sdk
         /// <summary>The lease in force (0 for a 1.0 sidecar, which has none).</summary>
         public double LeaseSeconds;
         public readonly List<string> Features = new List<string>();
-        public long MaxMessageBytes = 1048576;
+        public long MaxMessageBytes = Igi.Sdk.Protocol.MaxMessageBytes;
         public long MaxTextChars = 32000;
         public long MaxTokens = 4096;
         /// <summary>This client's cap (protocol 1.2: a client that is not the game gets half the slots).</summary>
@@ -27,6 +27,9 @@ namespace Igi.Sdk
         public long MaxStreamsPerClient = 4;
         /// <summary>The whole ok body, for fields this version does not know.</summary>
         public Dictionary<string, object> Raw;
+        /// <summary>hello.instance: the instance id the sidecar was started with
+        /// (<c>--instance</c>); null when none (or an older sidecar).</summary>
+        public string Instance;
 
         public bool HasFeature(string feature) { return Features.Contains(feature); }
 
@@ -37,6 +40,7 @@ namespace Igi.Sdk
             info.Protocol = (int)MsgValue.GetLong(body, "protocol", 1);
             info.Minor = (int)MsgValue.GetLong(body, "minor", 0);
             info.Model = MsgValue.GetString(body, "model");
+            info.Instance = MsgValue.GetString(body, "instance");
             info.Loading = MsgValue.GetBool(body, "loading");
             info.LeaseSeconds = MsgValue.GetDouble(body, "lease_s", 0);
             info.IsGame = MsgValue.GetBool(body, "game", true);

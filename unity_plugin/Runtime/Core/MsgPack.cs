@@ -3,7 +3,10 @@
 //   null, bool, long (every integer that fits), ulong (only above long.MaxValue), double (float32
 //   is widened exactly), string (str, UTF-8), byte[] (bin), MsgExt (ext), List<object> (array),
 //   Dictionary<string, object> (map; keys must be strings, as the protocol requires).
-// Encode writes integers in their smallest form, floats always as float64, strings as str.
+// Encode writes integers in their smallest form, floats always as float64, strings as str, and
+// refuses (MsgPackException) what the sidecar could not read: more map entries, array items or
+// nesting than the protocol allows, a str over 1 MiB. The sidecar answers such a message
+// `malformed` with id 0, which no request can be tied to, so it must never leave the client.
 // Decode enforces the protocol's limits and throws MsgPackException (never anything else) on
 // garbage, so one bad message cannot take the reader down.
 using System;
@@ -72,6 +75,8 @@ namespace Igi.Sdk
             var map = value as IDictionary<string, object>;
             if (map != null)
             {
+                if (map.Count > MaxMapEntries)
+                    throw new MsgPackException("a map of " + map.Count + " entries (limit " + MaxMapEntries + ")");
                 WriteHeader(o, map.Count, 0x80, 0xde, 0xdf);
                 foreach (var entry in map)
                 {
@@ -83,6 +88,8 @@ namespace Igi.Sdk
             var list = value as IList; // List<object>, string[], List<string>, ...
             if (list != null)
             {
+                if (list.Count > MaxArrayItems)
+                    throw new MsgPackException("an array of " + list.Count + " items (limit " + MaxArrayItems + ")");
                 WriteHeader(o, list.Count, 0x90, 0xdc, 0xdd);
                 foreach (var item in list)
                     Write(o, item, depth + 1);
@@ -132,6 +139,8 @@ namespace Igi.Sdk
                 throw new MsgPackException("a string holds a lone UTF-16 surrogate (not valid Unicode)");
             }
             int n = bytes.Length;
+            if (n > Protocol.MaxStrBytes)
+                throw new MsgPackException("a string of " + n + " UTF-8 bytes (limit " + Protocol.MaxStrBytes + ")");
             if (n < 32) o.WriteByte((byte)(0xa0 | n));
             else if (n <= 0xff) { o.WriteByte(0xd9); o.WriteByte((byte)n); }
             else if (n <= 0xffff) { o.WriteByte(0xda); WriteBE(o, (ulong)n, 2); }

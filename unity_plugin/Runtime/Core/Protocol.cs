@@ -8,6 +8,12 @@ namespace Igi.Sdk
         public const int Version = 1;
         public const int Minor = 2;
         public const long MaxId = 9007199254740991L; // 2^53 - 1
+        /// <summary>The largest message the sidecar reads (PROTOCOL.md §7: one 16 MiB image and
+        /// 1 MiB for the rest of a chat); hello's limits.max_message_bytes says it again.</summary>
+        public const long MaxMessageBytes = (16L << 20) + (1L << 20);
+        /// <summary>The longest msgpack str (UTF-8 bytes) the sidecar reads; a longer one makes
+        /// the whole message unreadable (answered <c>malformed</c>, id 0, never tied to its request).</summary>
+        public const int MaxStrBytes = 1 << 20;
 
         public static byte[] Encode(long id, string type, Dictionary<string, object> body)
         {

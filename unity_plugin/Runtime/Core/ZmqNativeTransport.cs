@@ -1,8 +1,9 @@
 // The same DEALER through the system's libzmq (P/Invoke), for what the managed ZMTP transport
 // does not speak: CurveZMQ (non-loopback sidecars) and ipc:// endpoints. The game ships libzmq
 // itself (libzmq.dll / libzmq.so / libzmq.dylib, resolved by the name "libzmq"); this package
-// carries no native binary. Receiving polls with ZMQ_DONTWAIT (no zmq_poll, whose pollitem layout
-// differs between platforms). libzmq connects, reconnects (100 ms doubling to 2 s) and runs the
+// carries no native binary. Receiving waits in zmq_poll on the DEALER and on an inproc PAIR that
+// Wake() writes to (so a request queued by the game ends the wait); zmq_pollitem_t's fd is an
+// int on POSIX and a SOCKET (pointer-sized) on Windows, so both layouts are declared. libzmq connects, reconnects (100 ms doubling to 2 s) and runs the
 // ZMTP heartbeats itself, so a dropped connection is invisible here: the client relies on the
 // sidecar's heartbeats and on gaps in token indexes instead.
 using System;
@@ -58,10 +59,11 @@ namespace Igi.Sdk
         }
     }
 
-    public sealed class ZmqNativeTransport : IIgiTransport
+    public sealed class ZmqNativeTransport : IIgiWakeableTransport
     {
         const string Lib = "libzmq";
-        const int ZMQ_DEALER = 5;
+        const int ZMQ_DEALER = 5, ZMQ_PAIR = 0;
+        const short ZMQ_POLLIN = 1;
         const int ZMQ_DONTWAIT = 1;
         const int ZMQ_ROUTING_ID = 5, ZMQ_LINGER = 17, ZMQ_RECONNECT_IVL = 18, ZMQ_RECONNECT_IVL_MAX = 21;
         const int ZMQ_IPV6 = 42, ZMQ_CURVE_PUBLICKEY = 48, ZMQ_CURVE_SECRETKEY = 49, ZMQ_CURVE_SERVERKEY = 50;
@@ -83,9 +85,27 @@ namespace Igi.Sdk
         [DllImport(Lib)] static extern int zmq_msg_more(IntPtr message);
         [DllImport(Lib)] static extern int zmq_msg_close(IntPtr message);
         [DllImport(Lib)] static extern int zmq_errno();
+        [DllImport(Lib)] static extern int zmq_bind(IntPtr socket, byte[] endpoint);
+        [DllImport(Lib, EntryPoint = "zmq_poll")] static extern int zmq_poll_posix([In, Out] PollItemPosix[] items, int count, long timeoutMs);
+        [DllImport(Lib, EntryPoint = "zmq_poll")] static extern int zmq_poll_windows([In, Out] PollItemWindows[] items, int count, long timeoutMs);
+
+        [StructLayout(LayoutKind.Sequential)]
+        struct PollItemPosix { public IntPtr Socket; public int Fd; public short Events; public short Revents; }
+        [StructLayout(LayoutKind.Sequential)]
+        struct PollItemWindows { public IntPtr Socket; public IntPtr Fd; public short Events; public short Revents; }
+
+        static readonly bool Windows = Path.DirectorySeparatorChar == '\\';
+        static readonly byte[] Empty = new byte[0];
+        static long wakeNames;
+        readonly PollItemPosix[] pollPosix = new PollItemPosix[2];
+        readonly PollItemWindows[] pollWindows = new PollItemWindows[2];
+        readonly object wakeLock = new object();
+        IntPtr wakeSender, wakeReceiver; // inproc PAIR: Wake() sends on one, Receive polls the other
+        int wakePending;
         [DllImport(Lib)] static extern IntPtr zmq_strerror(int error);
 
         readonly IgiCurveKeys curve;
+        const int EINTR = 4;
         IntPtr context, socket, message;
         bool droppingMultipart;
 
@@ -126,6 +146,7 @@ namespace Igi.Sdk
                 }
                 if (zmq_connect(socket, CString(endpoint ?? "")) != 0) throw Failure("connect to " + endpoint);
                 message = Marshal.AllocHGlobal(MsgBytes);
+                OpenWake();
             }
             catch (DllNotFoundException e)
             {
@@ -154,15 +175,75 @@ namespace Igi.Sdk
         public bool Receive(int timeoutMs, List<byte[]> into)
         {
             if (socket == IntPtr.Zero) return false;
-            int waited = 0;
-            while (true)
+            bool got = false;
+            while (ReceiveOne(into)) got = true;
+            if (got || timeoutMs <= 0) return true;
+            if (Poll(timeoutMs)) while (ReceiveOne(into)) { }
+            return true;
+        }
+
+        public void Wake()
+        {
+            if (Interlocked.Exchange(ref wakePending, 1) == 1) return;
+            lock (wakeLock)
             {
-                bool got = false;
-                while (ReceiveOne(into)) got = true;
-                if (got || waited >= timeoutMs) return true;
-                Thread.Sleep(1); // this is the I/O thread: a short nap instead of zmq_poll
-                waited++;
+                // one empty message; a full queue means a wake is already waiting
+                if (wakeSender == IntPtr.Zero || zmq_send(wakeSender, Empty, UIntPtr.Zero, ZMQ_DONTWAIT) < 0) wakePending = 0;
             }
+        }
+
+        void OpenWake()
+        {
+            string name = "inproc://igi-wake-" + Interlocked.Increment(ref wakeNames);
+            lock (wakeLock)
+            {
+                // kept in the fields at once: Close closes them (zmq_ctx_term waits for every socket)
+                wakeReceiver = zmq_socket(context, ZMQ_PAIR);
+                wakeSender = zmq_socket(context, ZMQ_PAIR);
+                wakePending = 0;
+                if (wakeReceiver == IntPtr.Zero || wakeSender == IntPtr.Zero || zmq_bind(wakeReceiver, CString(name)) != 0
+                    || zmq_connect(wakeSender, CString(name)) != 0)
+                    throw Failure("wake pair");
+            }
+        }
+
+        // zmq_poll on the DEALER and the wake PAIR; true: the DEALER has input
+        bool Poll(int timeoutMs)
+        {
+            short dealer, woken;
+            int r;
+            if (Windows)
+            {
+                pollWindows[0] = new PollItemWindows { Socket = socket, Events = ZMQ_POLLIN };
+                pollWindows[1] = new PollItemWindows { Socket = wakeReceiver, Events = ZMQ_POLLIN };
+                r = zmq_poll_windows(pollWindows, wakeReceiver != IntPtr.Zero ? 2 : 1, timeoutMs);
+                dealer = pollWindows[0].Revents;
+                woken = pollWindows[1].Revents;
+            }
+            else
+            {
+                pollPosix[0] = new PollItemPosix { Socket = socket, Events = ZMQ_POLLIN };
+                pollPosix[1] = new PollItemPosix { Socket = wakeReceiver, Events = ZMQ_POLLIN };
+                r = zmq_poll_posix(pollPosix, wakeReceiver != IntPtr.Zero ? 2 : 1, timeoutMs);
+                dealer = pollPosix[0].Revents;
+                woken = pollPosix[1].Revents;
+            }
+            if (r < 0)
+            {
+                if (zmq_errno() == EINTR) return false;
+                throw Failure("poll");
+            }
+            if ((woken & ZMQ_POLLIN) != 0)
+            {
+                Volatile.Write(ref wakePending, 0); // before draining: a later Wake sends again
+                while (zmq_msg_init(message) == 0)
+                {
+                    int n = zmq_msg_recv(message, wakeReceiver, ZMQ_DONTWAIT);
+                    zmq_msg_close(message);
+                    if (n < 0) break;
+                }
+            }
+            return (dealer & ZMQ_POLLIN) != 0;
         }
 
         bool ReceiveOne(List<byte[]> into)
@@ -228,6 +309,11 @@ namespace Igi.Sdk
 
         public void Close()
         {
+            lock (wakeLock)
+            {
+                if (wakeSender != IntPtr.Zero) { zmq_close(wakeSender); wakeSender = IntPtr.Zero; }
+                if (wakeReceiver != IntPtr.Zero) { zmq_close(wakeReceiver); wakeReceiver = IntPtr.Zero; }
+            }
             if (socket != IntPtr.Zero) { zmq_close(socket); socket = IntPtr.Zero; }
             if (context != IntPtr.Zero) { zmq_ctx_term(context); context = IntPtr.Zero; }
             if (message != IntPtr.Zero) { Marshal.FreeHGlobal(message); message = IntPtr.Zero; }

@@ -13,15 +13,17 @@ using System.IO;
 using System.Net;
 using System.Net.Sockets;
 using System.Text;
+using System.Threading;
 
 namespace Igi.Sdk
 {
-    public sealed class ZmtpDealer : IIgiTransport
+    public sealed class ZmtpDealer : IIgiWakeableTransport
     {
         const byte FlagMore = 1, FlagLong = 2, FlagCommand = 4;
         const int GreetingBytes = 64;
-        // the sidecar drops messages above 1 MiB; anything far larger means a broken stream
-        const long MaxFrameBytes = 8L * 1024 * 1024;
+        // the sidecar sends nothing near its own 17 MiB message limit (a saved session, a
+        // list: kilobytes); a frame announcing more than twice that means a broken stream
+        const long MaxFrameBytes = 2 * Protocol.MaxMessageBytes;
 
         Socket socket;
         readonly byte[] chunk = new byte[64 * 1024];
@@ -37,7 +39,79 @@ namespace Igi.Sdk
         // PING command: name length, "PING", TTL 0 (2 bytes), no context
         static readonly byte[] PingCommand = { 4, (byte)'P', (byte)'I', (byte)'N', (byte)'G', 0, 0 };
 
+        // Wake(): one datagram to a loopback UDP socket that Receive waits on beside the TCP
+        // socket (Socket.Select), so a request queued by the game ends the I/O thread's sleep
+        readonly object wakeLock = new object();
+        Socket wakeReceiver, wakeSender;
+        int wakePending; // 1 while a wake datagram is on its way (one is enough)
+        static readonly byte[] WakeByte = { 1 };
+        readonly byte[] wakeDrain = new byte[16];
+        readonly List<Socket> selectRead = new List<Socket>(2);
+
         public bool IsConnected { get { return socket != null; } }
+
+        public void Wake()
+        {
+            if (Interlocked.Exchange(ref wakePending, 1) == 1) return;
+            lock (wakeLock)
+            {
+                if (wakeSender == null) { wakePending = 0; return; } // not connected: nothing waits on it
+                try { wakeSender.Send(WakeByte, 0, 1, SocketFlags.None); }
+                catch (SocketException) { wakePending = 0; }
+                catch (ObjectDisposedException) { wakePending = 0; }
+            }
+        }
+
+        void OpenWake()
+        {
+            lock (wakeLock)
+            {
+                if (wakeReceiver != null) return;
+                try
+                {
+                    var receiver = new Socket(AddressFamily.InterNetwork, SocketType.Dgram, ProtocolType.Udp);
+                    receiver.Bind(new IPEndPoint(IPAddress.Loopback, 0));
+                    var sender = new Socket(AddressFamily.InterNetwork, SocketType.Dgram, ProtocolType.Udp);
+                    sender.Connect(receiver.LocalEndPoint);
+                    wakeReceiver = receiver;
+                    wakeSender = sender;
+                }
+                catch (SocketException)
+                {
+                    wakeReceiver = wakeSender = null; // no UDP on loopback: Receive waits its whole timeout
+                }
+                wakePending = 0;
+            }
+        }
+
+        void CloseWake()
+        {
+            lock (wakeLock)
+            {
+                if (wakeReceiver != null) wakeReceiver.Close();
+                if (wakeSender != null) wakeSender.Close();
+                wakeReceiver = wakeSender = null;
+            }
+        }
+
+        // Waits up to timeoutMs until the TCP socket is readable or Wake() was called; true: readable.
+        bool WaitReadable(int timeoutMs)
+        {
+            Socket receiver = wakeReceiver; // only this thread opens and closes it
+            if (receiver == null || timeoutMs <= 0) return socket.Poll(Math.Max(0, timeoutMs) * 1000, SelectMode.SelectRead);
+            selectRead.Clear();
+            selectRead.Add(socket);
+            selectRead.Add(receiver);
+            Socket.Select(selectRead, null, null, timeoutMs * 1000);
+            bool woken = selectRead.Contains(receiver);
+            bool readable = selectRead.Contains(socket);
+            if (woken)
+            {
+                Volatile.Write(ref wakePending, 0); // before draining: a later Wake sends again
+                while (receiver.Available > 0) receiver.Receive(wakeDrain, 0, wakeDrain.Length, SocketFlags.None);
+            }
+            return readable;
+        }
 
         public double SecondsSinceTraffic { get { return sinceTraffic.Elapsed.TotalSeconds; } }
 
@@ -55,6 +129,7 @@ namespace Igi.Sdk
                     throw new IgiTransportException("connect to " + endpoint + " timed out");
                 s.EndConnect(pendingConnect);
                 socket = s;
+                OpenWake();
                 pendingCount = 0;
                 droppingMultipart = false;
                 sinceTraffic.Reset();
@@ -239,7 +314,7 @@ namespace Igi.Sdk
                         HandleFrame(flags, body, into);
                     // wait only for the first read; then take whatever else is already here
                     if (!first && socket.Available == 0) return true;
-                    if (!Fill(first ? timeoutMs : 0)) return false;
+                    if (!Fill(first ? timeoutMs : 0, first)) return false;
                     first = false;
                 }
             }
@@ -313,10 +388,12 @@ namespace Igi.Sdk
         }
 
         // Waits up to timeoutMs for bytes and appends them to the pending buffer. False: closed.
-        bool Fill(int timeoutMs)
+        // wakeable: Wake() may end the wait early (the I/O loop's wait; not the handshake's)
+        bool Fill(int timeoutMs, bool wakeable = false)
         {
             if (socket == null) return false;
-            if (!socket.Poll(Math.Max(0, timeoutMs) * 1000, SelectMode.SelectRead)) return true;
+            bool readable = wakeable ? WaitReadable(timeoutMs) : socket.Poll(Math.Max(0, timeoutMs) * 1000, SelectMode.SelectRead);
+            if (!readable) return true;
             int n = socket.Receive(chunk, 0, chunk.Length, SocketFlags.None);
             if (n <= 0) { Close(); return false; } // readable with no bytes: the peer closed
             if (pendingCount + n > pending.Length)
@@ -395,6 +472,7 @@ namespace Igi.Sdk
 
         public void Close()
         {
+            CloseWake();
             Socket s = socket;
             socket = null;
             if (s == null) return;

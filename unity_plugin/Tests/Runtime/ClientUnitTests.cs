@@ -269,7 +269,8 @@ namespace Igi.Sdk.Tests
         public void OversizedMessagesAreRefusedBeforeSending()
         {
             Start();
-            var big = client.Send("stats", Map("blob", new byte[2 * 1024 * 1024]));
+            // over the protocol's 17 MiB (the limit hello gives)
+            var big = client.Send("stats", Map("blob", new byte[(int)Protocol.MaxMessageBytes]));
             Pumping.Fails(client, big, IgiError.InvalidBody, 5);
             Assert.AreEqual(0, fake.SentOf("stats").Count);
         }

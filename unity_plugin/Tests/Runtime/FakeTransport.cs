@@ -46,7 +46,7 @@ namespace Igi.Sdk.Tests
             return new Dictionary<string, object>
             {
                 { "protocol", 1L }, { "minor", 1L }, { "model", "fake.gguf" }, { "loading", false }, { "lease_s", 15.0 },
-                { "limits", new Dictionary<string, object> { { "max_text_chars", 32000L }, { "max_message_bytes", 1048576L } } },
+                { "limits", new Dictionary<string, object> { { "max_text_chars", 32000L }, { "max_message_bytes", Protocol.MaxMessageBytes } } },
                 { "features", new List<object> { "goodbye", "leases", "list_sessions", "adopt_session", "set_priority", "resume_stream", "json_schema_string", "session_names", "draft_model", "images" } },
             };
         }
