@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# The Unreal plugin's C++ suite: builds the engine-agnostic core (IgiSdkCore) as Unreal does
+# (C++17, -fno-exceptions -fno-rtti -Wall -Wextra -Werror) with its GoogleTest tests, runs them
+# against the real sidecar (they start it themselves: .venv/bin/python -m igi_sdk.cli serve),
+# builds it again under ASan/UBSan and runs the codec fuzzing and a reconnect there, and
+# type-checks the Unreal layer against a stub of the engine headers it uses (-fsyntax-only).
+# Installs cmake, g++ and libgtest-dev from Debian when missing.
+# Prints "N passed, N failed"; exits 1 on any failure or when no test ran.
+# IGI_CPP_SKIP_ASAN=1 skips the sanitizer build.
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+root=$PWD
+started=$(date +%s)
+
+need=()
+command -v cmake >/dev/null || need+=(cmake)
+command -v g++ >/dev/null || need+=(g++)
+[ -f /usr/include/gtest/gtest.h ] || need+=(libgtest-dev)
+if [ "${#need[@]}" -gt 0 ]; then
+    sudo=""; [ "$(id -u)" -eq 0 ] || sudo="sudo"
+    echo "installing ${need[*]} (Debian packages for the C++ suite)"
+    $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null \
+        || { $sudo apt-get update -q >/dev/null \
+             && $sudo env DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${need[@]}" >/dev/null; } \
+        || { echo "could not install ${need[*]}"; echo "0 passed, 1 failed"; exit 1; }
+fi
+
+# a folder of its own per run (build/ is git-ignored): runs side by side must not collide
+mkdir -p "$root/build"
+build=$(mktemp -d "$root/build/cpp.XXXXXX")
+export IGI_CPP_TMP="$build/tmp"
+mkdir -p "$IGI_CPP_TMP"
+export IGI_PYTHON="$root/.venv/bin/python"
+export IGI_VECTORS_DIR="$root/bridge/vectors"
+# a sidecar that can bind port 0 and report it is started that way; otherwise on a free port
+if "$IGI_PYTHON" -m igi_sdk.cli serve --help 2>/dev/null | grep -q -- '--endpoint-file'; then
+    export IGI_SIDECAR_ENDPOINT_FILE=1
+fi
+
+passed=0
+failed=0
+count() {  # count RESULT_XML: adds the file's tests to passed/failed
+    local xml=$1
+    if [ ! -f "$xml" ]; then failed=$((failed + 1)); return; fi
+    read -r t f <<<"$(python3 - "$xml" <<'PY'
+import sys, xml.etree.ElementTree as ET
+root = ET.parse(sys.argv[1]).getroot()
+cases = [c for c in root.iter("testcase") if c.get("result", "completed") == "completed" and c.get("status", "run") == "run"]
+bad = sum(1 for c in cases if c.find("failure") is not None)
+print(len(cases), bad)
+PY
+)"
+    passed=$((passed + t - f))
+    failed=$((failed + f))
+}
+
+build_variant() {  # NAME SANITIZE
+    cmake -S tests/cpp -B "$build/$1" -DIGI_SANITIZE="$2" -DCMAKE_BUILD_TYPE=None >"$build/$1.cmake.log" 2>&1 \
+        && make -C "$build/$1" -j2 >"$build/$1.make.log" 2>&1
+}
+
+# 1. the core and its tests, as Unreal compiles them
+if build_variant release OFF; then
+    (cd "$root" && timeout 300 "$build/release/igi_cpp_tests" --gtest_output="xml:$build/release.xml") \
+        >"$build/release.log" 2>&1
+    grep -E '^\[  (FAILED|PASSED)|^measured:|Failure|error' "$build/release.log" | grep -v '^\[  FAILED  \] [0-9]' | head -60
+    count "$build/release.xml"
+else
+    echo "core: build failed"; tail -40 "$build/release.make.log" "$build/release.cmake.log"
+    failed=$((failed + 1))
+fi
+
+# 2. the same under ASan/UBSan: the fuzzers, the codec, and a stream through a reconnect
+if [ -z "${IGI_CPP_SKIP_ASAN:-}" ]; then
+    if build_variant asan ON; then
+        (cd "$root" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+            IGI_FUZZ_ROUNDS=200000 timeout 300 "$build/asan/igi_cpp_tests" \
+            --gtest_filter='MsgPack*:Zmtp*:Endpoint*:ClientOptions*:Sidecar.StreamedChat*:Sidecar.DroppedConnection*:Sidecar.Cancel*' \
+            --gtest_output="xml:$build/asan.xml") >"$build/asan.log" 2>&1
+        rc=$?
+        grep -E '^\[  (FAILED|PASSED)|^measured:|Failure|ERROR: |runtime error' "$build/asan.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/asan: /' | head -40
+        count "$build/asan.xml"
+        # a sanitizer report ends the process with a non-zero status even when gtest counted a pass
+        if [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED' "$build/asan.log"; then
+            echo "asan: the test process exited $rc"; tail -30 "$build/asan.log"; failed=$((failed + 1))
+        fi
+    else
+        echo "asan: build failed"; tail -40 "$build/asan.make.log"
+        failed=$((failed + 1))
+    fi
+fi
+
+# 3. the Unreal layer against the stub of the engine headers it uses
+if bash tests/cpp/ue_typecheck.sh "$build/ue" >"$build/ue.log" 2>&1; then
+    echo "Unreal layer: type check ok ($(grep -c . "$build/ue.log" || true) files)"
+    passed=$((passed + 1))
+else
+    echo "Unreal layer: type check failed"; head -60 "$build/ue.log"
+    failed=$((failed + 1))
+fi
+
+echo "C++ suite: $(( $(date +%s) - started )) s; logs in $build"
+echo "$passed passed, $failed failed"
+[ "$failed" -eq 0 ] && [ "$passed" -gt 0 ]
