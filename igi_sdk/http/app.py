@@ -117,21 +117,31 @@ def build_app(cfg: HttpConfig) -> FastAPI:
             evicted = table.evictions()
         try:
             for attempt in range(4):
+                opened = False
                 try:
                     turn = await asyncio.to_thread(_begin, client, req, match, line, images,
                                                    priority, evicted)
+                    opened = True
+                    # a line the shared context cannot take yet is refused before any token
+                    first = await asyncio.to_thread(_first, turn, inward)
                     break
                 except HttpError as e:
-                    # every session slot is taken: the least recently used idle conversation
-                    # gives its slot (its transcript opens anew if it comes back)
-                    if e.code != "too_many_sessions" or not match.fresh or attempt == 3:
+                    # every session slot is taken, or idle conversations hold the context's
+                    # cells this line needs: the least recently used idle conversation gives
+                    # them up (its transcript opens anew if it comes back; a mod cannot close
+                    # the conversations it has given up on)
+                    room = e.code == "context_full" or (e.code == "too_many_sessions"
+                                                        and match.fresh)
+                    if not room or attempt == 3:
                         raise
                     async with lock:
                         victim = table.least_recent_idle(but=match.conversation.session)
                         if victim is None:
                             raise
                         table.forget(victim)
-                    evicted = [victim]
+                    # a session opened for this line is opened again after the room is made
+                    evicted = [victim, *([match.conversation.session]
+                                         if match.fresh and opened else [])]
         except BaseException:
             match.conversation.busy = False
             if match.fresh:  # a session opened for a line that failed: not kept
@@ -139,7 +149,7 @@ def build_app(cfg: HttpConfig) -> FastAPI:
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
             raise
         if req.stream:
-            return StreamingResponse(_sse(turn, req, table, line, request, inward),
+            return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
@@ -473,16 +483,34 @@ def _pump(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) ->
         loop.call_soon_threadsafe(queue.put_nowait, e)
 
 
+def _first(turn: _Turn, inward: _Inward) -> object:
+    """The reply's first piece, or ``_END`` for a reply without one (a worker thread); the
+    rest is read where it is sent on."""
+    try:
+        for piece in turn.stream:
+            return piece
+        return _END
+    except BridgeError as e:
+        raise from_code(e.code, e.message) from None
+    except SidecarUnavailable as e:
+        inward.lost(turn.client)
+        raise HttpError(503, "unavailable", str(e)) from None
+
+
 async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
-               line: str, request: Request, inward: _Inward) -> AsyncIterator[bytes]:
-    """The reply as server-sent events; a client that goes away cancels it (checked between
-    pieces too: a server may notice a closed connection only at a later write)."""
+               line: str, request: Request, inward: _Inward,
+               first: object) -> AsyncIterator[bytes]:
+    """The reply as server-sent events, from its ``first`` piece on; a client that goes away
+    cancels it (checked between pieces too: a server may notice a closed connection only at a
+    later write)."""
     queue: asyncio.Queue = asyncio.Queue()
     threading.Thread(target=_pump, args=(turn, asyncio.get_running_loop(), queue),
                      name="igi-http-stream", daemon=True).start()
     finished = False
     try:
         yield _chunk(turn, req, {"role": "assistant", "content": ""})
+        if isinstance(first, str):
+            yield _chunk(turn, req, {"content": first})
         n = 0
         while True:
             piece = await queue.get()
