@@ -400,9 +400,11 @@ class AsyncClient:
 
     def __init__(self, endpoint: str = "tcp://127.0.0.1:5599", *, timeout: float = 10.0,
                  engine: str = "python-asyncio", curve: dict[str, bytes] | None = None,
-                 owner: str | None = None, token: str | None = None) -> None:
-        """``owner`` and ``token`` as for :class:`Client`."""
+                 owner: str | None = None, token: str | None = None,
+                 instance: str | None = None, model: str | None = None) -> None:
+        """``owner``, ``token``, ``instance`` and ``model`` as for :class:`Client`."""
         self.endpoint, self.timeout = endpoint, timeout
+        self.expect_instance, self.expect_model = instance, model
         self._hello_body: dict[str, Any] = {"protocol": P.PROTOCOL_VERSION, "engine": engine}
         if owner is not None:
             self._hello_body["owner"] = owner
@@ -434,7 +436,8 @@ class AsyncClient:
 
     async def request(self, msg_type: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
         if msg_type != "hello" and not self._greeted:
-            await self.request("hello", self._hello_body)
+            hello = await self.request("hello", self._hello_body)
+            _check_identity(hello, self.expect_instance, self.expect_model)
             self._greeted = True
         msg_id = next(self._ids)
         await self._sock.send(P.encode(msg_id, msg_type, body or {}))

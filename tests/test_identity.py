@@ -105,3 +105,33 @@ def test_a_bad_instance_id_is_refused_before_listening(model_dir) -> None:
                             bad], capture_output=True, text=True, timeout=60)
         assert r.returncode == 2 and "--instance" in r.stderr, (bad, r.stderr)
         assert r.stdout == ""  # nothing bound, nothing reported
+
+
+def test_the_asyncio_client_refuses_another_instance_too(tmp_path) -> None:
+    import asyncio
+    import threading
+
+    from igi_sdk.bridge.server import Server, ServerConfig
+    from igi_sdk.client import AsyncClient
+    from tests.test_server_caps import _Stalled
+
+    srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'a.sock'}", model_dir=tmp_path,
+                              instance=INSTANCE), _Stalled())
+    srv.model_name = _Stalled.model_name
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+
+    async def main() -> None:
+        mine = AsyncClient(srv.bound, instance=INSTANCE, model=_Stalled.model_name)
+        assert (await mine.request("ping"))["t"] > 0
+        mine.close()
+        other = AsyncClient(srv.bound, instance="someone-else")
+        with pytest.raises(WrongSidecar):
+            await other.request("ping")
+        other.close()
+
+    try:
+        asyncio.run(main())
+    finally:
+        srv.stopping.set()
+        t.join(5)
