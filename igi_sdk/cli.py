@@ -612,8 +612,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
     print(f"igi-sdk sidecar listening on {server.bound} (models from {cfg.model_dir}){loading}",
           file=sys.stderr, flush=True)
     # the endpoint actually bound (--endpoint tcp://127.0.0.1:0 takes a free port), before the
-    # model loads: a launcher reads this one stdout line, or the --endpoint-file
-    print(f"{ENDPOINT_LINE}{server.bound}", flush=True)
+    # model loads: a launcher reads the --endpoint-file, or this one stdout line (written
+    # second, so whoever reads the line finds the file too)
     if args.endpoint_file:
         try:
             _write_endpoint_file(Path(args.endpoint_file), server.bound)
@@ -621,6 +621,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
             server.close()
             raise UsageError(f"cannot write --endpoint-file {args.endpoint_file}: "
                              f"{e.strerror}") from None
+    print(f"{ENDPOINT_LINE}{server.bound}", flush=True)
     t0 = time.monotonic()
 
     def ready() -> None:  # the model named at start is loaded; requests are served from now
