@@ -1,0 +1,3 @@
+// stub: see UEStub.h
+#pragma once
+#include "UEStub.h"
