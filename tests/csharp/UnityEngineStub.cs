@@ -14,6 +14,8 @@ namespace UnityEngine
         public static void DontDestroyOnLoad(Object target) { }
         public static void Destroy(Object obj) { }
         public static T FindObjectOfType<T>() where T : Object { return null; }
+        public static T FindAnyObjectByType<T>() where T : Object { return null; }
+        public static T FindFirstObjectByType<T>() where T : Object { return null; }
     }
 
     public class Component : Object
@@ -55,6 +57,7 @@ namespace UnityEngine
     public static class Application
     {
         public static string persistentDataPath { get { return Environment.GetEnvironmentVariable("IGI_STUB_DATA") ?? "."; } }
+        public static string dataPath { get { return System.IO.Path.Combine(Environment.GetEnvironmentVariable("IGI_STUB_PROJECT") ?? persistentDataPath, "Assets"); } }
         public static string streamingAssetsPath { get { return System.IO.Path.Combine(persistentDataPath, "StreamingAssets"); } }
         public static bool isEditor { get { return Environment.GetEnvironmentVariable("IGI_STUB_EDITOR") == "1"; } }
         public static int targetFrameRate { get; set; }

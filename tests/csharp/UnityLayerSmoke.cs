@@ -34,6 +34,7 @@ static class Smoke
     {
         var c = new GameObject(name).AddComponent<T>();
         Call(c, "Awake");
+        Call(c, "OnEnable"); // as Unity does, right after Awake
         Live.Add(c);
         return c;
     }
@@ -61,6 +62,7 @@ static class Smoke
     static void Quit()
     {
         foreach (var c in Live) Call(c, "OnApplicationQuit");
+        foreach (var c in Live) Call(c, "OnDisable");
         foreach (var c in Live) Call(c, "OnDestroy");
         Live.Clear();
         ResetStatics(typeof(IgiSidecar));

@@ -22,6 +22,7 @@ while IFS= read -r -d '' f; do core+=("$f"); done < <(find unity_plugin/Runtime/
 mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Core.dll" "${core[@]}" \
     || { echo "core: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
 
+test_dlls=()
 # The Unity layer (written on top of the core) type-checks against a stub of UnityEngine.
 # (IGI_CSHARP_SKIP_UNITY=1 skips it, for work on the core alone.)
 if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]; then
@@ -40,6 +41,19 @@ if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]
         tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
         || { echo "Unity layer: type check failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
     echo "Unity layer: type check ok (${#unity[@]} files)"
+    # as IL2CPP and a development build of Unity 6 compile it (other #if branches)
+    mcs "${flags[@]}" -define:ENABLE_IL2CPP -define:DEVELOPMENT_BUILD -define:UNITY_2023_1_OR_NEWER -target:library \
+        -out:"$build/Igi.Sdk.Unity.il2cpp.dll" tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
+        || { echo "Unity layer (IL2CPP defines): type check failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
+    # the Unity layer's own NUnit tests (components driven by hand against real sidecars)
+    unity_tests=()
+    while IFS= read -r -d '' f; do unity_tests+=("$f"); done < <(find tests/csharp/unity -name '*.cs' -print0 2>/dev/null | sort -z)
+    if [ "${#unity_tests[@]}" -gt 0 ]; then
+        mcs "${flags[@]}" -target:library -r:"$build/Igi.Sdk.Unity.typecheck.dll" -r:"$nunit_dll" \
+            -out:"$build/Igi.Sdk.Unity.Tests.dll" "${unity_tests[@]}" \
+            || { echo "Unity layer tests: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
+        test_dlls+=("$build/Igi.Sdk.Unity.Tests.dll")
+    fi
 fi
 
 tests=()
@@ -58,7 +72,7 @@ XML
 
 export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
 export IGI_VECTORS_DIR="${IGI_VECTORS_DIR:-$root/bridge/vectors}"
-(cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" ${NUNIT_ARGS:-}) \
+(cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" "${test_dlls[@]}" ${NUNIT_ARGS:-}) \
     > "$build/nunit.log" 2>&1
 nunit=$?
 # the summary, every failure with its message, and the measurements tests print

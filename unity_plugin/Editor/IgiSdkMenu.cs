@@ -37,9 +37,22 @@ namespace Igi.Sdk.Editor
                 Debug.Log("Igi SDK: leave play mode first (the game is using the sidecar)");
                 return;
             }
+#if UNITY_2023_1_OR_NEWER
+            var scene = Object.FindAnyObjectByType<IgiSidecar>();
+#else
             var scene = Object.FindObjectOfType<IgiSidecar>();
-            string endpoint = SidecarArguments.Endpoint(scene != null ? scene.Port : IgiSidecar.DefaultPort);
-            var client = new IgiClient(new IgiClientOptions { Endpoint = endpoint, ClientName = "Unity Editor menu" });
+#endif
+            // the scene's port, else the project's own (the Editor's sidecar is started there)
+            string project = System.IO.Path.GetDirectoryName(Application.dataPath);
+            bool automatic = scene == null || scene.Port == 0;
+            int port = automatic ? SidecarIdentity.EditorPort(project) : scene.Port;
+            string endpoint = SidecarArguments.Endpoint(port);
+            var client = new IgiClient(new IgiClientOptions
+            {
+                Endpoint = endpoint, ClientName = "Unity Editor menu",
+                ExpectedInstance = automatic ? SidecarIdentity.EditorInstance(project) : null, // never another project's
+                LaunchToken = SidecarKeys.LaunchToken(port), // only the game (this Editor) may shut it down
+            });
             IgiRequest shutdown = client.Shutdown();
             double giveUpAt = EditorApplication.timeSinceStartup + StopWaitSeconds;
             // pumped by the Editor's update loop: the menu returns at once

@@ -15,15 +15,81 @@ namespace Igi.Sdk.Unity
         void Begin()
         {
             LastError = null;
+            _endpointFileInUse = null;
             if (!launch)
             {
+                // the game's launcher started the sidecar (serve --endpoint-file F --instance ID)
+                string file = !string.IsNullOrEmpty(endpointFile) ? endpointFile : Environment.GetEnvironmentVariable(SidecarIdentity.EndpointFileVariable);
+                string id = !string.IsNullOrEmpty(instanceId) ? instanceId : Environment.GetEnvironmentVariable(SidecarIdentity.InstanceVariable);
+                _expectedInstance = string.IsNullOrEmpty(id) ? null : id;
+                _keyPort = port;
+                if (!string.IsNullOrEmpty(file))
+                {
+                    _endpointFileInUse = file;
+                    _endpointDeadline = Time.realtimeSinceStartup + startTimeoutSeconds;
+                    _endpoint = null;
+                    _state = SidecarState.Launching; // waits for the file (AfterLaunch)
+                    return;
+                }
+                if (port == 0) { Fail("no_endpoint", "Launch is off: set Endpoint File (or IGI_SDK_ENDPOINT_FILE) or a Port"); return; }
+                UsePort(port);
                 Connect(startTimeoutSeconds); // someone else starts it; wait for it
                 return;
             }
-            int probePort = port;
+            if (port == 0 && !Application.isEditor)
+            {
+                // a player: the sidecar this process started before (a re-enabled component), else a new one on a free port
+                _keyPort = 0;
+                if (ReattachKept()) return;
+                BeginLaunch();
+                return;
+            }
+            if (port == 0)
+            {
+                string project = Path.GetDirectoryName(Application.dataPath);
+                _keyPort = SidecarIdentity.EditorPort(project);
+                _expectedInstance = SidecarIdentity.EditorInstance(project);
+            }
+            else
+            {
+                _keyPort = port;
+                int pid;
+                string kept, endpoint, log;
+                // the instance this process started on the port; none: whatever listens there is not ours
+                _expectedInstance = SidecarKeys.KeptLaunch(port, out pid, out kept, out endpoint, out log) ? kept : SidecarIdentity.NewInstance();
+            }
+            UsePort(_keyPort);
+            int probePort = _keyPort;
             _reprobe = false;
             _probe = Task.Run(() => PortProbe.IsListening(probePort, ProbeTimeoutMs));
             _state = SidecarState.Probing;
+        }
+
+        void UsePort(int p)
+        {
+            _activePort = p;
+            _endpoint = SidecarArguments.Endpoint(p);
+        }
+
+        // After a script reload or a re-enable: the sidecar this process started, if it still runs.
+        bool ReattachKept()
+        {
+            int pid;
+            string kept, endpoint, log;
+            if (!SidecarKeys.KeptLaunch(_keyPort, out pid, out kept, out endpoint, out log)) return false;
+            var process = SidecarProcess.Attach(pid, log);
+            if (process.HasExited || endpoint == null || !endpoint.StartsWith("tcp://", StringComparison.Ordinal))
+            {
+                process.Dispose();
+                SidecarKeys.ForgetLaunch(_keyPort);
+                return false;
+            }
+            _process = process;
+            _processStartedAt = Time.realtimeSinceStartup;
+            _expectedInstance = kept;
+            _endpoint = endpoint;
+            Connect(connectTimeoutSeconds);
+            return true;
         }
 
         void AfterProbe()
@@ -33,10 +99,22 @@ namespace Igi.Sdk.Unity
             _probe = null;
             if (listening && _reprobe)
             {
-                Fail("not_a_sidecar", "something listens on port " + port + " but does not answer as an igi-sdk sidecar; choose another port");
+                Fail("not_a_sidecar", "something listens on port " + _activePort + " but does not answer as an igi-sdk sidecar; choose another port");
                 return;
             }
-            if (listening) Connect(connectTimeoutSeconds); // the Editor's sidecar from the last play mode, or one the player runs
+            if (listening)
+            {
+                // ours from before (the Editor's last play mode, a script reload): the instance check decides
+                int pid;
+                string kept, endpoint, log;
+                if (_process == null && SidecarKeys.KeptLaunch(_keyPort, out pid, out kept, out endpoint, out log) && kept == _expectedInstance)
+                {
+                    var process = SidecarProcess.Attach(pid, log);
+                    if (!process.HasExited) { _process = process; _processStartedAt = Time.realtimeSinceStartup; }
+                    else process.Dispose();
+                }
+                Connect(connectTimeoutSeconds);
+            }
             else BeginLaunch();
         }
 
@@ -46,21 +124,33 @@ namespace Igi.Sdk.Unity
             string configured = executablePath;
             string streamingAssets = Application.streamingAssetsPath;
             bool windows = Path.DirectorySeparatorChar == '\\';
+            bool freePort = _keyPort == 0;
+            if (freePort) _expectedInstance = SidecarIdentity.NewInstance(); // a fresh one per launch
+            string file = SidecarIdentity.EndpointFilePath(_expectedInstance);
+            string endpoint = freePort ? SidecarArguments.Endpoint(0) : _endpoint;
             var launchInfo = new SidecarLaunch
             {
-                Arguments = SidecarArguments.Build(Endpoint, System.Diagnostics.Process.GetCurrentProcess().Id,
-                    SaveDirectory, modelDir, model, streamingAssets, extraArguments),
+                Arguments = SidecarArguments.Build(endpoint, System.Diagnostics.Process.GetCurrentProcess().Id,
+                    SaveDirectory, modelDir, model, streamingAssets, extraArguments, _expectedInstance, file),
                 LogPath = DefaultLogPath(),
                 Windows = windows,
             };
             // a new token (and owner key) per sidecar started: through its environment only
-            launchInfo.Variables[SidecarKeys.TokenVariable] = SidecarKeys.Renew(port);
+            launchInfo.Variables[SidecarKeys.TokenVariable] = SidecarKeys.Renew(_keyPort);
             UseKeys(); // the client's next hello (to the new sidecar) carries them
+            if (freePort)
+            {
+                _endpoint = null; // known once the sidecar wrote it
+                _endpointFileInUse = file;
+                _endpointDeadline = Time.realtimeSinceStartup + connectTimeoutSeconds + 20f;
+            }
             _launch = Task.Run(() =>
             {
                 launchInfo.Executable = SidecarLocator.Find(configured, streamingAssets, windows);
                 if (launchInfo.Executable == null)
                     throw new FileNotFoundException("igi-sdk not found; looked at " + LookedAt(configured, streamingAssets, windows));
+                Directory.CreateDirectory(Path.GetDirectoryName(file));
+                try { File.Delete(file); } catch (IOException) { } // a stale one from a crashed run
                 return SidecarProcess.Start(launchInfo);
             });
             _state = SidecarState.Launching;
@@ -78,35 +168,64 @@ namespace Igi.Sdk.Unity
 
         void AfterLaunch(float now)
         {
-            if (_launch == null || !_launch.IsCompleted) return;
-            Task<SidecarProcess> done = _launch;
-            _launch = null;
-            if (done.Status != TaskStatus.RanToCompletion)
+            if (_launch != null)
             {
-                Exception e = done.Exception != null ? done.Exception.GetBaseException() : new OperationCanceledException();
-                if (e is FileNotFoundException) Fail("sidecar_not_found", e.Message);
-                else ScheduleRestart("the sidecar could not be started: " + e.Message);
-                return;
+                if (!_launch.IsCompleted) return;
+                Task<SidecarProcess> done = _launch;
+                _launch = null;
+                if (done.Status != TaskStatus.RanToCompletion)
+                {
+                    Exception e = done.Exception != null ? done.Exception.GetBaseException() : new OperationCanceledException();
+                    if (e is FileNotFoundException) Fail("sidecar_not_found", e.Message);
+                    else if (e is LaunchUnsupportedException)
+                        Fail("launch_unsupported", e.Message + ". Start the sidecar from the game's launcher (igi-sdk serve --endpoint tcp://127.0.0.1:0 --endpoint-file F --instance ID) and turn Launch off with Endpoint File F and Instance ID (docs/unity.md)");
+                    else ScheduleRestart("the sidecar could not be started: " + e.Message);
+                    return;
+                }
+                _process = done.Result;
+                _processStartedAt = now;
+                _startedHere = true;
             }
-            _process = done.Result;
-            _processStartedAt = now;
-            Debug.Log("Igi SDK: started the sidecar on " + Endpoint + " (log: " + _process.LogPath + ")");
+            if (_endpointFileInUse != null && _endpoint == null)
+            {
+                // a free port: the sidecar writes it once bound (before its model loads)
+                if (now < _nextFileCheckAt) return;
+                _nextFileCheckAt = now + 0.1f;
+                string found = SidecarIdentity.ReadEndpointFile(_endpointFileInUse);
+                if (found == null)
+                {
+                    if (now > _endpointDeadline)
+                        Fail("no_endpoint", "no endpoint in " + _endpointFileInUse + " after " + (_endpointDeadline - _processStartedAt).ToString("0") + " s" + (_process != null ? " (log: " + _process.LogPath + ")" : ""));
+                    return; // Update's WatchProcess notices a sidecar that exits meanwhile
+                }
+                _endpoint = found;
+                _activePort = int.Parse(found.Substring(found.LastIndexOf(':') + 1));
+            }
+            if (_process != null)
+            {
+                SidecarKeys.KeepLaunch(_keyPort, _process.Pid, _expectedInstance, _endpoint, _process.LogPath);
+                Debug.Log("Igi SDK: started the sidecar " + _expectedInstance + " on " + _endpoint + " (pid " + _process.Pid + ", log: " + _process.LogPath + ")");
+            }
             Connect(startTimeoutSeconds);
         }
 
         void Connect(float timeoutSeconds)
         {
+            if (_client != null && (_client.Options.Endpoint != _endpoint || _client.Options.ExpectedInstance != _expectedInstance))
+                DisposeClient(); // another sidecar (a new free port, another instance): a new client
             if (_client == null)
             {
                 _client = new IgiClient(new IgiClientOptions
                 {
-                    Endpoint = Endpoint,
+                    Endpoint = _endpoint,
                     Engine = "unity",
                     ClientName = Truncate(string.IsNullOrEmpty(clientName) ? Application.productName : clientName, 64),
                     GamePid = System.Diagnostics.Process.GetCurrentProcess().Id,
                     LeaseSeconds = leaseSeconds,
                     // the Editor's sidecar outlives the play mode: leave the sessions for the next one to adopt
                     KeepSessionsOnDispose = Application.isEditor,
+                    ExpectedInstance = _expectedInstance,
+                    ExpectedModel = string.IsNullOrEmpty(model) ? null : model,
                 });
                 _client.ConnectionChanged += OnConnectionChanged;
                 _client.HelloRefused += OnHelloRefused;
@@ -117,18 +236,25 @@ namespace Igi.Sdk.Unity
             _warnedSlowStart = false;
         }
 
-        // The owner key and launch token of the sidecar on the port (SidecarKeys), read by the
-        // client at its next hello: NPCs a last play mode left are adopted, and this game is the
-        // game (IsGame) of a sidecar it started.
+        // The owner key and launch token of the sidecar (SidecarKeys), read by the client at its
+        // next hello: NPCs a last play mode left are adopted, and this game is the game (IsGame)
+        // of a sidecar it started.
         void UseKeys()
         {
             if (_client == null) return;
-            _client.Options.OwnerKey = SidecarKeys.OwnerKey(port);
-            _client.Options.LaunchToken = SidecarKeys.LaunchToken(port);
+            _client.Options.OwnerKey = SidecarKeys.OwnerKey(_keyPort);
+            _client.Options.LaunchToken = SidecarKeys.LaunchToken(_keyPort);
         }
 
         void OnHelloRefused(IgiError error)
         {
+            if (error.Code == IgiError.WrongSidecar)
+            {
+                // never reused: another Editor's or game's sidecar, or a developer's own
+                Fail(IgiError.WrongSidecar, error.Message + (port != 0 || Application.isEditor
+                    ? "; port " + _activePort + " is taken by it: stop it or set another Port" : ""));
+                return;
+            }
             if (error.Retryable)
             {
                 LastError = error.Code + ": " + error.Message; // busy: the core greets again after a pause
@@ -139,7 +265,7 @@ namespace Igi.Sdk.Unity
                 // the sidecar on the port was not started by this process (ours ended and another
                 // took the port): not ours to command, so talk to it as a guest
                 Debug.LogWarning("Igi SDK: the sidecar on " + Endpoint + " refused this game's launch token (it was started elsewhere); connecting without it (its pacing and shutdown are not this game's)");
-                SidecarKeys.ForgetLaunchToken(port);
+                SidecarKeys.ForgetLaunchToken(_keyPort);
                 _client.Options.LaunchToken = null;
                 _client.Ping(); // says hello again
                 return;
@@ -177,11 +303,15 @@ namespace Igi.Sdk.Unity
 
         void WatchProcess(float now)
         {
-            if (_process == null || !_process.HasExited) return;
+            if (_process == null || now < _nextWatchAt) return;
+            _nextWatchAt = now + WatchEverySeconds;
+            if (!_process.HasExited) return;
             int exitCode = _process.ExitCode;
             string reason = "the sidecar exited (code " + exitCode + "; log: " + _process.LogPath + ")";
             _backoff.Ended(now - _processStartedAt);
+            _process.Dispose();
             _process = null;
+            SidecarKeys.ForgetLaunch(_keyPort);
             if (_state == SidecarState.Ready) _state = SidecarState.Connecting;
             RaiseLost(reason);
             if (_quitting) return;
@@ -198,7 +328,8 @@ namespace Igi.Sdk.Unity
             if (_process == null)
             {
                 // the sidecar found on the port is gone or is not one: look again, start one if nobody is there
-                int probePort = port;
+                if (_keyPort == 0) { BeginLaunch(); return; }
+                int probePort = _activePort;
                 _reprobe = true;
                 _probe = Task.Run(() => PortProbe.IsListening(probePort, ProbeTimeoutMs));
                 _state = SidecarState.Probing;
@@ -247,6 +378,15 @@ namespace Igi.Sdk.Unity
         {
             var lost = Lost;
             if (lost != null) lost(reason);
+        }
+
+        void DisposeClient()
+        {
+            if (_client == null) return;
+            _client.ConnectionChanged -= OnConnectionChanged;
+            _client.HelloRefused -= OnHelloRefused;
+            _client.Dispose();
+            _client = null;
         }
 
         void CloseClient()

@@ -8,8 +8,10 @@ namespace Igi.Sdk.Unity
 {
     /// <summary>
     /// The game's link to the igi-sdk sidecar, one per game (kept across scene loads). Starts
-    /// <c>igi-sdk serve</c> tied to this process, or reuses the one already listening on the port
-    /// (the Editor's, across play modes); connects the core <see cref="IgiClient"/> with the
+    /// <c>igi-sdk serve</c> tied to this process (a player: on a free port, with a fresh instance
+    /// id; the Editor: on the project's own port, see <see cref="SidecarIdentity"/>), or reuses the
+    /// one this process started before (the Editor's, across play modes and script reloads) and
+    /// refuses any other; connects the core <see cref="IgiClient"/> with the
     /// game's owner key and the launch token of the sidecar it started (<see cref="SidecarKeys"/>),
     /// and pumps it
     /// every frame, so its callbacks run on the main thread; restarts a crashed sidecar with
@@ -20,7 +22,9 @@ namespace Igi.Sdk.Unity
     [AddComponentMenu("Igi SDK/Igi Sidecar")]
     public sealed partial class IgiSidecar : MonoBehaviour
     {
-        public const int DefaultPort = 5599;
+        /// <summary>0: automatic (a player: a free port per launch; the Editor: the project's port).</summary>
+        public const int DefaultPort = 0;
+        const float WatchEverySeconds = 0.25f; // the PID check: one system call, no allocation
         public const string DefaultSaveSubfolder = "igi-sdk/sessions";
         const int ProbeTimeoutMs = 300;
         const float PingEverySeconds = 1f;
@@ -31,8 +35,12 @@ namespace Igi.Sdk.Unity
         [SerializeField] bool launch = true;
         [Tooltip("The igi-sdk executable. Empty: IGI_SDK_EXE, then StreamingAssets/igi-sdk/, then PATH.")]
         [SerializeField] string executablePath = "";
-        [Tooltip("Loopback TCP port of the sidecar.")]
-        [Range(1024, 65535)] [SerializeField] int port = DefaultPort;
+        [Tooltip("Loopback TCP port of the sidecar. 0: automatic (a player: a free port per launch; the Editor: one derived from the project's path).")]
+        [Range(0, 65535)] [SerializeField] int port = DefaultPort;
+        [Tooltip("Launch off: the file the game's launcher had the sidecar write its endpoint to (serve --endpoint-file). Empty: IGI_SDK_ENDPOINT_FILE, else the port.")]
+        [SerializeField] string endpointFile = "";
+        [Tooltip("Launch off: the sidecar's --instance id; another sidecar is refused. Empty: IGI_SDK_INSTANCE, else any.")]
+        [SerializeField] string instanceId = "";
         [Tooltip("Folder of GGUF models, absolute or relative to StreamingAssets. Empty: the sidecar's embedded default model.")]
         [SerializeField] string modelDir = "";
         [Tooltip("Model file inside Model Dir, loaded when the sidecar starts.")]
@@ -60,22 +68,35 @@ namespace Igi.Sdk.Unity
         static IgiSidecar _instance;
         static bool _quitting;
 
-        readonly RestartBackoff _backoff = new RestartBackoff();
-        readonly List<VramReservation> _reservations = new List<VramReservation>();
-        IgiClient _client;
-        SidecarProcess _process;
-        Task<bool> _probe;
-        bool _reprobe;
-        Task<SidecarProcess> _launch;
-        SidecarState _state = SidecarState.Stopped;
-        float _connectDeadline;
-        bool _warnedSlowStart;
-        float _restartAt;
-        float _processStartedAt;
-        float _lastAnswerAt = -1f;
-        float _nextPingAt;
-        bool _pingInFlight;
-        int _readyCount;
+        // Runtime state: never serialized. A script reload in play mode serializes every other
+        // field of the component and restores it into a fresh one, which then gets OnEnable (no
+        // Awake, no Start): restored state without its client is what must not happen.
+        [NonSerialized] readonly RestartBackoff _backoff = new RestartBackoff();
+        [NonSerialized] readonly List<VramReservation> _reservations = new List<VramReservation>();
+        [NonSerialized] IgiClient _client;
+        [NonSerialized] SidecarProcess _process;
+        [NonSerialized] Task<bool> _probe;
+        [NonSerialized] bool _reprobe;
+        [NonSerialized] Task<SidecarProcess> _launch;
+        [NonSerialized] SidecarState _state = SidecarState.Stopped;
+        [NonSerialized] bool _enabled;
+        [NonSerialized] float _connectDeadline;
+        [NonSerialized] bool _warnedSlowStart;
+        [NonSerialized] float _restartAt;
+        [NonSerialized] float _processStartedAt;
+        [NonSerialized] float _lastAnswerAt = -1f;
+        [NonSerialized] float _nextPingAt;
+        [NonSerialized] bool _pingInFlight;
+        [NonSerialized] int _readyCount;
+        [NonSerialized] float _nextWatchAt;
+        [NonSerialized] int _keyPort;          // what SidecarKeys keeps this sidecar's keys under (0: a player's free port)
+        [NonSerialized] int _activePort;       // the port in use; 0 until a player's sidecar reported its own
+        [NonSerialized] string _endpoint;      // null until known
+        [NonSerialized] string _expectedInstance;
+        [NonSerialized] string _endpointFileInUse; // a started sidecar's endpoint file, awaited
+        [NonSerialized] float _endpointDeadline;
+        [NonSerialized] float _nextFileCheckAt;
+        [NonSerialized] bool _startedHere;
 
         /// <summary>The sidecar of this game (null before one is created).</summary>
         public static IgiSidecar Instance { get { return _instance; } }
@@ -87,7 +108,11 @@ namespace Igi.Sdk.Unity
         public static IgiSidecar FindOrCreate()
         {
             if (_instance != null) return _instance;
+#if UNITY_2023_1_OR_NEWER
+            var found = FindAnyObjectByType<IgiSidecar>();
+#else
             var found = FindObjectOfType<IgiSidecar>();
+#endif
             if (found != null) return found;
             return new GameObject("Igi Sidecar").AddComponent<IgiSidecar>();
         }
@@ -103,12 +128,17 @@ namespace Igi.Sdk.Unity
         /// process is watched, it may shut the sidecar down, it may hold every session slot.</summary>
         public bool IsGame { get { return _client != null && _client.IsGame; } }
         /// <summary>This component started the sidecar (rather than finding one on the port).</summary>
-        public bool StartedHere { get { return _process != null; } }
+        public bool StartedHere { get { return _startedHere; } }
         /// <summary>What went wrong last, "code: message"; null if nothing did.</summary>
         public string LastError { get; private set; }
         /// <summary>Seconds since the sidecar last answered (it is pinged every second); infinity before it ever did.</summary>
         public float SecondsSinceLastAnswer { get { return _lastAnswerAt < 0 ? float.PositiveInfinity : Time.realtimeSinceStartup - _lastAnswerAt; } }
-        public string Endpoint { get { return SidecarArguments.Endpoint(port); } }
+        /// <summary>The sidecar's endpoint; null while a player's sidecar has not reported its port yet.</summary>
+        public string Endpoint { get { return _endpoint; } }
+        /// <summary>The instance id the sidecar must answer hello with (null: any).</summary>
+        public string ExpectedInstance { get { return _expectedInstance; } }
+        /// <summary>The PID of the sidecar this process started (0: none, or found elsewhere).</summary>
+        public int SidecarPid { get { return _process != null ? _process.Pid : 0; } }
         public string LogPath { get { return DefaultLogPath(); } }
         public string SaveDirectory { get { return Path.GetFullPath(Path.Combine(Application.persistentDataPath, saveFolder)); } }
 
@@ -118,6 +148,8 @@ namespace Igi.Sdk.Unity
         public string ExecutablePath { get { return executablePath; } set { executablePath = value ?? ""; } }
         public string ModelDir { get { return modelDir; } set { modelDir = value ?? ""; } }
         public string Model { get { return model; } set { model = value ?? ""; } }
+        public string EndpointFile { get { return endpointFile; } set { endpointFile = value ?? ""; } }
+        public string InstanceId { get { return instanceId; } set { instanceId = value ?? ""; } }
 
         /// <summary>Raised (on the main thread) each time a connection becomes ready.</summary>
         public event Action Ready;
@@ -157,16 +189,40 @@ namespace Igi.Sdk.Unity
             DontDestroyOnLoad(gameObject);
         }
 
+        // OnEnable follows Awake, and also a script reload in play mode (a fresh component, its
+        // runtime fields empty, statics cleared): take the game's place back and begin again;
+        // the sidecar this process started is found through what SidecarKeys kept
+        void OnEnable()
+        {
+            if (_instance == null) _instance = this;
+            _enabled = true;
+        }
+
         void Start()
         {
-            if (_instance == this) Begin();
+            _enabled = true; // OnEnable did it; harmless twice
+        }
+
+        // OnDisable comes before a script reload (and a Destroy): goodbye with the sessions kept,
+        // so the component that comes back adopts its NPCs
+        void OnDisable()
+        {
+            _enabled = false;
+            if (_instance != this) return;
+            if (_client != null && !_quitting) _client.Options.KeepSessionsOnDispose = true;
+            CloseClient();
+            _probe = null;
+            _launch = null;
+            if (_process != null) { _process.Dispose(); _process = null; }
         }
 
         void Update()
         {
             float now = Time.realtimeSinceStartup;
+            if (_instance != this) return;
             switch (_state)
             {
+                case SidecarState.Stopped: if (_enabled && !_quitting) Begin(); break;
                 case SidecarState.Probing: AfterProbe(); break;
                 case SidecarState.Launching: AfterLaunch(now); break;
                 case SidecarState.Restarting: if (now >= _restartAt) Begin(); break;
@@ -187,6 +243,7 @@ namespace Igi.Sdk.Unity
         {
             if (_instance != this) return;
             CloseClient();
+            if (_process != null) { _process.Dispose(); _process = null; }
             _instance = null;
         }
 

@@ -33,6 +33,10 @@ namespace Igi.Sdk.Unity
         [Range(1, 4096)] [SerializeField] int maxTokens = 256;
         [Tooltip("The reply ends at any of these (at most 8, 1-64 characters each); they are not shown.")]
         [SerializeField] string[] stopStrings = new string[0];
+        [Tooltip("Constrains every reply to this GBNF grammar (root rule `root`). Empty: free text.")]
+        [TextArea(2, 12)] [SerializeField] string grammar = "";
+        [Tooltip("Constrains every reply to JSON matching this JSON Schema (as JSON text; the sidecar converts it). Empty: free text. Wins over Grammar when both are set.")]
+        [TextArea(2, 12)] [SerializeField] string jsonSchema = "";
 
         [Header("Priority")]
         [Tooltip("The player looks at this NPC: its replies are decoded first.")]
@@ -58,24 +62,27 @@ namespace Igi.Sdk.Unity
 
         static readonly Dictionary<string, NpcDialogue> Claims = new Dictionary<string, NpcDialogue>();
 
-        IgiSidecar _sidecar;
-        string _baseName;
-        bool _claimed;
-        string _session;
-        bool _hadSession;
-        int _acquireGeneration;
-        bool _acquiring;
-        int _seenReadyCount;
-        float _retryAt = -1f;
-        float _retryUntil = -1f;
-        IgiStream _stream;
-        bool _restoring;
-        IgiRequest _closing; // the session a restore replaced, being closed
-        string _pendingLine;
-        IgiImage[] _pendingImages;
-        int? _priorityOverride;
-        int _sentPriority = int.MinValue;
-        bool _destroyed;
+        // Runtime state: never serialized, so a script reload in play mode leaves a fresh
+        // component that claims its name and finds its session again (OnEnable).
+        [NonSerialized] IgiSidecar _sidecar;
+        [NonSerialized] string _baseName;
+        [NonSerialized] bool _claimed;
+        [NonSerialized] string _session;
+        [NonSerialized] bool _hadSession;
+        [NonSerialized] int _acquireGeneration;
+        [NonSerialized] bool _acquiring;
+        [NonSerialized] int _seenReadyCount;
+        [NonSerialized] float _retryAt = -1f;
+        [NonSerialized] float _retryUntil = -1f;
+        [NonSerialized] IgiStream _stream;
+        [NonSerialized] bool _restoring;
+        [NonSerialized] IgiRequest _closing; // the session a restore replaced, being closed
+        [NonSerialized] string _pendingLine;
+        [NonSerialized] IgiImage[] _pendingImages;
+        [NonSerialized] int? _priorityOverride;
+        [NonSerialized] int _sentPriority = int.MinValue;
+        [NonSerialized] bool _destroyed;
+        [NonSerialized] bool _claimPending;
 
         // ---- state ------------------------------------------------------------------------------
 
@@ -97,6 +104,11 @@ namespace Igi.Sdk.Unity
         public string SystemPrompt { get { return systemPrompt; } set { systemPrompt = value ?? ""; } }
         public string SessionNameSetting { get { return sessionName; } set { sessionName = value ?? ""; } }
         public NpcSampling Sampling { get { return sampling; } }
+        /// <summary>GBNF grammar for the replies (root rule <c>root</c>); empty: none.</summary>
+        public string Grammar { get { return grammar; } set { grammar = value ?? ""; } }
+        /// <summary>JSON Schema (JSON text) the replies must match, e.g. for an NPC that answers
+        /// {"mood": ..., "line": ...}; empty: none. Needs a sidecar with json_schema_string (1.1).</summary>
+        public string JsonSchema { get { return jsonSchema; } set { jsonSchema = value ?? ""; } }
         public int MaxTokens { get { return maxTokens; } set { maxTokens = Math.Max(1, Math.Min(4096, value)); } }
         public bool KeepSessionOnDestroy { get { return keepSessionOnDestroy; } set { keepSessionOnDestroy = value; } }
         public TextEvent TokenReceived { get { return tokenReceived; } }
@@ -123,8 +135,21 @@ namespace Igi.Sdk.Unity
 
         // ---- lifecycle --------------------------------------------------------------------------
 
+        // Awake is followed by OnEnable, and so is a script reload in play mode (runtime fields
+        // empty, the name claims cleared): claim the name in the next Update either way
+        void OnEnable()
+        {
+            if (!_claimed) _claimPending = true;
+        }
+
         void Start()
         {
+            if (!_claimed) Claim();
+        }
+
+        void Claim()
+        {
+            _claimPending = false;
             _sidecar = IgiSidecar.FindOrCreate();
             _baseName = ResolveName();
             NpcDialogue holder;
@@ -139,6 +164,7 @@ namespace Igi.Sdk.Unity
 
         void Update()
         {
+            if (_claimPending && !_destroyed) Claim();
             if (!_claimed || _sidecar == null || !_sidecar.IsReady) return;
             if (_sidecar.ReadyCount != _seenReadyCount)
             {
@@ -203,6 +229,8 @@ namespace Igi.Sdk.Unity
             var stops = NonEmpty(stopStrings);
             if (stops.Length > 0) chat.Stop = stops;
             if (images != null && images.Length > 0) chat.Images = images;
+            if (!string.IsNullOrEmpty(jsonSchema)) chat.JsonSchema = jsonSchema;
+            else if (!string.IsNullOrEmpty(grammar)) chat.Grammar = grammar;
             IgiStream stream = Client.Chat(_session, playerLine, chat);
             _stream = stream;
             stream.OnToken(piece => { if (!_destroyed) RaiseToken(piece); })

@@ -21,10 +21,11 @@ namespace Igi.Sdk.Unity
     {
         // IL2CPP links libc into the player: its symbols resolve through "__Internal". Mono maps
         // "libc" to the C library (its dllmap); both are declared, the build picks one.
+        /// <summary>True: libc through "__Internal" (the default under IL2CPP); false: through "libc".</summary>
 #if ENABLE_IL2CPP
-        internal static bool UseInternal = true;
+        public static bool UseInternal = true;
 #else
-        internal static bool UseInternal = false;
+        public static bool UseInternal = false;
 #endif
         const int WNOHANG = 1;          // Linux and macOS alike
         const int ESRCH = 3, ECHILD = 10, EINTR = 4;

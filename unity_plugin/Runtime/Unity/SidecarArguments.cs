@@ -12,7 +12,18 @@ namespace Igi.Sdk.Unity
         public static List<string> Build(string endpoint, int gamePid, string saveDir,
             string modelDir, string model, string streamingAssets, IList<string> extra)
         {
+            return Build(endpoint, gamePid, saveDir, modelDir, model, streamingAssets, extra, null, null);
+        }
+
+        /// <summary>With the sidecar's identity: <paramref name="instance"/> (hello echoes it) and
+        /// the file it writes its bound endpoint to (for <c>tcp://127.0.0.1:0</c>); null: none.</summary>
+        public static List<string> Build(string endpoint, int gamePid, string saveDir,
+            string modelDir, string model, string streamingAssets, IList<string> extra,
+            string instance, string endpointFile)
+        {
             var args = new List<string> { "serve", "--endpoint", endpoint, "--save-dir", saveDir };
+            if (instance != null) { args.Add("--instance"); args.Add(instance); }
+            if (endpointFile != null) { args.Add("--endpoint-file"); args.Add(endpointFile); }
             // the sidecar exits by itself within 2 s after this process ends, crash included
             args.Add("--game-pid");
             args.Add(gamePid.ToString());

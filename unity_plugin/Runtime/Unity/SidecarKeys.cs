@@ -67,6 +67,36 @@ namespace Igi.Sdk.Unity
             Environment.SetEnvironmentVariable(LaunchVariable(port), null);
         }
 
+        static string LaunchRecordVariable(int port) { return Prefix + "LAUNCH_" + port; }
+
+        /// <summary>Keeps what a reloaded scripting domain needs to find the sidecar this process
+        /// started for <paramref name="port"/> (0: the player's free port) again: its PID, its
+        /// instance id, its endpoint and log.</summary>
+        public static void KeepLaunch(int port, int pid, string instance, string endpoint, string logPath)
+        {
+            Environment.SetEnvironmentVariable(LaunchRecordVariable(port), pid + "|" + instance + "|" + endpoint + "|" + logPath);
+        }
+
+        /// <summary>The launch kept for <paramref name="port"/>, if any.</summary>
+        public static bool KeptLaunch(int port, out int pid, out string instance, out string endpoint, out string logPath)
+        {
+            pid = 0;
+            instance = endpoint = logPath = null;
+            string value = Environment.GetEnvironmentVariable(LaunchRecordVariable(port));
+            if (value == null) return false;
+            string[] parts = value.Split(new[] { '|' }, 4);
+            if (parts.Length != 4 || !int.TryParse(parts[0], out pid) || pid <= 0 || !SidecarIdentity.IsValidInstance(parts[1])) return false;
+            instance = parts[1];
+            endpoint = parts[2];
+            logPath = parts[3];
+            return true;
+        }
+
+        public static void ForgetLaunch(int port)
+        {
+            Environment.SetEnvironmentVariable(LaunchRecordVariable(port), null);
+        }
+
         /// <summary>Takes this process's keys out of a child's environment.</summary>
         public static void RemoveFrom(StringDictionary environment)
         {

@@ -23,36 +23,60 @@ namespace Igi.Sdk.Unity
     /// rather than through pipes to this process: in the Editor the sidecar outlives the play
     /// mode (and the scripting domain that would read the pipes), and a sidecar writing into a
     /// pipe nobody reads would block once the pipe is full.
+    ///
+    /// <c>System.Diagnostics.Process</c> is used for one thing, starting it, and every call to it
+    /// is guarded: under IL2CPP it may refuse (<see cref="PlatformNotSupportedException"/>,
+    /// <see cref="NotSupportedException"/>), and then <see cref="Start"/> throws
+    /// <see cref="LaunchUnsupportedException"/> (the game's launcher starts the sidecar instead).
+    /// Whether it still runs is asked of the OS by PID (<see cref="ProcessWatch"/>).
     /// </summary>
-    public sealed class SidecarProcess
+    public sealed class SidecarProcess : IDisposable
     {
-        readonly Process _process;
+        readonly Process _process; // kept only for an exit code the PID watch could not read
+        readonly ProcessWatch _watch;
 
         public string LogPath { get; private set; }
+        public int Pid { get { return _watch.Pid; } }
 
-        SidecarProcess(Process process, string logPath)
+        SidecarProcess(Process process, int pid, string logPath)
         {
             _process = process;
+            _watch = new ProcessWatch(pid);
             LogPath = logPath;
         }
 
-        /// <summary>True once the process (or its shell wrapper) has ended.</summary>
-        public bool HasExited
+        /// <summary>Watches a sidecar this process did not start through this class (one started
+        /// before a domain reload, or by the game's launcher).</summary>
+        public static SidecarProcess Attach(int pid, string logPath)
         {
-            get
-            {
-                try { return _process.HasExited; }
-                catch (InvalidOperationException) { return true; }
-            }
+            return new SidecarProcess(null, pid, logPath);
         }
 
+        /// <summary>True once the process (or its shell wrapper) has ended. One system call, no allocation.</summary>
+        public bool HasExited { get { return _watch.HasExited; } }
+
+        /// <summary>Its exit status once it has exited; -1 when it cannot be known.</summary>
         public int ExitCode
         {
             get
             {
-                try { return _process.ExitCode; }
+                if (_watch.ExitCode.HasValue) return _watch.ExitCode.Value;
+                if (_process == null) return -1;
+                // the runtime reaped it first (Mono does for the children it starts)
+                try { return _process.HasExited ? _process.ExitCode : -1; }
                 catch (InvalidOperationException) { return -1; }
+                catch (NotSupportedException) { return -1; } // PlatformNotSupportedException too
+                catch (System.ComponentModel.Win32Exception) { return -1; }
             }
+        }
+
+        public void Dispose()
+        {
+            _watch.Dispose();
+            if (_process == null) return;
+            try { _process.Dispose(); }
+            catch (InvalidOperationException) { }
+            catch (NotSupportedException) { }
         }
 
         const long MaxLogBytes = 8L << 20;
@@ -114,9 +138,30 @@ namespace Igi.Sdk.Unity
             }
             File.AppendAllText(launch.LogPath, "---- " + DateTime.Now.ToString("u") + " starting "
                 + launch.Executable + " " + CommandLine.Join(launch.Arguments, launch.Windows) + Environment.NewLine);
-            Process process = Process.Start(info);
-            if (process == null) throw new InvalidOperationException("the OS started no process for " + launch.Executable);
-            return new SidecarProcess(process, launch.LogPath);
+            Process process;
+            int pid;
+            try
+            {
+                process = Process.Start(info);
+                if (process == null) throw new InvalidOperationException("the OS started no process for " + launch.Executable);
+                pid = process.Id;
+            }
+            catch (NotSupportedException e) // PlatformNotSupportedException included: IL2CPP
+            {
+                throw new LaunchUnsupportedException("this player cannot start processes (" + e.GetType().Name + ": " + e.Message + ")", e);
+            }
+            catch (MissingMethodException e) // stripped out of the build
+            {
+                throw new LaunchUnsupportedException("this player cannot start processes (" + e.Message + ")", e);
+            }
+            return new SidecarProcess(process, pid, launch.LogPath);
         }
+    }
+
+    /// <summary>The platform cannot start processes (IL2CPP's class libraries on some targets):
+    /// start the sidecar from the game's launcher and connect to it (docs/unity.md).</summary>
+    public sealed class LaunchUnsupportedException : Exception
+    {
+        public LaunchUnsupportedException(string message, Exception inner) : base(message, inner) { }
     }
 }

@@ -1,5 +1,7 @@
 using UnityEngine;
+#if UNITY_EDITOR || DEVELOPMENT_BUILD
 using UnityEngine.Profiling;
+#endif
 
 namespace Igi.Sdk.Unity
 {
@@ -7,6 +9,12 @@ namespace Igi.Sdk.Unity
     /// Tells the sidecar, every N frames, how long frames take and how much graphics memory the
     /// game uses, so its VRAM arbiter moves the model out of the game's way and paces decoding
     /// to the frame-time target. Figures Unity does not know are left out, never guessed.
+    ///
+    /// The game's VRAM figure is optional: the sidecar's arbiter reads the whole device (NVML or
+    /// the driver), the game's use included, so a release player (where Unity tracks no
+    /// graphics-driver memory: <c>Profiler.GetAllocatedMemoryForGraphicsDriver</c> works in the
+    /// Editor and development builds only) sends none and loses nothing. Reports go through
+    /// <see cref="IgiClient.ReportFrame"/>: no garbage per frame.
     /// </summary>
     [DisallowMultipleComponent]
     [AddComponentMenu("Igi SDK/VRAM Reporter")]
@@ -21,9 +29,8 @@ namespace Igi.Sdk.Unity
         [Tooltip("Report graphics memory (Profiler.GetAllocatedMemoryForGraphicsDriver, SystemInfo.graphicsMemorySize).")]
         [SerializeField] bool reportMemory = true;
 
-        IgiSidecar _sidecar;
-        bool _inFlight;
-        bool _warnedUnpaced;
+        [System.NonSerialized] IgiSidecar _sidecar;
+        [System.NonSerialized] bool _warnedUnpaced;
 
         /// <summary>The game's own VRAM use in bytes when it knows better than Unity (e.g. from DXGI); null: Unity's figure.</summary>
         public long? OverrideUsed { get; set; }
@@ -31,28 +38,24 @@ namespace Igi.Sdk.Unity
         public long? OverrideBudget { get; set; }
         public int EveryNFrames { get { return everyNFrames; } set { everyNFrames = value < 1 ? 1 : value; } }
 
-        void Start()
+        void OnEnable()
         {
-            _sidecar = IgiSidecar.FindOrCreate();
+            _sidecar = null; // found again in Update (a script reload leaves it empty)
         }
 
         void Update()
         {
-            if (_sidecar == null || !_sidecar.IsReady || Time.frameCount % everyNFrames != 0) return;
-            // one report at a time: a stalled sidecar must not pile up frames in the queue
-            if (_inFlight) return;
-            _inFlight = true;
-            _sidecar.Client.Frame(Time.frameCount, FrameTimeMs(), TargetFrameTimeMs(), Used(), Budget())
-                .OnCompleted(request =>
-                {
-                    _inFlight = false;
-                    // protocol 1.2: only the game's frames pace the engine (the client holding the launch token)
-                    if (request.Succeeded && !request.GetBool("paced", true) && !_warnedUnpaced)
-                    {
-                        _warnedUnpaced = true;
-                        Debug.LogWarning("Igi SDK: the sidecar does not take this game's frames as pacing (hello.game is false: it was started elsewhere with a launch token this game does not hold)");
-                    }
-                });
+            if (_sidecar == null) _sidecar = IgiSidecar.FindOrCreate();
+            if (!_sidecar.IsReady || Time.frameCount % everyNFrames != 0) return;
+            IgiClient client = _sidecar.Client;
+            // the latest report replaces one not sent yet: a stalled sidecar piles nothing up
+            client.ReportFrame(Time.frameCount, FrameTimeMs(), TargetFrameTimeMs(), Used(), Budget());
+            // protocol 1.2: only the game's frames pace the engine (the client holding the launch token)
+            if (!_warnedUnpaced && !client.IsGame)
+            {
+                _warnedUnpaced = true;
+                Debug.LogWarning("Igi SDK: the sidecar does not take this game's frames as pacing (hello.game is false: it was started elsewhere with a launch token this game does not hold)");
+            }
         }
 
         static double FrameTimeMs()
@@ -62,27 +65,32 @@ namespace Igi.Sdk.Unity
             return ms < 0 ? 0 : (ms > 10000 ? 10000 : ms);
         }
 
-        double? TargetFrameTimeMs()
+        // NaN, -1: not known (left out of the report)
+        double TargetFrameTimeMs()
         {
             int fps = Application.targetFrameRate > 0 ? Application.targetFrameRate : targetFrameRate;
-            if (fps <= 0) return null;
+            if (fps <= 0) return double.NaN;
             return 1000.0 / fps; // 1 fps at least: within the protocol's (0, 1000] ms
         }
 
-        long? Used()
+        long Used()
         {
-            if (OverrideUsed.HasValue) return OverrideUsed;
-            if (!reportMemory) return null;
+            if (OverrideUsed.HasValue) return OverrideUsed.Value;
+            if (!reportMemory) return -1;
+#if UNITY_EDITOR || DEVELOPMENT_BUILD
             long bytes = Profiler.GetAllocatedMemoryForGraphicsDriver(); // 0 where the player does not track it
-            return bytes > 0 ? bytes : (long?)null;
+            return bytes > 0 ? bytes : -1;
+#else
+            return -1; // a release player: Unity does not track it; the sidecar reads the device itself
+#endif
         }
 
-        long? Budget()
+        long Budget()
         {
-            if (OverrideBudget.HasValue) return OverrideBudget;
-            if (!reportMemory) return null;
-            int mb = SystemInfo.graphicsMemorySize;
-            return mb > 0 ? mb * MiB : (long?)null;
+            if (OverrideBudget.HasValue) return OverrideBudget.Value;
+            if (!reportMemory) return -1;
+            int mb = SystemInfo.graphicsMemorySize; // the card's total: an upper bound, not a budget
+            return mb > 0 ? mb * MiB : -1;
         }
     }
 }

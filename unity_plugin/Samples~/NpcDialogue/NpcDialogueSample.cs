@@ -32,7 +32,7 @@ namespace Igi.Sdk.Samples
         {
             // a scene's own IgiSidecar keeps its settings; one made here takes the sample's (read
             // when it starts, in its Start on the next frame)
-            _sidecar = IgiSidecar.Instance != null ? IgiSidecar.Instance : FindObjectOfType<IgiSidecar>(); // its Awake may come later
+            _sidecar = IgiSidecar.Instance != null ? IgiSidecar.Instance : FindSidecar(); // its Awake may come later
             if (_sidecar == null)
             {
                 _sidecar = new GameObject("Igi Sidecar").AddComponent<IgiSidecar>();
@@ -109,6 +109,15 @@ namespace Igi.Sdk.Samples
             if (!_sidecar.IsReady) return _sidecar.StartedHere ? " (started here; loading the model can take a while)" : "";
             return " — last answer " + _sidecar.SecondsSinceLastAnswer.ToString("0.0") + " s ago" +
                 (_brom.IsReady ? ", session " + _brom.SessionId : ", opening Brom's session…");
+        }
+
+        static IgiSidecar FindSidecar()
+        {
+#if UNITY_2023_1_OR_NEWER
+            return FindAnyObjectByType<IgiSidecar>();
+#else
+            return FindObjectOfType<IgiSidecar>();
+#endif
         }
     }
 }
