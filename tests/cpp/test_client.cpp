@@ -147,6 +147,8 @@ TEST(Sidecar, HelloIsTheGameWithLeaseAndFeatures) {
     for (const char* f : {"leases", "goodbye", "resume_stream", "set_priority", "list_sessions", "owners", "launch_token"})
         EXPECT_TRUE(info.Has(f)) << f;
     EXPECT_EQ(g.client->RoutingId().size(), 28u);
+    // a sidecar started with --instance echoes it (older sidecars: none)
+    if (!g_sidecar->Instance().empty()) { EXPECT_EQ(info.instance, g_sidecar->Instance()); }
     g.client->Stop();
     EXPECT_TRUE(g.SawState(ConnectionState::Ready));
 }
@@ -329,7 +331,7 @@ TEST(Sidecar, StopSaysGoodbyeAndKeepsSessionsWhenAsked) {
 TEST(Sidecar, AnotherInstanceIsRefusedNeverUsed) {
     NEED_SIDECAR();
     ClientOptions o = Options(g_sidecar->Endpoint());
-    o.expected_instance = "not-the-instance-we-launched";
+    o.expected_instance = "not-the-instance-we-launched";  // another game's sidecar on this port
     Game g(o);
     ASSERT_TRUE(g.client->Start());
     uint64_t id = g.client->ListSessions();
