@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The whole test suite: Python (pytest) and the Unity package's C# core (mono + NUnit) against
-# the real sidecar. Installs the Debian packages the C# suite needs when they are missing.
-# Exit status: non-zero if either suite fails (pytest's 5, "no tests ran", counts as a failure).
+# The whole test suite: Python (pytest), the Unity package's C# core (mono + NUnit) and the Unreal
+# plugin's C++ core (cmake + GoogleTest, tests/cpp/run.sh) against the real sidecar. Installs the Debian packages the C# suite needs when they are missing.
+# Exit status: non-zero if any suite fails (pytest's 5, "no tests ran", counts as a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -26,4 +26,7 @@ py=$?
 bash tests/csharp/run.sh
 cs=$?
 
-[ "$py" -eq 0 ] && [ "$cs" -eq 0 ]
+bash tests/cpp/run.sh
+cpp=$?
+
+[ "$py" -eq 0 ] && [ "$cs" -eq 0 ] && [ "$cpp" -eq 0 ]
