@@ -58,12 +58,25 @@ namespace Igi.Sdk.Tests
                     refused++;
                     continue;
                 }
+                if (!ok && OverLimit(v))
+                {
+                    // past a protocol limit (the sidecar answers malformed): our decoder refuses it too
+                    refused++;
+                    continue;
+                }
                 Assert.IsTrue(ok, v.Name + ": " + error);
                 ValueAssert.AreEqual(v.Message, decoded, v.Name);
                 maps++;
             }
             Assert.Greater(maps, 50);
             Assert.Greater(refused, 0);
+        }
+
+        // a request the sidecar must refuse as malformed for a size limit (an array, a map, a str too long)
+        static bool OverLimit(Vector v)
+        {
+            return v.Name.StartsWith("invalid_", StringComparison.Ordinal) && v.Expect != null
+                && MsgValue.GetString(v.Expect, "code") == "malformed";
         }
 
         [Test]
@@ -89,7 +102,10 @@ namespace Igi.Sdk.Tests
             var notExact = new List<string>();
             foreach (var v in Load().Where(x => x.Direction == "request" && x.Message != null))
             {
-                object decoded = MsgPack.Decode(v.Bytes);
+                object decoded;
+                string error;
+                if (!MsgPack.TryDecode(v.Bytes, out decoded, out error) && OverLimit(v)) continue; // the encoder refuses it too
+                decoded = MsgPack.Decode(v.Bytes);
                 byte[] again = MsgPack.Encode(decoded);
                 ValueAssert.AreEqual(decoded, MsgPack.Decode(again), v.Name + " (re-encoded)");
                 if (!again.SequenceEqual(v.Bytes)) notExact.Add(v.Name);
