@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
 # The whole test suite: Python (pytest), the Unity package's C# core (mono + NUnit) and the Unreal
-# plugin's C++ core (cmake + GoogleTest, tests/cpp/run.sh) against the real sidecar. Installs the Debian packages the C# suite needs when they are missing.
+# plugin's C++ core (cmake + GoogleTest, tests/cpp/run.sh), against the real sidecar. Installs
+# the Debian packages the C# suite needs when they are missing (tests/cpp/run.sh its own).
 # Exit status: non-zero if any suite fails (pytest's 5, "no tests ran", counts as a failure).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 need=()
 command -v mcs >/dev/null || need+=(mono-mcs)
+command -v ikdasm >/dev/null || need+=(mono-devel)  # the netstandard facade and its reader
 command -v mono >/dev/null || need+=(mono-runtime)
 command -v nunit-console >/dev/null || need+=(nunit-console libnunit-framework2.6.3-cil)
 ldconfig -p 2>/dev/null | grep -q 'libzmq\.so\.5' || need+=(libzmq5)

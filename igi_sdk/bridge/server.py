@@ -58,6 +58,7 @@ _EVENTS = "inproc://igi-events"
 _T = TypeVar("_T")
 _SESSION_SUFFIX = ".igisession"
 PID_POLL_S = 0.25  # how often the game-PID watch looks (PROTOCOL.md §10)
+MAX_RESTORES_WAITING = 16  # per save name: restores queued behind its save in flight
 
 
 @dataclass
@@ -142,6 +143,9 @@ class Server:
         self.on_ready: Callable[[], None] | None = None
         # saves being written: lower-case name -> (name, how many)
         self._saving: dict[str, tuple[str, int]] = {}
+        # restores of a name whose save is still being written, run when the saves end (so a
+        # save, then a restore of it, works even from another connection)
+        self._after_saves: dict[str, list[Callable[[], None]]] = {}
         self.router = self._bind()
         self.events = self.ctx.socket(zmq.PULL)
         self.events.bind(_EVENTS + uuid.uuid4().hex)
@@ -716,6 +720,9 @@ class Server:
             name, count = self._saving.pop(key)
             if count > 1:
                 self._saving[key] = (name, count - 1)
+                return
+            for waiting in self._after_saves.pop(key, []):
+                waiting()
 
         def saved(n: int) -> C.SaveSessionOk:
             ended()
@@ -729,6 +736,21 @@ class Server:
 
     def _on_restore_session(self, c: Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
+        key = body.name.lower()
+        if key in self._saving:  # read what the save in flight writes, once it is written
+            waiting = self._after_saves.setdefault(key, [])
+            if len(waiting) >= MAX_RESTORES_WAITING:
+                raise P.ProtocolError("busy", f"{len(waiting)} restores of '{body.name}' wait "
+                                      "for its save already; retry when it ends", retryable=True)
+
+            def later() -> None:
+                try:
+                    self._on_restore_session(c, msg_id, body)
+                except Exception as e:  # noqa: BLE001 - answered, typed, as on arrival
+                    self._error(c.identity, msg_id, _typed(e, "restore_session"))
+
+            waiting.append(later)
+            return
         self._name_free(c, body.session)
         self._session_room(c)
         exact, other = self._find_save(body.name)

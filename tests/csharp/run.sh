@@ -21,6 +21,10 @@ core=()
 while IFS= read -r -d '' f; do core+=("$f"); done < <(find unity_plugin/Runtime/Core -name '*.cs' -print0 | sort -z)
 mcs "${flags[@]}" -target:library -out:"$build/Igi.Sdk.Core.dll" "${core[@]}" \
     || { echo "core: compile failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
+# Unity compiles against .NET Standard 2.1 or .NET Framework 4.x: the core must keep to what
+# both have (a type-level check against mono-devel's netstandard 2.0 facade; see the script)
+python3 tests/csharp/netstandard_types.py "$build/Igi.Sdk.Core.dll" \
+    || { echo "core: uses types outside .NET Standard 2.0"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
 
 test_dlls=()
 # The Unity layer (written on top of the core) type-checks against a stub of UnityEngine.
