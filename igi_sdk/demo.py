@@ -25,13 +25,17 @@ SCENE = [
 CANCEL_LINE = 3  # the player walks away mid-answer: that reply is cancelled
 
 
-def run_demo(endpoint: str = "", max_tokens: int = 48) -> int:
+def run_demo(endpoint: str = "", max_tokens: int = 48, sidecar: str | None = None) -> int:
+    """Start a sidecar (``sidecar``: its executable, e.g. a bundle's; default: this Python's
+    ``igi-sdk``) and play the scene over it."""
     with tempfile.TemporaryDirectory(prefix="igi-demo-") as tmp:
         endpoint = endpoint or f"ipc://{Path(tmp) / 'sidecar.sock'}"
-        cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
+        start = [sidecar] if sidecar else [sys.executable, "-m", "igi_sdk.cli"]
+        cmd = [*start, "serve", "--endpoint", endpoint,
                "--game-pid", str(os.getpid()), "--ctx", "4096", "--max-sessions", "4",
                "--save-dir", tmp]
-        print(f"[demo] starting the sidecar: igi-sdk serve --endpoint {endpoint}", flush=True)
+        print(f"[demo] starting the sidecar: {sidecar or 'igi-sdk'} serve --endpoint {endpoint}",
+              flush=True)
         # the launch token makes this process the game (pacing, PID watch, shutdown); it goes
         # through the environment, which other users' processes cannot read
         token = secrets.token_urlsafe(24)

