@@ -3,14 +3,16 @@
 All sources answer the same question — device total, device used, and how much of that is this
 sidecar's own — so the policy can compute ``others = used − own``. Per-process figures are not
 always available (Windows/WDDM often reports none), so ``own`` may come from the engine's own
-accounting instead of the driver.
+accounting instead of the driver, or on Windows from DXGI (:class:`DxgiSource`).
 """
 
 from __future__ import annotations
 
 import itertools
 import json
+import logging
 import os
+import sys
 import threading
 import time
 from bisect import bisect_right
@@ -19,8 +21,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
+from igi_sdk.guest.adapters import DxgiMemoryInfo
+
 if TYPE_CHECKING:
     from igi_sdk.runtime.devices import Device
+
+log = logging.getLogger("igi_sdk.arbiter")
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,102 @@ class NvmlSource:
             # buffer accounts for and which would otherwise be counted as the game's
             own = (self.own_fallback() if self.own_fallback else 0) + self.context_bytes()
         return VramReading(int(mem.total), int(mem.used), own, "nvml", time.monotonic())
+
+    def device_memory(self) -> tuple[int, int] | None:
+        """The whole device's (total, used) bytes, every process together."""
+        if self.nv is None:
+            return None
+        mem = self.nv.nvmlDeviceGetMemoryInfo(self.handle)
+        return int(mem.total), int(mem.used)
+
+    def identity(self) -> tuple[str | None, tuple[int, int, int] | None]:
+        """The GPU's PCI bus id and (vendor, device, subsystem) ids, to find it among DXGI's
+        adapters; (None, None) without NVML."""
+        if self.nv is None:
+            return None, None
+        from igi_sdk.guest.adapters import pci_ids_from_nvml
+
+        pci = self.nv.nvmlDeviceGetPciInfo(self.handle)
+        bus = pci.busId.decode() if isinstance(pci.busId, bytes) else str(pci.busId)
+        return bus, pci_ids_from_nvml(int(pci.pciDeviceId), int(pci.pciSubSystemId))
+
+
+def dxgi_reading(info: DxgiMemoryInfo, device: tuple[int, int] | None, own_floor: int,
+                 at: float) -> VramReading:
+    """A reading from DXGI's figures for this process, with the whole device's (total, used)
+    from NVML where there is one.
+
+    Under WDDM NVML has no per-process figure, so this process's use comes from DXGI
+    (``CurrentUsage``), never below ``own_floor`` (the engine's own accounting: should the
+    driver leave some allocation out of DXGI's figure, the model is not mistaken for the
+    game). The model may take neither more than the device leaves (NVML's total − others)
+    nor more than the OS's ``Budget`` for this process, which Windows lowers for background
+    processes when the foreground one needs video memory: the reading's total is set so that
+    ``total − others`` is the smaller of the two. Without NVML (another vendor's GPU) the
+    budget is all there is."""
+    own = max(info.current_usage, own_floor)
+    if device is None:
+        return VramReading(info.budget, own, own, "dxgi", at)
+    total, used = device
+    used = max(used, own)  # NVML's figure can lag an allocation DXGI already counts
+    others = used - own
+    room = max(0, min(total - others, info.budget))
+    return VramReading(others + room, used, own, "dxgi", at)
+
+
+class DxgiMemory(Protocol):
+    def query(self) -> DxgiMemoryInfo | None: ...
+
+    def close(self) -> None: ...
+
+
+class DxgiSource:
+    """Windows' own video memory figures for this process (``IDXGIAdapter3``'s
+    ``QueryVideoMemoryInfo``, see ``guest.dxgi``), combined with NVML's whole-device figures
+    by :func:`dxgi_reading`. Only on Windows (:meth:`for_gpu` answers None elsewhere); the
+    arbiter takes the most conservative of all sources, so it sits beside ``NvmlSource``."""
+
+    def __init__(self, memory: DxgiMemory,
+                 device: Callable[[], tuple[int, int] | None] | None = None,
+                 own_floor: Callable[[], int] | None = None) -> None:
+        self.memory, self.device = memory, device
+        self.own_floor = own_floor or (lambda: 0)
+
+    def read(self) -> VramReading | None:
+        info = self.memory.query()
+        if info is None:
+            return None
+        device = self.device() if self.device is not None else None
+        return dxgi_reading(info, device, self.own_floor(), time.monotonic())
+
+    def close(self) -> None:
+        self.memory.close()
+
+    @classmethod
+    def for_gpu(cls, nvml: NvmlSource | None, own_floor: Callable[[], int] | None = None, *,
+                bus_id: str | None = None, platform: str | None = None,
+                opener: Callable[..., DxgiMemory | None] | None = None) -> DxgiSource | None:
+        """The source for llama.cpp's GPU: the DXGI adapter that is NVML's device (by PCI bus
+        where D3DKMT gives the adapter's, else by PCI ids), or that is at ``bus_id``, or the
+        only hardware adapter. None off Windows, or where no adapter matches."""
+        if (platform or sys.platform) != "win32":
+            return None
+        from igi_sdk.guest.adapters import match_adapter
+
+        nv_bus, pci_ids = nvml.identity() if nvml is not None else (None, None)
+        want = nv_bus or bus_id
+        if opener is None:
+            from igi_sdk.guest.dxgi import open_adapter as opener
+        try:
+            memory = opener(lambda adapters: match_adapter(adapters, want, pci_ids))
+        except OSError as e:  # no dxgi.dll (Wine without it, Server Core), a failed call
+            log.info("no DXGI video memory figures: %s", e)
+            return None
+        if memory is None:
+            log.info("no DXGI adapter is the GPU at %s: no DXGI video memory figures", want)
+            return None
+        device = nvml.device_memory if nvml is not None and nvml.nv is not None else None
+        return cls(memory, device, own_floor)
 
 
 class EngineReportSource:
