@@ -42,6 +42,25 @@ def folder_bytes(path: Path) -> int:
     return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() or f.is_symlink())
 
 
+def link_duplicates(lib_dir: Path) -> int:
+    """Replace each ``libX.so`` that is a byte copy of ``libX.so.N`` with a link to it (wheels
+    carry llama.cpp's libraries once per name; the CUDA one is large). Bytes saved."""
+    saved = 0
+    if not lib_dir.is_dir():
+        return 0
+    for plain in sorted(lib_dir.glob("*.so")):
+        for versioned in sorted(lib_dir.glob(plain.name + ".*")):
+            if (plain.is_symlink() or versioned.is_symlink()
+                    or plain.stat().st_size != versioned.stat().st_size
+                    or plain.read_bytes() != versioned.read_bytes()):
+                continue
+            saved += plain.stat().st_size
+            plain.unlink()
+            plain.symlink_to(versioned.name)
+            break
+    return saved
+
+
 def _cuda_runtime_version() -> int:
     """The CUDA runtime this process's llama.cpp links (0 when none is loaded)."""
     for name in ("libcudart.so.12", "libcudart.so.13", "libcudart.so.11.0", "libcudart.so"):
@@ -122,6 +141,9 @@ def build_bundle(out: Path, *, gpu: str = "cpu", model: str | None = None,
         if out.exists():
             out.rmdir()
         shutil.move(str(Path(tmp) / "dist" / name), str(out))
+    if sys.platform != "win32":
+        for lib in (out / "_internal" / "llama_cpp").glob("lib*"):
+            link_duplicates(lib)
     rel_model = ""
     if model_path is not None:
         (out / MODELS_DIR).mkdir()
