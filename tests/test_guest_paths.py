@@ -145,6 +145,8 @@ def test_defaults_are_chosen_once(monkeypatch: pytest.MonkeyPatch, tmp_path: Pat
     if sys.platform.startswith("linux"):
         assert paths.sessions_dir() == tmp_path / "d" / "igi-sdk" / "sessions"
         assert paths.sidecar_log_file() == tmp_path / "s" / "igi-sdk" / "log" / "sidecar.log"
+        assert paths.user_data_dir() / "sessions" == paths.sessions_dir()
+        assert paths.user_log_dir() == tmp_path / "s" / "igi-sdk" / "log"
     assert paths.guest_dirs() is paths.guest_dirs()
 
 

@@ -72,4 +72,4 @@ def choose_threads(cpus: int, default: int, loads: Sequence[float] | None = None
     source = "reported" if game_threads and game_threads >= held else "measured"
     threads = max(1, min(default, logical - held))
     return ThreadChoice(threads, default, held,
-                        f"the game holds {held} of {logical} CPUs ({source})")
+                        f"{held} of {logical} CPUs busy ({source})")

@@ -46,8 +46,9 @@ def measure_loads(window_s: float = WINDOW_S) -> list[float] | None:
 def game_aware_threads(game_threads: int | None = None,
                        window_s: float = WINDOW_S) -> ThreadChoice:
     """The thread count for the model now: :func:`~igi_sdk.guest.cores.choose_threads` of the
-    usable CPUs, the runtime's default for them, the measured loads and the game's report.
-    ``IGI_SDK_THREADS`` set to a count wins, as it does over the runtime's default."""
+    usable CPUs, the runtime's default for them, the loads measured over ``window_s`` (this
+    call blocks that long) and the game's report. ``IGI_SDK_THREADS`` set to a count wins, as
+    it does over the runtime's default."""
     from igi_sdk.runtime.loader import THREADS_ENV, default_threads, threads_for, usable_cpus
 
     cpus = usable_cpus()

@@ -142,6 +142,16 @@ def guest_dirs() -> GuestDirs:
     return _chosen
 
 
+def user_data_dir() -> Path:
+    """igi-sdk's per-user data folder (``<data>/igi-sdk``); saves go in its ``sessions``."""
+    return guest_dirs().data
+
+
+def user_log_dir() -> Path:
+    """igi-sdk's per-user log folder."""
+    return guest_dirs().logs
+
+
 def sessions_dir() -> Path:
     """Where saved sessions go by default."""
     return guest_dirs().sessions
