@@ -81,6 +81,23 @@ def test_token_budget_follows_the_measured_speed() -> None:
     assert S.token_budget(token_s=0.001, **{**kw, "plan": offload, "on_gpu": True}) == 512
 
 
+def test_prompt_chunks_are_large_while_no_other_reply_decodes() -> None:
+    cpu = Plan.all_cpu()
+    kw = dict(max_step_s=0.05, prefill_chunk=0, plan=cpu, on_gpu=False, cap=2048)
+    # another reply decodes: its token gaps are bounded by the step target
+    assert S.token_budget(token_s=0.001, others_decoding=True, **kw) == 50
+    # nobody waits for a token: about a second of work (near full prefill speed; a cancel,
+    # a reshard or a new line waits at most that long)
+    assert S.token_budget(token_s=0.001, others_decoding=False, **kw) == 1000
+    assert S.token_budget(token_s=0.01, others_decoding=False, **kw) == 100
+    assert S.token_budget(token_s=0.0001, others_decoding=False, **kw) == 2048  # the batch
+    assert S.token_budget(token_s=None, others_decoding=False, **kw) == S.PROBE_CHUNK
+    assert S.token_budget(token_s=0.001, others_decoding=False, **{**kw, "cap": 256}) == 256
+    # a fixed chunk stays fixed (reproducible replies)
+    assert S.token_budget(token_s=0.001, others_decoding=False,
+                          **{**kw, "prefill_chunk": 64}) == 64
+
+
 def test_speed_is_learned_from_prompt_chunks_only() -> None:
     assert S.learn_speed(None, 4, 1.0) is None  # single tokens: fixed costs dominate
     assert S.learn_speed(None, 100, 1.0) == pytest.approx(0.01)

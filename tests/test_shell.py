@@ -13,6 +13,7 @@ from igi_sdk.arbiter import Arbiter, PlanLadder, PolicyConfig, VramReading
 from igi_sdk.errors import EngineClosedError, ModelLoadError
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from igi_sdk.planner import Workload
+from igi_sdk.runtime.scheduler import IDLE_STEP_S
 from tests.test_planner import GPU_PROFILE
 
 MIB = 1024**2
@@ -304,31 +305,45 @@ def test_engine_thread_survives_a_failing_step_and_close_fails_queued_work(
         eng.open_session_async("late").result(1)
 
 
-def test_long_prompt_is_read_in_bounded_steps(small_model) -> None:
-    """A long prompt on the CPU plan is fed in chunks of about max_step_s: a cancel lands
-    within a step or two, not after the whole prompt."""
+def test_long_prompt_is_read_in_bounded_steps_while_another_reply_decodes(small_model) -> None:
+    """While another NPC's reply is decoding, a long prompt on the CPU plan is fed in chunks of
+    about max_step_s (the other's token gaps stay bounded) and a cancel lands within a step or
+    two; with nobody decoding, the same prompt goes in chunks of about a second of work."""
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 
     path, ladder = small_model
     # one long prompt: no floors kept for the other slot (context_floor 0)
     cfg = EngineConfig(n_ctx=4096, max_sessions=2, n_threads=2, n_batch=2048, max_step_s=0.02,
                        context_floor=0)
+    text = " ".join(f"w{i}" for i in range(800))
+    greedy = SamplingParams(temperature=0.0)
     with Engine(path, ladder.cpu.plan, cfg) as eng:
-        sid = eng.open_session(None, sampling=SamplingParams(temperature=0.0))
-        text = " ".join(f"w{i}" for i in range(800))
-        gen = eng.chat(sid, text, max_tokens=4)
+        talker, reader = eng.open_session(None, sampling=greedy), eng.open_session(
+            None, sampling=greedy)
+        talking = eng.chat(talker, "Tell me a long story.", max_tokens=100_000, ignore_eos=True)
+        next(iter(talking))  # it decodes now
+        gen = eng.chat(reader, text, max_tokens=4)
         time.sleep(0.3)
         t0 = time.monotonic()
         gen.cancel()
         res = gen.result(30)
         waited = time.monotonic() - t0
-        assert res.finish_reason == "cancelled" and res.completion_tokens == 0
         st = eng.status()["step"]
+        talking.cancel()
+        talking.result(30)
+        assert res.finish_reason == "cancelled" and res.completion_tokens == 0
         assert 1 <= st["chunk"] < 2048, st
         # read in the chunks seen, the whole prompt takes this long: a step, and the wait for
         # the cancel, are a small share of it
         whole_s = res.prompt_tokens / st["chunk"] * cfg.max_step_s
         assert waited < whole_s / 10 and st["max_s"] < whole_s / 10, (waited, whole_s, st)
+        # alone, nobody's token gap is at stake: chunks of about IDLE_STEP_S of work, not
+        # max_step_s (at least 10x the chunk above, or the whole batch)
+        busy_chunk = st["chunk"]
+        alone = eng.chat(reader, text, max_tokens=1).result(60)
+        assert alone.prompt_tokens > 0
+        chunk = eng.status()["step"]["chunk"]
+        assert chunk >= min(2048, 10 * busy_chunk), (chunk, busy_chunk)
 
 
 @pytest.mark.slow
@@ -380,9 +395,10 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
         assert result["finish_reason"] in ("length", "stop"), result
         ttft = result["timings"]["ttft_s"]
         assert ttft > player.timeout, result  # the wait outlasted the client's timeout
-        # the prompt was read in bounded steps: each a small share of the whole read
+        # the prompt was read in bounded steps: with no reply decoding, about IDLE_STEP_S of
+        # work each (a slow step twice that), a share of the whole read
         step_ms = st["engine"]["step"]["max_s"] * 1000
-        assert step_ms < ttft * 1000 / 4, (st["engine"], ttft)
+        assert step_ms < max(ttft * 1000 / 4, 2000 * IDLE_STEP_S), (st["engine"], ttft)
         # a control plane that waited on the engine would take up to a step per request; the
         # sidecar's own measure (request in, answer out) and the round trip seen here stay a
         # small share of one, and the round trip near what it is with the engine idle

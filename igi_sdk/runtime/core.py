@@ -626,7 +626,8 @@ class EngineCore:
         turns = [by_seq[seq] for seq in decision.decode]
         if not turns:
             return
-        budget = self._token_budget()
+        # a reply whose next input is one token is decoding: its token gap is at stake
+        budget = self._token_budget(others_decoding=any(len(t.feed) == 1 for t in turns))
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         t0 = time.perf_counter()
@@ -697,12 +698,14 @@ class EngineCore:
             return  # a prompt chunk rode along: not a decode step's time
         self._drafting.time_step(bool(drafts), seconds)
 
-    def _token_budget(self) -> int:
-        """Tokens for the next step: about ``max_step_s`` of work at the measured speed."""
+    def _token_budget(self, *, others_decoding: bool = True) -> int:
+        """Tokens for the next step: about ``max_step_s`` of work at the measured speed (more
+        while no reply is decoding: scheduler.token_budget)."""
         c = self.config
         n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
                                    plan=self.plan, on_gpu=self.gpu is not None,
-                                   cap=self._need_placed().batch_cap, token_s=self._token_s)
+                                   cap=self._need_placed().batch_cap, token_s=self._token_s,
+                                   others_decoding=others_decoding)
         self.step_stats["chunk"] = n
         return n
 

@@ -20,6 +20,10 @@ from igi_sdk.planner import Plan
 
 # the first prompt chunk on a fresh placement, before its per-token cost is known
 PROBE_CHUNK = 32
+# a step's length while no other reply is decoding: nobody's token gap is at stake, so the
+# prompt goes in chunks large enough to run near full prefill speed; cancels, reshards and new
+# lines still wait at most about this long (a ubatch floor would not: 4 s for one on a slow CPU)
+IDLE_STEP_S = 1.0
 
 
 @dataclass(frozen=True)
@@ -85,21 +89,24 @@ def draft_room(proposed: int, claim: int, room: int) -> int:
 
 
 def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: bool, cap: int,
-                 token_s: float | None) -> int:
+                 token_s: float | None, others_decoding: bool = True) -> int:
     """Prompt tokens for the next step: about ``max_step_s`` of work at the measured speed
     (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``
-    (``prefill_chunk`` > 0: that many, for reproducible replies)."""
+    (``prefill_chunk`` > 0: that many, for reproducible replies). While no other reply is
+    decoding (``others_decoding`` False) small chunks buy nothing: about
+    :data:`IDLE_STEP_S` of work."""
     if plan.op_offload and on_gpu and plan.n_ubatch > 1:
         # each chunk streams the CPU-resident weights once: smaller chunks multiply that
         floor = min(cap, plan.n_ubatch)
     else:
         floor = 1
     if prefill_chunk > 0:
-        budget = prefill_chunk
-    elif token_s is None:
+        return max(floor, min(cap, prefill_chunk))
+    step_s = max_step_s if others_decoding else max(max_step_s, IDLE_STEP_S)
+    if token_s is None:
         budget = PROBE_CHUNK
     else:
-        budget = int(max_step_s / max(token_s, 1e-7))
+        budget = int(step_s / max(token_s, 1e-7))
     return max(floor, min(cap, budget))
 
 
