@@ -30,6 +30,7 @@ from igi_sdk.arbiter import (
 from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
 from igi_sdk.arbiter.ladder import Rung, arbiter_workload
 from igi_sdk.arbiter.pacing import ClientPacing
+from igi_sdk.arbiter.sources import DxgiSource
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
@@ -289,6 +290,14 @@ class ModelHost:
                 sources.append(nv)
                 reading = nv.read()
                 total = reading.total if reading else 0
+            # Windows: the budget the OS gives this process (NVML has no per-process figure
+            # under WDDM); None elsewhere
+            dx = DxgiSource.for_gpu(nv if nv.nv is not None else None, own)
+            if dx is not None:
+                sources.append(dx)
+                if not total:
+                    reading = dx.read()
+                    total = reading.total if reading else 0
         self.engine_reports = EngineReportSource(total, own)
         sources.append(self.engine_reports)
         # a game that grows is seen one NVML poll late, and every poll it waits is a stalled
