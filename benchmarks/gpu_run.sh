@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | all
+#         vlm | bundle | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -392,6 +392,11 @@ if [ "$part" = vlm ]; then
     --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/vlm.json" 2>&1 \
     | grep -v "^llama_context" | tee "$out/vlm.txt"
   echo "done at $SECONDS s"
+fi
+if [ "$part" = bundle ]; then
+  # the CUDA bundle built here, moved, run with an empty environment, its chat speed beside
+  # the development install's (benchmarks/bundle_gpu.sh; END counts from this call's start)
+  END=$(( ${END:-570} - SECONDS )) bash benchmarks/bundle_gpu.sh "$out"
 fi
 if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
   (cd "$out" && tar -czf /tmp/results.tgz --exclude='bld.tar.*' . && \

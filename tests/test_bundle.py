@@ -121,6 +121,26 @@ def test_arch_runs_on_its_own_and_newer_capabilities() -> None:
 # --- the start of a bundle ------------------------------------------------------------------
 
 
+def test_the_cpu_fallback_loads_its_own_build_in_place_of_the_gpu_one(tmp_path: Path) -> None:
+    from igi_sdk.bundle import frozen
+    from igi_sdk.bundle.spec import package_dir
+
+    real = package_dir("llama_cpp") / "lib" / "libggml-base.so"
+    (tmp_path / "lib").mkdir()
+    (tmp_path / "lib" / "libggml-base.so").write_bytes(b"not a library")  # the GPU build
+    (tmp_path / "lib-cpu").mkdir()
+    shutil.copy(real, tmp_path / "lib-cpu" / "libggml-base.so")
+    cls = frozen._RedirectedCDLL
+    old = (cls.source, cls.target)
+    cls.source, cls.target = str(tmp_path / "lib"), str(tmp_path / "lib-cpu")
+    try:
+        lib = cls(str(tmp_path / "lib" / "libggml-base.so"))
+        assert lib._name == str(tmp_path / "lib-cpu" / "libggml-base.so")
+        assert cls("libc.so.6")._name == "libc.so.6"  # anything else as asked
+    finally:
+        cls.source, cls.target = old
+
+
 def test_preload_by_name_where_the_path_has_spaces() -> None:
     # ld.so splits LD_PRELOAD at spaces: '/games/Mein Spiel/…' preloaded nothing
     env = preload_env(["/games/Mein Spiel ü/_internal/pyzmq.libs/libzmq-1.so.5",

@@ -22,7 +22,8 @@ from igi_sdk.bundle.buildinfo import (
     cuda_archs,
     parse_system_info,
 )
-from igi_sdk.bundle.spec import plan_bundle, spec_text
+from igi_sdk.bundle.frozen import CPU_LIB_DIR
+from igi_sdk.bundle.spec import llama_libs, plan_bundle, spec_text
 from igi_sdk.errors import UsageError
 
 MODELS_DIR = "models"
@@ -40,6 +41,15 @@ class BundleResult:
 def folder_bytes(path: Path) -> int:
     """Bytes of the files under ``path`` (links counted once, as the link)."""
     return sum(f.lstat().st_size for f in path.rglob("*") if f.is_file() or f.is_symlink())
+
+
+def copy_libraries(src: Path, dest: Path) -> None:
+    """llama.cpp's shared libraries of ``src`` (links kept as links) into ``dest``."""
+    dest.mkdir(parents=True)
+    for f in sorted(src.iterdir()):
+        if f.name.startswith(("lib", "ggml", "llama", "mtmd")) and (
+                ".so" in f.name or f.suffix in (".dll", ".dylib")):
+            shutil.copy2(f, dest / f.name, follow_symlinks=False)
 
 
 def link_duplicates(lib_dir: Path) -> int:
@@ -123,7 +133,10 @@ def build_bundle(out: Path, *, gpu: str = "cpu", model: str | None = None,
         raise UsageError(f"{out} exists and is not empty: name a new folder for the bundle")
     model_path = _model_file(model)
     info = this_build(gpu)
-    plan = plan_bundle(name, cpu_lib_dir=cpu_libs if gpu == "cuda" else None)
+    if cpu_libs is not None and (gpu != "cuda" or not llama_libs(cpu_libs)):
+        raise UsageError(f"--cpu-libs {cpu_libs}: a folder of llama.cpp's CPU libraries "
+                         "(libllama, libggml*), for a --gpu cuda bundle")
+    plan = plan_bundle(name)
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="igi-bundle-") as tmp:
         spec = Path(tmp) / f"{name}.spec"
@@ -141,6 +154,8 @@ def build_bundle(out: Path, *, gpu: str = "cpu", model: str | None = None,
         if out.exists():
             out.rmdir()
         shutil.move(str(Path(tmp) / "dist" / name), str(out))
+    if cpu_libs is not None:
+        copy_libraries(cpu_libs, out / "_internal" / "llama_cpp" / CPU_LIB_DIR)
     if sys.platform != "win32":
         for lib in (out / "_internal" / "llama_cpp").glob("lib*"):
             link_duplicates(lib)

@@ -77,6 +77,13 @@ def _use_cpu_libs() -> None:
     _RedirectedCDLL.target = os.path.abspath(lib / CPU_LIB_DIR)
     ctypes.CDLL = _RedirectedCDLL  # type: ignore[misc]
     os.environ["LLAMA_CPP_LIB_PATH"] = _RedirectedCDLL.target
+    # the libraries' own dependencies (libggml.so.0, ...) are found through LD_LIBRARY_PATH,
+    # which the bundle's launcher points at _internal, where the GPU build's are: the CPU
+    # build's folder goes first (read by the loader at process start: the preload's new
+    # process below takes it)
+    paths = os.environ.get("LD_LIBRARY_PATH", "").split(":")
+    if _RedirectedCDLL.target not in paths:
+        os.environ["LD_LIBRARY_PATH"] = ":".join([_RedirectedCDLL.target, *filter(None, paths)])
 
 
 def run_image_worker(argv: list[str]) -> bool:
@@ -103,16 +110,13 @@ def boot(client_only: str | None) -> None:
         os.environ.pop("IGI_SDK_CLIENT_ONLY", None)
     else:
         os.environ["IGI_SDK_CLIENT_ONLY"] = client_only
-    from igi_sdk.cli import _reexec_with_native_preload
-
-    _reexec_with_native_preload()
     info = build_info()
     if info is not None and info.backend == "cuda" and client_only != "1":
         from igi_sdk.bundle.gpu import choose, probe_driver
 
         choice = choose(info, probe_driver(),
                         user_visible=os.environ.get("CUDA_VISIBLE_DEVICES"))
-        if choice.message:
+        if choice.message and "IGI_SDK_GPU_CHOICE" not in os.environ:  # once, not again
             print(f"igi-sdk: {choice.message}", file=sys.stderr, flush=True)
         if choice.visible is not None:
             os.environ["CUDA_DEVICE_ORDER"] = "PCI_BUS_ID"  # NVML's numbering
@@ -120,6 +124,10 @@ def boot(client_only: str | None) -> None:
         if choice.libs == "cpu":
             _use_cpu_libs()
         os.environ["IGI_SDK_GPU_CHOICE"] = choice.message or "GPU build in use"
+    # after the choice: the new process inherits its environment (made again there, the same)
+    from igi_sdk.cli import _reexec_with_native_preload
+
+    _reexec_with_native_preload()
     import igi_sdk
 
     importlib.reload(igi_sdk)  # now with llama.cpp, before anything imports numpy

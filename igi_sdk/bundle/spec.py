@@ -79,21 +79,17 @@ def llama_libs(lib_dir: Path) -> list[Path]:
     return found
 
 
-def plan_bundle(name: str, *, cpu_lib_dir: Path | None = None) -> BundlePlan:
-    """The bundle of this environment: the SDK, llama.cpp's libraries from llama_cpp/lib (and a
-    CPU build of them as llama_cpp/lib-cpu when ``cpu_lib_dir`` is given), the image decoder's
-    script."""
+def plan_bundle(name: str) -> BundlePlan:
+    """The bundle of this environment: the SDK, llama.cpp's libraries from llama_cpp/lib, the
+    image decoder's script. (A CUDA bundle's CPU fallback is copied in after PyInstaller, not
+    analysed by it: its libraries have the same names as the CUDA build's, and PyInstaller
+    links every library's name once at the top of the bundle.)"""
     sdk = package_dir("igi_sdk")
     lib = package_dir("llama_cpp") / "lib"
     libs = llama_libs(lib)
     if not any(p.name.startswith(("libllama", "llama")) for p in libs):
         raise UsageError(f"no llama.cpp library in {lib}: is llama-cpp-python installed?")
     binaries = [(str(p), "llama_cpp/lib") for p in libs]
-    if cpu_lib_dir is not None:
-        cpu = llama_libs(cpu_lib_dir)
-        if not cpu:
-            raise UsageError(f"--cpu-libs {cpu_lib_dir}: no llama.cpp libraries there")
-        binaries += [(str(p), "llama_cpp/lib-cpu") for p in cpu]
     # the image decoder runs as a script of its own (sys.executable -I WORKER): its source is
     # shipped as a file, not only as a module of the archive
     datas = [(str(sdk / "runtime" / "_image_worker.py"), "igi_sdk/runtime")]
