@@ -226,6 +226,10 @@ namespace Igi.Sdk.Unity
                     KeepSessionsOnDispose = Application.isEditor,
                     ExpectedInstance = _expectedInstance,
                     ExpectedModel = string.IsNullOrEmpty(model) ? null : model,
+                    // in the options it is made with: its I/O thread may say hello before the
+                    // UseKeys below, and a hello without the token is a guest's (IsGame false)
+                    OwnerKey = SidecarKeys.OwnerKey(_keyPort),
+                    LaunchToken = SidecarKeys.LaunchToken(_keyPort),
                 });
                 _client.ConnectionChanged += OnConnectionChanged;
                 _client.HelloRefused += OnHelloRefused;
