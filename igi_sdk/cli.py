@@ -625,6 +625,17 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from igi_sdk.sidecar import HostConfig, ServerConfig, build_server
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    from igi_sdk.guest import run_behind_the_game
+    from igi_sdk.guest.logs import configure_logging
+    from igi_sdk.guest.paths import sidecar_log_file
+
+    run_behind_the_game()  # first: on Linux, threads created later inherit the niceness
+    configure_logging(Path(args.log_file) if args.log_file else sidecar_log_file())
+    if args.threads == 0 and not os.environ.get("IGI_SDK_THREADS"):
+        # from the cores the game leaves (a 0.5 s look at each CPU's load)
+        from igi_sdk.guest.cpuload import game_aware_threads
+
+        args.threads = game_aware_threads(args.game_threads or None).threads
     model_dir = Path(args.model_dir) if args.model_dir else None
     model = args.model
     # refuse what cannot work before listening: a missing model, a game that is not running
@@ -640,10 +651,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if model:  # a model of the embedded model's directory: checked before listening too
             _check_model_dir(default.parent, model)
         model_dir, model = default.parent, model or default.name
-        if not args.save_dir:  # never write saved sessions into the installed package
-            args.save_dir = str(default_save_dir())
-    elif not args.save_dir and getattr(sys, "frozen", False):
-        # a bundle's models are part of the game's install, often read-only
+    if not args.save_dir:
+        # the player's own data folder: never next to the executable or in the installed
+        # package (both often read-only), whatever the model directory
         args.save_dir = str(default_save_dir())
     if args.mmproj:  # the projector obeys the model directory as the model does
         _check_model_dir(model_dir, args.mmproj, inventory=False)
@@ -1054,7 +1064,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--vision-max-tokens", type=int, default=0,
                     help="image tokens per image at most (0: the model's limit); larger images "
                          "are scaled down, and the encoder's VRAM is sized for this")
-    sv.add_argument("--save-dir", help="where saved sessions go (default: MODEL_DIR/sessions)")
+    sv.add_argument("--save-dir", help="where saved sessions go (default: the per-user data "
+                                       "folder's igi-sdk/sessions)")
+    sv.add_argument("--log-file", help="the sidecar's log (default: the per-user log folder's "
+                                       "sidecar.log, rotated at 5 MiB, 3 kept)")
+    sv.add_argument("--game-threads", type=int, default=0,
+                    help="threads the game keeps busy: the model's threads avoid that many CPUs")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)
     sv.add_argument("--orphan-ttl", type=float, default=300.0,
