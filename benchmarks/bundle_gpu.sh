@@ -38,11 +38,11 @@ cpu=/tmp/lcpp/build-cpu
 if [ ! -f "$cpu/bin/libllama.so" ] && [ -f /tmp/lcpp/CMakeLists.txt ]; then
   cmake -S /tmp/lcpp -B "$cpu" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_CUDA=off \
     -DGGML_NATIVE=off -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF -DLLAMA_BUILD_TESTS=OFF \
-    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON \
+    -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_TOOLS=ON -DLLAMA_BUILD_APP=OFF \
     > /tmp/lcpp-cpu-cmake.log 2>&1 \
     && timeout $(( $(left) - 200 )) cmake --build "$cpu" --target llama mtmd -j"$(nproc)" \
        > /tmp/lcpp-cpu-build.log 2>&1 \
-    || { say "CPU fallback build failed:"; tail -15 /tmp/lcpp-cpu-build.log /tmp/lcpp-cpu-cmake.log | tee -a "$log"; }
+    || { say "CPU fallback build failed:"; for f in /tmp/lcpp-cpu-cmake.log /tmp/lcpp-cpu-build.log; do tail -n 15 "$f"; done 2>&1 | tee -a "$log"; }
 fi
 cpu_libs=()
 [ -f "$cpu/bin/libllama.so" ] && cpu_libs=(--cpu-libs "$cpu/bin")
@@ -64,6 +64,19 @@ exe="$game/igi-sdk"
 say "--- doctor (env -i) ---"
 ( cd / && timeout 60 env -i "$exe" doctor ) 2>&1 | tee -a "$log"
 wait "$mk" || { say "synthetic model failed"; cat /tmp/igi-bench/make.txt; exit 1; }
+# 4b. a GPU the bundle was not built for: a copy whose build record names only sm_100 (newer
+# than this card) must say so and run on its CPU build
+other="/tmp/igi-other/IgiSdk"
+rm -rf /tmp/igi-other && mkdir -p /tmp/igi-other && cp -a "$game" "$other"
+python3 - "$other/_internal/igi_sdk_build.json" <<'PY'
+import json, sys
+p = sys.argv[1]; d = json.load(open(p)); d["cuda_archs"] = [1000]; json.dump(d, open(p, "w"))
+PY
+say "--- a GPU it was not built for (build record: sm_100 only) ---"
+( cd / && timeout 60 env -i "$other/igi-sdk" doctor ) 2>&1 | grep -E "^igi-sdk:|GPU choice|GPU offload|llama.cpp GPU" | tee -a "$log"
+( cd / && timeout 150 env -i HOME="$HOME" "$other/igi-sdk" chat --model "$m" --max-tokens 4 --seed 1 \
+  --temperature 0 "Hello there." ) 2>&1 | grep -E "^igi-sdk:|tokens, first|plan '" | head -5 | tee -a "$log"
+rm -rf /tmp/igi-other
 # 5. the same chat both ways; the first dev run measures and caches the machine profile that
 # both then plan with (HOME kept for the bundle only for that shared cache)
 line="Greetings, smith! I need a blade for the road north. What can you offer me?"

@@ -30,6 +30,13 @@ EXCLUDES = (
     "tkinter", "matplotlib", "IPython", "pytest", "_pytest", "openai", "psutil", "setuptools",
     "pip", "PyInstaller", "sse_starlette", "starlette_context", "pydantic_settings",
     "llama_cpp.server", "jupyter", "notebook", "pandas", "scipy", "torch",
+    # machine-learning stacks a build machine may have: optional imports of our dependencies
+    # reach them (a CUDA bundle built beside jax and cupy was 2.9 GiB, their CUDA libraries
+    # included)
+    "jax", "jaxlib", "cupy", "cupyx", "cupy_backends", "pyarrow", "cv2", "torchvision",
+    "tensorflow", "keras", "triton", "mlx", "numba", "llvmlite", "sklearn", "transformers",
+    "datasets", "sympy", "h5py", "onnx", "onnxruntime", "nvidia", "polars", "tensorrt",
+    "huggingface_hub", "hf_xet", "aiohttp", "lxml",
 )
 # run-time libraries that belong to the player's machine, never the bundle: the NVIDIA driver's
 # own (bundling them breaks every other driver version)
