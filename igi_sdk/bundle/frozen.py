@@ -22,6 +22,7 @@ from igi_sdk.bundle.buildinfo import BUILD_INFO_FILE, BuildInfo
 
 # beside llama_cpp/lib in a CUDA bundle: the CPU build of the same llama.cpp
 CPU_LIB_DIR = "lib-cpu"
+_CDLL = ctypes.CDLL  # ctypes' own, before the CPU fallback redirects it
 
 
 def is_frozen() -> bool:
@@ -84,6 +85,25 @@ def _use_cpu_libs() -> None:
     paths = os.environ.get("LD_LIBRARY_PATH", "").split(":")
     if _RedirectedCDLL.target not in paths:
         os.environ["LD_LIBRARY_PATH"] = ":".join([_RedirectedCDLL.target, *filter(None, paths)])
+    _preload_cpu_ggml(Path(_RedirectedCDLL.target))
+
+
+# ggml's libraries in the order they need each other
+_GGML_ORDER = ("ggml-base", "ggml-cpu", "ggml")
+
+
+def _preload_cpu_ggml(folder: Path) -> None:
+    """Load the CPU build's ggml by path before anything asks for it by name: PyInstaller's
+    launcher puts ``_internal`` (the GPU build's libggml.so.0) first on LD_LIBRARY_PATH again
+    in every process, and the loader resolves libllama's ``libggml.so.0`` there, so the GPU
+    build came back (measured: a bundle refusing an H200 still planned all-GPU). A library
+    already loaded is reused for every later request of its name."""
+    if sys.platform == "win32":
+        return  # Windows resolves a DLL's dependencies beside it first (LOAD_WITH_ALTERED...)
+    for name in _GGML_ORDER:
+        found = sorted(folder.glob(f"lib{name}.so*"), key=lambda p: len(p.name))
+        if found:
+            _CDLL(str(found[0]), mode=ctypes.RTLD_GLOBAL)
 
 
 def run_image_worker(argv: list[str]) -> bool:
