@@ -95,9 +95,8 @@ _GGML_ORDER = ("ggml-base", "ggml-cpu", "ggml")
 def _preload_cpu_ggml(folder: Path) -> None:
     """Load the CPU build's ggml by path before anything asks for it by name: PyInstaller's
     launcher puts ``_internal`` (the GPU build's libggml.so.0) first on LD_LIBRARY_PATH again
-    in every process, and the loader resolves libllama's ``libggml.so.0`` there, so the GPU
-    build came back (measured: a bundle refusing an H200 still planned all-GPU). A library
-    already loaded is reused for every later request of its name."""
+    in every process, where the loader would resolve libllama's ``libggml.so.0`` to the GPU
+    build's. A library already loaded is reused for every later request of its name."""
     if sys.platform == "win32":
         return  # Windows resolves a DLL's dependencies beside it first (LOAD_WITH_ALTERED...)
     for name in _GGML_ORDER:

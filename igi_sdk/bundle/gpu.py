@@ -106,7 +106,7 @@ def choose(build: BuildInfo, driver: Driver | None, *, user_visible: str | None 
 
 def probe_driver() -> Driver | None:
     """The driver and its GPUs through NVML (None: no driver, or NVML cannot be read)."""
-    from igi_sdk.runtime.nvml import nvml
+    from igi_sdk.nvml_lib import nvml  # not igi_sdk.runtime: its package loads llama.cpp
 
     pynvml = nvml()
     if pynvml is None:

@@ -10,30 +10,13 @@ from __future__ import annotations
 
 import logging
 import re
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
-from types import ModuleType
 from typing import Any
 
+from igi_sdk.nvml_lib import nvml  # noqa: F401  (re-exported: the runtime's NVML readers use it)
+
 log = logging.getLogger("igi_sdk.nvml")
-
-
-def nvml() -> ModuleType | None:
-    """The initialised ``pynvml`` module, or None where there is no NVIDIA driver."""
-    with warnings.catch_warnings():
-        # the `pynvml` distribution warns that it is a shim over nvidia-ml-py; the module it
-        # provides is nvidia-ml-py's own, which is what we use
-        warnings.simplefilter("ignore", FutureWarning)
-        try:
-            import pynvml
-        except ImportError:
-            return None
-    try:
-        pynvml.nvmlInit()
-    except Exception:  # noqa: BLE001 - NVMLError_LibraryNotFound/DriverNotLoaded/...: no GPU
-        return None
-    return pynvml
 
 
 # --- which NVML device is llama.cpp's GPU ---------------------------------------------------------
