@@ -283,3 +283,19 @@ def test_the_bundled_image_decoder_starts(bundle: Path) -> None:
     finally:
         proc.kill()
         proc.wait(10)
+
+
+@pytest.mark.slow
+def test_the_unity_harness_starts_the_bundled_sidecar(bundle: Path) -> None:
+    """The Unity package's NUnit harness (tests/csharp/run.sh; `tests/run.sh` installs mono
+    before pytest runs) starts the bundle as its sidecar and holds a conversation over it."""
+    if shutil.which("mcs") is None or shutil.which("nunit-console") is None:
+        pytest.skip("mono and nunit-console are installed by tests/run.sh")
+    root = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "IGI_SDK_EXE": str(bundle / "igi-sdk"), "IGI_CSHARP_SKIP_UNITY": "1",
+           "NUNIT_ARGS": "-run=Igi.Sdk.Tests.ClientTests.SaveThenRestoreContinuesTheConversation"}
+    done = subprocess.run(["bash", str(root / "tests" / "csharp" / "run.sh")], env=env,
+                          capture_output=True, text=True, timeout=600, cwd=root)
+    assert done.returncode == 0 and "1 passed, 0 failed" in done.stdout, (
+        done.stdout[-3000:], done.stderr[-2000:])
+    assert f"sidecar: {bundle / 'igi-sdk'}" in done.stdout

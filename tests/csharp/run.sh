@@ -74,7 +74,9 @@ cat > "$build/Igi.Sdk.Core.dll.config" <<'XML'
 </configuration>
 XML
 
-export IGI_SDK_EXE="$root/.venv/bin/igi-sdk"
+# the sidecar the tests start: the development install's, or another (a bundle) when given
+export IGI_SDK_EXE="${IGI_SDK_EXE:-$root/.venv/bin/igi-sdk}"
+echo "sidecar: $IGI_SDK_EXE"
 export IGI_VECTORS_DIR="${IGI_VECTORS_DIR:-$root/bridge/vectors}"
 (cd "$build" && timeout 600 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" "${test_dlls[@]}" ${NUNIT_ARGS:-}) \
     > "$build/nunit.log" 2>&1
