@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import glob
 import importlib.util
 import itertools
 import os
@@ -11,12 +10,17 @@ import re
 import sys
 import threading
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import igi_sdk
 from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError, UsageError
+from igi_sdk.native_preload import preload_env, reexec_with_native_preload
+
+# the names callers and tests know this by
+_reexec_with_native_preload = reexec_with_native_preload
+__all__ = ["main", "preload_env"]
 
 if TYPE_CHECKING:
     from igi_sdk.model import ModelInventory
@@ -1146,61 +1150,9 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _reexec_with_native_preload() -> None:
-    """Run this command again with pyzmq's bundled libzmq and libsodium loaded at start.
-
-    With llama.cpp's CUDA build on the H200 host, whichever of llama.cpp and pyzmq (or numpy)
-    is loaded second crashes the process: a SIGSEGV on the first message sent, or inside the
-    model load. Import order cannot fix both; preloading pyzmq's libraries fixes every order
-    (``benchmarks/native_order_probe.py`` shows each case). Linux only, once per process.
-    """
-    if sys.platform != "linux" or os.environ.get("IGI_SDK_PRELOADED") == "1":
-        return
-    frozen = getattr(sys, "frozen", False)
-    if frozen:  # a bundle: pyzmq's libraries are in its _internal folder
-        where = os.path.join(getattr(sys, "_MEIPASS", ""), "pyzmq.libs")
-    else:
-        spec = importlib.util.find_spec("zmq")
-        if spec is None or spec.origin is None:
-            return
-        where = os.path.join(os.path.dirname(spec.origin), os.pardir, "pyzmq.libs")
-    libs = sorted(glob.glob(os.path.join(where, "*.so*")))
-    if not libs:  # pyzmq built against the system libzmq: nothing bundled to preload
-        return
-    env = preload_env([os.path.realpath(p) for p in libs], os.environ)
-    sys.stdout.flush()
-    sys.stderr.flush()
-    # the same command, interpreter flags too (a bundle's executable takes the arguments alone)
-    os.execve(sys.executable, sys.argv if frozen else sys.orig_argv, env)
-
-
-def preload_env(libs: list[str], environ: Mapping[str, str]) -> dict[str, str]:
-    """The environment that preloads ``libs`` (absolute paths) in a new process.
-
-    ld.so splits LD_PRELOAD at spaces as well as colons, so a library in a folder whose path
-    has a space (a game installed under "Program Files", "Mein Spiel") is preloaded by its
-    file name, found through LD_LIBRARY_PATH (split at colons only)."""
-    env = {**environ, "IGI_SDK_PRELOADED": "1"}
-    names, dirs = [], []
-    for lib in libs:
-        folder, name = os.path.split(lib)
-        if any(c.isspace() for c in folder):
-            names.append(name)
-            if folder not in dirs:
-                dirs.append(folder)
-        else:
-            names.append(lib)
-    if dirs:
-        env["LD_LIBRARY_PATH"] = ":".join(dirs + ([environ["LD_LIBRARY_PATH"]]
-                                                  if environ.get("LD_LIBRARY_PATH") else []))
-    env["LD_PRELOAD"] = ":".join(names + ([environ["LD_PRELOAD"]]
-                                          if environ.get("LD_PRELOAD") else []))
-    return env
-
-
 def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real command line (not a call from Python): make native loads safe
-        _reexec_with_native_preload()
+        reexec_with_native_preload()
     args = build_parser().parse_args(argv)
     try:
         return int(args.fn(args))

@@ -144,9 +144,9 @@ def boot(client_only: str | None) -> None:
             _use_cpu_libs()
         os.environ["IGI_SDK_GPU_CHOICE"] = choice.message or "GPU build in use"
     # after the choice: the new process inherits its environment (made again there, the same)
-    from igi_sdk.cli import _reexec_with_native_preload
+    from igi_sdk.native_preload import reexec_with_native_preload
 
-    _reexec_with_native_preload()
+    reexec_with_native_preload()
     import igi_sdk
 
     importlib.reload(igi_sdk)  # now with llama.cpp, before anything imports numpy

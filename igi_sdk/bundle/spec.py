@@ -100,7 +100,7 @@ def plan_bundle(name: str) -> BundlePlan:
     # the image decoder runs as a script of its own (sys.executable -I WORKER): its source is
     # shipped as a file, not only as a module of the archive
     datas = [(str(sdk / "runtime" / "_image_worker.py"), "igi_sdk/runtime")]
-    return BundlePlan(name=name, entry=Path(__file__).with_name("entry.py"),
+    return BundlePlan(name=name, entry=Path(__file__).parents[1] / "bundled_main.py",
                       binaries=tuple(binaries), datas=tuple(datas))
 
 

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import json
 import os
+import sys
 from pathlib import Path
 
 from igi_sdk.errors import ModelFileNotFoundError
@@ -43,10 +45,19 @@ def default_model_path() -> Path:
 
 
 def _from_bundle() -> Path | None:
-    # a frozen sidecar (`igi-sdk bundle --model`): the model shipped in its folder
-    from igi_sdk.bundle.frozen import bundled_model
-
-    return bundled_model()
+    # a frozen sidecar (`igi-sdk bundle --model`): the model its build record names, in its
+    # folder (read here, not through igi_sdk.bundle, which sits above the model layer)
+    if not getattr(sys, "frozen", False) or not hasattr(sys, "_MEIPASS"):
+        return None
+    try:
+        record = json.loads((Path(sys._MEIPASS) / "igi_sdk_build.json").read_text())
+        model = record.get("model") if isinstance(record, dict) else None
+    except (OSError, ValueError):
+        return None
+    if not isinstance(model, str) or not model:
+        return None
+    path = Path(sys.executable).resolve().parent / model
+    return path if path.is_file() else None
 
 
 def _from_spec() -> Path | None:
