@@ -224,3 +224,29 @@ def test_the_encoders_borrowing_never_tries_a_second_gpu_placement_after_a_faile
     assert fixed.place(main, move("small")) is True
     fixed.give_back(move("small"))
     assert tried == [["small", "main"], ["main", "small"]]
+
+
+def test_a_priority_just_set_reads_as_set_while_the_engine_is_busy(engine) -> None:
+    """Was: list_sessions right after set_priority showed the old priority until the engine
+    thread took the command (a leased client's test failed on a loaded machine)."""
+    from igi_sdk.runtime import commands as C
+
+    sid = engine.open_session("You are a guard.")
+    hold, held = threading.Event(), threading.Event()
+
+    def busy() -> None:  # the engine thread, held between two steps
+        held.set()
+        hold.wait(10)
+
+    blocked = engine._submit(C.Inspect(busy))
+    try:
+        assert held.wait(10)
+        engine.set_priority(sid, 90)
+        assert engine.session_info()[sid]["priority"] == 90  # not yet applied, read as set
+    finally:
+        hold.set()
+        blocked.result(10)
+    engine.close_session(sid)
+    again = engine.open_session("You are a guard.", session_id=sid)
+    assert engine.session_info()[again]["priority"] == 0  # another session of that name
+    engine.close_session(again)

@@ -86,6 +86,9 @@ class Engine:
         self._outbox = outbox or Outbox()
         self._own_outbox = outbox is None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-io")
+        # priorities asked for and not yet applied by the engine thread, by session (the
+        # session object too: a name closed and opened again is another session)
+        self._asked_priority: dict[str, tuple[object, int]] = {}
         _native.init_backend(plan.copy_compute_min_batch)
         self._core = EngineCore(self.model_path, self.inventory, plan, self.config,
                                 progress=progress, encoder_room=encoder_room,
@@ -175,8 +178,13 @@ class Engine:
 
     def session_info(self) -> dict[str, SessionFigures]:
         """Tokens in context, whether replying, and priority of every session, read without
-        waiting for the engine thread (figures of the last step, for listings)."""
-        return self._core.session_info()
+        waiting for the engine thread (figures of the last step, for listings; a priority just
+        set reads as set, though the engine applies it at its next step)."""
+        info = self._core.session_info()
+        for sid, (session, priority) in list(self._asked_priority.items()):
+            if sid in info and self._core._sessions.get(sid) is session:
+                info[sid]["priority"] = priority
+        return info
 
     def set_pacing(self, step_delay_s: float, hold_s: float | None = None) -> None:
         """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
@@ -265,8 +273,14 @@ class Engine:
     def set_priority(self, session_id: str, priority: int) -> None:
         """Takes effect at the next decode step; does not wait for the engine thread (a
         session closed meanwhile is left as it is)."""
-        if session_id not in self._core._sessions:
+        session = self._core._sessions.get(session_id)
+        if session is None:
             raise UnknownSessionError(f"no session '{session_id}'")
+        if len(self._asked_priority) > 4 * self.config.max_sessions:  # closed ones: forgotten
+            live = self._core._sessions
+            self._asked_priority = {k: v for k, v in self._asked_priority.items()
+                                    if live.get(k) is v[0]}
+        self._asked_priority[session_id] = (session, priority)
         self._submit(C.SetPriority(session_id, priority))
 
     def chat_async(
