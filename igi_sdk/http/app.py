@@ -73,13 +73,17 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
-    @app.get("/health")
-    async def health(request: Request) -> JSONResponse:
+    async def stats(request: Request) -> dict[str, Any]:
+        """The sidecar's ``stats`` for an authorised request (503 while it cannot be reached)."""
         authorised(request)
         try:
-            st = await asyncio.to_thread(_stats, client)
+            return await asyncio.to_thread(_stats, client)
         except SidecarUnavailable as e:
             raise HttpError(503, "unavailable", str(e)) from None
+
+    @app.get("/health")
+    async def health(request: Request) -> JSONResponse:
+        st = await stats(request)
         if st.get("model") is not None and not st.get("loading"):
             return JSONResponse({"status": "ok", "model": st.get("model")})
         # a load balancer or client waits and asks again, as for a 503 of the chat route
@@ -89,11 +93,7 @@ def build_app(cfg: HttpConfig) -> FastAPI:
 
     @app.get("/v1/models")
     async def models(request: Request) -> JSONResponse:
-        authorised(request)
-        try:
-            st = await asyncio.to_thread(_stats, client)
-        except SidecarUnavailable as e:
-            raise HttpError(503, "unavailable", str(e)) from None
+        st = await stats(request)
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
                                          "owned_by": "igi-sdk"}]
