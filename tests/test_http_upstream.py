@@ -5,6 +5,7 @@ an upstream that is gone, and overflow from a local engine made unavailable and 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -198,19 +199,7 @@ def test_an_unreachable_upstream_is_a_typed_retryable_error(tmp_path_factory,
 
 def test_overflow_goes_upstream_while_the_local_engine_is_unavailable_and_comes_back(
         tmp_path, default_model, upstream) -> None:
-    d = tmp_path / "models"
-    d.mkdir()
-    shutil.copy(default_model, d / "smol.gguf")
-    host = ModelHost(HostConfig(n_threads=2, arbiter=False))
-    routing = RoutingBackend(host, UpstreamConfig(urls=(upstream,), policy="overflow",
-                                                  api_key=KEY))
-    srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'o.sock'}", model_dir=d,
-                              model="smol.gguf", n_ctx=2048, max_sessions=2), routing)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        c = Client(srv.bound, timeout=60)
-        c.wait_ready(60)
+    with _overflowing(tmp_path, default_model, upstream, max_sessions=2) as (host, c):
         sid = c.open_session(NPC, name="npc.over", sampling={"temperature": 0.0})
         before = len(_seen(upstream))
         local = c.chat(sid, "What do you sell?", max_tokens=6).result()
@@ -240,26 +229,12 @@ def test_overflow_goes_upstream_while_the_local_engine_is_unavailable_and_comes_
         tokens = {s["session"]: s["tokens"] for s in c.list_sessions()["sessions"]}["npc.over"]
         assert tokens >= back["usage"]["prompt_tokens"]
         c.close()
-    finally:
-        srv.stopping.set()
-        t.join(10)
 
 
 def test_overflow_serves_a_session_beyond_the_local_slots(tmp_path, default_model,
                                                           upstream) -> None:
-    d = tmp_path / "models"
-    d.mkdir()
-    shutil.copy(default_model, d / "smol.gguf")
-    host = ModelHost(HostConfig(n_threads=2, arbiter=False))
-    routing = RoutingBackend(host, UpstreamConfig(urls=(upstream,), policy="overflow",
-                                                  api_key=KEY, remote_sessions=1))
-    srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 's.sock'}", model_dir=d,
-                              model="smol.gguf", n_ctx=2048, max_sessions=1), routing)
-    t = threading.Thread(target=srv.serve_forever, daemon=True)
-    t.start()
-    try:
-        c = Client(srv.bound, timeout=60)
-        c.wait_ready(60)
+    with _overflowing(tmp_path, default_model, upstream, max_sessions=1,
+                      remote_sessions=1) as (_host, c):
         a = c.open_session(NPC, name="npc.a")
         b = c.open_session(NPC, name="npc.b")  # no local slot left: served upstream
         before = len(_seen(upstream))
@@ -272,6 +247,46 @@ def test_overflow_serves_a_session_beyond_the_local_slots(tmp_path, default_mode
         assert e.value.code == "too_many_sessions"
         assert c.list_sessions()["free_slots"] == 0
         c.close()
+
+
+@contextlib.contextmanager
+def _overflowing(tmp_path: Path, default_model: Path, upstream: str, *, max_sessions: int,
+                 remote_sessions: int = 64) -> Iterator[tuple[ModelHost, Client]]:
+    """An in-process sidecar (its engine reachable, to make it unavailable) routing overflow to
+    the upstream, and a client of it."""
+    d = tmp_path / "models"
+    d.mkdir()
+    shutil.copy(default_model, d / "smol.gguf")
+    host = ModelHost(HostConfig(n_threads=2, arbiter=False))
+    routing = RoutingBackend(host, UpstreamConfig(urls=(upstream,), policy="overflow",
+                                                  api_key=KEY, remote_sessions=remote_sessions))
+    srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'o.sock'}", model_dir=d,
+                              model="smol.gguf", n_ctx=2048, max_sessions=max_sessions), routing)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        c = Client(srv.bound, timeout=60)
+        c.wait_ready(60)
+        yield host, c
     finally:
         srv.stopping.set()
         t.join(10)
+
+
+def test_a_session_served_upstream_is_saved_through_its_local_copy(remote, upstream) -> None:
+    ep, _ = remote
+    c = Client(ep, timeout=60)
+    sid = c.open_session(NPC, name="npc.saved", sampling={"temperature": 0.0})
+    assert c.chat(sid, "Remember the password: anvil.", max_tokens=6).result()["text"]
+    saved = c.save_session(sid, "upstream-npc")  # reopened locally with its transcript first
+    assert saved["bytes"] > 0
+    restored = c.restore_session("upstream-npc", "npc.back")
+    # the same, saved before any line: what the system prompt and a line cost alone
+    empty = c.open_session(NPC, name="npc.empty", sampling={"temperature": 0.0})
+    c.save_session(empty, "upstream-empty")
+    baseline = c.restore_session("upstream-empty", "npc.baseline")
+    # a restored session is local; the save held the transcript, read with the next line
+    back = c.chat(restored, "What was it?", max_tokens=4).result()
+    alone = c.chat(baseline, "What was it?", max_tokens=4).result()
+    assert back["usage"]["prompt_tokens"] > alone["usage"]["prompt_tokens"] + 6
+    c.close()

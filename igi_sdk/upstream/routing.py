@@ -17,6 +17,7 @@ import io
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
@@ -211,32 +212,34 @@ class RoutingBackend:
         # its newest lines were answered upstream: the local copy reads them first
         out: Future[int] = Future()
 
-        def reopened(f: Future[None]) -> None:
-            try:
-                f.result()
-            except BaseException as e:  # noqa: BLE001
-                out.set_exception(e)
-                return
-            _chain(self.local.save_session(session, path), out)
+        def save(_: object) -> None:
+            saved = self.local.save_session(session, path)
+            if self.cfg.policy == "remote":
+                # a copy made only to save: its slot is given back once the file is written
+                saved.add_done_callback(lambda _f: self._drop_local(session))
+            _chain(saved, out)
 
-        self._reopen_local(session).add_done_callback(reopened)
+        _on_success(self._reopen_local(session), out, save)
         return out
+
+    def _drop_local(self, session: str) -> None:
+        with self._lock:
+            t = self._sessions.get(session)
+            if t is None or t.local_turns is None:
+                return
+            t.local_turns = None
+        self.local.close_session(session)
 
     def restore_session(self, path: Path, session: str | None = None) -> Future[str]:
         out: Future[str] = Future()
 
-        def restored(f: Future[str]) -> None:
-            try:
-                sid = f.result()
-            except BaseException as e:  # noqa: BLE001
-                out.set_exception(e)
-                return
+        def restored(sid: str) -> None:
             with self._lock:
                 self._sessions[sid] = Transcript("", P.Sampling(), 0, local_turns=0,
                                                  restored=True)
             out.set_result(sid)
 
-        self.local.restore_session(path, session).add_done_callback(restored)
+        _on_success(self.local.restore_session(path, session), out, restored)
         return out
 
     def set_priority(self, session: str, priority: int) -> None:
@@ -353,23 +356,18 @@ class RoutingBackend:
                 update={"name": session})
         out: Future[None] = Future()
 
-        def opened(f: Future[str]) -> None:
-            try:
-                f.result()
-            except BaseException as e:  # noqa: BLE001
-                out.set_exception(e)
-                return
+        def opened(_sid: str) -> None:
             with self._lock:
                 t.local_turns = len(history)
             out.set_result(None)
 
-        def closed(f: Future[None]) -> None:
-            self.local.open_session(reopen).add_done_callback(opened)
+        def reopen_now(_: object = None) -> None:
+            _on_success(self.local.open_session(reopen), out, opened)
 
-        if stale:
-            self.local.close_session(session).add_done_callback(closed)
+        if stale:  # closed first, whatever the close says: the open decides
+            self.local.close_session(session).add_done_callback(reopen_now)
         else:
-            self.local.open_session(reopen).add_done_callback(opened)
+            reopen_now()
         return out
 
     def _measure(self, event: ReplyDone) -> None:
@@ -538,6 +536,19 @@ def _image_part(image: P.ChatImage) -> dict[str, object]:
         kind, raw = "image/png", buf.getvalue()
     url = f"data:{kind};base64,{base64.b64encode(raw).decode()}"
     return {"type": "image_url", "image_url": {"url": url}}
+
+
+def _on_success(src: Future[Any], out: Future[Any], then: Callable[[Any], None]) -> None:
+    """``then(result)`` once ``src`` succeeds; its error ends ``out`` instead."""
+    def done(f: Future[Any]) -> None:
+        try:
+            value = f.result()
+        except BaseException as e:  # noqa: BLE001 - handed on, typed
+            out.set_exception(e)
+            return
+        then(value)
+
+    src.add_done_callback(done)
 
 
 def _chain(src: Future[Any], dst: Future[Any]) -> None:
