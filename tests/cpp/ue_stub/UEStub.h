@@ -315,6 +315,7 @@ class IFileManager {
 public:
     static IFileManager& Get();
     bool MakeDirectory(const TCHAR* Path, bool Tree = false);
+    int64 FileSize(const TCHAR* Filename);  // -1 when there is no such file
 };
 enum class EGuidFormats { Digits, DigitsWithHyphens };
 struct FGuid {

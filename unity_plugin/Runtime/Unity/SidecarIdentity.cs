@@ -65,6 +65,8 @@ namespace Igi.Sdk.Unity
             try
             {
                 if (string.IsNullOrEmpty(path) || !File.Exists(path)) return null;
+                // one short line: anything longer is not the sidecar's, and is not read
+                if (new FileInfo(path).Length > 256) return null;
                 text = File.ReadAllText(path).Trim();
             }
             catch (IOException) { return null; }

@@ -154,7 +154,9 @@ bool UIgiSdkSubsystem::LaunchSidecar()
 void UIgiSdkSubsystem::PollEndpointFile()
 {
 	FString Text;
-	if (FFileHelper::LoadFileToString(Text, *GSidecar.EndpointFile))
+	// one short line: a longer file is not the sidecar's, and is not read
+	const int64 Size = IFileManager::Get().FileSize(*GSidecar.EndpointFile);
+	if (Size > 0 && Size <= 256 && FFileHelper::LoadFileToString(Text, *GSidecar.EndpointFile))
 	{
 		Text.TrimStartAndEndInline();
 		// written atomically by the sidecar: a whole endpoint or nothing
