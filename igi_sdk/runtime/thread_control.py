@@ -1,0 +1,341 @@
+"""How many threads the next decode steps run and how their idle threads wait (pure).
+
+Why it changes while running: one fixed policy loses somewhere. On idle cores, threads that
+spin between graphs decode faster than threads that sleep; on cores the game holds, a spinning
+thread burns the core a descheduled one needs and decode collapses. Only the running sidecar
+sees which case it is in, from three inputs that arrive as typed values:
+
+- each decode step's measured time (:meth:`ThreadController.observe_step`), compared with the
+  best time seen for the same kind of step (the number of tokens in the batch) under the same
+  setting: the step time itself tells when a setting collapses or pays;
+- the host's load from other processes (:class:`HostLoad`, sampled off the engine thread);
+- what the game says it keeps busy (:class:`GameCpu`, from its ``frame`` reports).
+
+The load and the game's report set a ceiling on the thread count (cores the game holds are
+not planned for; an increase applies at once, a decrease only once it has held for two
+samples). Within it, the controller keeps the setting it has, and every so often probes one
+alternative for a few steps (another wait, one thread more or fewer): the probe is kept when
+it is faster by a margin (hysteresis), and a probe that loses is tried again later and later
+(backoff), so a policy that collapses costs a step or two per probe. A setting whose steps
+turn much slower than its best (the game took the cores) makes the next probe come at once.
+
+No I/O and no llama.cpp here; runtime/threadpool.py applies the setting.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from igi_sdk.errors import UsageError
+
+
+class Wait(str, Enum):
+    """How a pool's idle threads wait for the next graph (between steps; within a graph,
+    ggml's threads meet at spinning barriers whatever the wait)."""
+
+    SPIN = "spin"  # poll long: the next step starts at once, an idle core is burnt meanwhile
+    POLL = "poll"  # poll briefly (about one step's gap), then sleep
+    SLEEP = "sleep"  # sleep at once: a wake-up per graph, no core burnt
+
+
+# ggml's polling level per wait (0..100; a pool polls 128K x level pause instructions)
+POLL_LEVEL = {Wait.SPIN: 100, Wait.POLL: 1, Wait.SLEEP: 0}
+
+# core-equivalents of background noise that do not cost a thread (as guest/cores.py)
+NOISE_CORES = 0.25
+
+
+@dataclass(frozen=True)
+class Setting:
+    threads: int
+    wait: Wait
+
+    def __str__(self) -> str:
+        return f"{self.threads}x{self.wait.value}"
+
+
+@dataclass(frozen=True)
+class HostLoad:
+    """The load of everything but this process: ``other_cores`` cores' worth of CPU time (the
+    sum of the per-CPU loads minus this process's own use over the same window) on ``cpus``
+    CPUs this process may use."""
+
+    cpus: int
+    other_cores: float
+
+    def __post_init__(self) -> None:
+        if self.cpus < 1 or not (0.0 <= self.other_cores) or math.isnan(self.other_cores):
+            raise UsageError(f"a host load of {self.other_cores} cores on {self.cpus} CPUs")
+
+
+@dataclass(frozen=True)
+class GameCpu:
+    """What the game reports of its CPU use: the threads it keeps busy and/or the share of the
+    machine's CPU time it uses (0..1). Either may be None (not reported)."""
+
+    busy_threads: int | None = None
+    cpu_share: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.busy_threads is not None and self.busy_threads < 0:
+            raise UsageError(f"the game reports {self.busy_threads} busy threads")
+        if self.cpu_share is not None and not (0.0 <= self.cpu_share <= 1.0):
+            raise UsageError(f"the game reports a CPU share of {self.cpu_share}")
+
+    def cores(self, cpus: int) -> int:
+        """Cores the game holds, by its own report."""
+        by_threads = self.busy_threads or 0
+        by_share = math.ceil(self.cpu_share * cpus - NOISE_CORES) if self.cpu_share else 0
+        return max(by_threads, by_share, 0)
+
+
+@dataclass(frozen=True)
+class ControlConfig:
+    max_threads: int  # never more (the configured or default count)
+    cpus: int  # usable CPUs
+    waits: tuple[Wait, ...] = (Wait.SPIN, Wait.POLL, Wait.SLEEP)  # one: the wait is fixed
+    fixed_threads: bool = False  # the user set the count: only the wait adapts
+    probe_every: int = 48  # decode steps between probes (before backoff)
+    probe_steps: int = 4  # steps a probe runs (its first pays the switch and is not counted)
+    max_backoff: int = 16  # a losing probe waits up to this many times probe_every
+    margin: float = 0.08  # a probe must be this much faster to be kept
+    collapse: float = 2.0  # steps this many times their best: probe at once
+
+    def __post_init__(self) -> None:
+        if self.max_threads < 1 or self.cpus < 1 or not self.waits:
+            raise UsageError(f"a thread controller for {self.max_threads} threads on "
+                             f"{self.cpus} CPUs and waits {self.waits}")
+
+
+@dataclass
+class _Arm:
+    """What one setting has shown, per kind of step."""
+
+    ewma: dict[int, float] = field(default_factory=dict)
+    best: dict[int, float] = field(default_factory=dict)
+
+    def add(self, kind: int, seconds: float) -> None:
+        old = self.ewma.get(kind)
+        self.ewma[kind] = seconds if old is None else 0.7 * old + 0.3 * seconds
+        best = self.best.get(kind)
+        # the best drifts up slowly: a longer context makes every step a little slower
+        self.best[kind] = seconds if best is None else min(best * 1.002, seconds)
+
+
+@dataclass
+class _Probe:
+    setting: Setting
+    back_to: Setting
+    left: int
+    ratios: list[float] = field(default_factory=list)
+    warm: bool = False  # the switch step has run
+
+
+@dataclass(frozen=True)
+class ControlStatus:
+    setting: str
+    ceiling: int
+    other_cores: float | None
+    game_cores: int | None
+    switches: int
+    probes: int
+    last_probe: str
+
+
+class ThreadController:
+    """The policy (see the module doc). Methods are called by one thread (the engine's)."""
+
+    def __init__(self, config: ControlConfig, start: Setting | None = None) -> None:
+        self.config = config
+        self._arms: dict[Setting, _Arm] = {}
+        self._load: HostLoad | None = None
+        self._game: GameCpu | None = None
+        self._ceiling = config.max_threads
+        self._lower_pending: int | None = None  # a lower load seen once
+        self._probe: _Probe | None = None
+        self._since_probe = 0
+        self._backoff: dict[Setting, int] = {}  # multiplier of probe_every per candidate
+        self._next_candidate = 0
+        self._bad_steps = 0
+        self.switches = 0
+        self.probes = 0
+        self.last_probe = ""
+        self._current = start or Setting(config.max_threads, self._default_wait())
+
+    # ------------------------------------------------------------------ inputs
+
+    @property
+    def setting(self) -> Setting:
+        """The setting for the next step (a probe's while one runs)."""
+        return self._probe.setting if self._probe is not None else self._current
+
+    def observe_load(self, load: HostLoad) -> Setting:
+        self._load = load
+        return self._update_ceiling()
+
+    def observe_game(self, game: GameCpu | None) -> Setting:
+        self._game = game
+        return self._update_ceiling()
+
+    def observe_step(self, kind: int, seconds: float) -> Setting:
+        """A decode step of ``kind`` (tokens in its batch) took ``seconds`` under
+        :attr:`setting`; returns the setting for the next step."""
+        if kind < 1 or not (seconds > 0.0) or math.isinf(seconds):
+            return self.setting  # nothing to learn from
+        kind = min(kind, 64)
+        if self._probe is not None:
+            self._probe_step(kind, seconds)
+            return self.setting
+        arm = self._arms.setdefault(self._current, _Arm())
+        best = arm.best.get(kind)
+        arm.add(kind, seconds)
+        self._since_probe += 1
+        collapsed = best is not None and seconds > self.config.collapse * best
+        self._bad_steps = self._bad_steps + 1 if collapsed else 0
+        if self._bad_steps >= 2:  # this setting stopped paying: look for another now
+            self._bad_steps = 0
+            self._start_probe(self._safer(self._current))
+        elif self._since_probe >= self.config.probe_every:
+            self._start_probe(self._next_alternative())
+        return self.setting
+
+    def status(self) -> ControlStatus:
+        return ControlStatus(
+            str(self.setting), self._ceiling,
+            round(self._load.other_cores, 2) if self._load is not None else None,
+            self._game.cores(self.config.cpus) if self._game is not None else None,
+            self.switches, self.probes, self.last_probe)
+
+    # ------------------------------------------------------------------ ceiling
+
+    def _held(self) -> int:
+        cpus = self._load.cpus if self._load is not None else self.config.cpus
+        held = 0
+        if self._load is not None:
+            held = max(held, math.ceil(self._load.other_cores - NOISE_CORES))
+        if self._game is not None:
+            held = max(held, self._game.cores(cpus))
+        return held
+
+    def _update_ceiling(self) -> Setting:
+        c = self.config
+        cpus = self._load.cpus if self._load is not None else c.cpus
+        target = max(1, min(c.max_threads, cpus - self._held()))
+        if c.fixed_threads:
+            target = c.max_threads
+        if target < self._ceiling:  # the game took cores: give them back at once
+            self._ceiling, self._lower_pending = target, None
+            self._reset_exploration()
+        elif target > self._ceiling:  # cores came free: only once it has held for 2 samples
+            if self._lower_pending is not None:
+                self._ceiling, self._lower_pending = min(target, self._lower_pending), None
+                self._reset_exploration()
+            else:
+                self._lower_pending = target
+        else:
+            self._lower_pending = None
+        # a busy host: threads that spin while another process wants the core lose it
+        crowded = self._held() + self._current.threads > cpus
+        if self._current.threads > self._ceiling or (crowded and c.waits != (self._current.wait,)):
+            threads = min(self._current.threads, self._ceiling)
+            wait = self._current.wait
+            if self._held() + threads > cpus and Wait.SLEEP in c.waits:
+                wait = Wait.SLEEP
+            self._switch(Setting(threads, wait))
+        elif self._ceiling > self._current.threads and not self._arms.get(
+                Setting(self._ceiling, self._current.wait)):
+            # cores came free and the count there is untried: take them (probes judge it)
+            self._switch(Setting(self._ceiling, self._default_wait()))
+        return self.setting
+
+    def _reset_exploration(self) -> None:
+        """New conditions: what lost before may pay now."""
+        self._backoff.clear()
+        self._since_probe = 0
+        for arm in self._arms.values():  # times under the old load say little now
+            arm.best.clear()
+            arm.ewma.clear()
+
+    def _default_wait(self) -> Wait:
+        waits = self.config.waits
+        if len(waits) == 1:
+            return waits[0]
+        cpus = self._load.cpus if self._load is not None else self.config.cpus
+        threads = min(self.config.max_threads, self._ceiling)
+        if self._held() + threads <= cpus and Wait.SPIN in waits:
+            return Wait.SPIN
+        return Wait.SLEEP if Wait.SLEEP in waits else waits[-1]
+
+    def _switch(self, to: Setting) -> None:
+        self._probe = None
+        if to != self._current:
+            self._current = to
+            self.switches += 1
+            self._bad_steps = 0
+
+    # ------------------------------------------------------------------ probes
+
+    def _candidates(self) -> list[Setting]:
+        cur, c = self._current, self.config
+        out = [Setting(cur.threads, w) for w in c.waits if w != cur.wait]
+        if not c.fixed_threads:
+            if cur.threads + 1 <= self._ceiling:
+                out.append(Setting(cur.threads + 1, cur.wait))
+            if cur.threads > 1:
+                out.append(Setting(cur.threads - 1, cur.wait))
+        return out
+
+    def _safer(self, cur: Setting) -> Setting | None:
+        """Fewer threads, else a wait that burns less."""
+        if not self.config.fixed_threads and cur.threads > 1:
+            return Setting(cur.threads - 1, cur.wait)
+        order = [Wait.SLEEP, Wait.POLL]
+        for w in order:
+            if w in self.config.waits and w != cur.wait:
+                return Setting(cur.threads, w)
+        return None
+
+    def _next_alternative(self) -> Setting | None:
+        """The next candidate whose backoff has run out (round robin)."""
+        cands = self._candidates()
+        for i in range(len(cands)):
+            cand = cands[(self._next_candidate + i) % len(cands)]
+            if self._since_probe >= self.config.probe_every * self._backoff.get(cand, 1):
+                self._next_candidate = (self._next_candidate + i + 1) % max(1, len(cands))
+                return cand
+        return None
+
+    def _start_probe(self, cand: Setting | None) -> None:
+        if cand is None:  # nothing to try (one thread, one wait) or every candidate waits
+            return
+        self._since_probe = 0
+        self.probes += 1
+        self._probe = _Probe(cand, self._current, self.config.probe_steps)
+
+    def _probe_step(self, kind: int, seconds: float) -> None:
+        p = self._probe
+        assert p is not None
+        arm = self._arms.setdefault(p.setting, _Arm())
+        arm.add(kind, seconds)
+        p.left -= 1
+        ref = self._arms.get(p.back_to, _Arm()).ewma.get(kind)
+        if p.warm and ref is not None:
+            p.ratios.append(seconds / ref)
+        p.warm = True
+        losing = bool(p.ratios) and p.ratios[-1] > 1.0 + 4 * self.config.margin
+        if p.left > 0 and not losing:
+            return
+        ratios = sorted(p.ratios)
+        score = ratios[len(ratios) // 2] if ratios else 1.0
+        if score < 1.0 - self.config.margin:
+            self.last_probe = f"{p.setting} kept ({score:.2f}x the time of {p.back_to})"
+            self._backoff.pop(p.setting, None)
+            self._backoff[p.back_to] = 1
+            self._switch(p.setting)
+        else:
+            self.last_probe = f"{p.setting} lost ({score:.2f}x the time of {p.back_to})"
+            self._backoff[p.setting] = min(self._backoff.get(p.setting, 1) * 2,
+                                           self.config.max_backoff)
+            self._probe = None

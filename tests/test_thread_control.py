@@ -1,0 +1,171 @@
+"""The thread/wait controller (runtime/thread_control.py) from simulated step times and loads.
+
+The simulated host follows what was measured on real ones: on free cores spinning threads
+decode fastest and sleeping ones pay a wake-up per graph; a thread without a core stalls the
+others at every barrier (spinning ones collapse by an order of magnitude, sleeping ones less).
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from igi_sdk.errors import UsageError
+from igi_sdk.runtime.thread_control import (
+    ControlConfig,
+    GameCpu,
+    HostLoad,
+    Setting,
+    ThreadController,
+    Wait,
+)
+
+PENALTY = {Wait.SPIN: 1.0, Wait.POLL: 1.04, Wait.SLEEP: 1.35}
+COLLAPSE = {Wait.SPIN: 12.0, Wait.POLL: 10.0, Wait.SLEEP: 2.5}
+
+
+def step_time(s: Setting, free: int, rng: random.Random, kind: int = 1) -> float:
+    t = 0.04 / s.threads ** 0.8 * PENALTY[s.wait] * (1 + 0.15 * (kind - 1))
+    if s.threads > free:
+        t *= COLLAPSE[s.wait] * (s.threads - free)
+    return t * rng.uniform(0.97, 1.03)
+
+
+def run(ctl: ThreadController, steps: int, free: int, rng: random.Random,
+        kinds: tuple[int, ...] = (1,)) -> list[Setting]:
+    seen = []
+    for i in range(steps):
+        s = ctl.setting
+        seen.append(s)
+        kind = kinds[i % len(kinds)]
+        ctl.observe_step(kind, step_time(s, free, rng, kind))
+    return seen
+
+
+def share(seen: list[Setting], want: Setting) -> float:
+    return sum(1 for s in seen if s == want) / len(seen)
+
+
+def test_idle_host_spins_and_keeps_the_threads() -> None:
+    rng = random.Random(1)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=8))
+    ctl.observe_load(HostLoad(8, 0.1))
+    seen = run(ctl, 3000, free=8, rng=rng, kinds=(1, 2))
+    assert ctl.setting == Setting(4, Wait.SPIN)
+    assert share(seen[-1000:], Setting(4, Wait.SPIN)) > 0.95  # probes cost little
+    assert ctl.probes > 5  # and it kept looking
+
+
+def test_starting_asleep_on_an_idle_host_discovers_that_spinning_pays() -> None:
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=8), Setting(4, Wait.SLEEP))
+    run(ctl, 600, free=8, rng=random.Random(2))
+    assert ctl.setting.wait is not Wait.SLEEP and ctl.setting.threads == 4
+
+
+def test_busy_cores_measured_lower_the_threads_at_once() -> None:
+    rng = random.Random(3)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=4))
+    run(ctl, 100, free=4, rng=rng)
+    ctl.observe_load(HostLoad(4, 2.6))  # a game on three cores' worth
+    assert ctl.setting.threads == 1
+    seen = run(ctl, 1500, free=1, rng=rng)
+    assert share(seen[-500:], Setting(1, ctl.setting.wait)) > 0.95
+
+
+def test_collapse_seen_only_in_step_times_moves_to_fewer_threads() -> None:
+    # no load samples (psutil missing): the step times alone tell
+    rng = random.Random(4)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=4))
+    run(ctl, 200, free=4, rng=rng)
+    assert ctl.setting == Setting(4, Wait.SPIN)
+    seen = run(ctl, 3000, free=2, rng=rng)  # the game took two cores
+    assert ctl.setting.threads <= 2
+    slow = sum(step_time(s, 2, random.Random(0)) for s in seen[-1000:])
+    best = 1000 * step_time(Setting(2, Wait.SPIN), 2, random.Random(0))
+    assert slow < 1.25 * best  # within 25% of the best fixed setting for that load
+
+
+def test_a_collapsed_spin_with_one_thread_left_sleeps() -> None:
+    # the OpenMP build cannot change its wait: here a pool build with one thread allowed
+    rng = random.Random(5)
+    ctl = ThreadController(ControlConfig(max_threads=1, cpus=2), Setting(1, Wait.SPIN))
+
+    def t(s: Setting) -> float:  # spinning between steps steals the core the game needs
+        return {Wait.SPIN: 0.2, Wait.POLL: 0.05, Wait.SLEEP: 0.03}[s.wait] * rng.uniform(.97, 1.03)
+
+    for _ in range(30):
+        ctl.observe_step(1, 0.03)  # fast at first: the best seen
+    for _ in range(400):
+        ctl.observe_step(1, t(ctl.setting))
+    assert ctl.setting == Setting(1, Wait.SLEEP)
+
+
+def test_the_game_reporting_workers_lowers_the_threads() -> None:
+    ctl = ThreadController(ControlConfig(max_threads=8, cpus=16))
+    assert ctl.setting.threads == 8
+    ctl.observe_game(GameCpu(busy_threads=12))
+    assert ctl.setting.threads == 4
+    ctl.observe_game(GameCpu(cpu_share=0.9))  # 14.4 cores' worth
+    assert ctl.setting.threads == 1
+    assert ctl.status().game_cores == 15
+
+
+def test_recovery_when_the_load_goes_away() -> None:
+    rng = random.Random(6)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=4))
+    ctl.observe_load(HostLoad(4, 3.0))
+    run(ctl, 300, free=1, rng=rng)
+    assert ctl.setting.threads == 1
+    ctl.observe_load(HostLoad(4, 0.05))
+    assert ctl.setting.threads == 1  # one quiet sample is not enough
+    ctl.observe_load(HostLoad(4, 0.05))
+    seen = run(ctl, 2000, free=4, rng=rng)
+    assert ctl.setting == Setting(4, Wait.SPIN)
+    assert share(seen[-500:], Setting(4, Wait.SPIN)) > 0.9
+
+
+def test_recovery_seen_only_in_step_times() -> None:
+    # after a collapse moved it down, probes find that more threads pay again
+    rng = random.Random(7)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=4))
+    run(ctl, 2000, free=1, rng=rng)
+    assert ctl.setting.threads == 1
+    run(ctl, 6000, free=4, rng=rng)
+    assert ctl.setting.threads >= 3
+
+
+def test_openmp_build_changes_only_the_thread_count() -> None:
+    rng = random.Random(8)
+    ctl = ThreadController(ControlConfig(max_threads=4, cpus=4, waits=(Wait.SLEEP,)))
+    seen = run(ctl, 3000, free=2, rng=rng)
+    assert {s.wait for s in seen} == {Wait.SLEEP}
+    assert ctl.setting.threads <= 2
+
+
+def test_fixed_threads_adapt_only_the_wait() -> None:
+    rng = random.Random(9)
+    ctl = ThreadController(ControlConfig(max_threads=2, cpus=4, fixed_threads=True),
+                           Setting(2, Wait.SLEEP))
+    ctl.observe_load(HostLoad(4, 3.5))
+    seen = run(ctl, 1500, free=4, rng=rng)
+    assert {s.threads for s in seen} == {2}
+    assert ctl.setting.wait is Wait.SPIN
+
+
+def test_steps_that_teach_nothing_are_ignored() -> None:
+    ctl = ThreadController(ControlConfig(max_threads=2, cpus=2))
+    before = ctl.setting
+    for bad in (0.0, -1.0, float("inf"), float("nan")):
+        assert ctl.observe_step(1, bad) == before
+    assert ctl.observe_step(0, 0.01) == before
+
+
+@pytest.mark.parametrize("bad", [
+    lambda: HostLoad(0, 1.0), lambda: HostLoad(4, -0.5), lambda: HostLoad(4, float("nan")),
+    lambda: GameCpu(busy_threads=-1), lambda: GameCpu(cpu_share=1.5),
+    lambda: ControlConfig(max_threads=0, cpus=4), lambda: ControlConfig(1, 1, waits=()),
+])
+def test_bad_input_is_a_typed_error(bad) -> None:  # noqa: ANN001
+    with pytest.raises(UsageError):
+        bad()
