@@ -188,3 +188,54 @@ def test_decode_keeps_its_rate_beside_a_busy_core() -> None:
     assert busy >= 0.7 * idle, (
         f"beside one busy CPU of two, decode fell to {busy:.1f} tok/s from {idle:.1f} idle "
         f"({busy / idle:.0%}; want >= 70%): {m}")
+
+
+# --- thread count and wait chosen while running (runtime/threadpool.py) ----------------------
+
+
+def test_the_engine_reports_its_thread_mechanism_and_follows_the_game(tiny_llama: Path) -> None:
+    from igi_sdk.planner import Plan
+    from igi_sdk.runtime import Engine, EngineConfig
+    from igi_sdk.runtime.threadpool import OPENMP, THREADPOOL, uses_openmp
+
+    config = EngineConfig(n_ctx=256, max_sessions=1, n_threads=2, adapt_threads=True)
+    with Engine(tiny_llama, Plan.all_cpu(), config) as eng:
+        sid = eng.open_session("You are a guard.")
+        assert eng.chat(sid, "Halt!", max_tokens=8, ignore_eos=True).result(timeout=60).tokens
+        st = eng.status()["threads"]
+        assert st["mechanism"] == (OPENMP if uses_openmp() else THREADPOOL)
+        assert st["wait_mode"] == "auto"
+        eng.report_game_cpu(busy_threads=usable_cpus(), cpu_share=None)  # the game holds all
+        assert eng.chat(sid, "Who goes?", max_tokens=4, ignore_eos=True).result(timeout=60)
+        st = eng.status()["threads"]
+        assert st["ceiling"] == 1 and st["setting"].startswith("1x"), st
+
+
+def test_an_unknown_wait_is_a_typed_error() -> None:
+    from igi_sdk.errors import UsageError
+    from igi_sdk.runtime.threadpool import ThreadRunner
+
+    with pytest.raises(UsageError):
+        ThreadRunner(start_threads=1, max_threads=1, cpus=1, wait="yield", openmp=True)
+
+
+@pytest.mark.skipif("OPENMP = 1" in __import__("llama_cpp").llama_print_system_info().decode(),
+                    reason="ggml's own threadpools exist in a build without OpenMP only")
+def test_pools_switch_waits_and_threads_between_steps(tiny_llama: Path) -> None:
+    from igi_sdk.planner import Plan
+    from igi_sdk.runtime import Engine, EngineConfig
+    from igi_sdk.runtime.thread_control import ControlConfig, Setting, ThreadController, Wait
+
+    config = EngineConfig(n_ctx=256, max_sessions=1, n_threads=2, adapt_threads=True)
+    with Engine(tiny_llama, Plan.all_cpu(), config) as eng:
+        runner = eng._core.threads
+        # probe after every other step: every wait and count is attached during one reply
+        runner.controller = ThreadController(
+            ControlConfig(max_threads=2, cpus=4, probe_every=2, probe_steps=2, margin=-10.0),
+            Setting(2, Wait.SPIN))
+        sid = eng.open_session("You are a guard.")
+        r = eng.chat(sid, "Halt!", max_tokens=40, ignore_eos=True).result(timeout=60)
+        assert len(r.tokens) == 40
+        st = eng.status()["threads"]
+        assert st["mechanism"] == "threadpool" and st["probes"] >= 5 and st["switches"] >= 5
+        assert len(runner._pools._pools) >= 2  # one pool per wait used

@@ -8,6 +8,7 @@ others at every barrier (spinning ones collapse by an order of magnitude, sleepi
 from __future__ import annotations
 
 import random
+from collections.abc import Callable
 
 import pytest
 
@@ -166,6 +167,6 @@ def test_steps_that_teach_nothing_are_ignored() -> None:
     lambda: GameCpu(busy_threads=-1), lambda: GameCpu(cpu_share=1.5),
     lambda: ControlConfig(max_threads=0, cpus=4), lambda: ControlConfig(1, 1, waits=()),
 ])
-def test_bad_input_is_a_typed_error(bad) -> None:  # noqa: ANN001
+def test_bad_input_is_a_typed_error(bad: Callable[[], object]) -> None:
     with pytest.raises(UsageError):
         bad()

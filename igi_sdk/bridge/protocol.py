@@ -234,6 +234,10 @@ class Frame(Strict):
     target_frame_time_ms: float | None = Field(None, gt=0.0, le=1000.0, allow_inf_nan=False)
     vram_used: int | None = Field(None, ge=0, le=2**50)
     vram_budget: int | None = Field(None, ge=0, le=2**50)
+    # the game's CPU use: threads it keeps busy and/or its share of the machine's CPU time;
+    # the model's CPU threads keep off the cores they hold
+    busy_threads: int | None = Field(None, ge=0, le=4096)
+    cpu_share: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
 
 
 class ReserveVram(Strict):

@@ -14,6 +14,12 @@ class EngineConfig:
     max_sessions: int = 8  # llama.cpp sequences
     n_batch: int = 512  # tokens per llama_decode across all sessions
     n_threads: int = 0  # 0 = leave the game cores (loader.default_threads, IGI_SDK_THREADS)
+    # how idle CPU threads wait between steps: "auto" (chosen while running), "spin", "poll",
+    # "sleep" (runtime/threadpool.py; a build of llama.cpp with OpenMP keeps libgomp's policy)
+    thread_wait: str = "auto"
+    # the thread count follows the host's load and the game's reports (None: when n_threads
+    # is 0), never above the runtime's default; n_threads is where it starts
+    adapt_threads: bool | None = None
     max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
     # KV cells guaranteed to every session slot (runtime/context_share.py): a session grows
     # past it only into cells no other slot's floor needs. -1 = n_ctx // (2 * max_sessions)

@@ -64,6 +64,7 @@ from igi_sdk.runtime.sampling import SamplerChain
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
 from igi_sdk.runtime.text import Vocab, parts_after
+from igi_sdk.runtime.threadpool import ThreadRunner
 from igi_sdk.runtime.vision import VisionContext
 
 __all__ = ["EngineCore"]
@@ -106,6 +107,9 @@ class EngineCore:
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
         self._drafting = Drafting(config, self._take)
+        # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
+        self.threads = ThreadRunner.for_engine(config.n_threads, config.thread_wait,
+                                               config.adapt_threads)
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
@@ -184,6 +188,7 @@ class EngineCore:
                     "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
                     "in_effect": _native.copy_compute_threshold_in_effect()},
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
+                "threads": self.threads.status(),
                 "context": self.context_status()}
 
     def context_status(self) -> dict[str, int]:
@@ -320,6 +325,8 @@ class EngineCore:
                 self._rollback(t)
                 self._end_turn(t, error=InferenceError(f"decode step failed: {e}"))
         dt = time.perf_counter() - t0
+        if not self._active_turns():
+            self.threads.idle()  # no graph is coming: no thread spins for one
         self.step_stats["last_s"] = round(dt, 5)
         self.step_stats["max_s"] = round(max(self.step_stats["max_s"], dt), 5)
 
@@ -344,6 +351,7 @@ class EngineCore:
         try:
             self._drafting.drop()
             self._unload()
+            self.threads.close()
         except Exception:  # best effort at exit
             log.exception("unload at exit failed")
 
@@ -359,6 +367,7 @@ class EngineCore:
         placed = Placement.open(self.model_path, self.inventory, plan, settings,
                                 progress=self._progress)
         self._placed = placed
+        self.threads.attach(placed.ctx)
         self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
         self._token_s = None  # a new placement: measure its prompt speed again
         enc = self._encoder
@@ -692,6 +701,8 @@ class EngineCore:
         self._vision_idle()  # the embeddings are in the KV cache: the encoder can go
 
     def _time_step(self, fed: Fed, drafts: dict[int, Proposal], seconds: float) -> None:
+        self.threads.after_step(self._batch.n_tokens, seconds,
+                                decode=all(take == 1 for _t, take, _ in fed))
         if not drafts:
             self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds)
         if any(take != 1 for _t, take, _ in fed):

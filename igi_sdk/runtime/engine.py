@@ -186,6 +186,15 @@ class Engine:
                 info[sid]["priority"] = priority
         return info
 
+    def report_game_cpu(self, busy_threads: int | None, cpu_share: float | None) -> None:
+        """What the game says of its CPU use (``frame``): the CPU threads' count follows it
+        (runtime/threadpool.py). Any thread; never waits."""
+        from igi_sdk.runtime.thread_control import GameCpu
+
+        game = None if busy_threads is None and cpu_share is None else GameCpu(busy_threads,
+                                                                               cpu_share)
+        self._core.threads.report_game(game)
+
     def set_pacing(self, step_delay_s: float, hold_s: float | None = None) -> None:
         """Pause between decode steps (frame pacing); 0 = as fast as possible. While paused,
         sessions of priority <= 0 are decoded every other step; player-facing ones every step.

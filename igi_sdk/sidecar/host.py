@@ -417,6 +417,8 @@ class ModelHost:
                                        request.target_frame_time_ms)
             if eng is not None:
                 eng.set_pacing(delay, hold_s=self.pacing.hold_s)
+        if eng is not None and (request.busy_threads is not None or request.cpu_share is not None):
+            eng.report_game_cpu(request.busy_threads, request.cpu_share)
         arb = self.arbiter
         if arb is not None:
             arb.on_frame(request.frame, request.vram_used, request.vram_budget,
