@@ -635,6 +635,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     run_behind_the_game()  # first: on Linux, threads created later inherit the niceness
     configure_logging(Path(args.log_file) if args.log_file else sidecar_log_file())
+    adapt = args.threads == 0  # the count then follows the host while running
     if args.threads == 0 and not os.environ.get("IGI_SDK_THREADS"):
         # from the cores the game leaves (a 0.5 s look at each CPU's load)
         from igi_sdk.guest.cpuload import game_aware_threads
@@ -673,7 +674,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         mmproj=args.mmproj, instance=_instance(args.instance),
     )
     host = HostConfig(
-        n_threads=args.threads, arbiter=not args.no_arbiter,
+        n_threads=args.threads, arbiter=not args.no_arbiter, thread_wait=args.wait,
+        adapt_threads=adapt,
         vram_trace=Path(args.vram_trace) if args.vram_trace else None,
         profile=Path(args.profile) if args.profile else None,
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
@@ -1072,6 +1074,9 @@ def build_parser() -> argparse.ArgumentParser:
                                        "folder's igi-sdk/sessions)")
     sv.add_argument("--log-file", help="the sidecar's log (default: the per-user log folder's "
                                        "sidecar.log, rotated at 5 MiB, 3 kept)")
+    sv.add_argument("--wait", choices=("auto", "spin", "poll", "sleep"), default="auto",
+                    help="how idle CPU threads wait between steps (auto: chosen while running; "
+                         "needs llama.cpp built without OpenMP, else libgomp's policy holds)")
     sv.add_argument("--game-threads", type=int, default=0,
                     help="threads the game keeps busy: the model's threads avoid that many CPUs")
     sv.add_argument("--ctx", type=int, default=4096)

@@ -71,6 +71,8 @@ log = logging.getLogger("igi_sdk.sidecar")
 @dataclass(frozen=True)
 class HostConfig:
     n_threads: int = 0
+    thread_wait: str = "auto"  # EngineConfig.thread_wait
+    adapt_threads: bool | None = None  # EngineConfig.adapt_threads
     # VRAM arbiter: on by default with an NVIDIA GPU; a scripted trace (and a profile) simulate
     # one for tests and samples
     arbiter: bool = True
@@ -167,6 +169,8 @@ class ModelHost:
               mmproj: Path | None = None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
+                           thread_wait=self.cfg.thread_wait,
+                           adapt_threads=self.cfg.adapt_threads,
                            prefill_chunk=self.cfg.prefill_chunk,
                            draft_model=str(draft) if draft else None,
                            speculative=SpeculativeConfig(k=self.cfg.draft_k),
