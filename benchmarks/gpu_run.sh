@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | all
+#         vlm | bundle | npcs | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -397,6 +397,41 @@ if [ "$part" = bundle ]; then
   # the CUDA bundle built here, moved, run with an empty environment, its chat speed beside
   # the development install's (benchmarks/bundle_gpu.sh; END counts from this call's start)
   END=$(( ${END:-570} - SECONDS )) bash benchmarks/bundle_gpu.sh "$out"
+fi
+if [ "$part" = npcs ]; then
+  # many NPCs at once (benchmarks/many_npcs.py): 4 and 16 sessions of the synthetic 8B, each its
+  # own 300-1000-token prompt, all sent together, 128 tokens each; ours as shipped against
+  # upstream llama-server --parallel N at our NVML peak (--fit, else the best -ngl). One budget
+  # per call: NPCS_BUDGETS=4 (default), 8 or full (all on the GPU, llama-server -ngl 99).
+  # END: seconds into this call (the build included) by which it must be done.
+  END=${END:-580}
+  log="$out/npcs.txt"; m=/tmp/igi-bench/llama3-8b.gguf
+  echo "part npcs from $SECONDS s" | tee -a "$log"
+  ( [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet ) \
+    > /tmp/igi-bench/make-npcs.txt 2>&1 &
+  mk=$!
+  srv=/tmp/lcpp/build/bin/llama-server
+  if [ ! -x "$srv" ] && [ -f /tmp/lcpp/CMakeLists.txt ]; then
+    timeout 240 bash benchmarks/build_llama_server.sh /tmp/lcpp /tmp/lcpp/build 2>&1 | tee -a "$log"
+    # PACK_BUILD=1: the build packed again, the server in it, for later calls to carry
+    [ -x "$srv" ] && [ "${PACK_BUILD:-0}" = 1 ] && pack_build 2>&1 | tee -a "$log"
+  fi
+  [ -x "$srv" ] || echo "no llama-server: the NPC rows run without their peer" | tee -a "$log"
+  wait "$mk"; cat /tmp/igi-bench/make-npcs.txt >> "$log"
+  prof=.gpu/profile.json
+  if [ ! -f "$prof" ]; then
+    prof=benchmarks/results/h100-run10-profile.json
+    grep -q H200 "$out/gpu.txt" && prof=benchmarks/results/h200-profile-12t.json
+  fi
+  left=$(( END - SECONDS ))
+  echo "model ready at $SECONDS s; profile $prof; $left s left" | tee -a "$log"
+  # the run's own deadline comes 15 s before this timeout: it stops its servers and writes
+  timeout -k 15 "$left" python3 benchmarks/many_npcs.py --model "$m" \
+    --budgets "${NPCS_BUDGETS:-4}" --npcs "${NPCS_N:-4,16}" --tokens 128 --threads "$t" \
+    --llama-server "$srv" --peer-placement "${NPCS_PEER:-auto}" --profile "$prof" \
+    --deadline $(( $(date +%s) + left - 15 )) --out "$out" 2>&1 \
+    | grep -v "^llama_context" | tee -a "$log"
+  echo "part npcs done at $SECONDS s" | tee -a "$log"
 fi
 if [ "${PACK_RESULTS:-0}" = 1 ]; then  # few files back from a device call: one archive
   (cd "$out" && tar -czf /tmp/results.tgz --exclude='bld.tar.*' . && \
