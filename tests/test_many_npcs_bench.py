@@ -166,3 +166,74 @@ def test_the_script_runs_both_sides_on_the_cpu(tiny_llama: Path, tmp_path: Path)
     assert {b["messages"][0]["content"] for b in turns} == {p.card for p in npc_prompts(2)}
     md = (out / "npcs.md").read_text()
     assert "| full | 2 |" in md and "-ngl 0" in md
+
+
+def _standin(tmp_path: Path, help_text: str) -> Path:
+    stub = tmp_path / "standin.py"
+    stub.write_text(STANDIN.replace('"-ngl, --n-gpu-layers N\\n--no-webui\\n-np, --parallel N"',
+                                    repr(help_text)))
+    exe = tmp_path / "llama-server"
+    exe.write_text(f"#!/bin/sh\nexec {sys.executable} {stub} \"$@\"\n")
+    exe.chmod(exe.stat().st_mode | stat.S_IXUSR)
+    return exe
+
+
+class _FakeVram:
+    """NVML as a GPU machine shows it: a server's peak from its -ngl (or its --fit-target)."""
+
+    def __init__(self, pid: int, period_s: float = 0.02) -> None:
+        self.baseline, self.pid, self.last = 1, pid, 0
+
+    @property
+    def value(self) -> int:  # read once the server runs (the fork's first moments show ours)
+        try:
+            args = Path(f"/proc/{self.pid}/cmdline").read_bytes().decode().split("\0")
+        except OSError:  # it exited: its peak stays
+            return self.last
+        if "-ngl" in args:
+            k = int(args[args.index("-ngl") + 1])
+            self.last = 900 + 230 * min(k, 32) + (500 if k == 33 else 0)
+        elif "--fit-target" in args:  # llama.cpp's fit lands 40 over what it was asked
+            self.last = 10_000 - int(args[args.index("--fit-target") + 1]) + 40
+        return self.last
+
+    def free_bytes(self) -> int:
+        return 10_000 * 1024**2
+
+    def mark(self) -> dict[str, int | None]:
+        return {"proc_peak": self.value, "dev_peak": self.value, "peak": self.value}
+
+    def stop(self) -> dict[str, int | None]:
+        return self.mark()
+
+
+@pytest.mark.parametrize("mode", ["ngl", "fit"])
+def test_llama_server_is_placed_within_our_peak(tmp_path: Path, mode: str,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    import argparse
+    import time
+
+    from benchmarks import many_npcs
+
+    monkeypatch.setattr(many_npcs, "VramSampler", _FakeVram)
+    monkeypatch.setattr(many_npcs, "gpu_free_bytes", lambda: 10_000)
+    monkeypatch.setattr(many_npcs, "MIB", 1)  # the fake's figures are in MiB-sized units
+    monkeypatch.setattr(many_npcs.time, "sleep", lambda s: None)
+    exe = _standin(tmp_path, "-ngl N\n--fit [on|off]\n--fit-target MiB")
+    args = argparse.Namespace(
+        llama_server=str(exe), model="m.gguf", ctx_per_npc=256, threads=2, tokens=4,
+        server_help="-ngl N\n--fit [on|off]", peer_args="", peer_placement=mode,
+        logs=tmp_path, n_layers=32, model_bytes=33 * 230, ngl_probes=6, fit_slack_mib=0,
+        tolerance_mib=16)
+    limit = 900 + 230 * 20 + 100
+    rows = many_npcs.upstream_rows(args, "4", 2, npc_prompts(2), limit, time.monotonic() + 100)
+    (row,) = rows
+    assert row["status"] == "ok" and row["completed"] == 2 and row["fits_budget"], row
+    if mode == "ngl":
+        assert row["placement"] == "--fit off -ngl 20", row["attempts"]
+        assert len(row["attempts"]) <= 7
+    else:  # fitted again with the overshoot added to its margin
+        assert [a["flags"] for a in row["attempts"]] == [
+            f"--fit on --fit-target {10_000 - limit}",
+            f"--fit on --fit-target {10_000 - limit + 40 + 32}"]
+        assert row["vram"]["peak"] <= limit
