@@ -85,12 +85,19 @@ EngineEvent = ReplyText | ReplyDone | ReplyFailed | CommandDone | _Stop
 
 
 class DraftFigures(TypedDict):
-    """A session's speculative decoding: tokens drafted and accepted, the per-token α, and
-    whether it drafts now."""
+    """Speculative decoding's record: tokens drafted and accepted over ``passes`` verify
+    passes; ``alpha`` the per-token acceptance (the chance the target keeps a drafted token
+    given it kept the ones before: what ``igi-sdk plan --alpha`` means), ``acceptance_rate``
+    accepted ÷ drafted, ``tokens_per_pass`` tokens a verify pass yielded on average; ``k`` the
+    drafts per step chosen last and whether it drafts now."""
 
     drafted: int
     accepted: int
+    passes: int
     alpha: float | None
+    acceptance_rate: float | None
+    tokens_per_pass: float | None
+    k: int
     drafting: bool
 
 

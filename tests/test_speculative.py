@@ -17,7 +17,6 @@ from igi_sdk.planner import speculative as pricing
 from igi_sdk.runtime.engine import Engine, EngineConfig
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.speculative import (
-    Acceptance,
     SpeculativeConfig,
     common_prefix,
     speculative_pick,
@@ -171,33 +170,17 @@ def test_sampled_sessions_draft_and_finish(default_model) -> None:
 # ------------------------------------------------------------------------------ tracking
 
 
-def test_acceptance_record_turns_drafting_off_and_reprobes() -> None:
-    cfg = SpeculativeConfig(k=4, min_samples=4, reprobe_after=5)
-    a = Acceptance()
-    for _ in range(4):
-        assert a.wants_draft(cfg)
-        a.record(4, 0, cfg.decay)
-        a.judge(cfg, break_even=0.3)
-    assert a.off and a.alpha == 0.0
-    assert [a.wants_draft(cfg) for _ in range(5)] == [False] * 4 + [True]  # the re-probe
-    assert not a.off and a.alpha is None
-    good = Acceptance()
-    for _ in range(10):
-        good.record(4, 4, cfg.decay)
-        good.judge(cfg, break_even=0.3)
-    assert not good.off and good.alpha == 1.0
-
-
 def test_engine_stops_drafting_where_the_draft_loses(synthetic_pair) -> None:
     target, draft = synthetic_pair
-    spec = SpeculativeConfig(k=4, min_samples=4, warmup_steps=1, reprobe_after=10_000)
+    spec = SpeculativeConfig(k=4, warmup_steps=1, reprobe_after=10_000)
     with Engine(target, Plan.all_cpu(), _config(draft, spec)) as eng:
         sid = eng.open_session("You are a guard.", sampling=GREEDY)
         eng.chat(sid, LINES[0], max_tokens=64, ignore_eos=True).result(timeout=120)
         stats = eng.status()["speculative"]
         per_session = eng.session_info()[sid]["draft"]
     assert per_session["drafting"] is False
-    assert 0 < stats["drafted"] <= 4 * 12  # judged after a few steps, then plain decoding
+    # unpriced (no profile): it drafts to measure, then the measured costs and α switch it off
+    assert 0 < stats["drafted"] <= 4 * 20
 
 
 def test_common_prefix() -> None:

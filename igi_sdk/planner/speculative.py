@@ -46,6 +46,11 @@ def speculative_tps(alpha: float, k: int, *, verify_s: float, draft_s: float) ->
     return expected_tokens_per_pass(alpha, k) / (k * draft_s + verify_s)
 
 
+# what α means wherever it is printed (``stats`` reports the same quantity as "alpha")
+ALPHA_MEANING = ("α = per-token acceptance: the chance the target keeps a drafted token given "
+                 "it kept the ones before")
+
+
 def break_even_alpha(k: int, *, plain_s: float, verify_s: float, draft_s: float) -> float:
     """The acceptance above which drafting ``k`` tokens beats plain decoding (a target step of
     ``plain_s``); ``math.inf`` when even a draft that is always right loses."""
@@ -107,14 +112,18 @@ class StepSeconds:
     draft_s: float  # one draft decode (1 token)
 
 
-def step_seconds(target: ModelInventory, plan: Plan, draft: ModelInventory, prof: Profile,
-                 ctx: int, k: int) -> StepSeconds:
-    """Predicted seconds of the three kinds of decode at context ``ctx``."""
-    dplan = draft_plan(draft, gpu=prof.gpu is not None)
+def step_seconds(target: ModelInventory, plan: Plan, draft: ModelInventory | None,
+                 prof: Profile, ctx: int, k: int) -> StepSeconds:
+    """Predicted seconds of the three kinds of decode at context ``ctx`` (``draft`` None: no
+    draft model, as with n-gram proposals: ``draft_s`` is 0)."""
+    draft_s = 0.0
+    if draft is not None:
+        dplan = draft_plan(draft, gpu=prof.gpu is not None)
+        draft_s = ubatch_cost(draft, dplan, prof, 1, ctx).total
     return StepSeconds(
         plain_s=ubatch_cost(target, plan, prof, 1, ctx).total,
         verify_s=ubatch_cost(target, plan, prof, k + 1, ctx).total,
-        draft_s=ubatch_cost(draft, dplan, prof, 1, ctx).total,
+        draft_s=draft_s,
     )
 
 
@@ -162,3 +171,47 @@ def choose(target: ModelInventory, draft: ModelInventory, prof: Profile, budget:
            f"without '{plain.name}' {plain_tps:.1f} tok/s")
     return DraftChoice(use, k, alpha, expected_tokens_per_pass(alpha, k), plain_tps, spec_tps,
                        plain, spec, dv, spec_total if use else plain_total, why)
+
+
+NGRAM_LOOKUP_S = 3e-5  # one n-gram lookup per step and session (Python dict probes)
+
+
+@dataclass(frozen=True)
+class NgramChoice:
+    use_ngram: bool
+    k: int  # the best k at ``alpha`` (1..k_max)
+    alpha: float
+    tokens_per_pass: float
+    plain_tps: float
+    speculative_tps: float
+    break_even: float  # α above which proposals of ``k`` tokens pay
+    why: str
+
+
+def choose_ngram(target: ModelInventory, prof: Profile, budget: int | None, *,
+                 k_max: int = 4, alpha: float = 0.5, wl: Workload | None = None,
+                 lookup_s: float = NGRAM_LOOKUP_S) -> NgramChoice:
+    """Whether n-gram proposals of the session's own tokens pay at per-token ``alpha`` (when a
+    proposal is found): no draft model, so no VRAM beside the target; a step costs one lookup
+    and a verify batch of k + 1 tokens (its output head sized for them)."""
+    wl = wl or Workload()
+    ctx = wl.prompt_tokens + wl.gen_tokens // 2
+    plain = plan_for(target, prof, budget, wl).best
+    plain_s = ubatch_cost(target, plain, prof, 1, ctx).total
+    spec = plan_for(target, prof, budget, replace(wl, n_outputs=wl.n_seqs * (k_max + 1))).best \
+        if prof.gpu is not None and budget is not None else plain
+    best: tuple[float, int, float] | None = None  # (tok/s, k, verify_s)
+    for k in range(1, k_max + 1):
+        verify_s = ubatch_cost(target, spec, prof, k + 1, ctx).total
+        tps = expected_tokens_per_pass(alpha, k) / (lookup_s + verify_s)
+        if best is None or tps > best[0]:
+            best = (tps, k, verify_s)
+    assert best is not None
+    tps, k, verify_s = best
+    plain_tps = 1.0 / plain_s
+    be = break_even_alpha(k, plain_s=plain_s, verify_s=verify_s + lookup_s, draft_s=0.0)
+    why = (f"n-gram proposals (k={k}, α={alpha:.2f}) predict {tps:.1f} tok/s where one is "
+           f"found, plain '{plain.name}' {plain_tps:.1f} tok/s; break-even α "
+           f"{'never' if math.isinf(be) else f'{be:.2f}'}")
+    return NgramChoice(tps > plain_tps, k, alpha, expected_tokens_per_pass(alpha, k),
+                       plain_tps, tps, be, why)

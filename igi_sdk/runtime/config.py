@@ -37,6 +37,10 @@ class EngineConfig:
     # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)
+    # load the model without CPU weight repacking (llama.cpp's extra buffer types): repacked
+    # kernels round a multi-token verify batch differently from one-token steps, so a greedy
+    # reply with drafting could differ from one without; off, the two are bit-identical
+    exact_verify: bool = False
     # the model's vision projector (mmproj GGUF): chat turns may then carry images (None: text
     # only, an image is VisionUnavailableError).
     mmproj: str | None = None
@@ -62,4 +66,5 @@ class EngineConfig:
     def outputs_per_step(self) -> int:
         """Logits rows one step may ask for: one per session, plus the drafts it verifies
         (the planner's ``Workload.n_outputs``)."""
-        return self.max_sessions * (1 + (self.speculative.k if self.draft_model else 0))
+        drafts = self.draft_model or self.speculative.ngram
+        return self.max_sessions * (1 + (self.speculative.k if drafts else 0))

@@ -363,13 +363,15 @@ class EngineCore:
     def _load(self, plan: Plan) -> None:
         settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
                                    self.config.n_batch, self.config.n_threads,
-                                   n_outputs=self.config.outputs_per_step)
+                                   n_outputs=self.config.outputs_per_step,
+                                   extra_bufts=not self.config.exact_verify)
         placed = Placement.open(self.model_path, self.inventory, plan, settings,
                                 progress=self._progress)
         self._placed = placed
         self.threads.attach(placed.ctx)
         self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
         self._token_s = None  # a new placement: measure its prompt speed again
+        self._drafting.placed(self.inventory, plan)  # its step costs are measured anew
         enc = self._encoder
         if self.config.mmproj and (enc.keeps or not enc.checked):
             try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
@@ -707,7 +709,7 @@ class EngineCore:
             self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds)
         if any(take != 1 for _t, take, _ in fed):
             return  # a prompt chunk rode along: not a decode step's time
-        self._drafting.time_step(bool(drafts), seconds)
+        self._drafting.time_step(drafts, seconds)
 
     def _token_budget(self, *, others_decoding: bool = True) -> int:
         """Tokens for the next step: about ``max_step_s`` of work at the measured speed (more

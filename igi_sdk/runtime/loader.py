@@ -93,6 +93,10 @@ class ContextSettings:
     # head (and ubatch x n_vocab logits) in VRAM although a prompt only needs its last row.
     # A batch asking for more rows than this aborts in llama.cpp: callers must stay below it.
     n_outputs: int = 0
+    # llama.cpp's extra buffer types (CPU weight repacking). False: weights stay in their file
+    # layout, so a batch of several tokens rounds every row as one-token steps do (exact
+    # greedy verification of drafts, at a higher verify cost)
+    extra_bufts: bool = True
 
     @property
     def outputs_max(self) -> int:
@@ -134,6 +138,7 @@ def load(
     pinned = plan.pinned_host or dry_run
     mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if pinned else llama_cpp.LLAMA_LOAD_MODE_MMAP
     mparams.no_alloc = dry_run
+    mparams.use_extra_bufts = settings.extra_bufts
     progress_cb = None
     if progress is not None:
         user_progress = progress

@@ -17,6 +17,11 @@ logits at every position, and walks them in order with the session's own sampler
 The draft keeps its own KV cache, one sequence per session slot, as a pure function of the
 session's tokens: it is synced lazily (common prefix kept, the rest re-decoded), so the target's
 snapshots, saves and reshards never contain draft state and need nothing from it.
+
+Proposals may also come from n-grams of the session's own tokens (``runtime/ngram.py``), with no
+draft model; they are verified the same way (sampled: as a proposal ``q`` with all its mass on
+the proposed token). Whether a session drafts, and how many tokens, is
+``runtime/draft_policy.py``'s.
 """
 
 from __future__ import annotations
@@ -30,49 +35,67 @@ import llama_cpp
 import numpy as np
 
 from igi_sdk.errors import DraftMismatchError
-from igi_sdk.events import DraftFigures
 from igi_sdk.model import read_inventory
-from igi_sdk.planner.speculative import break_even_alpha, draft_plan
+from igi_sdk.planner.speculative import draft_plan
+from igi_sdk.profile import Profile
 from igi_sdk.runtime import loader
 from igi_sdk.runtime.devices import first_gpu
+from igi_sdk.runtime.draft_policy import Policy, Source
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
 
 log = logging.getLogger("igi_sdk.runtime")
 
-# Below this acceptance a draft step yields < 1.1 tokens per target pass: it cannot pay for the
-# draft's own decodes whatever the timings say (a floor under the measured break-even).
-MIN_ALPHA = 0.1
-
-
 @dataclass(frozen=True)
 class SpeculativeConfig:
-    k: int = 4  # tokens drafted per session and step
-    # turn drafting off in a session whose acceptance is below the measured break-even; False:
-    # draft every eligible step (tests, benchmarks of the mechanism)
+    k: int = 4  # most tokens drafted per session and step (each session's k follows its α)
+    # draft only where the break-even says it pays, with a k per session; False: draft k
+    # tokens every eligible step (tests, benchmarks of the mechanism)
     adaptive: bool = True
-    min_samples: int = 8  # draft steps before a session's acceptance is judged
-    reprobe_after: int = 64  # plain steps of a switched-off session before it tries again
-    warmup_steps: int = 3  # plain decode steps timed before the first draft (adaptive only)
-    decay: float = 0.85  # weight of the past in the acceptance and timing averages
+    reprobe_after: int = 64  # plain steps before a switched-off session's record weighs less
+    warmup_steps: int = 3  # plain steps timed before an unpriced draft is tried (adaptive)
+    decay: float = 0.97  # weight of the past in the α evidence and the step-time averages
+    # draft-free drafting: proposals from n-grams of the session's own prompt and reply, used
+    # where one is found (else the draft model's, if there is one)
+    ngram: bool = False
+    ngram_n_min: int = 2
+    ngram_n_max: int = 4
+    assumed_alpha: float = 0.7  # a draft model's per-token α before it is measured
+    ngram_alpha: float = 0.5  # an n-gram proposal's per-token α before it is measured
+    # this machine's profile: the planner's predicted step seconds for the loaded plan decide
+    # until steps are measured (None: the first steps measure them)
+    profile: Profile | None = field(default=None, compare=False, repr=False)
 
     def __post_init__(self) -> None:
-        if not 1 <= self.k <= 32 or not 0.0 < self.decay < 1.0 or self.min_samples < 1:
+        if (not 1 <= self.k <= 32 or not 0.0 < self.decay < 1.0 or self.reprobe_after < 1
+                or not 1 <= self.ngram_n_min <= self.ngram_n_max
+                or not 0.0 <= self.assumed_alpha <= 1.0 or not 0.0 <= self.ngram_alpha <= 1.0):
             raise ValueError(f"invalid speculative settings {self}")
+
+    @property
+    def policy(self) -> Policy:
+        return Policy(k_max=self.k, adaptive=self.adaptive, warmup_steps=self.warmup_steps,
+                      reprobe_after=self.reprobe_after, assumed_alpha=self.assumed_alpha,
+                      ngram_alpha=self.ngram_alpha)
 
 
 # --------------------------------------------------------------------------- pure helpers
 
 
-def speculative_pick(p: np.ndarray, q: np.ndarray, drafted: int,
+def speculative_pick(p: np.ndarray, q: np.ndarray | None, drafted: int,
                      rng: np.random.Generator) -> tuple[int, bool]:
     """One position of speculative sampling: keep ``drafted`` (drawn from ``q``) with
     probability min(1, p/q), else draw from the normalized residual max(0, p - q). The token
-    returned is distributed as ``p``. Returns (token, whether the draft was kept)."""
-    px, qx = float(p[drafted]), float(q[drafted])
+    returned is distributed as ``p``. Returns (token, whether the draft was kept). ``q`` None:
+    a deterministic proposal (an n-gram's), all of q's mass on ``drafted``."""
+    px, qx = float(p[drafted]), 1.0 if q is None else float(q[drafted])
     if qx > 0.0 and rng.random() * qx < px:
         return drafted, True
-    residual = np.maximum(p - q, 0.0)
+    if q is None:
+        residual = p.copy()
+        residual[drafted] = 0.0
+    else:
+        residual = np.maximum(p - q, 0.0)
     total = residual.sum()
     if total <= 0.0:  # p == q up to rounding: the residual is empty, p itself is the answer
         residual, total = p, p.sum()
@@ -121,84 +144,6 @@ def check_same_vocab(target: Any, draft: Any) -> None:
                 "the target's tokenizer")
 
 
-# --------------------------------------------------------------------------- acceptance
-
-
-@dataclass
-class Acceptance:
-    """A session's acceptance record: totals, and a decayed per-token acceptance rate (α,
-    estimated from accepted prefixes: m kept of k proposed is m successes and, if m < k, one
-    failure) that decides whether drafting pays there."""
-
-    drafted: int = 0
-    accepted: int = 0
-    steps: int = 0
-    successes: float = 0.0  # decayed
-    trials: float = 0.0  # decayed
-    judged: int = 0  # draft steps since drafting was (re)enabled
-    off: bool = False
-    plain_steps: int = 0  # steps decoded without a draft while off
-
-    @property
-    def alpha(self) -> float | None:
-        return self.successes / self.trials if self.trials > 0 else None
-
-    def record(self, proposed: int, kept: int, decay: float) -> None:
-        self.drafted += proposed
-        self.accepted += kept
-        self.steps += 1
-        self.judged += 1
-        self.successes = decay * self.successes + kept
-        self.trials = decay * self.trials + kept + (1 if kept < proposed else 0)
-
-    def wants_draft(self, cfg: SpeculativeConfig) -> bool:
-        """Whether to draft this step; a switched-off session re-probes now and then (its
-        draft may agree better in another part of the conversation)."""
-        if not self.off:
-            return True
-        self.plain_steps += 1
-        if self.plain_steps < cfg.reprobe_after:
-            return False
-        self.off, self.judged, self.successes, self.trials = False, 0, 0.0, 0.0
-        return True
-
-    def judge(self, cfg: SpeculativeConfig, break_even: float) -> None:
-        alpha = self.alpha
-        if (cfg.adaptive and self.judged >= cfg.min_samples and alpha is not None
-                and alpha < max(break_even, MIN_ALPHA)):
-            self.off, self.plain_steps = True, 0
-
-    def figures(self) -> DraftFigures:
-        a = self.alpha
-        return {"drafted": self.drafted, "accepted": self.accepted,
-                "alpha": None if a is None else round(a, 4), "drafting": not self.off}
-
-
-@dataclass
-class StepTimes:
-    """Decayed seconds of the engine's decode steps, the inputs of the break-even α: a target
-    step of single-token decodes, a target step with verify batches, one draft decode."""
-
-    plain_s: float | None = None
-    verify_s: float | None = None
-    draft_s: float | None = None
-    plain_count: int = 0
-
-    def add(self, name: str, seconds: float, decay: float) -> None:
-        old = getattr(self, name)
-        setattr(self, name, seconds if old is None else decay * old + (1 - decay) * seconds)
-        if name == "plain_s":
-            self.plain_count += 1
-
-    def break_even(self, k: int) -> float:
-        """Acceptance below which drafting ``k`` loses to plain decoding (1.0+ when it always
-        loses; 0 while a figure is missing)."""
-        if self.plain_s is None or self.verify_s is None or self.draft_s is None:
-            return 0.0
-        return break_even_alpha(k, plain_s=self.plain_s, verify_s=self.verify_s,
-                                draft_s=self.draft_s)
-
-
 # --------------------------------------------------------------------------- the draft model
 
 
@@ -218,6 +163,7 @@ class Proposal:
     dists: list[np.ndarray] = field(default_factory=list)  # q per token (sampled only)
     rng: np.random.Generator | None = None  # sampled: the draws of this step, verify included
     rows: list[int] = field(default_factory=list)  # batch rows of the verify logits (engine)
+    source: Source = "model"  # who proposed it: the draft model or the n-gram index
 
 
 class Drafter:

@@ -1,0 +1,246 @@
+"""When drafting pays and how many tokens to draft (pure: no llama.cpp, no clock).
+
+One definition of α everywhere: the **per-token acceptance**, the chance that the target keeps a
+drafted token given that it kept the ones before it — what ``planner.speculative``'s
+``expected_tokens_per_pass(α, k)`` and ``igi-sdk plan --alpha`` mean. A verify pass that keeps
+``m`` of ``k`` drafted tokens is ``m`` successes and, when ``m < k``, one failure; α is
+successes ÷ (successes + failures). Accepted ÷ drafted is a different, smaller figure (a pass
+that stops at the first disagreement never tries the drafts after it): it is reported as
+``acceptance_rate`` only.
+
+A step with ``k`` drafts yields ``E(α, k)`` tokens for ``draft(k) + verify(k)`` seconds, a plain
+step one token for ``plain`` seconds; drafting pays where ``E · plain / (draft + verify) > 1``.
+The seconds come from this plan's measured steps (:class:`StepCosts`), and until they exist from
+the planner's prediction for the plan (:class:`StepPrior`); ``verify(k)`` is modelled as
+``plain + slope · k``, the slope fit from verify steps of any ``k``. Each session's α is
+estimated from its own passes (:class:`Acceptance`), shrunk toward an assumed α while it has few.
+
+Hysteresis: a session starts drafting where the gain at its estimated α exceeds 1, and stops only
+where even an optimistic α (one standard error above the estimate) cannot pay — so a few unlucky
+passes of a draft that pays do not switch it off. A switched-off session halves the weight of its
+evidence every ``reprobe_after`` plain steps, so it tries again once its record is old.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+from igi_sdk.planner.speculative import expected_tokens_per_pass
+
+Source = Literal["model", "ngram"]
+SOURCES: tuple[Source, ...] = ("model", "ngram")
+
+# prior weight of the assumed α, in verify trials: a handful of passes outweighs it
+PRIOR_TRIALS = 4.0
+# n-gram lookup seconds per step when none has been timed yet (a dict probe per n in Python)
+NGRAM_STEP_S = 3e-5
+
+
+@dataclass(frozen=True)
+class StepPrior:
+    """Predicted seconds on this plan (``planner.speculative.step_seconds``): a plain target
+    step, the extra seconds each verified draft token adds to it, one draft-model decode."""
+
+    plain_s: float
+    verify_slope_s: float
+    draft_s: float
+
+    @classmethod
+    def from_steps(cls, plain_s: float, verify_s: float, draft_s: float, k: int) -> StepPrior:
+        return cls(plain_s, max(0.0, verify_s - plain_s) / max(k, 1), draft_s)
+
+
+@dataclass
+class Mean:
+    """A decayed mean of a measured duration, and how many measurements it has seen."""
+
+    value: float | None = None
+    count: int = 0
+
+    def add(self, x: float, decay: float) -> None:
+        self.value = x if self.value is None else decay * self.value + (1 - decay) * x
+        self.count += 1
+
+
+@dataclass
+class StepCosts:
+    """This plan's measured step seconds: plain steps, verify steps by ``k``, and drafting
+    (a draft-model decode per drafted token; an n-gram lookup per step)."""
+
+    plain: Mean = field(default_factory=Mean)
+    verify: dict[int, Mean] = field(default_factory=dict)
+    draft: dict[Source, Mean] = field(default_factory=dict)
+
+    def add_plain(self, seconds: float, decay: float) -> None:
+        self.plain.add(seconds, decay)
+
+    def add_verify(self, k: int, seconds: float, decay: float) -> None:
+        self.verify.setdefault(k, Mean()).add(seconds, decay)
+
+    def add_draft(self, source: Source, seconds: float, decay: float) -> None:
+        self.draft.setdefault(source, Mean()).add(seconds, decay)
+
+    def plain_s(self, prior: StepPrior | None) -> float | None:
+        if self.plain.value is not None:
+            return self.plain.value
+        return prior.plain_s if prior is not None else None
+
+    def _scale(self, prior: StepPrior) -> float:
+        """Measured ÷ predicted plain step: a profile that is off is off for every kind of
+        step alike, so predictions are scaled by it until they are measured."""
+        if self.plain.value is None or prior.plain_s <= 0:
+            return 1.0
+        return self.plain.value / prior.plain_s
+
+    def verify_slope(self, prior: StepPrior | None) -> float | None:
+        """Seconds per verified draft token: a least-squares line through the plain step
+        (k = 0) and every measured verify step, else the prediction."""
+        plain = self.plain_s(prior)
+        if plain is None:
+            return None
+        num = den = 0.0
+        for k, m in self.verify.items():
+            if m.value is not None and k > 0:
+                num += m.count * k * (m.value - plain)
+                den += m.count * k * k
+        if den > 0:
+            return max(0.0, num / den)
+        return prior.verify_slope_s * self._scale(prior) if prior is not None else None
+
+    def verify_s(self, k: int, prior: StepPrior | None) -> float | None:
+        m = self.verify.get(k)
+        if m is not None and m.value is not None and m.count >= 3:
+            return m.value  # measured at this very k: no model needed
+        plain, slope = self.plain_s(prior), self.verify_slope(prior)
+        return None if plain is None or slope is None else plain + slope * k
+
+    def draft_cost(self, source: Source, k: int, prior: StepPrior | None) -> float | None:
+        """Seconds of drafting ``k`` tokens: ``k`` decodes of the draft model, or one n-gram
+        lookup whatever ``k``."""
+        m = self.draft.get(source)
+        if source == "ngram":
+            return m.value if m is not None and m.value is not None else NGRAM_STEP_S
+        if m is not None and m.value is not None:
+            return k * m.value
+        return k * prior.draft_s * self._scale(prior) if prior is not None else None
+
+    def gain(self, alpha: float, k: int, source: Source, prior: StepPrior | None) -> float | None:
+        """Tokens per second with ``k`` drafts over tokens per second without (None: a cost is
+        unknown)."""
+        plain, verify = self.plain_s(prior), self.verify_s(k, prior)
+        draft = self.draft_cost(source, k, prior)
+        if plain is None or verify is None or draft is None:
+            return None
+        return expected_tokens_per_pass(alpha, k) * plain / max(draft + verify, 1e-12)
+
+    def best_k(self, alpha: float, k_max: int, source: Source,
+               prior: StepPrior | None) -> tuple[int, float] | None:
+        """The ``k`` in 1..k_max that maximizes :meth:`gain`, with its gain (None: unknown)."""
+        best: tuple[int, float] | None = None
+        for k in range(1, k_max + 1):
+            g = self.gain(alpha, k, source, prior)
+            if g is None:
+                return None
+            if best is None or g > best[1] + 1e-9:
+                best = (k, g)
+        return best
+
+
+@dataclass
+class Acceptance:
+    """One session's record with one kind of drafter: lifetime totals (what ``stats``
+    reports) and decayed evidence (what the decisions weigh)."""
+
+    drafted: int = 0
+    accepted: int = 0
+    failures: int = 0  # passes that stopped at a disagreement
+    passes: int = 0
+    tokens: int = 0  # tokens the verify passes yielded
+    successes: float = 0.0  # decayed
+    trials: float = 0.0  # decayed
+    drafting: bool = False
+    plain_steps: int = 0  # steps decoded without drafting since it was switched off
+    k: int = 0  # the k chosen last
+
+    def record(self, proposed: int, kept: int, yielded: int, decay: float, *,
+               failed: bool | None = None) -> None:
+        """A verify pass kept ``kept`` of ``proposed`` drafts and yielded ``yielded`` tokens;
+        ``failed``: it stopped at a disagreement (default: it kept fewer than proposed; a
+        reply that ends on a kept draft tried none after it)."""
+        failed = kept < proposed if failed is None else failed
+        self.drafted += proposed
+        self.accepted += kept
+        self.failures += failed
+        self.passes += 1
+        self.tokens += yielded
+        self.successes = decay * self.successes + kept
+        self.trials = decay * self.trials + kept + (1 if failed else 0)
+
+    @property
+    def alpha(self) -> float | None:
+        """The per-token α of every pass so far."""
+        n = self.accepted + self.failures
+        return self.accepted / n if n else None
+
+    def estimate(self, assumed: float) -> tuple[float, float]:
+        """(estimated α, an optimistic α one standard error above it) from the decayed
+        evidence, shrunk toward ``assumed``."""
+        n = self.trials + PRIOR_TRIALS
+        mean = (self.successes + PRIOR_TRIALS * assumed) / n
+        return mean, min(1.0, mean + math.sqrt(mean * (1 - mean) / n))
+
+
+@dataclass(frozen=True)
+class Policy:
+    """The settings the decisions use (``SpeculativeConfig`` carries them)."""
+
+    k_max: int = 4
+    adaptive: bool = True
+    warmup_steps: int = 3  # plain steps timed before an unpriced draft is tried
+    reprobe_after: int = 64
+    assumed_alpha: float = 0.7  # a draft model's α before it is measured (plan --alpha)
+    ngram_alpha: float = 0.5  # an n-gram proposal's α before it is measured
+    margin: float = 0.02  # a gain must exceed 1 by this much to start drafting
+
+
+def choose_k(a: Acceptance, costs: StepCosts, prior: StepPrior | None, policy: Policy,
+             source: Source, k_cap: int) -> int:
+    """Tokens to draft this step for a session (0: decode plainly), updating its state.
+    ``k_cap``: what the reply and context allow (at most ``policy.k_max``)."""
+    k_cap = min(k_cap, policy.k_max)
+    if k_cap <= 0:
+        return 0
+    if not policy.adaptive:
+        a.drafting, a.k = True, k_cap
+        return k_cap
+    assumed = policy.ngram_alpha if source == "ngram" else policy.assumed_alpha
+    mean, upper = a.estimate(assumed)
+    at_mean = costs.best_k(mean, k_cap, source, prior)
+    if at_mean is None:
+        # unpriced (no profile, nothing verified yet): time plain steps, then try drafting
+        # to measure what it costs
+        if costs.plain.count < policy.warmup_steps:
+            return 0
+        a.drafting, a.k = True, k_cap
+        return k_cap
+    if a.drafting:
+        at_upper = costs.best_k(upper, k_cap, source, prior)
+        assert at_upper is not None
+        if at_upper[1] < 1.0:  # even an optimistic α loses: off
+            a.drafting, a.plain_steps, a.k = False, 0, 0
+            return 0
+        a.k = at_mean[0] if at_mean[1] >= 1.0 else at_upper[0]
+        return a.k
+    a.plain_steps += 1
+    if a.plain_steps >= policy.reprobe_after and a.trials > 0:
+        # an old verdict weighs less: the estimate drifts back toward the assumed α
+        a.successes, a.trials, a.plain_steps = a.successes / 2, a.trials / 2, 0
+        mean, _ = a.estimate(assumed)
+        at_mean = costs.best_k(mean, k_cap, source, prior)
+        assert at_mean is not None
+    if at_mean[1] > 1.0 + policy.margin:
+        a.drafting, a.k = True, at_mean[0]
+        return a.k
+    return 0
