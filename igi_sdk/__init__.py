@@ -23,7 +23,8 @@ _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 # others burn theirs: decode collapsed to a few tok/s and the game lost CPU to the spinning.
 # PASSIVE sleeps at once. libgomp reads this once, when it is loaded (by `import llama_cpp`
 # below), so it is set before; a wait policy or spin count the user set wins
-# (docs/architecture.md, "Coexisting with the game's CPU work").
+# (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp without
+# OpenMP has no libgomp: its threads' wait is chosen while running (runtime/threadpool.py).
 if not _client_only and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
 
