@@ -187,7 +187,6 @@ def _resolve_plan(name: str, inventory: object) -> object:
 def cmd_chat(args: argparse.Namespace) -> int:
     from igi_sdk.model import default_model_path, read_inventory
     from igi_sdk.runtime import Engine, EngineConfig, ImageInput, SamplingParams
-    from igi_sdk.runtime.speculative import SpeculativeConfig
 
     path = Path(args.model) if args.model else default_model_path()
     inventory = read_inventory(path)
@@ -211,7 +210,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     sampling = SamplingParams.create(temperature=args.temperature, seed=args.seed)
     config = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                           draft_model=args.draft,
-                          speculative=SpeculativeConfig(k=args.draft_k), mmproj=args.mmproj,
+                          speculative=_spec_config(args),  # type: ignore[arg-type]
+                          exact_verify=args.exact_verify, mmproj=args.mmproj,
                           vision_gpu=args.vision_gpu)
     with _Progress(f"loading {path.name}", eager=args.progress,
                    bar=True if args.progress else None) as progress:
@@ -531,6 +531,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     print(f"why: {result.why()}")
     if args.draft:
         _print_draft_choice(args, inv, prof, budget, wl)
+    if args.draft_ngram:
+        _print_ngram_choice(args, inv, prof, budget, wl)
     if args.mmproj:
         _print_vision_choice(args, inv, prof, budget, wl)
     if args.json:
@@ -544,6 +546,7 @@ def _print_draft_choice(args: argparse.Namespace, inv: ModelInventory, prof: Pro
     from igi_sdk.model import read_inventory
     from igi_sdk.planner import speculative
 
+    _check_alpha(args.alpha, "--alpha")
     c = speculative.choose(inv, read_inventory(Path(args.draft)), prof, budget, k=args.draft_k,
                            alpha=args.alpha, wl=wl)
     d = c.draft_vram
@@ -551,6 +554,25 @@ def _print_draft_choice(args: argparse.Namespace, inv: ModelInventory, prof: Pro
           f"{_fmt_bytes(d.kv)}, compute {_fmt_bytes(d.compute)}; {c.tokens_per_pass:.2f} tokens "
           f"per target pass at α={c.alpha:.2f}, k={c.k}")
     print(f"speculative: {'yes' if c.use_draft else 'no'} — {c.why}")
+    print(f"({speculative.ALPHA_MEANING}; `stats` reports the same α)")
+
+
+def _check_alpha(alpha: float, flag: str) -> None:
+    if not 0.0 <= alpha <= 1.0:
+        raise UsageError(f"{flag} is a per-token acceptance in [0, 1] (got {alpha})")
+
+
+def _print_ngram_choice(args: argparse.Namespace, inv: ModelInventory, prof: Profile,
+                        budget: int | None, wl: Workload) -> None:
+    from igi_sdk.planner import speculative
+
+    _check_alpha(args.ngram_alpha, "--ngram-alpha")
+    c = speculative.choose_ngram(inv, prof, budget, k_max=args.draft_k, alpha=args.ngram_alpha,
+                                 wl=wl)
+    print(f"\nn-gram drafting: no draft VRAM; {c.tokens_per_pass:.2f} tokens per target pass at "
+          f"α={c.alpha:.2f}, k={c.k}")
+    print(f"speculative (n-gram): {'yes' if c.use_ngram else 'no'} — {c.why}")
+    print(f"({speculative.ALPHA_MEANING}; `stats` reports the same α)")
 
 
 def _print_vision_choice(args: argparse.Namespace, inv: ModelInventory, prof: Profile,
@@ -681,6 +703,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
+        draft_ngram=args.draft_ngram, exact_verify=args.exact_verify,
         vision_gpu=args.vision_gpu or args.vision_borrow,
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
         context_floor=args.context_floor,
@@ -937,7 +960,19 @@ def cmd_bundle(args: argparse.Namespace) -> int:
 def _draft_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--draft", help="draft GGUF for speculative decoding (the model's tokenizer; "
                                    "a small model, held wholly on the GPU when there is one)")
-    p.add_argument("--draft-k", type=int, default=4, help="tokens drafted per step (--draft)")
+    p.add_argument("--draft-k", type=int, default=4,
+                   help="most tokens drafted per step (each session's k follows its measured "
+                        "per-token acceptance α)")
+    p.add_argument("--draft-ngram", action="store_true",
+                   help="draft-free drafting: propose what followed the latest earlier "
+                        "occurrence of the last tokens in the session's own prompt and reply "
+                        "(no draft model, no VRAM); with --draft, used where it finds one")
+
+
+def _spec_config(args: argparse.Namespace) -> object:
+    from igi_sdk.runtime.speculative import SpeculativeConfig
+
+    return SpeculativeConfig(k=args.draft_k, ngram=args.draft_ngram)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -972,6 +1007,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "image turn; docs/vlm.md)")
     c.add_argument("--progress", action="store_true", help="show load progress even when piped")
     _draft_arguments(c)
+    c.add_argument("--exact-verify", action="store_true",
+                    help="load the model without CPU weight repacking: greedy replies with "
+                         "drafting are then bit-identical to those without (verify steps cost "
+                         "more on the CPU)")
     c.set_defaults(fn=cmd_chat)
 
     i = sub.add_parser("inspect", help="tensor inventory of a GGUF: bytes per group and layer")
@@ -999,7 +1038,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--json", help="write the chosen plan here")
     _draft_arguments(pl)
     pl.add_argument("--alpha", type=float, default=0.7,
-                    help="acceptance rate assumed for --draft (published pairs: about 0.5-0.9)")
+                    help="per-token acceptance α assumed for --draft: the chance the target "
+                         "keeps a drafted token given it kept the ones before (what `stats` "
+                         "reports as alpha; Qwen2.5-Coder 0.5B/1.5B on NPC dialogue: 0.70)")
+    pl.add_argument("--ngram-alpha", type=float, default=0.5,
+                    help="per-token acceptance α assumed for --draft-ngram proposals")
     pl.add_argument("--mmproj", help="the model's vision projector: also plan where the image "
                                      "encoder goes (docs/vlm.md)")
     pl.add_argument("--image-size", default="1080p",
@@ -1118,6 +1161,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="read prompts in fixed chunks of this many tokens instead (0 = by "
                          "--max-step-ms): seeded replies then repeat exactly run to run")
     _draft_arguments(sv)
+    sv.add_argument("--exact-verify", action="store_true",
+                    help="load the model without CPU weight repacking: greedy replies with "
+                         "drafting are then bit-identical to those without (verify steps cost "
+                         "more on the CPU)")
     sv.set_defaults(fn=cmd_serve)
 
     k = sub.add_parser("keys", help="make CurveZMQ key pairs for a non-loopback sidecar")

@@ -63,6 +63,7 @@ from igi_sdk.tuning import (
     with_threshold_in_effect,
 )
 from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun
+from igi_sdk.tuning.measure import cached_profile
 from igi_sdk.upstream.policy import LocalHealth
 
 log = logging.getLogger("igi_sdk.sidecar")
@@ -85,6 +86,11 @@ class HostConfig:
     # (a model of another vocabulary is then refused: DraftMismatchError)
     draft_model: Path | None = None
     draft_k: int = 4
+    # draft-free drafting from n-grams of each session's own tokens (alone or with a draft)
+    draft_ngram: bool = False
+    # load models without CPU weight repacking: greedy replies with drafting are bit-identical
+    # to those without, at a higher verify cost
+    exact_verify: bool = False
     # image input: the vision encoder on the GPU (all its weights in VRAM, freed between image
     # turns) instead of the CPU (docs/vlm.md), and the image tokens it takes at most (0: the
     # model's limit), which bounds its compute buffer
@@ -173,7 +179,9 @@ class ModelHost:
                            adapt_threads=self.cfg.adapt_threads,
                            prefill_chunk=self.cfg.prefill_chunk,
                            draft_model=str(draft) if draft else None,
-                           speculative=SpeculativeConfig(k=self.cfg.draft_k),
+                           speculative=SpeculativeConfig(k=self.cfg.draft_k,
+                                                         ngram=self.cfg.draft_ngram),
+                           exact_verify=self.cfg.exact_verify,
                            mmproj=str(mmproj) if mmproj else None,
                            vision_gpu=self.cfg.vision_gpu,
                            vision_max_tokens=self.cfg.vision_max_tokens,
@@ -204,6 +212,12 @@ class ModelHost:
                                           priced.encoder if borrow else 0)
         else:
             plan = Plan.all_cpu()
+        if cfg.draft_model or cfg.speculative.ngram:
+            # the planner's step costs for the loaded plan decide whether drafting pays until
+            # the engine has measured its own (a cached profile only: none is measured here)
+            prof = (Profile.load(self.cfg.profile) if self.cfg.profile is not None
+                    else cached_profile(self.cfg.n_threads or None))
+            cfg = replace(cfg, speculative=replace(cfg.speculative, profile=prof))
         self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)
         self._name = path.name
         if mmproj:
