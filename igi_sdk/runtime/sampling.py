@@ -13,6 +13,7 @@ import functools
 import json
 import math
 import re
+from collections import deque
 from typing import Any
 
 import llama_cpp
@@ -103,6 +104,36 @@ class SamplingParams(BaseModel):
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
+# a view per logits row address: the row of one batch index sits at the same address from step
+# to step, and a new numpy view costs more than the argmax over it (engine thread only)
+_rows: dict[int, np.ndarray] = {}
+_NEG_INF = np.float32(-np.inf)
+# llama_get_logits_ith returning the address as an int (llama_cpp's own binding returns a
+# float pointer, which costs a cast per token); bound once
+_logits_at = llama_cpp.llama_cpp._lib["llama_get_logits_ith"]
+_logits_at.argtypes = [ctypes.c_void_p, ctypes.c_int32]
+_logits_at.restype = ctypes.c_void_p
+
+
+def logits_row(ctx: llama_cpp.llama_context_p, batch_index: int, n_vocab: int) -> np.ndarray:
+    """The logits at ``batch_index`` of the last decode, as a float32 view (no copy; on a GPU
+    this is where the step's work is waited for)."""
+    addr = _logits_at(ctx, batch_index)
+    if not addr:
+        raise InferenceError(f"no logits at batch index {batch_index}")
+    row = _rows.get(addr)
+    if row is None or len(row) != n_vocab:
+        if len(_rows) >= 1024:  # contexts come and go: a bounded cache
+            _rows.clear()
+        row = _rows[addr] = np.ctypeslib.as_array((ctypes.c_float * n_vocab).from_address(addr))
+    return row
+
+
+@functools.lru_cache(maxsize=4)
+def _ids(n_vocab: int) -> np.ndarray:
+    return np.arange(n_vocab, dtype=np.int32)
+
+
 def step_seed(seed: int, step: int) -> int:
     """Seed of the random draw at a session's ``step``-th sampled token (splitmix-style mix)."""
     x = (seed * 0x9E3779B97F4A7C15 + step * 0xBF58476D1CE4E5B9 + 1) & 0xFFFFFFFFFFFFFFFF
@@ -111,7 +142,13 @@ def step_seed(seed: int, step: int) -> int:
 
 
 class SamplerChain:
-    """One llama.cpp sampler chain for one reply. Free with :meth:`close`."""
+    """One llama.cpp sampler chain for one reply. Free with :meth:`close`.
+
+    Per token it costs O(vocabulary) only where llama.cpp's samplers need the whole row: the
+    repeat penalty touches the last ``repeat_last_n`` tokens' logits in place (llama.cpp's
+    penalties sampler looks every vocabulary entry up in a hash map: ~0.4 ms at 128k tokens),
+    and a greedy pick is an argmax over the logits row (llama.cpp first copies the row into a
+    candidate array). Both are exactly what llama.cpp's samplers compute (test_sampling.py)."""
 
     def __init__(
         self,
@@ -123,9 +160,19 @@ class SamplerChain:
         reply_tokens: list[int],
     ) -> None:
         self.params = params
+        self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
         sparams = llama_cpp.llama_sampler_chain_default_params()
         self.chain = llama_cpp.llama_sampler_chain_init(sparams)
+        self._n = 0  # samplers in the chain
         self._has_dist = False
+        # the repeat penalty's window: the last repeat_last_n tokens sampled (a session's
+        # history, then this reply's), as llama.cpp's penalties sampler keeps it
+        self._window: deque[int] | None = None
+        self._penalty = np.float32(params.repeat_penalty)
+        if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
+            # (ids past the vocabulary match no candidate in llama.cpp either)
+            self._window = deque((t for t in history[-params.repeat_last_n:]
+                                  if 0 <= t < self.n_vocab), maxlen=params.repeat_last_n)
         # the grammar is a mask on the logits, before this chain (runtime/grammar.py): its work
         # per token is bounded, which llama.cpp's grammar sampler's is not
         self.grammar: GrammarMatcher | None = None
@@ -139,45 +186,47 @@ class SamplerChain:
                 llama_cpp.llama_sampler_free(self.chain)
                 self.chain = None
                 raise
-        if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
-            pen = llama_cpp.llama_sampler_init_penalties(
-                llama_cpp.llama_vocab_n_tokens(vocab),
-                params.repeat_last_n, params.repeat_penalty, 0.0, 0.0
-            )
-            for tok in history[-params.repeat_last_n :]:
-                llama_cpp.llama_sampler_accept(pen, tok)
-            llama_cpp.llama_sampler_chain_add(self.chain, pen)
         if params.greedy:
-            llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_greedy())
+            self._add(llama_cpp.llama_sampler_init_greedy())
             return
         if params.top_k > 0:
-            llama_cpp.llama_sampler_chain_add(
-                self.chain, llama_cpp.llama_sampler_init_top_k(params.top_k)
-            )
+            self._add(llama_cpp.llama_sampler_init_top_k(params.top_k))
         if params.top_p < 1.0:
-            llama_cpp.llama_sampler_chain_add(
-                self.chain, llama_cpp.llama_sampler_init_top_p(params.top_p, 1)
-            )
+            self._add(llama_cpp.llama_sampler_init_top_p(params.top_p, 1))
         if params.min_p > 0.0:
-            llama_cpp.llama_sampler_chain_add(
-                self.chain, llama_cpp.llama_sampler_init_min_p(params.min_p, 1)
-            )
-        llama_cpp.llama_sampler_chain_add(
-            self.chain, llama_cpp.llama_sampler_init_temp(params.temperature)
-        )
+            self._add(llama_cpp.llama_sampler_init_min_p(params.min_p, 1))
+        self._add(llama_cpp.llama_sampler_init_temp(params.temperature))
         self._has_dist = True
-        llama_cpp.llama_sampler_chain_add(self.chain, llama_cpp.llama_sampler_init_dist(0))
+        self._add(llama_cpp.llama_sampler_init_dist(0))
+
+    def _add(self, sampler: llama_cpp.llama_sampler_p) -> None:
+        llama_cpp.llama_sampler_chain_add(self.chain, sampler)
+        self._n += 1
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int, step: int) -> int:
         """Sample (and accept) the next token from the logits at ``batch_index``."""
+        if self.params.greedy:
+            tok = self._argmax(ctx, batch_index)
+            if tok >= 0:
+                self.accept(tok)
+                return tok
         if self._has_dist:
-            last = llama_cpp.llama_sampler_chain_n(self.chain) - 1
-            llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(self.chain, last))
+            llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(self.chain,
+                                                                              self._n - 1))
             llama_cpp.llama_sampler_chain_add(
                 self.chain, llama_cpp.llama_sampler_init_dist(step_seed(self.params.seed, step))
             )
         if self.grammar is None:
-            return llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+            row = logits_row(ctx, batch_index, self.n_vocab)
+            undo = self._penalize(row)
+            try:
+                tok = llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+            finally:
+                if undo is not None:
+                    row[undo[0]] = undo[1]
+            if self._window is not None:
+                self._window.append(tok)
+            return tok
         # what llama_sampler_sample does, on logits the grammar has masked
         _cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)  # arr is in it
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
@@ -187,15 +236,45 @@ class SamplerChain:
         self.accept(tok)
         return tok
 
+    def _argmax(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
+        """The greedy pick (-1: leave it to llama.cpp): the first largest logit after the
+        penalty and the grammar's mask, as llama.cpp's greedy sampler scans its candidates."""
+        row = logits_row(ctx, batch_index, self.n_vocab)
+        undo = self._penalize(row)
+        try:
+            pick = row if self.grammar is None else np.where(self.grammar.allowed(), row,
+                                                             _NEG_INF)
+            tok = int(pick.argmax())
+            best = pick.item(tok)
+        finally:
+            if undo is not None:
+                row[undo[0]] = undo[1]
+        return tok if best == best else -1  # a NaN logit: llama.cpp's comparisons decide
+
+    def _penalize(self, row: np.ndarray) -> tuple[np.ndarray, np.ndarray] | None:
+        """The repeat penalty applied to ``row`` in place, as llama.cpp's penalties sampler
+        does to its candidates (logit * p where <= 0, logit / p above); returns what to put
+        back (ids, their logits), None if nothing changed."""
+        if not self._window:
+            return None
+        ids = np.fromiter(set(self._window), dtype=np.intp)
+        kept = row[ids]
+        p = self._penalty
+        row[ids] = np.where(kept <= 0, kept * p, kept / p)
+        return ids, kept
+
     def _candidates(self, ctx: llama_cpp.llama_context_p, batch_index: int,
                     n_vocab: int) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
         """The logits at ``batch_index`` as llama.cpp's candidate array (over numpy memory,
-        which the caller keeps alive), tokens the grammar refuses at -inf."""
-        logits = np.ctypeslib.as_array(llama_cpp.llama_get_logits_ith(ctx, batch_index),
-                                       shape=(n_vocab,))
+        which the caller keeps alive), repeat penalty applied, tokens the grammar refuses at
+        -inf."""
         cells = np.empty(n_vocab, dtype=_TOKEN_DATA)
-        cells["id"] = np.arange(n_vocab, dtype=np.int32)
-        cells["logit"] = logits
+        cells["id"] = _ids(n_vocab)
+        row = logits_row(ctx, batch_index, self.n_vocab)
+        undo = self._penalize(row)
+        cells["logit"] = row[:n_vocab]
+        if undo is not None:
+            row[undo[0]] = undo[1]
         cells["p"] = 0.0
         if self.grammar is not None:
             cells["logit"][~self.grammar.allowed()] = -np.inf
@@ -223,8 +302,11 @@ class SamplerChain:
         return probs
 
     def accept(self, token: int) -> None:
-        """Record ``token`` as sampled (penalty history, grammar state), as :meth:`sample` does."""
-        llama_cpp.llama_sampler_accept(self.chain, token)
+        """Record ``token`` as sampled (penalty window, grammar state), as :meth:`sample`
+        does. The native samplers left in the chain (greedy, top-k/p, min-p, temperature,
+        dist) keep no state between tokens."""
+        if self._window is not None:
+            self._window.append(token)
         if self.grammar is not None:
             self.grammar.accept(token)
 
