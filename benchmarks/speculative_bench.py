@@ -74,11 +74,12 @@ def _reply(eng: Engine, gen: int, system: str = SYSTEM) -> dict[str, Any]:
     if spec:
         drafted = spec["drafted"] - before.get("drafted", 0)
         accepted = spec["accepted"] - before.get("accepted", 0)
-        passes = spec["steps"] - before.get("steps", 0)
+        passes = spec["passes"] - before.get("passes", 0)
         row.update(drafted=drafted, accepted=accepted, verify_passes=passes,
-                   kept_share=round(accepted / drafted, 3) if drafted else None,
+                   acceptance_rate=round(accepted / drafted, 3) if drafted else None,
                    tokens_per_pass=round((accepted + passes) / passes, 3) if passes else None,
-                   step_s=spec["step_s"])
+                   alpha=spec["alpha"],  # per-token, over the engine's life
+                   step_s=spec["step_s"], predicted_step_s=spec["predicted_step_s"])
     return {"row": row}
 
 
@@ -168,7 +169,9 @@ def main(argv: list[str] | None = None) -> int:
 
     spec_cfg = EngineConfig(n_ctx=args.ctx, max_sessions=2, n_threads=args.threads,
                             draft_model=str(args.draft),
-                            speculative=SpeculativeConfig(k=args.k))
+                            # as the sidecar runs it: this plan's predicted costs decide
+                            # until measured
+                            speculative=SpeculativeConfig(k=args.k, profile=prof))
     peak = PeakVram()
     with Engine(args.target, spec_plan, spec_cfg) as eng:
         out["draft_memory"] = eng.status()["speculative"]["draft_memory"]
@@ -180,6 +183,13 @@ def main(argv: list[str] | None = None) -> int:
             for alpha in (float(a) for a in args.alphas.split(",")):
                 forced.alpha = alpha
                 emit(f"alpha={alpha:.2f}", _reply(eng, args.gen, system)["row"])
+    # the runtime's own choice (whether and how much to draft) at forced acceptance: drafting
+    # where it pays must stay on (a step share near 1 at α = 0.5 where the break-even is lower)
+    with Engine(args.target, spec_plan, spec_cfg) as eng:
+        with _ForcedAcceptance(inv.arch.n_vocab) as forced:
+            for alpha in (float(a) for a in args.alphas.split(",")):
+                forced.alpha = alpha
+                emit(f"adaptive alpha={alpha:.2f}", _reply(eng, args.gen, system)["row"])
     out["speculative_peak"] = peak_row(peak)  # both engines with the draft
     plain("plain-whole-budget-again", choice.plain_plan, cfg)
     print(f"speculative engine peak {json.dumps(out['speculative_peak'])}", flush=True)
