@@ -9,7 +9,7 @@ from igi_sdk.planner.speculative import expected_tokens_per_pass
 from igi_sdk.runtime.engine import Engine, EngineConfig
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.speculative import SpeculativeConfig
-from tests.test_planner import GPU_PROFILE
+from tests.test_planner import CPU_PROFILE, GPU_PROFILE
 
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)
 # the guard's rota, repeated: what the NPC says next is mostly in its prompt already
@@ -65,3 +65,17 @@ def test_plan_prices_ngram_drafting_and_says_what_alpha_means(tmp_path, capsys,
     assert "n-gram drafting: no draft VRAM" in out and "α=0.60" in out
     assert "speculative (n-gram):" in out and "break-even α" in out
     assert "per-token acceptance" in out and "`stats` reports the same α" in out
+
+
+def test_a_plan_whose_predicted_costs_cannot_pay_never_drafts(default_model) -> None:
+    """A draft as large as the target, on the CPU: the plan's predicted step costs say it
+    cannot pay at the assumed α, so the engine never drafts (before, it drafted to measure)."""
+    spec = SpeculativeConfig(k=4, profile=CPU_PROFILE)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, prefill_chunk=64,
+                       draft_model=str(default_model), speculative=spec)
+    with Engine(default_model, Plan.all_cpu(), cfg) as eng:
+        sid = eng.open_session(SYSTEM, sampling=GREEDY)
+        eng.chat(sid, LINE, max_tokens=24, ignore_eos=True).result(timeout=120)
+        stats = eng.status()["speculative"]
+    assert stats["predicted_step_s"] is not None
+    assert stats["drafted"] == 0 and stats["step_s"]["plain"] is not None
