@@ -21,25 +21,42 @@ def fill_batch(batch: Any, cap: int, turns: list[Turn], budget: int) -> Fed:
     Returns (turn, tokens taken, batch index of its logits or -1) per turn fed."""
     fed: Fed = []
     n = 0
+    token, pos, n_seq_id, seq_ids, logits = _fields(batch, cap)
     for t, take in zip(turns, scheduler.takes([len(t.feed) for t in turns], budget, cap),
                        strict=True):
         if take <= 0:
             continue
-        pos0, seq = len(t.session.tokens), t.session.seq
+        pos0, seq, feed = len(t.session.tokens), t.session.seq, t.feed
         for i in range(take):
-            batch.token[n + i] = t.feed[i]
-            batch.pos[n + i] = pos0 + i
-            batch.n_seq_id[n + i] = 1
-            batch.seq_id[n + i][0] = seq
-            batch.logits[n + i] = 0
+            token[n + i] = feed[i]
+            pos[n + i] = pos0 + i
+            n_seq_id[n + i] = 1
+            seq_ids[n + i][0] = seq
+            logits[n + i] = 0
         # the prompt is complete (no image left to read): sample after it
-        wants_logits = take == len(t.feed) and not t.images
+        wants_logits = take == len(feed) and not t.images
         if wants_logits:
-            batch.logits[n + take - 1] = 1
+            logits[n + take - 1] = 1
         fed.append((t, take, n + take - 1 if wants_logits else -1))
         n += take
     batch.n_tokens = n
     return fed
+
+
+# a batch's field pointers, fetched once per batch object and kept on it: reading a pointer
+# field of a ctypes structure makes a new pointer object each time (five per token otherwise).
+# llama_batch_init's arrays never move while the batch lives.
+_Fields = tuple[Any, Any, Any, list[Any], Any]
+
+
+def _fields(batch: Any, cap: int) -> _Fields:
+    fields: _Fields | None = getattr(batch, "_fields_of_igi", None)
+    if fields is None or len(fields[3]) < cap:
+        seq_id = batch.seq_id
+        fields = (batch.token, batch.pos, batch.n_seq_id, [seq_id[i] for i in range(cap)],
+                  batch.logits)
+        batch._fields_of_igi = fields
+    return fields
 
 
 def add_drafts(batch: Any, cap: int, outputs_cap: int, fed: Fed,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
@@ -42,7 +42,8 @@ class Generation:
     iterating."""
 
     session_id: str
-    _events: queue.Queue = field(default_factory=queue.Queue, repr=False)
+    # text pieces, then _DONE (a SimpleQueue: a put per token takes no lock in Python)
+    _events: queue.SimpleQueue = field(default_factory=queue.SimpleQueue, repr=False)
     _cancel: threading.Event = field(default_factory=threading.Event, repr=False)
     _finished: threading.Event = field(default_factory=threading.Event, repr=False)
     _result: GenerationResult | None = field(default=None, repr=False)
@@ -51,10 +52,14 @@ class Generation:
     # (a server forwarding the stream without a thread per reply)
     reply: int = 0
     outbox: Outbox | None = field(default=None, repr=False)
+    # ends the engine's decode in flight early (a long prompt chunk), from any thread
+    interrupt: Callable[[], None] | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
         """Stop at the next decode step; text produced so far stays in the conversation."""
         self._cancel.set()
+        if self.interrupt is not None:
+            self.interrupt()
 
     @property
     def cancelled(self) -> bool:

@@ -32,6 +32,11 @@ class Vocab:
         tmpl = llama_cpp.llama_model_chat_template(model, None)
         self.template: bytes = tmpl if tmpl else FALLBACK_TEMPLATE
         self.n_tokens = llama_cpp.llama_vocab_n_tokens(self.vocab)
+        # each token's bytes and end-of-generation flag, asked once per vocabulary entry: a
+        # reply asks both for every token it samples (a dict hit costs less than the buffer
+        # and the native call)
+        self._pieces: dict[int, bytes] = {}
+        self._eog: dict[int, bool] = {}
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -123,6 +128,12 @@ class Vocab:
 
     def piece(self, token: int) -> bytes:
         """Bytes of one token (special tokens render as nothing: they are control, not text)."""
+        known = self._pieces.get(token)
+        if known is None:
+            known = self._pieces[token] = self._piece(token)
+        return known
+
+    def _piece(self, token: int) -> bytes:
         buf = ctypes.create_string_buffer(64)
         n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, 64, 0, False)
         if n < 0:
@@ -134,7 +145,10 @@ class Vocab:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
 
     def is_eog(self, token: int) -> bool:
-        return bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        known = self._eog.get(token)
+        if known is None:
+            known = self._eog[token] = bool(llama_cpp.llama_vocab_is_eog(self.vocab, token))
+        return known
 
     def apply_template(self, messages: list[dict[str, str]], *, add_assistant: bool) -> str:
         roles = [m["role"].encode() for m in messages]
