@@ -15,20 +15,24 @@ the KV cache has no room, the last reply of the order gives way.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 from igi_sdk.planner import Plan
 
 # the first prompt chunk on a fresh placement, before its per-token cost is known
 PROBE_CHUNK = 32
-# a step's length while no other reply is decoding: nobody's token gap is at stake, so the
-# prompt goes in chunks large enough to run near full prefill speed; cancels, reshards and new
-# lines still wait at most about this long (a ubatch floor would not: 4 s for one on a slow CPU)
+# a step's length while no other reply is decoding and the decode cannot be interrupted (a
+# graph wholly on the GPU, images, the step after an interrupted one): nobody's token gap is at
+# stake, so the prompt goes in chunks large enough to run near full prefill speed; cancels,
+# reshards and new lines still wait at most about this long (a ubatch floor would not: 4 s for
+# one on a slow CPU). Where the CPU computes, the whole batch goes and they interrupt it.
 IDLE_STEP_S = 1.0
 
 
-@dataclass(frozen=True)
-class Reply:
-    """One active reply as the scheduler sees it (``key``: its session's sequence)."""
+class Reply(NamedTuple):
+    """One active reply as the scheduler sees it (``key``: its session's sequence). A named
+    tuple: one is made per reply and step, and a frozen dataclass costs several times more to
+    make."""
 
     key: int
     priority: int
@@ -89,11 +93,13 @@ def draft_room(proposed: int, claim: int, room: int) -> int:
 
 
 def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: bool, cap: int,
-                 token_s: float | None, others_decoding: bool = True) -> int:
+                 token_s: float | None, others_decoding: bool = True,
+                 interruptible: bool = False) -> int:
     """Prompt tokens for the next step: about ``max_step_s`` of work at the measured speed
     (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``
     (``prefill_chunk`` > 0: that many, for reproducible replies). While no other reply is
-    decoding (``others_decoding`` False) small chunks buy nothing: about
+    decoding (``others_decoding`` False) small chunks buy nothing: the whole batch when a
+    command or a cancel can interrupt the decode (``interruptible``), else about
     :data:`IDLE_STEP_S` of work."""
     if plan.op_offload and on_gpu and plan.n_ubatch > 1:
         # each chunk streams the CPU-resident weights once: smaller chunks multiply that
@@ -102,6 +108,8 @@ def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: b
         floor = 1
     if prefill_chunk > 0:
         return max(floor, min(cap, prefill_chunk))
+    if interruptible and not others_decoding:
+        return cap
     step_s = max_step_s if others_decoding else max(max_step_s, IDLE_STEP_S)
     if token_s is None:
         budget = PROBE_CHUNK
