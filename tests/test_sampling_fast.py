@@ -12,7 +12,7 @@ import pytest
 
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import loader
+from igi_sdk.runtime import loader, sampling
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams, logits_row, step_seed
 
@@ -89,8 +89,13 @@ PARAMS = [
 ]
 
 
+@pytest.mark.parametrize("numpy_penalty", [True, False])
 @pytest.mark.parametrize("params", PARAMS, ids=range(len(PARAMS)))
-def test_picks_match_llama_cpp_samplers(decoded, params: SamplingParams) -> None:
+def test_picks_match_llama_cpp_samplers(decoded, params: SamplingParams, numpy_penalty: bool,
+                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Both ways of applying the penalty (numpy on the penalized tokens for large
+    vocabularies, llama.cpp's sampler for small ones) pick what llama.cpp alone picks."""
+    monkeypatch.setattr(sampling, "NUMPY_PENALTY_MIN_VOCAB", 0 if numpy_penalty else 1 << 30)
     ctx, vocab = decoded
     n = llama_cpp.llama_vocab_n_tokens(vocab)
     rng = np.random.default_rng(1)

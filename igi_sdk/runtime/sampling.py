@@ -104,6 +104,11 @@ class SamplingParams(BaseModel):
 _TOKEN_DATA = np.dtype([("id", np.int32), ("logit", np.float32), ("p", np.float32)])
 
 
+# Vocabularies from this size on have the repeat penalty applied by numpy to the penalized
+# tokens' logits (a fixed ~20 µs); llama.cpp's penalties sampler looks every entry up (~3.4 ns
+# each), which is cheaper below it. Both compute the same logits.
+NUMPY_PENALTY_MIN_VOCAB = 8192
+
 # a view per logits row address: the row of one batch index sits at the same address from step
 # to step, and a new numpy view costs more than the argmax over it (engine thread only)
 _rows: dict[int, np.ndarray] = {}
@@ -168,11 +173,20 @@ class SamplerChain:
         # the repeat penalty's window: the last repeat_last_n tokens sampled (a session's
         # history, then this reply's), as llama.cpp's penalties sampler keeps it
         self._window: deque[int] | None = None
+        self._native_penalty = False
         self._penalty = np.float32(params.repeat_penalty)
-        if params.repeat_penalty != 1.0 and params.repeat_last_n > 0:
+        penalized = params.repeat_penalty != 1.0 and params.repeat_last_n > 0
+        if penalized and self.n_vocab >= NUMPY_PENALTY_MIN_VOCAB:
             # (ids past the vocabulary match no candidate in llama.cpp either)
             self._window = deque((t for t in history[-params.repeat_last_n:]
                                   if 0 <= t < self.n_vocab), maxlen=params.repeat_last_n)
+        elif penalized:  # a small vocabulary: llama.cpp's own penalties sampler, first
+            pen = llama_cpp.llama_sampler_init_penalties(
+                self.n_vocab, params.repeat_last_n, params.repeat_penalty, 0.0, 0.0)
+            for tok in history[-params.repeat_last_n:]:
+                llama_cpp.llama_sampler_accept(pen, tok)
+            self._add(pen)
+            self._native_penalty = True
         # the grammar is a mask on the logits, before this chain (runtime/grammar.py): its work
         # per token is bounded, which llama.cpp's grammar sampler's is not
         self.grammar: GrammarMatcher | None = None
@@ -205,7 +219,7 @@ class SamplerChain:
 
     def sample(self, ctx: llama_cpp.llama_context_p, batch_index: int, step: int) -> int:
         """Sample (and accept) the next token from the logits at ``batch_index``."""
-        if self.params.greedy:
+        if self.params.greedy and not self._native_penalty:
             tok = self._argmax(ctx, batch_index)
             if tok >= 0:
                 self.accept(tok)
@@ -303,10 +317,11 @@ class SamplerChain:
 
     def accept(self, token: int) -> None:
         """Record ``token`` as sampled (penalty window, grammar state), as :meth:`sample`
-        does. The native samplers left in the chain (greedy, top-k/p, min-p, temperature,
-        dist) keep no state between tokens."""
+        does. Of the native samplers only llama.cpp's penalties keep state between tokens."""
         if self._window is not None:
             self._window.append(token)
+        elif self._native_penalty:
+            llama_cpp.llama_sampler_accept(self.chain, token)
         if self.grammar is not None:
             self.grammar.accept(token)
 
