@@ -102,6 +102,10 @@ _capture: list[str] | None = None
 _last_level = LOG_INFO
 # Warnings about choices a Plan makes on purpose (mmap host weights with CPU overrides).
 _DELIBERATE = ("tensor overrides to CPU are used with mmap enabled",)
+# What llama.cpp says of a decode the engine interrupted on purpose (runtime/abort.py): the
+# engine keeps what was computed, so these are not errors of anyone's.
+_INTERRUPTED = ("compute status: 1", "failed to decode, ret = 2",
+                "compute_async failed with error 1", "removing memory module entries")
 _PY_LEVEL = {LOG_ERROR: logging.ERROR, LOG_WARN: logging.WARNING, LOG_INFO: logging.DEBUG}
 
 
@@ -117,6 +121,9 @@ def _on_log(level: int, text: bytes, _user: ctypes.c_void_p) -> None:
         cap.append(msg)
     py_level = _PY_LEVEL.get(level)
     if py_level == logging.WARNING and any(s in msg for s in _DELIBERATE):
+        py_level = logging.DEBUG
+    elif py_level is not None and py_level >= logging.WARNING and any(
+            s in msg for s in _INTERRUPTED):
         py_level = logging.DEBUG
     if py_level is not None and msg.strip():
         log.log(py_level, "%s", _clip(msg.rstrip()))

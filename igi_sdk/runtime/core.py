@@ -40,6 +40,7 @@ from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import (
     _native,
+    abort,
     batching,
     engine_ops,
     engine_state,
@@ -105,11 +106,17 @@ class EngineCore:
         self.pacing: tuple[float, float] = (0.0, float("inf"))
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
-        self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0}
+        self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
+                           "interrupted": 0}
         self._drafting = Drafting(config, self._take)
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
         self.threads = ThreadRunner.for_engine(config.n_threads, config.thread_wait,
                                                config.adapt_threads)
+        # a long prompt chunk ends early when a command or a cancel comes (runtime/abort.py)
+        self._abort = abort.AbortFlag()
+        # the step after an interrupted one runs to its end (a time-bounded chunk): commands
+        # sent faster than a ubatch takes must not stall the prompt
+        self._interrupted = False
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
@@ -139,6 +146,8 @@ class EngineCore:
                 command.done.set_exception(EngineClosedError("the engine is closed"))
             else:
                 self._commands.put(command)
+                if not isinstance(command, C.Inspect):
+                    self._abort.arm()  # a prompt chunk in flight makes way for it
         return command.done
 
     def join(self, timeout: float) -> None:
@@ -369,6 +378,7 @@ class EngineCore:
                                 progress=self._progress)
         self._placed = placed
         self.threads.attach(placed.ctx)
+        self._abort.forget()
         self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
         self._token_s = None  # a new placement: measure its prompt speed again
         self._drafting.placed(self.inventory, plan)  # its step costs are measured anew
@@ -584,7 +594,8 @@ class EngineCore:
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
             handle = Generation(sid, reply=reply,
-                                outbox=self._outbox if streamed else None)
+                                outbox=self._outbox if streamed else None,
+                                interrupt=self._abort.arm)
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -638,11 +649,29 @@ class EngineCore:
         if not turns:
             return
         # a reply whose next input is one token is decoding: its token gap is at stake
-        budget = self._token_budget(others_decoding=any(len(t.feed) == 1 for t in turns))
+        others_decoding = any(len(t.feed) == 1 for t in turns)
+        # prompt chunks alone may be as large as the batch: a command or a cancel interrupts
+        # them (runtime/abort.py); text only, where batch positions are the session's tokens
+        interruptible = (not others_decoding and self._abort.available
+                         and not self._interrupted
+                         and not any(t.images or t.session.image_cells for t in turns))
+        self._interrupted = False
+        budget = self._token_budget(others_decoding=others_decoding,
+                                    interruptible=interruptible)
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
+        if interruptible and not drafts:
+            self._abort.clear()
+            if not self._commands.empty() or any(t.handle.cancelled for t in turns):
+                self._abort.arm()  # came before the clear: answered after one graph node
+            self._abort.watch(self._ctx)
+        else:
+            self._abort.unwatch(self._ctx)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        if rc == abort.ABORTED and interruptible and not drafts:
+            self._keep_interrupted(fed)
+            return
         if rc == 1 and drafts:  # the drafts took the last free cells: decode without them
             drafts = {}
             fed = self._fill_batch(turns, budget)
@@ -672,6 +701,22 @@ class EngineCore:
             del t.feed[:take]
             if idx >= 0:
                 self._sample(t, idx)
+
+    def _keep_interrupted(self, fed: Fed) -> None:
+        """An interrupted prompt chunk: llama.cpp kept the ubatches it finished and removed
+        the one it was in; each reply keeps the tokens that are in the cache and feeds the
+        rest later. A chunk's last token is fed again when its logits were asked for: an
+        aborted decode hands out none."""
+        self.step_stats["interrupted"] += 1
+        self._interrupted = True
+        for t, take, idx in fed:
+            s = t.session
+            pos0 = len(s.tokens)
+            kept = llama_cpp.llama_memory_seq_pos_max(self._mem, s.seq) + 1 - pos0
+            done = max(0, min(take - (1 if idx >= 0 else 0), kept))
+            llama_cpp.llama_memory_seq_rm(self._mem, s.seq, pos0 + done, -1)
+            s.decoded(t.feed[:done])
+            del t.feed[:done]
 
     def _rooms(self) -> dict[str, int]:
         """The cells each open session may claim now (runtime/context_share.py)."""
@@ -711,14 +756,16 @@ class EngineCore:
             return  # a prompt chunk rode along: not a decode step's time
         self._drafting.time_step(drafts, seconds)
 
-    def _token_budget(self, *, others_decoding: bool = True) -> int:
+    def _token_budget(self, *, others_decoding: bool = True,
+                      interruptible: bool = False) -> int:
         """Tokens for the next step: about ``max_step_s`` of work at the measured speed (more
         while no reply is decoding: scheduler.token_budget)."""
         c = self.config
         n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
                                    plan=self.plan, on_gpu=self.gpu is not None,
                                    cap=self._need_placed().batch_cap, token_s=self._token_s,
-                                   others_decoding=others_decoding)
+                                   others_decoding=others_decoding,
+                                   interruptible=interruptible)
         self.step_stats["chunk"] = n
         return n
 
