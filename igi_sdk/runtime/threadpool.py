@@ -238,13 +238,20 @@ class ThreadRunner:
     @classmethod
     def for_engine(cls, n_threads: int, wait: str, adapt_threads: bool | None) -> ThreadRunner:
         """The runner for an engine's settings (runtime/config.py): ``n_threads`` 0 = the
-        runtime's default; the count adapts when ``adapt_threads`` (None: when it is 0)."""
-        from igi_sdk.runtime.loader import default_threads, usable_cpus
+        runtime's default; the count adapts when ``adapt_threads`` (None: when it is 0).
+
+        Adapting, it may use every CPU but one (the game's main thread keeps a core): the
+        host's load, sampled every second, and the game's reports lower it at once, so the
+        cautious start-up default (half the CPUs from 4 up) would only leave idle cores idle.
+        ``IGI_SDK_THREADS`` stays a ceiling."""
+        from igi_sdk.runtime.loader import THREADS_ENV, default_threads, usable_cpus
 
         adapt = n_threads == 0 if adapt_threads is None else adapt_threads
-        start = n_threads or default_threads()
-        return cls(start_threads=start, max_threads=max(start, default_threads()),
-                   cpus=usable_cpus(), wait=wait, adapt_threads=adapt)
+        cpus = usable_cpus()
+        most = default_threads() if os.environ.get(THREADS_ENV, "").strip() else max(1, cpus - 1)
+        start = n_threads or (most if adapt else default_threads())
+        return cls(start_threads=start, max_threads=max(start, most if adapt else start),
+                   cpus=cpus, wait=wait, adapt_threads=adapt)
 
     def attach(self, ctx: Any) -> None:
         """A context was made (the previous one, if any, is freed): its pools follow the
