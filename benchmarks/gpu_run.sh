@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | all
+#         vlm | bundle | npcs | shipped | busy | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -37,7 +37,9 @@ pack_build() {  # PACK_BUILD=1: the build, in <= 15 MiB parts under PACK_DIR (de
   split -b 15M -d /tmp/bld.tar.$ext "${PACK_DIR:-$out}/bld.tar.$ext."
 }
 t_build=$SECONDS
-if restore_build > "$out/build.txt" 2>&1; then
+if [ -f /tmp/site/.ready ] && [ -x /tmp/lcpp/build/bin/llama-bench ]; then
+  echo "build: kept from an earlier call on this machine" | tee "$out/build.txt"
+elif restore_build > "$out/build.txt" 2>&1; then
   echo "build: restored from .gpu/prebuilt in $(( SECONDS - t_build )) s" | tee -a "$out/build.txt"
 else
   rm -rf /tmp/site /tmp/lcpp
@@ -46,6 +48,24 @@ else
   [ "${PACK_BUILD:-0}" = 1 ] && pack_build 2>&1 | tee -a "$out/build.txt"
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# NOOMP=1: also llama.cpp's CPU backend built without OpenMP (ggml's own threadpools, whose wait
+# the sidecar chooses while running), as /tmp/site-noomp: the same build with that one library
+# swapped; rows run with PYTHONPATH=/tmp/site-noomp:... use it
+if [ "${NOOMP:-0}" = 1 ] && [ ! -f /tmp/site-noomp/.ready ]; then
+  t_noomp=$SECONDS
+  { cmake -S /tmp/lcpp -B /tmp/lcpp/build-noomp -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DGGML_OPENMP=OFF -DGGML_NATIVE=on -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
+      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
+      -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF \
+    && cmake --build /tmp/lcpp/build-noomp --target ggml-cpu -j"$(nproc)" \
+    && rm -rf /tmp/site-noomp && mkdir -p /tmp/site-noomp && cp -a /tmp/site/llama_cpp /tmp/site-noomp/ \
+    && cp -a /tmp/lcpp/build-noomp/bin/libggml-cpu.so* /tmp/site-noomp/llama_cpp/lib/ \
+    && PYTHONPATH=/tmp/site-noomp:/tmp/site python3 -c "
+from igi_sdk.runtime.threadpool import uses_openmp; assert not uses_openmp()" \
+    && touch /tmp/site-noomp/.ready; } > "$out/build-noomp.txt" 2>&1
+  echo "build without OpenMP: $([ -f /tmp/site-noomp/.ready ] && echo ok || echo FAILED)" \
+    "in $(( SECONDS - t_noomp )) s" | tee -a "$out/build.txt"
+fi
 nvidia-smi --query-gpu=name,memory.total,driver_version,pcie.link.gen.current,pcie.link.width.current --format=csv > "$out/gpu.txt"
 lscpu | grep -E "Model name|^CPU\(s\)" >> "$out/gpu.txt"
 t=$(nproc)
@@ -359,6 +379,62 @@ if [ "$part" = peers ] || [ "$part" = peers2 ] || [ "$part" = peers3 ] || [ "$pa
     have 100 && pb --budgets 4 --cases 4096:16384 --strategies ours --tag ctx16k
   fi
   cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null
+  echo "done at $SECONDS s"
+fi
+if [ "$part" = shipped ] || [ "$part" = busy ]; then
+  # shipped: the sidecar as shipped (threads and waits chosen while running: --threads 0) beside
+  # upstream llama-bench --fit tuned by an expert, same VRAM, same run: the dense 8B at 2, 4 and
+  # 8 GB, the 30B-A3B MoE at 4 GB (also beside --n-cpu-moe), 1K prompt + 128 tokens at
+  # llama-bench's context; NOOMP=1 adds ours with llama.cpp's CPU backend without OpenMP.
+  # busy: BUSY (default nproc - 2) CPUs spinning in other processes, the MoE at 4 GB: as shipped
+  # (both builds) beside fixed policies (all threads sleeping / spinning, 2 threads).
+  END=${END:-575}
+  m=/tmp/igi-bench/llama3-8b.gguf; moe_m=/tmp/igi-bench/qwen3-30b-a3b.gguf
+  have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  if [ ! -f /tmp/igi-bench/profile.json ]; then
+    python3 -c "from igi_sdk.tuning.measure import load_or_measure as m
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_dump_json())" \
+      > "$out/profile.txt" 2>&1
+  fi
+  row() {  # row TAG ENV... -- planner_bench args
+    local tag=$1; shift; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
+    have 45 || { echo "skipped $tag $*: no time" | tee -a "$out/$part.txt"; return; }
+    env "${envs[@]}" python3 benchmarks/planner_bench.py --threads 0 --timeout 150 \
+      --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --strategies ours \
+      --tag "$tag" "$@" 2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/$part.txt"; }
+  up() { have 45 || { echo "skipped peers $*: no time"; return; }
+         python3 benchmarks/upstream_peers.py --threads "$t" \
+           --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
+           | tee -a "$out/$part.txt"; }
+  noomp=(PYTHONPATH=/tmp/site-noomp:/tmp/site:$PWD)
+  if [ "$part" = shipped ]; then
+    for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
+      row shipped -- --models llama3-8b --budgets "$gb" --cases 1024:1152
+      up --model "$m" --budgets "$gb" --peers fit-expert --tag shipped
+      [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models llama3-8b \
+        --budgets "$gb" --cases 1024:1152
+    done
+    if have 200; then
+      row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
+      [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
+        --budgets 4 --cases 1024:1152
+      up --model "$moe_m" --budgets 4 --peers fit-expert,ncmoe-best --tag shipped
+    fi
+  fi
+  if [ "$part" = busy ]; then
+    [ -f "$moe_m" ] || python3 benchmarks/make_synthetic.py qwen3-30b-a3b "$moe_m" --quiet
+    busy=${BUSY:-$(( t - 2 ))}
+    for i in $(seq "$busy"); do timeout $(( END - SECONDS )) sh -c 'while :; do :; done' & done
+    echo "$busy CPUs of $t spinning in other processes" | tee -a "$out/$part.txt"
+    mo=(--models qwen3-30b-a3b --budgets 4 --cases 1024:1152)
+    row busy-shipped -- "${mo[@]}"
+    [ -f /tmp/site-noomp/.ready ] && row busy-shipped-noomp "${noomp[@]}" -- "${mo[@]}"
+    row "busy-fixed-${t}t-passive" OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads "$t"
+    row "busy-fixed-${t}t-active" OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads "$t"
+    row busy-fixed-2t-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads 2
+    row busy-fixed-2t-active OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads 2
+    kill $(jobs -p) 2>/dev/null
+  fi
   echo "done at $SECONDS s"
 fi
 if [ "$part" = spec ]; then
