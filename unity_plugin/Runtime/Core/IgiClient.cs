@@ -334,9 +334,16 @@ namespace Igi.Sdk
 
         /// <summary>One rendered frame's report (VRAM arbiter and pacing inputs). Protocol 1.2: the
         /// ok's "paced" (GetBool("paced")) says whether it paced the engine: only the game's do
-        /// (<see cref="IsGame"/>).</summary>
+        /// (<see cref="IsGame"/>).
+        /// <para>The game's CPU use, both optional (null: left out of the message): <paramref name="busyThreads"/>,
+        /// the CPU threads the game keeps busy now (0..4096: its own worker threads that have work,
+        /// not the machine's processor count), and <paramref name="cpuShare"/>, the share of the
+        /// machine's CPU time the game used over its last frames (0..1). The model's CPU threads
+        /// keep off the cores they add up to; the sidecar keeps the last report until a new one
+        /// comes (<c>stats</c>: engine.threads.game_cores). A figure outside its range is refused
+        /// here, unsent, as <c>invalid_body</c>.</para></summary>
         public IgiRequest Frame(long frame, double frameTimeMs, double? targetFrameTimeMs = null,
-            long? vramUsed = null, long? vramBudget = null)
+            long? vramUsed = null, long? vramBudget = null, int? busyThreads = null, double? cpuShare = null)
         {
             var body = new Dictionary<string, object>();
             body["frame"] = frame;
@@ -344,23 +351,34 @@ namespace Igi.Sdk
             if (targetFrameTimeMs.HasValue) body["target_frame_time_ms"] = targetFrameTimeMs.Value;
             if (vramUsed.HasValue) body["vram_used"] = vramUsed.Value;
             if (vramBudget.HasValue) body["vram_budget"] = vramBudget.Value;
-            return Submit("frame", body);
+            if (busyThreads.HasValue) body["busy_threads"] = (long)busyThreads.Value;
+            if (cpuShare.HasValue) body["cpu_share"] = cpuShare.Value;
+            return Submit("frame", body, Protocol.GameCpuProblem(busyThreads, cpuShare));
         }
 
-        /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.
-        /// Protocol 1.2: only the game may (<see cref="IsGame"/>); others get <c>forbidden</c>.</summary>
         /// <summary>
         /// The frame report for every frame: the same message as <see cref="Frame"/>, without a
         /// request handle and without garbage on the calling thread (the I/O thread encodes and
-        /// sends the latest one; one not sent yet is replaced). Pass NaN for no target and -1
-        /// for no VRAM figure. The sidecar's refusals (e.g. <c>forbidden</c> for a client that is
-        /// not the game) are in <see cref="FrameError"/>. False once disposed.
+        /// sends the latest one; one not sent yet is replaced). Pass NaN for no target, -1
+        /// for no VRAM figure, -1 for no <paramref name="busyThreads"/> and NaN for no
+        /// <paramref name="cpuShare"/> (the game's CPU use: see <see cref="Frame"/>). The sidecar's
+        /// refusals (e.g. <c>forbidden</c> for a client that is not the game) are in
+        /// <see cref="FrameError"/>. False once disposed, and false for a report refused here
+        /// unsent (busyThreads above 4096, cpuShare outside 0..1: <c>invalid_body</c> in
+        /// <see cref="FrameError"/>).
         /// </summary>
         public bool ReportFrame(long frame, double frameTimeMs, double targetFrameTimeMs = double.NaN,
-            long vramUsed = -1, long vramBudget = -1)
+            long vramUsed = -1, long vramBudget = -1, int busyThreads = -1, double cpuShare = double.NaN)
         {
             if (disposed) return false;
-            connection.PostFrame(frame, frameTimeMs, targetFrameTimeMs, vramUsed, vramBudget);
+            // checked without allocating: a report within range leaves no garbage
+            if (busyThreads > Protocol.MaxBusyThreads || !(double.IsNaN(cpuShare) || (cpuShare >= 0.0 && cpuShare <= 1.0)))
+            {
+                connection.RefuseFrame(IgiError.InvalidBody, Protocol.GameCpuProblem(
+                    busyThreads < 0 ? (int?)null : busyThreads, double.IsNaN(cpuShare) ? (double?)null : cpuShare));
+                return false;
+            }
+            connection.PostFrame(frame, frameTimeMs, targetFrameTimeMs, vramUsed, vramBudget, busyThreads, cpuShare);
             return true;
         }
 
@@ -371,6 +389,8 @@ namespace Igi.Sdk
         /// queue) that ended. Idle, it waits about 200 ms a turn.</summary>
         public long IoTurns { get { return connection.Turns; } }
 
+        /// <summary>Answered (within 5 s) once that much VRAM is free; allocate after its ok.
+        /// Protocol 1.2: only the game may (<see cref="IsGame"/>); others get <c>forbidden</c>.</summary>
         public IgiRequest ReserveVram(long bytes, int deadlineFrames)
         {
             var body = new Dictionary<string, object>();

@@ -152,12 +152,21 @@ namespace Igi.Sdk
         long frameNumber;
         double frameTimeMs, frameTarget;
         long frameVramUsed, frameVramBudget;
+        int frameBusyThreads;
+        double frameCpuShare;
         volatile string frameError;
 
         /// <summary>The code and message of the last frame report the sidecar refused; null if none was.</summary>
         public string FrameError { get { return frameError; } }
 
-        public void PostFrame(long frame, double timeMs, double targetMs, long vramUsed, long vramBudget)
+        /// <summary>A frame report refused before sending (its arguments break the protocol's
+        /// rules): kept where the sidecar's refusals are.</summary>
+        public void RefuseFrame(string code, string message) { frameError = code + ": " + message; }
+
+        /// <summary>Negative <paramref name="busyThreads"/> and NaN <paramref name="cpuShare"/>: not
+        /// reported (left out); the caller has checked the rest against the protocol's ranges.</summary>
+        public void PostFrame(long frame, double timeMs, double targetMs, long vramUsed, long vramBudget,
+            int busyThreads, double cpuShare)
         {
             lock (frameLock)
             {
@@ -168,6 +177,8 @@ namespace Igi.Sdk
                 frameTarget = targetMs;
                 frameVramUsed = vramUsed;
                 frameVramBudget = vramBudget;
+                frameBusyThreads = busyThreads;
+                frameCpuShare = cpuShare;
             }
             wake.Set();
             if (wakeable != null) wakeable.Wake();
@@ -185,6 +196,8 @@ namespace Igi.Sdk
                 if (!double.IsNaN(frameTarget)) body["target_frame_time_ms"] = frameTarget;
                 if (frameVramUsed >= 0) body["vram_used"] = frameVramUsed;
                 if (frameVramBudget >= 0) body["vram_budget"] = frameVramBudget;
+                if (frameBusyThreads >= 0) body["busy_threads"] = (long)frameBusyThreads;
+                if (!double.IsNaN(frameCpuShare)) body["cpu_share"] = frameCpuShare;
             }
             SendInternal("frame", body, 0);
         }

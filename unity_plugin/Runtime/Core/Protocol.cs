@@ -14,6 +14,22 @@ namespace Igi.Sdk
         /// <summary>The longest msgpack str (UTF-8 bytes) the sidecar reads; a longer one makes
         /// the whole message unreadable (answered <c>malformed</c>, id 0, never tied to its request).</summary>
         public const int MaxStrBytes = 1 << 20;
+        /// <summary>The most CPU threads a <c>frame</c> report may say the game keeps busy.</summary>
+        public const int MaxBusyThreads = 4096;
+
+        /// <summary>Why a <c>frame</c> report's CPU figures break the protocol's ranges
+        /// (busy_threads 0..4096, cpu_share 0..1); null when they do not. Null
+        /// <paramref name="busyThreads"/> or <paramref name="cpuShare"/>: not reported.</summary>
+        public static string GameCpuProblem(int? busyThreads, double? cpuShare)
+        {
+            if (busyThreads.HasValue && (busyThreads.Value < 0 || busyThreads.Value > MaxBusyThreads))
+                return "busy_threads " + busyThreads.Value + " is outside 0.." + MaxBusyThreads;
+            // NaN fails both comparisons: refused too (the sidecar reads no NaN)
+            if (cpuShare.HasValue && !(cpuShare.Value >= 0.0 && cpuShare.Value <= 1.0))
+                return "cpu_share " + cpuShare.Value.ToString(System.Globalization.CultureInfo.InvariantCulture) +
+                    " is outside 0..1";
+            return null;
+        }
 
         public static byte[] Encode(long id, string type, Dictionary<string, object> body)
         {

@@ -15,6 +15,11 @@ namespace Igi.Sdk.Unity
     /// graphics-driver memory: <c>Profiler.GetAllocatedMemoryForGraphicsDriver</c> works in the
     /// Editor and development builds only) sends none and loses nothing. Reports go through
     /// <see cref="IgiClient.ReportFrame"/>: no garbage per frame.
+    ///
+    /// The game's CPU use (<see cref="BusyThreads"/>, <see cref="CpuShare"/>) goes with every
+    /// report once the game sets it: the model's CPU threads then keep off the cores the game
+    /// holds. Only the game knows it: Unity's <c>SystemInfo.processorCount</c> is the machine's
+    /// CPUs, not the threads the game keeps busy, so nothing is sent until it is set.
     /// </summary>
     [DisallowMultipleComponent]
     [AddComponentMenu("Igi SDK/VRAM Reporter")]
@@ -36,6 +41,43 @@ namespace Igi.Sdk.Unity
         public long? OverrideUsed { get; set; }
         /// <summary>VRAM the game and the model may use together, in bytes; null: <c>SystemInfo.graphicsMemorySize</c>.</summary>
         public long? OverrideBudget { get; set; }
+        /// <summary>
+        /// The CPU threads the game keeps busy now (0..4096), e.g. its main and render threads
+        /// plus the job workers that have work; null (the default): not reported. Sent with every
+        /// report until changed; the sidecar keeps the last figure it got, so set 0 rather than
+        /// null when the game goes idle. Out of range: <see cref="System.ArgumentOutOfRangeException"/>.
+        /// </summary>
+        public int? BusyThreads
+        {
+            get { return _busyThreads; }
+            set
+            {
+                string problem = Protocol.GameCpuProblem(value, null);
+                if (problem != null) throw new System.ArgumentOutOfRangeException("value", problem);
+                _busyThreads = value;
+            }
+        }
+
+        /// <summary>
+        /// The share of the machine's CPU time the game used over its last frames (0..1, e.g.
+        /// from the OS's process times over the cores); null (the default): not reported. Sent
+        /// with every report until changed; set 0 rather than null when the game goes idle.
+        /// Out of range or NaN: <see cref="System.ArgumentOutOfRangeException"/>.
+        /// </summary>
+        public double? CpuShare
+        {
+            get { return _cpuShare; }
+            set
+            {
+                string problem = Protocol.GameCpuProblem(null, value);
+                if (problem != null) throw new System.ArgumentOutOfRangeException("value", problem);
+                _cpuShare = value;
+            }
+        }
+
+        [System.NonSerialized] int? _busyThreads;
+        [System.NonSerialized] double? _cpuShare;
+
         public int EveryNFrames { get { return everyNFrames; } set { everyNFrames = value < 1 ? 1 : value; } }
 
         void OnEnable()
@@ -49,7 +91,8 @@ namespace Igi.Sdk.Unity
             if (!_sidecar.IsReady || Time.frameCount % everyNFrames != 0) return;
             IgiClient client = _sidecar.Client;
             // the latest report replaces one not sent yet: a stalled sidecar piles nothing up
-            client.ReportFrame(Time.frameCount, FrameTimeMs(), TargetFrameTimeMs(), Used(), Budget());
+            client.ReportFrame(Time.frameCount, FrameTimeMs(), TargetFrameTimeMs(), Used(), Budget(),
+                _busyThreads ?? -1, _cpuShare ?? double.NaN);
             // protocol 1.2: only the game's frames pace the engine (the client holding the launch token)
             if (!_warnedUnpaced && !client.IsGame)
             {

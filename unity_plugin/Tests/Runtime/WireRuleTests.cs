@@ -208,5 +208,79 @@ namespace Igi.Sdk.Tests
             client.Dispose();
             Assert.IsFalse(client.ReportFrame(2, 16.6), "false once disposed");
         }
+
+        static Dictionary<string, object> BodyOf(Dictionary<string, object> message)
+        {
+            return (Dictionary<string, object>)message["body"];
+        }
+
+        [Test]
+        [Timeout(10000)]
+        public void TheGamesCpuUseIsSentOnlyWhenGivenAndWithinRange()
+        {
+            fake.OnRequest = (id, type, body) =>
+            {
+                if (type == "hello") fake.Reply(id, "ok", HelloOk(null, "fake.gguf"));
+                else fake.Reply(id, "ok", new Dictionary<string, object> { { "paced", true } });
+            };
+            Start();
+            // not given: not in the message (old call sites send what they sent before)
+            Pumping.Ok(client, client.Frame(1, 16.6, 16.6));
+            Assert.IsTrue(client.ReportFrame(2, 16.6));
+            Pumping.Until(client, () => fake.SentOf("frame").Count == 2, 5, "the frame report");
+            foreach (var frame in fake.SentOf("frame"))
+            {
+                Assert.IsFalse(BodyOf(frame).ContainsKey("busy_threads"), "no busy_threads when not given");
+                Assert.IsFalse(BodyOf(frame).ContainsKey("cpu_share"), "no cpu_share when not given");
+            }
+            // given, at the ends of their ranges: sent as given
+            Pumping.Ok(client, client.Frame(3, 16.6, busyThreads: 4096, cpuShare: 0.0));
+            Assert.IsTrue(client.ReportFrame(4, 16.6, busyThreads: 0, cpuShare: 1.0));
+            Pumping.Until(client, () => fake.SentOf("frame").Count == 4, 5, "the frame report");
+            var sent = fake.SentOf("frame");
+            Assert.AreEqual(4096L, BodyOf(sent[2])["busy_threads"]);
+            Assert.AreEqual(0.0, BodyOf(sent[2])["cpu_share"]);
+            Assert.AreEqual(0L, BodyOf(sent[3])["busy_threads"]);
+            Assert.AreEqual(1.0, BodyOf(sent[3])["cpu_share"]);
+            // one without the other
+            Assert.IsTrue(client.ReportFrame(5, 16.6, busyThreads: 3));
+            Pumping.Until(client, () => fake.SentOf("frame").Count == 5, 5, "the frame report");
+            Assert.AreEqual(3L, BodyOf(fake.SentOf("frame")[4])["busy_threads"]);
+            Assert.IsFalse(BodyOf(fake.SentOf("frame")[4]).ContainsKey("cpu_share"));
+            Assert.IsNull(client.FrameError);
+
+            // outside the protocol's ranges: refused here, unsent, as invalid_body
+            var badRequests = new[]
+            {
+                client.Frame(6, 16.6, busyThreads: 4097), client.Frame(7, 16.6, busyThreads: -1),
+                client.Frame(8, 16.6, cpuShare: 1.5), client.Frame(9, 16.6, cpuShare: -0.1),
+                client.Frame(10, 16.6, cpuShare: double.NaN), client.Frame(11, 16.6, cpuShare: double.PositiveInfinity),
+            };
+            client.Pump();
+            foreach (var request in badRequests)
+            {
+                Assert.IsTrue(request.IsDone, "refused in the next Pump");
+                Assert.AreEqual(IgiError.InvalidBody, request.Error.Code, request.Error.ToString());
+                Assert.IsFalse(request.Error.Retryable);
+            }
+            StringAssert.Contains("busy_threads", badRequests[0].Error.Message);
+            StringAssert.Contains("cpu_share", badRequests[2].Error.Message);
+            foreach (var share in new[] { 1.5, -0.1, double.PositiveInfinity })
+            {
+                Assert.IsFalse(client.ReportFrame(12, 16.6, cpuShare: share), "refused: cpu_share " + share);
+                StringAssert.StartsWith("invalid_body: cpu_share", client.FrameError);
+            }
+            Assert.IsFalse(client.ReportFrame(13, 16.6, busyThreads: 4097), "refused: busy_threads 4097");
+            StringAssert.StartsWith("invalid_body: busy_threads", client.FrameError);
+            Assert.IsTrue(client.ReportFrame(14, 16.6, busyThreads: -1, cpuShare: double.NaN), "-1 and NaN: not reported");
+            Pumping.Until(client, () => fake.SentOf("frame").Count == 6, 5, "the last frame report");
+            System.Threading.Thread.Sleep(100);
+            client.Pump();
+            var all = fake.SentOf("frame");
+            Assert.AreEqual(6, all.Count, "none of the refused frames left the client");
+            Assert.AreEqual(14L, BodyOf(all[5])["frame"]);
+            Assert.IsFalse(BodyOf(all[5]).ContainsKey("busy_threads"));
+            Assert.IsFalse(BodyOf(all[5]).ContainsKey("cpu_share"));
+        }
     }
 }
