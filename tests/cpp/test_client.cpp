@@ -212,6 +212,70 @@ TEST(Sidecar, SetPriorityListSessionsAndClose) {
     EXPECT_EQ(gone.error.code, "unknown_session");
 }
 
+// The game's CPU use in frame reports, on a sidecar of its own (the sidecar keeps the last report,
+// so the shared one is left as it was): busy threads show in stats as the game's cores once the
+// engine has run a step (it reads the report after each), frames without them change nothing,
+// and a figure beyond the protocol's range arrives clamped rather than refused.
+TEST(Sidecar, GameCpuUseInFramesShowsAsTheGamesCores) {
+    NEED_SIDECAR();
+    igitest::Sidecar own(kToken);
+    std::string error;
+    ASSERT_TRUE(own.Launch(error)) << error;
+    Game g(Options(own.Endpoint()));
+    ASSERT_TRUE(g.client->Start());
+    ASSERT_TRUE(g.Until([&] { return g.client->State() == ConnectionState::Ready; }, 20));
+    ASSERT_TRUE(g.client->Info().game);
+    std::string session = g.OpenSession();
+    // stats.engine.threads after one short reply
+    auto threads_after_a_step = [&]() -> igi::MsgValue {
+        Event reply = g.Answer(g.client->Chat(session, "Hello!", 2), 60);
+        EXPECT_EQ(reply.kind, EventKind::Done) << reply.error.code << ": " << reply.error.message;
+        Event stats = g.Answer(g.client->Stats());
+        EXPECT_EQ(stats.kind, EventKind::Ok) << stats.error.code;
+        const igi::MsgValue* engine = stats.body.Find("engine");
+        const igi::MsgValue* threads = engine ? engine->Find("threads") : nullptr;
+        EXPECT_NE(threads, nullptr) << "stats.engine.threads";
+        return threads ? *threads : igi::MsgValue::Map();
+    };
+    auto game_cores = [](const igi::MsgValue& threads) -> int64_t {
+        const igi::MsgValue* v = threads.Find("game_cores");
+        return v == nullptr || v->IsNil() ? -1 : v->AsInt(-2);
+    };
+    // waits (a step at a time) until the sidecar shows `want`; frame reports have no answer
+    auto cores_become = [&](int64_t want) {
+        auto start = Clock::now();
+        int64_t seen = -3;
+        while (Since(start) < 30) {
+            seen = game_cores(threads_after_a_step());
+            if (seen == want) break;
+        }
+        return seen;
+    };
+
+    EXPECT_EQ(game_cores(threads_after_a_step()), -1) << "no report yet";
+    g.client->ReportFrame(1, 16.6, 16.6);
+    EXPECT_EQ(game_cores(threads_after_a_step()), -1) << "a frame without the game's CPU use reports none";
+
+    g.client->ReportFrame(2, 16.6, 16.6, -1, -1, 3);
+    EXPECT_EQ(cores_become(3), 3);
+    igi::MsgValue threads = threads_after_a_step();
+    // (these sidecars run a fixed --threads 2: the count stays; the Unity suite's adapting one
+    // shows the ceiling lowered)
+    int64_t cpus = static_cast<int64_t>(std::thread::hardware_concurrency());
+    std::printf("measured: after busy_threads 3 on %lld CPUs the thread ceiling is %lld (setting %s)\n",
+                static_cast<long long>(cpus), static_cast<long long>(threads.GetInt("ceiling")),
+                threads.GetString("setting").c_str());
+
+    g.client->ReportFrame(3, 16.6, 16.6);  // without: the last report stays
+    EXPECT_EQ(game_cores(threads_after_a_step()), 3);
+
+    g.client->ReportFrame(4, 16.6, 16.6, -1, -1, 100000);  // clamped to 4096, not refused
+    EXPECT_EQ(cores_become(igi::kMaxBusyThreads), igi::kMaxBusyThreads);
+    g.client->ReportFrame(5, 16.6, 16.6, -1, -1, -1, 0.0);  // a share alone replaces the report
+    EXPECT_EQ(cores_become(0), 0);
+    g.client->Stop();
+}
+
 TEST(Sidecar, SaveAndRestoreASession) {
     NEED_SIDECAR();
     Game g(Options(g_sidecar->Endpoint()));

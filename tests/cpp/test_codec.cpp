@@ -326,3 +326,49 @@ TEST(ClientOptions, BadOptionsAreRefusedAtStart) {
     EXPECT_FALSE(b.Start(&why));
     EXPECT_NE(why.find("owner key"), std::string::npos);
 }
+
+// The game's CPU use in a frame report: left out when not given (old call sites send what they
+// sent before), clamped into the protocol's ranges when given, as the report's other figures are.
+TEST(FrameReport, TheGamesCpuUseIsSentOnlyWhenGivenAndClamped) {
+    MsgValue plain = igi::FrameBody(7, 16.6, 16.6, -1, -1);
+    EXPECT_EQ(plain.GetInt("frame"), 7);
+    EXPECT_EQ(plain.Find("busy_threads"), nullptr);
+    EXPECT_EQ(plain.Find("cpu_share"), nullptr);
+    EXPECT_EQ(plain.Find("vram_used"), nullptr);
+    EXPECT_EQ(plain.Size(), 3u);  // frame, frame_time_ms, target_frame_time_ms
+
+    MsgValue both = igi::FrameBody(8, 16.6, 0, -1, -1, 3, 0.25);
+    ASSERT_NE(both.Find("busy_threads"), nullptr);
+    EXPECT_TRUE(both.Find("busy_threads")->IsInt());
+    EXPECT_EQ(both.GetInt("busy_threads"), 3);
+    ASSERT_NE(both.Find("cpu_share"), nullptr);
+    EXPECT_EQ(both.Find("cpu_share")->Type(), MsgType::Float);
+    EXPECT_EQ(both.GetDouble("cpu_share"), 0.25);
+
+    // the ends of the ranges, and beyond them
+    MsgValue ends = igi::FrameBody(9, 16.6, 0, -1, -1, 0, 0.0);
+    EXPECT_EQ(ends.GetInt("busy_threads", -1), 0);
+    EXPECT_EQ(ends.GetDouble("cpu_share", -1), 0.0);
+    MsgValue over = igi::FrameBody(10, 16.6, 0, -1, -1, 100000, 1.5);
+    EXPECT_EQ(over.GetInt("busy_threads"), igi::kMaxBusyThreads);
+    EXPECT_EQ(over.GetDouble("cpu_share"), 1.0);
+
+    // not given: negative, NaN or infinite
+    for (double share : {-1.0, -0.01, std::nan(""), HUGE_VAL, -HUGE_VAL}) {
+        MsgValue none = igi::FrameBody(11, 16.6, 0, -1, -1, -1, share);
+        EXPECT_EQ(none.Find("busy_threads"), nullptr);
+        EXPECT_EQ(none.Find("cpu_share"), nullptr) << share;
+    }
+    MsgValue only_threads = igi::FrameBody(12, 16.6, 0, -1, -1, 5);
+    EXPECT_EQ(only_threads.GetInt("busy_threads"), 5);
+    EXPECT_EQ(only_threads.Find("cpu_share"), nullptr);
+
+    // what goes on the wire decodes to the same body
+    std::string wire = igi::EncodeEnvelope(1, "frame", both);
+    uint64_t id = 0;
+    std::string type;
+    MsgValue body;
+    ASSERT_TRUE(igi::DecodeEnvelope(wire, id, type, body));
+    EXPECT_EQ(body.GetInt("busy_threads"), 3);
+    EXPECT_EQ(body.GetDouble("cpu_share"), 0.25);
+}

@@ -195,7 +195,8 @@ bool UIgiSdkSubsystem::Tick(float DeltaSeconds)
 	}
 	if (bReportFrames)
 	{
-		Client->ReportFrame(FrameNumber++, DeltaSeconds * 1000.0, TargetFrameTimeMs, QueryVramUsedBytes(), -1);
+		Client->ReportFrame(FrameNumber++, DeltaSeconds * 1000.0, TargetFrameTimeMs, QueryVramUsedBytes(), -1,
+			GameBusyThreads, GameCpuShare);
 	}
 	Client->Poll(Events);
 	for (igi::Event& Event : Events)
@@ -347,6 +348,13 @@ void UIgiSdkSubsystem::SetPriority(const FString& Session, int32 Priority)
 	Body.Set("session", igi::MsgValue::Str(IgiUnreal::ToUtf8(Session)));
 	Body.Set("priority", igi::MsgValue::Int(FMath::Clamp(Priority, -100, 100)));
 	Send("set_priority", MoveTemp(Body), FIgiCallbacks());
+}
+
+void UIgiSdkSubsystem::SetGameCpuUse(int32 BusyThreads, float CpuShare)
+{
+	// kept for the next frame reports (igi::FrameBody clamps and leaves out what is not given)
+	GameBusyThreads = BusyThreads < 0 ? -1 : BusyThreads;
+	GameCpuShare = CpuShare;
 }
 
 EIgiConnectionState UIgiSdkSubsystem::GetConnectionState() const

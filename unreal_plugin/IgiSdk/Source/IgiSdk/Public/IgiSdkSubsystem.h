@@ -62,6 +62,16 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "igi-sdk")
 	void SetPriority(const FString& Session, int32 Priority);
 
+	// The game's CPU use, sent with every frame report from now on: BusyThreads, the CPU threads
+	// the game keeps busy now (its game, render and worker threads that have work; not the
+	// machine's core count, which says nothing of the game), and CpuShare, the share of the
+	// machine's CPU time it used over its last frames (0..1). Either -1: not reported. The
+	// model's CPU threads keep off the cores they add up to. Beyond the protocol's ranges
+	// (BusyThreads 0..4096, CpuShare 0..1) they are clamped. The sidecar keeps the last figures it
+	// got: report 0 when the game goes idle, not -1.
+	UFUNCTION(BlueprintCallable, Category = "igi-sdk")
+	void SetGameCpuUse(int32 BusyThreads, float CpuShare = -1.f);
+
 	UPROPERTY(BlueprintAssignable, Category = "igi-sdk")
 	FIgiConnectionSignature OnConnectionChanged;
 
@@ -105,4 +115,6 @@ private:
 	bool bWaitingForEndpoint = false;
 	double WaitingSince = 0.0;
 	int64 FrameNumber = 0;
+	int32 GameBusyThreads = -1;  // SetGameCpuUse's; -1: not reported
+	float GameCpuShare = -1.f;
 };

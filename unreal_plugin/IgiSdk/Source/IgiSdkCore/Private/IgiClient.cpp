@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
@@ -909,14 +910,23 @@ uint64_t Client::Goodbye(bool keep_sessions) {
     return Request("goodbye", std::move(b), "goodbye");
 }
 
-void Client::ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used, int64_t vram_budget) {
-    if (impl_->state.load() != static_cast<int>(ConnectionState::Ready)) return;
+MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used,
+                   int64_t vram_budget, int busy_threads, double cpu_share) {
     MsgValue b = MsgValue::Map();
     b.Set("frame", MsgValue::Int(frame < 0 ? 0 : frame));
     b.Set("frame_time_ms", MsgValue::Float(frame_time_ms < 0 ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms));
     if (target_frame_time_ms > 0) b.Set("target_frame_time_ms", MsgValue::Float(std::min(target_frame_time_ms, 1000.0)));
     if (vram_used >= 0) b.Set("vram_used", MsgValue::Int(vram_used));
     if (vram_budget >= 0) b.Set("vram_budget", MsgValue::Int(vram_budget));
+    if (busy_threads >= 0) b.Set("busy_threads", MsgValue::Int(std::min(busy_threads, kMaxBusyThreads)));
+    if (std::isfinite(cpu_share) && cpu_share >= 0) b.Set("cpu_share", MsgValue::Float(std::min(cpu_share, 1.0)));
+    return b;
+}
+
+void Client::ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used,
+                         int64_t vram_budget, int busy_threads, double cpu_share) {
+    if (impl_->state.load() != static_cast<int>(ConnectionState::Ready)) return;
+    MsgValue b = FrameBody(frame, frame_time_ms, target_frame_time_ms, vram_used, vram_budget, busy_threads, cpu_share);
     uint64_t id = ++impl_->last_id;
     Impl::Outgoing o;
     o.kind = Impl::OutKind::Frame;

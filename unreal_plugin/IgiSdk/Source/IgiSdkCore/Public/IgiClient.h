@@ -129,9 +129,10 @@ public:
     uint64_t Ping();
     uint64_t Goodbye(bool keep_sessions);
     // One `frame` report; its answer is not forwarded (it comes every frame). Dropped while not
-    // connected: a stale frame tells the arbiter nothing.
+    // connected: a stale frame tells the arbiter nothing. The body is FrameBody's.
     void ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms = 0,
-                     int64_t vram_used = -1, int64_t vram_budget = -1);
+                     int64_t vram_used = -1, int64_t vram_budget = -1, int busy_threads = -1,
+                     double cpu_share = -1);
 
     // Moves every event that arrived into `out` (cleared first). Never waits on I/O.
     void Poll(std::vector<Event>& out);
@@ -149,6 +150,18 @@ public:
 private:
     std::unique_ptr<Impl> impl_;
 };
+
+const int kMaxBusyThreads = 4096;  // PROTOCOL.md `frame`: busy_threads 0..4096
+
+// The body of one `frame` report, every figure clamped into the protocol's range (a game's
+// figure is never worth a refused report). Left out: target_frame_time_ms <= 0, a negative VRAM
+// figure, and the game's CPU use when not given: busy_threads < 0 (the CPU threads the game
+// keeps busy now; above 4096: 4096) and a cpu_share that is negative or not finite (its share
+// of the machine's CPU time over its last frames, 0..1; above 1: 1). The sidecar keeps the last
+// CPU figures it got: a game that goes idle reports 0, not nothing.
+MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time_ms = 0,
+                   int64_t vram_used = -1, int64_t vram_budget = -1, int busy_threads = -1,
+                   double cpu_share = -1);
 
 // The reply envelope {v, id, type, body} of one frame. False for anything else.
 bool DecodeEnvelope(const std::string& frame, uint64_t& id, std::string& type, MsgValue& body);
