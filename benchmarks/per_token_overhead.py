@@ -17,7 +17,8 @@ reply feeding its one sampled token), per decoded token; ``--json`` writes every
 
 Models: ``tiny`` (the 2-layer synthetic Llama: llama_decode is short, the per-token work shows),
 ``tiny-128k`` (the same layers with Llama-3's 128 256-token vocabulary: the sampler's cost per
-vocabulary entry shows), ``default`` (SmolLM2-135M). ``--gpu``: every tensor in VRAM
+vocabulary entry shows), ``llama3-2l`` (two of Llama-3-8B's layers, its width and vocabulary:
+a real output head), ``default`` (SmolLM2-135M). ``--gpu``: every tensor in VRAM
 (``Plan.all_gpu``), the case this measures for.
 """
 
@@ -62,11 +63,14 @@ class _Call:
 class NativeProbe:
     """Wraps every ``llama_*`` ctypes function of llama_cpp (module attributes, which is how
     the engine calls them) to count calls and time them; ``decodes`` stamps each llama_decode
-    as (start ns, end ns, batch tokens, native ns before it). Undo with :meth:`close`."""
+    as (start ns, end ns, batch tokens, native ns before it, native calls before it). Undo
+    with :meth:`close`."""
 
     by_name: dict[str, _Call] = field(default_factory=dict)
-    decodes: list[tuple[int, int, int, int]] = field(default_factory=list)
+    decodes: list[tuple[int, int, int, int, int]] = field(default_factory=list)
     native_ns: int = 0
+    n_calls: int = 0
+    log: list[str] | None = None  # every call's name, in order, when a list is given
     _saved: dict[str, Callable[..., object]] = field(default_factory=dict)
 
     def install(self) -> NativeProbe:
@@ -91,6 +95,7 @@ class NativeProbe:
         self.by_name.clear()
         self.decodes.clear()
         self.native_ns = 0
+        self.n_calls = 0
 
     def _wrap(self, name: str, fn: Callable[..., object]) -> Callable[..., object]:
         clock = time.perf_counter_ns
@@ -98,7 +103,10 @@ class NativeProbe:
 
         if name == "llama_decode":
             def decode(ctx: object, batch: llama_cpp.llama_batch) -> object:
-                before = self.native_ns
+                before, calls = self.native_ns, self.n_calls
+                self.n_calls += 1
+                if self.log is not None:
+                    self.log.append(name)
                 t0 = clock()
                 out = fn(ctx, batch)
                 t1 = clock()
@@ -106,7 +114,7 @@ class NativeProbe:
                 c = rec.setdefault(name, _Call())
                 c.calls += 1
                 c.ns += t1 - t0
-                self.decodes.append((t0, t1, batch.n_tokens, before))
+                self.decodes.append((t0, t1, batch.n_tokens, before, calls))
                 return out
             return decode
 
@@ -115,6 +123,9 @@ class NativeProbe:
             out = fn(*args)
             dt = clock() - t0
             self.native_ns += dt
+            self.n_calls += 1
+            if self.log is not None:
+                self.log.append(name)
             c = rec.setdefault(name, _Call())
             c.calls += 1
             c.ns += dt
@@ -135,6 +146,12 @@ class NativeProbe:
             if a[2] == width and b[2] == width:
                 out.append((b[0] - a[0], b[3] - a[3], a[1] - a[0]))
         return out
+
+    def steady_calls(self, width: int) -> list[int]:
+        """Native calls from each llama_decode of ``width`` tokens to the next such one (the
+        llama_decode included)."""
+        return [b[4] - a[4] for a, b in zip(self.decodes, self.decodes[1:], strict=False)
+                if a[2] == width and b[2] == width]
 
 
 @contextmanager
@@ -253,7 +270,9 @@ def model_path(name: str, tmp: Path) -> Path:
     if name == "tiny-128k":
         return write_synthetic_gguf(tmp / "tiny-128k.gguf",
                                     spec_with("tiny-llama", n_vocab=128256))
-    raise SystemExit(f"unknown model {name!r} (tiny, tiny-128k, default)")
+    if name == "llama3-2l":
+        return write_synthetic_gguf(tmp / "llama3-2l.gguf", spec_with("llama3-8b", n_layers=2))
+    raise SystemExit(f"unknown model {name!r} (tiny, tiny-128k, llama3-2l, default)")
 
 
 def measure(model: str, path: Path, *, gpu: bool, threads: int, tokens: int,
