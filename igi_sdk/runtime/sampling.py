@@ -174,6 +174,9 @@ class SamplerChain:
         # history, then this reply's), as llama.cpp's penalties sampler keeps it
         self._window: deque[int] | None = None
         self._native_penalty = False
+        # per-token buffers of a grammar's replies, made at their first use
+        self._masked: np.ndarray | None = None
+        self._cells: np.ndarray | None = None
         self._penalty = np.float32(params.repeat_penalty)
         penalized = params.repeat_penalty != 1.0 and params.repeat_last_n > 0
         if penalized and self.n_vocab >= NUMPY_PENALTY_MIN_VOCAB:
@@ -256,8 +259,13 @@ class SamplerChain:
         row = logits_row(ctx, batch_index, self.n_vocab)
         undo = self._penalize(row)
         try:
-            pick = row if self.grammar is None else np.where(self.grammar.allowed(), row,
-                                                             _NEG_INF)
+            pick = row
+            if self.grammar is not None:  # refused tokens at -inf, in a buffer of this chain's
+                if self._masked is None:
+                    self._masked = np.empty(self.n_vocab, dtype=np.float32)
+                pick = self._masked
+                np.copyto(pick, _NEG_INF)
+                np.copyto(pick, row, where=self.grammar.allowed())
             tok = int(pick.argmax())
             best = pick.item(tok)
         finally:
@@ -279,19 +287,24 @@ class SamplerChain:
 
     def _candidates(self, ctx: llama_cpp.llama_context_p, batch_index: int,
                     n_vocab: int) -> tuple[np.ndarray, llama_cpp.llama_token_data_array]:
-        """The logits at ``batch_index`` as llama.cpp's candidate array (over numpy memory,
-        which the caller keeps alive), repeat penalty applied, tokens the grammar refuses at
-        -inf."""
-        cells = np.empty(n_vocab, dtype=_TOKEN_DATA)
+        """The logits at ``batch_index`` as llama.cpp's candidate array (over this chain's
+        buffer, rewritten by the next call), repeat penalty applied, tokens the grammar
+        refuses at -inf."""
+        cells = self._cells
+        if cells is None or len(cells) != n_vocab:  # one per chain: no allocation per token
+            cells = self._cells = np.empty(n_vocab, dtype=_TOKEN_DATA)
         cells["id"] = _ids(n_vocab)
         row = logits_row(ctx, batch_index, self.n_vocab)
         undo = self._penalize(row)
-        cells["logit"] = row[:n_vocab]
+        logit = cells["logit"]
+        if self.grammar is None:
+            logit[:] = row[:n_vocab]
+        else:
+            logit[:] = _NEG_INF
+            np.copyto(logit, row[:n_vocab], where=self.grammar.allowed())
         if undo is not None:
             row[undo[0]] = undo[1]
         cells["p"] = 0.0
-        if self.grammar is not None:
-            cells["logit"][~self.grammar.allowed()] = -np.inf
         arr = llama_cpp.llama_token_data_array(
             data=ctypes.cast(cells.ctypes.data, ctypes.POINTER(llama_cpp.llama_token_data)),
             size=n_vocab, selected=-1, sorted=False)
