@@ -363,6 +363,11 @@ TEST(FrameReport, TheGamesCpuUseIsSentOnlyWhenGivenAndClamped) {
     EXPECT_EQ(only_threads.GetInt("busy_threads"), 5);
     EXPECT_EQ(only_threads.Find("cpu_share"), nullptr);
 
+    // a frame time that is not a number would have the whole report refused: it reads as 0
+    MsgValue nan_time = igi::FrameBody(13, std::nan(""), std::nan(""));
+    EXPECT_EQ(nan_time.GetDouble("frame_time_ms", -1), 0.0);
+    EXPECT_EQ(nan_time.Find("target_frame_time_ms"), nullptr);
+
     // what goes on the wire decodes to the same body
     std::string wire = igi::EncodeEnvelope(1, "frame", both);
     uint64_t id = 0;

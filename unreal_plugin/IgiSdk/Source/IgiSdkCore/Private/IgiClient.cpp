@@ -914,7 +914,8 @@ MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time
                    int64_t vram_budget, int busy_threads, double cpu_share) {
     MsgValue b = MsgValue::Map();
     b.Set("frame", MsgValue::Int(frame < 0 ? 0 : frame));
-    b.Set("frame_time_ms", MsgValue::Float(frame_time_ms < 0 ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms));
+    // NaN reads as 0 (the sidecar would refuse the whole report, unanswered here)
+    b.Set("frame_time_ms", MsgValue::Float(!(frame_time_ms >= 0) ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms));
     if (target_frame_time_ms > 0) b.Set("target_frame_time_ms", MsgValue::Float(std::min(target_frame_time_ms, 1000.0)));
     if (vram_used >= 0) b.Set("vram_used", MsgValue::Int(vram_used));
     if (vram_budget >= 0) b.Set("vram_budget", MsgValue::Int(vram_budget));
