@@ -50,7 +50,8 @@ fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
 # NOOMP=1: also llama.cpp's CPU backend built without OpenMP (ggml's own threadpools, whose wait
 # the sidecar chooses while running), as /tmp/site-noomp: the same build with that one library
-# swapped; rows run with PYTHONPATH=/tmp/site-noomp:... use it
+# swapped; rows run with PYTHONPATH=/tmp/site-noomp:... and LD_LIBRARY_PATH (the build tree's
+# libraries find each other through an absolute RUNPATH, which LD_LIBRARY_PATH precedes) use it
 if [ "${NOOMP:-0}" = 1 ] && [ ! -f /tmp/site-noomp/.ready ]; then
   t_noomp=$SECONDS
   { cmake -S /tmp/lcpp -B /tmp/lcpp/build-noomp -G Ninja -DCMAKE_BUILD_TYPE=Release \
@@ -60,7 +61,7 @@ if [ "${NOOMP:-0}" = 1 ] && [ ! -f /tmp/site-noomp/.ready ]; then
     && cmake --build /tmp/lcpp/build-noomp --target ggml-cpu -j"$(nproc)" \
     && rm -rf /tmp/site-noomp && mkdir -p /tmp/site-noomp && cp -a /tmp/site/llama_cpp /tmp/site-noomp/ \
     && cp -a /tmp/lcpp/build-noomp/bin/libggml-cpu.so* /tmp/site-noomp/llama_cpp/lib/ \
-    && PYTHONPATH=/tmp/site-noomp:/tmp/site python3 -c "
+    && LD_LIBRARY_PATH=/tmp/site-noomp/llama_cpp/lib PYTHONPATH=/tmp/site-noomp:/tmp/site python3 -c "
 from igi_sdk.runtime.threadpool import uses_openmp; assert not uses_openmp()" \
     && touch /tmp/site-noomp/.ready; } > "$out/build-noomp.txt" 2>&1
   echo "build without OpenMP: $([ -f /tmp/site-noomp/.ready ] && echo ok || echo FAILED)" \
@@ -406,15 +407,21 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
          python3 benchmarks/upstream_peers.py --threads "$t" \
            --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
            | tee -a "$out/$part.txt"; }
-  noomp=(PYTHONPATH=/tmp/site-noomp:/tmp/site:$PWD)
+  noomp=(PYTHONPATH=/tmp/site-noomp:/tmp/site:$PWD LD_LIBRARY_PATH=/tmp/site-noomp/llama_cpp/lib)
   if [ "$part" = shipped ]; then
+    if [ "${SHIPPED_MOE_FIRST:-0}" = 1 ] && have 200; then
+      row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
+      [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
+        --budgets 4 --cases 1024:1152
+      up --model "$moe_m" --budgets 4 --peers ${MOE_PEERS:-fit-expert,ncmoe-best} --tag shipped
+    fi
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
       row shipped -- --models llama3-8b --budgets "$gb" --cases 1024:1152
       up --model "$m" --budgets "$gb" --peers fit-expert --tag shipped
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models llama3-8b \
         --budgets "$gb" --cases 1024:1152
     done
-    if have 200; then
+    if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && have 200; then
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
         --budgets 4 --cases 1024:1152

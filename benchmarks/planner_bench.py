@@ -136,6 +136,7 @@ def child(args: argparse.Namespace) -> dict:
     wall = time.perf_counter() - t_start
     peak_vram = peak.stop()
     memory = eng.memory()
+    threads_status = eng.status().get("threads")  # the CPU threads' setting as it ended
     eng.close()
     r0 = results[0]
     out = {
@@ -156,6 +157,7 @@ def child(args: argparse.Namespace) -> dict:
         "plan_s": round(plan_s, 2), "peer_slack_gb": round(args.peer_slack / GB, 3),
         "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
                                              and peak_vram <= args.budget * GB),
+        "threads": threads_status,
     }
     if n == 1:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
