@@ -434,12 +434,14 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
     for i in $(seq "$busy"); do timeout $(( END - SECONDS )) sh -c 'while :; do :; done' & done
     echo "$busy CPUs of $t spinning in other processes" | tee -a "$out/$part.txt"
     mo=(--models qwen3-30b-a3b --budgets 4 --cases 1024:1152)
-    row busy-shipped -- "${mo[@]}"
-    [ -f /tmp/site-noomp/.ready ] && row busy-shipped-noomp "${noomp[@]}" -- "${mo[@]}"
-    row "busy-fixed-${t}t-passive" OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads "$t"
-    row "busy-fixed-${t}t-active" OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads "$t"
-    row busy-fixed-2t-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads 2
-    row busy-fixed-2t-active OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads 2
+    # BUSY_ROWS: which rows (default all; the 16-thread spinning one collapses to a timeout)
+    want() { [ -z "${BUSY_ROWS:-}" ] || [[ ",$BUSY_ROWS," == *",$1,"* ]]; }
+    want shipped && row busy-shipped -- "${mo[@]}"
+    want shipped-noomp && [ -f /tmp/site-noomp/.ready ] && row busy-shipped-noomp "${noomp[@]}" -- "${mo[@]}"
+    want all-passive && row "busy-fixed-${t}t-passive" OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads "$t"
+    want all-active && row "busy-fixed-${t}t-active" OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads "$t"
+    want 2-passive && row busy-fixed-2t-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads 2
+    want 2-active && row busy-fixed-2t-active OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads 2
     kill $(jobs -p) 2>/dev/null
   fi
   echo "done at $SECONDS s"

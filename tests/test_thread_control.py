@@ -170,3 +170,38 @@ def test_steps_that_teach_nothing_are_ignored() -> None:
 def test_bad_input_is_a_typed_error(bad: Callable[[], object]) -> None:
     with pytest.raises(UsageError):
         bad()
+
+
+def test_spinning_threads_the_os_deschedules_are_capped_at_the_cores_they_got() -> None:
+    """ggml's own pools spin at every barrier: 6 threads that got 2.5 cores' worth of CPU time
+    while steps ran the whole window were waiting for each other. The others' load cannot show
+    it (they got less while ours spun): 14 of 16 CPUs busy looked like 9.8."""
+    cfg = ControlConfig(max_threads=15, cpus=16, spinning_barriers=True)
+    c = ThreadController(cfg, Setting(6, Wait.SPIN))
+    s = c.observe_load(HostLoad(16, 9.8, own_cores=2.5, window_s=1.0), busy_s=1.0)
+    assert s.threads <= 2
+    for _ in range(3):  # it holds while the others stay
+        s = c.observe_load(HostLoad(16, 13.5, own_cores=1.9, window_s=1.0), busy_s=1.0)
+        assert s.threads <= 2
+
+
+def test_threads_that_got_their_cores_are_not_starved_and_openmp_is_never_judged_so() -> None:
+    idle = HostLoad(16, 0.1, own_cores=14.6, window_s=1.0)
+    c = ThreadController(ControlConfig(max_threads=15, cpus=16, spinning_barriers=True),
+                         Setting(15, Wait.SPIN))
+    assert c.observe_load(idle, busy_s=1.0).threads == 15
+    # between replies (steps ran a tenth of the window) little CPU time says nothing
+    assert c.observe_load(HostLoad(16, 0.1, own_cores=0.3), busy_s=0.1).threads == 15
+    # OpenMP threads wait passively: little CPU time is no sign of starving
+    omp = ThreadController(ControlConfig(max_threads=15, cpus=16, waits=(Wait.SLEEP,)),
+                           Setting(15, Wait.SLEEP))
+    assert omp.observe_load(HostLoad(16, 0.1, own_cores=3.0), busy_s=1.0).threads == 15
+
+
+def test_a_starved_cap_expires_and_the_threads_come_back_when_the_others_left() -> None:
+    cfg = ControlConfig(max_threads=15, cpus=16, spinning_barriers=True, starved_hold=2)
+    c = ThreadController(cfg, Setting(8, Wait.SPIN))
+    assert c.observe_load(HostLoad(16, 8.0, own_cores=3.0), busy_s=1.0).threads <= 3
+    for _ in range(6):  # the others left: the cap runs out, the count rises again
+        s = c.observe_load(HostLoad(16, 0.0, own_cores=float(c.setting.threads)), busy_s=1.0)
+    assert s.threads > 3

@@ -64,10 +64,14 @@ class HostLoad:
 
     cpus: int
     other_cores: float
+    own_cores: float = 0.0  # this process's CPU time over the window, in cores
+    window_s: float = 1.0
 
     def __post_init__(self) -> None:
         if self.cpus < 1 or not (0.0 <= self.other_cores) or math.isnan(self.other_cores):
             raise UsageError(f"a host load of {self.other_cores} cores on {self.cpus} CPUs")
+        if not (self.own_cores >= 0.0) or not (self.window_s > 0.0):
+            raise UsageError(f"own use {self.own_cores} cores over {self.window_s} s")
 
 
 @dataclass(frozen=True)
@@ -102,6 +106,11 @@ class ControlConfig:
     max_backoff: int = 16  # a losing probe waits up to this many times probe_every
     margin: float = 0.08  # a probe must be this much faster to be kept
     collapse: float = 2.0  # steps this many times their best: probe at once
+    # ggml's own threadpools: threads meet at spinning barriers within a graph, so a thread the
+    # OS deschedules stalls all the others (OpenMP builds: False, libgomp waits passively)
+    spinning_barriers: bool = False
+    starved: float = 0.75  # spinning threads that get less than this share of a core each
+    starved_hold: int = 8  # load samples a starved cap holds (doubling while it recurs)
 
     def __post_init__(self) -> None:
         if self.max_threads < 1 or self.cpus < 1 or not self.waits:
@@ -159,6 +168,10 @@ class ThreadController:
         self._backoff: dict[Setting, int] = {}  # multiplier of probe_every per candidate
         self._next_candidate = 0
         self._bad_steps = 0
+        self._samples = 0
+        self._starved_cap: int | None = None  # threads the OS actually gave us, lately
+        self._starved_until = 0
+        self._starved_hold = config.starved_hold
         self.switches = 0
         self.probes = 0
         self.last_probe = ""
@@ -171,9 +184,31 @@ class ThreadController:
         """The setting for the next step (a probe's while one runs)."""
         return self._probe.setting if self._probe is not None else self._current
 
-    def observe_load(self, load: HostLoad) -> Setting:
+    def observe_load(self, load: HostLoad, busy_s: float = 0.0) -> Setting:
+        """The host's load over a window in which steps ran for ``busy_s`` seconds."""
         self._load = load
+        self._samples += 1
+        self._check_starved(load, busy_s)
         return self._update_ceiling()
+
+    def _check_starved(self, load: HostLoad, busy_s: float) -> None:
+        """Spinning threads burn their core the whole time steps run: one that got much less
+        was descheduled, and every barrier waited for it. The load of the others cannot show
+        this (they get less CPU while ours spin), the CPU time we got can: the threads are
+        capped at the cores we got, held a while (and longer each time it recurs)."""
+        c, cur = self.config, self.setting
+        frac = min(1.0, busy_s / load.window_s)
+        if self._starved_cap is not None and self._samples >= self._starved_until:
+            self._starved_cap = None  # try more again: the others may have gone
+        if not c.spinning_barriers or cur.wait is not Wait.SPIN or frac < 0.6 or cur.threads < 2:
+            return
+        if load.own_cores >= c.starved * frac * cur.threads:
+            return
+        got = max(1, min(cur.threads - 1, math.floor(load.own_cores / frac)))
+        if self._starved_cap is not None:
+            self._starved_hold = min(self._starved_hold * 2, 64 * c.starved_hold)
+        self._starved_cap = got
+        self._starved_until = self._samples + self._starved_hold
 
     def observe_game(self, game: GameCpu | None) -> Setting:
         self._game = game
@@ -223,6 +258,8 @@ class ThreadController:
         c = self.config
         cpus = self._load.cpus if self._load is not None else c.cpus
         target = max(1, min(c.max_threads, cpus - self._held()))
+        if self._starved_cap is not None:
+            target = min(target, self._starved_cap)
         if c.fixed_threads:
             target = c.max_threads
         if target < self._ceiling:  # the game took cores: give them back at once

@@ -207,13 +207,14 @@ class ThreadRunner:
         self.size = size
         self.controller = ThreadController(
             ControlConfig(max_threads=size, cpus=cpus, waits=waits,
-                          fixed_threads=not adapt_threads),
+                          fixed_threads=not adapt_threads, spinning_barriers=not self.openmp),
             Setting(start_threads, waits[0] if len(waits) == 1 else
                     (Wait.SPIN if start_threads < cpus else Wait.SLEEP)))
         self._pools: Pools | None = None
         self.host_load: HostLoad | None = None  # written by the sampler thread
         self.game: GameCpu | None = None  # written by the frame handler
         self._seen_load: HostLoad | None = None
+        self._busy_s = 0.0  # seconds of steps since the last load sample was taken in
         self._seen_game: GameCpu | None = None
         self._sampler: LoadSampler | None = None
 
@@ -270,9 +271,11 @@ class ThreadRunner:
         """A step ran: learn from it (decode steps only) and set up the next one."""
         c = self.controller
         load, game = self.host_load, self.game
+        self._busy_s += seconds
         if load is not self._seen_load and load is not None:
             self._seen_load = load
-            c.observe_load(load)
+            c.observe_load(load, busy_s=self._busy_s)
+            self._busy_s = 0.0
         if game is not self._seen_game:
             self._seen_game = game
             c.observe_game(game)
@@ -328,9 +331,11 @@ class LoadSampler:
             if ids is not None and all(i < len(loads) for i in ids):
                 loads = [loads[i] for i in ids]
             own = (own1 - own0) / max(t1 - t0, 1e-3)
+            t_prev = t0
             own0, t0 = own1, t1
             other = max(0.0, sum(min(x, 100.0) for x in loads) / 100.0 - own)
-            self.runner.host_load = HostLoad(len(loads), other)
+            self.runner.host_load = HostLoad(len(loads), other, own_cores=own,
+                                             window_s=max(t1 - t_prev, 1e-3))
 
 
 def _cpu_seconds(p: Any) -> float:
