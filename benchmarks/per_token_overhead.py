@@ -4,6 +4,11 @@ calls), on the real engine.
 
     python benchmarks/per_token_overhead.py [--models tiny,default] [--gpu] [--threads 2]
         [--tokens 96] [--repeats 3] [--json out.json]
+    python benchmarks/per_token_overhead.py --tps MODEL.gguf [--gpu]   # decode tok/s as shipped
+
+``--tps``: decode tokens per second of one reply as shipped (``EngineConfig()``), greedy and
+sampled, 128 tokens, three replies each: the figure to set beside upstream's
+``llama-bench -m MODEL.gguf -p 0 -n 128 -ngl 99 -fa on`` on the same machine.
 
 Cases: one reply greedy, one sampled (temperature 0.7, top-p 0.9), one under a JSON schema,
 and 16 replies decoding in the same steps (greedy). Every ``llama_*`` function of llama_cpp is
@@ -303,6 +308,21 @@ def measure(model: str, path: Path, *, gpu: bool, threads: int, tokens: int,
     return rows
 
 
+def decode_tps(path: Path, *, gpu: bool, tokens: int = 128) -> dict[str, list[float]]:
+    plan = Plan.all_gpu(read_inventory(path)) if gpu else Plan.all_cpu()
+    out: dict[str, list[float]] = {}
+    with Engine(path, plan, EngineConfig()) as eng:
+        for name, sp in (("greedy", SamplingParams(temperature=0.0, repeat_penalty=1.0)),
+                         ("sampled", SamplingParams(temperature=0.7, top_p=0.9, seed=1))):
+            sid = eng.open_session(None, sampling=sp)
+            eng.chat(sid, "hello " * 16, max_tokens=8, ignore_eos=True).result()  # warm-up
+            out[name] = [round(eng.chat(sid, f"tell me {k}", max_tokens=tokens,
+                                        ignore_eos=True).result().decode_tps, 1)
+                         for k in range(3)]
+            eng.close_session(sid)
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -313,7 +333,12 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3)
     ap.add_argument("--cases", default="", help="comma-separated case numbers (1-4); all")
     ap.add_argument("--json", type=Path)
+    ap.add_argument("--tps", type=Path, help="decode tok/s of this GGUF as shipped, then exit")
     a = ap.parse_args()
+    if a.tps:
+        tps = decode_tps(a.tps, gpu=a.gpu)
+        print("decode tok/s", json.dumps(tps), {k: statistics.median(v) for k, v in tps.items()})
+        return
     picked = tuple(CASES[int(i) - 1] for i in a.cases.split(",") if i) or CASES
     rows: list[Row] = []
     print(f"probe cost {wrapper_cost_ns():.0f} ns per wrapped call (taken off)", file=sys.stderr)
