@@ -1,16 +1,19 @@
 """TTFT of one long prompt alone, as shipped (chunks of about a second of work while no other
 reply decodes) against fixed 512-token chunks, on the CPU plan of the default model.
 
-    python benchmarks/prefill_chunks.py [--threads 2] [--repeats 4]
+    python benchmarks/prefill_chunks.py [--threads 2] [--repeats 4] [--llama-bench PATH]
 
-Not a peer comparison: both rows are this runtime. (The peer for prefill on CPU plans is
-llama-bench's pp, measured by benchmarks/upstream_peers.py on a GPU machine.)
+With ``--llama-bench`` (upstream's tool built from the same llama.cpp sources for the CPU), its
+prompt-processing rate for the same number of tokens and threads is measured in the same run
+and shown as the TTFT it implies: the peer for prefill on CPU plans.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
+import subprocess
 
 from igi_sdk.model import default_model_path
 from igi_sdk.planner import Plan
@@ -36,11 +39,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=4)
+    ap.add_argument("--llama-bench", help="upstream llama-bench (CPU build) to run beside")
     a = ap.parse_args()
     for name, config in (("fixed 512-token chunks", {"prefill_chunk": 512}),
                          ("as shipped", {})):
         prompt, s = ttft(a.threads, a.repeats, **config)
         print(f"{name:24s} {prompt} prompt tokens, TTFT {s:.2f} s (median)")
+    if a.llama_bench:
+        out = subprocess.run([a.llama_bench, "-m", str(default_model_path()), "-p", str(prompt),
+                              "-n", "0", "-t", str(a.threads), "-r", str(a.repeats), "-o",
+                              "json"], capture_output=True, text=True, timeout=600).stdout
+        tps = json.loads(out)[0]["avg_ts"]
+        print(f"{'llama-bench pp' + str(prompt):24s} {prompt} prompt tokens, TTFT "
+              f"{prompt / tps:.2f} s ({tps:.1f} tok/s)")
 
 
 if __name__ == "__main__":

@@ -652,8 +652,10 @@ class EngineCore:
         others_decoding = any(len(t.feed) == 1 for t in turns)
         # prompt chunks alone may be as large as the batch: a command or a cancel interrupts
         # them (runtime/abort.py); text only, where batch positions are the session's tokens
+        # (never with fixed chunks: an interrupt would move their bounds, and replies would
+        # depend on when commands came)
         interruptible = (not others_decoding and self._abort.available
-                         and not self._interrupted
+                         and not self._interrupted and self.config.prefill_chunk == 0
                          and not any(t.images or t.session.image_cells for t in turns))
         self._interrupted = False
         budget = self._token_budget(others_decoding=others_decoding,
