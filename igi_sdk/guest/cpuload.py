@@ -9,24 +9,12 @@ from __future__ import annotations
 import logging
 import os
 
+from igi_sdk.cpus import affinity
 from igi_sdk.guest.cores import ThreadChoice, choose_threads
 
 log = logging.getLogger("igi_sdk.guest")
 
 WINDOW_S = 0.5  # long enough to average a 60 Hz game's frames, short enough at start-up
-
-
-def affinity() -> list[int] | None:
-    """The CPU ids this process may run on, or None where the OS does not say (macOS)."""
-    if hasattr(os, "sched_getaffinity"):
-        return sorted(os.sched_getaffinity(0))
-    try:
-        import psutil
-
-        ids = psutil.Process().cpu_affinity()  # Windows and Linux; absent on macOS
-        return sorted(ids) if ids else None
-    except (ImportError, AttributeError, OSError):
-        return None
 
 
 def measure_loads(window_s: float = WINDOW_S) -> list[float] | None:

@@ -319,7 +319,7 @@ class LoadSampler:
             import psutil
         except ImportError:
             return  # step times alone steer the controller
-        from igi_sdk.guest.cpuload import affinity
+        from igi_sdk.cpus import affinity
 
         ids = affinity()
         me = psutil.Process()
