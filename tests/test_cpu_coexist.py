@@ -239,3 +239,16 @@ def test_pools_switch_waits_and_threads_between_steps(tiny_llama: Path) -> None:
         st = eng.status()["threads"]
         assert st["mechanism"] == "threadpool" and st["probes"] >= 5 and st["switches"] >= 5
         assert len(runner._pools._pools) >= 2  # one pool per wait used
+
+
+def test_stats_show_the_games_report_before_the_next_step(tiny_llama) -> None:
+    """An idle engine takes the game's report in only after its next decode step; stats show
+    the report as it came."""
+    from igi_sdk.planner import Plan
+    from igi_sdk.runtime import Engine, EngineConfig
+
+    with Engine(tiny_llama, Plan.all_cpu(), EngineConfig(n_ctx=256, max_sessions=1)) as eng:
+        eng.report_game_cpu(busy_threads=3, cpu_share=None)
+        assert eng.status()["threads"]["game_cores"] == 3
+        eng.report_game_cpu(busy_threads=None, cpu_share=None)
+        assert eng.status()["threads"]["game_cores"] is None

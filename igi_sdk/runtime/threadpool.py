@@ -230,8 +230,13 @@ class ThreadRunner:
         if self.openmp:  # the wait is libgomp's, read once at start
             policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
             setting = f"{setting.split('x')[0]}x{policy}"
+        # the latest readings as they arrived (the controller takes them in after its next step)
+        load, game = self.host_load, self.game
+        other = round(load.other_cores, 2) if load is not None else c.other_cores
+        game_cores = (game.cores(self.controller.config.cpus) if game is not None
+                      else None)
         return asdict(ThreadStatus(OPENMP if self.openmp else THREADPOOL, self.wait, setting,
-                                   c.ceiling, c.other_cores, c.game_cores, c.switches,
+                                   c.ceiling, other, game_cores, c.switches,
                                    c.probes, c.last_probe, round(made * 1000, 3)))
 
     # --- engine thread -----------------------------------------------------------------------
