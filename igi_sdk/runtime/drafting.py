@@ -149,7 +149,8 @@ class Drafting:
             **figures(totals.values(), drafting=self.enabled, k=self.config.speculative.k),
             "by_source": {src: figures([a], drafting=True, k=0) for src, a in totals.items()},
             "step_s": {"plain": costs.plain.value,
-                       "verify": {k: m.value for k, m in sorted(costs.verify.items())},
+                       # msgpack map keys are strings on the wire (clients refuse others)
+                       "verify": {str(k): m.value for k, m in sorted(costs.verify.items())},
                        "verify_per_token": costs.verify_slope(prior),
                        "draft": model.value if model else None,
                        "ngram": ngram.value if ngram else None},
