@@ -189,8 +189,18 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         out.close()
         row["vram"] = {**sampler.stop(), "baseline": sampler.baseline or None}
         row["vram"]["peak"] = _peak(row["vram"])
+    if row.get("status") != "ok":
+        # a device call brings few files back: the sidecar's last words go into the row
+        row["sidecar_output_tail"] = _tail(args.logs / f"ours-{budget}-{n}.out")
     row["fits_budget"] = _fits(row["vram"]["peak"], budget)
     return row
+
+
+def _tail(path: Path, lines: int = 40) -> list[str]:
+    try:
+        return path.read_text(errors="replace").splitlines()[-lines:]
+    except OSError as e:
+        return [f"(unreadable: {e})"]
 
 
 def _settle(c: Client, settle_s: float, end: float) -> str | None:

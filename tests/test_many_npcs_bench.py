@@ -237,3 +237,21 @@ def test_llama_server_is_placed_within_our_peak(tmp_path: Path, mode: str,
             f"--fit on --fit-target {10_000 - limit}",
             f"--fit on --fit-target {10_000 - limit + 40 + 32}"]
         assert row["vram"]["peak"] <= limit
+
+
+def test_a_sidecar_that_does_not_start_leaves_its_last_words_in_the_row(tiny_llama: Path,
+                                                                         tmp_path: Path) -> None:
+    """A device call brings few files back: why our side failed must be in npcs.json itself."""
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if k != "IGI_SDK_CLIENT_ONLY"}
+    r = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "many_npcs.py"), "--model", str(tiny_llama),
+         "--budgets", "full", "--npcs", "2", "--tokens", "4", "--ctx-per-npc", "1024",
+         "--threads", "1", "--row-timeout", "36", "--out", str(out), "--",
+         "--draft", str(tmp_path / "missing-draft.gguf")],
+        capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
+    ours = json.loads((out / "npcs.json").read_text())["rows"][0]
+    assert ours["status"].startswith("failed"), ours
+    assert any("missing-draft.gguf" in line or "draft" in line
+               for line in ours["sidecar_output_tail"]), ours["sidecar_output_tail"]
