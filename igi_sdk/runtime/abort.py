@@ -51,7 +51,7 @@ class AbortFlag:
         self._never = ctypes.create_string_buffer(1)  # an empty string: strlen is 0, never aborts
         self._fn: Any = (llama_cpp.ggml_abort_callback(_STRLEN) if _STRLEN is not None
                          else None)
-        self._watched: tuple[int, bool] | None = None  # (context address, watching)
+        self._watched: tuple[int, bool] | None = None  # (id of the context object, watching)
 
     @property
     def available(self) -> bool:
@@ -68,7 +68,7 @@ class AbortFlag:
         self._point(ctx, False)
 
     def _point(self, ctx: Any, watching: bool) -> None:
-        key = (ctypes.cast(ctx, ctypes.c_void_p).value or 0, watching)
+        key = (id(ctx), watching)  # once per decode step: no ctypes cast on the hot path
         if self._fn is None or self._watched == key:
             return
         data = self._buf if watching else self._never
