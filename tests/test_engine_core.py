@@ -177,6 +177,7 @@ def test_a_listener_that_waits_for_the_engine_is_refused_not_deadlocked(engine) 
 
     sid = engine.open_session("You are a guard.", sampling=GREEDY)
     caught: list[BaseException] = []
+    delivered = threading.Event()  # the listener's events come in order: ReplyDone is last
 
     def listener(event) -> None:
         if isinstance(event, ReplyText) and not caught:
@@ -184,9 +185,13 @@ def test_a_listener_that_waits_for_the_engine_is_refused_not_deadlocked(engine) 
                 engine.tokenize("halt")
             except InvalidStateError as e:
                 caught.append(e)
+        if isinstance(event, ReplyDone):
+            delivered.set()
 
     gen = engine.chat(sid, "Halt!", max_tokens=4, ignore_eos=True, listener=listener)
     assert gen.result(30).completion_tokens == 4
+    # the handle's result may come before the outbox thread has run the listener
+    delivered.wait(10)
     assert caught and "_async" in str(caught[0])
     assert engine.tokenize("halt")  # from any other thread it works
     engine.close_session(sid)
