@@ -8,7 +8,9 @@ sees which case it is in, from three inputs that arrive as typed values:
 - each decode step's measured time (:meth:`ThreadController.observe_step`), compared with the
   best time seen for the same kind of step (the number of tokens in the batch) under the same
   setting: the step time itself tells when a setting collapses or pays;
-- the host's load from other processes (:class:`HostLoad`, sampled off the engine thread);
+- the host's load from other processes (:class:`HostLoad`, sampled off the engine thread): the
+  CPU time they got and, where the OS counts it, how many of their threads want a CPU (what they
+  got shrinks while our threads spin; what they want does not: runtime/cpu_demand.py);
 - what the game says it keeps busy (:class:`GameCpu`, from its ``frame`` reports).
 
 The load and the game's report set a ceiling on the thread count (cores the game holds are
@@ -45,6 +47,8 @@ POLL_LEVEL = {Wait.SPIN: 100, Wait.POLL: 1, Wait.SLEEP: 0}
 
 # core-equivalents of background noise that do not cost a thread (as guest/cores.py)
 NOISE_CORES = 0.25
+# runnable threads of background noise (kernel workers, short wake-ups) that do not cost one
+NOISE_RUNNABLE = 0.5
 
 
 @dataclass(frozen=True)
@@ -60,18 +64,30 @@ class Setting:
 class HostLoad:
     """The load of everything but this process: ``other_cores`` cores' worth of CPU time (the
     sum of the per-CPU loads minus this process's own use over the same window) on ``cpus``
-    CPUs this process may use."""
+    CPUs this process may use, and ``other_runnable``: their threads that wanted a CPU, on
+    average over the window (None where the OS does not count them)."""
 
     cpus: int
     other_cores: float
     own_cores: float = 0.0  # this process's CPU time over the window, in cores
     window_s: float = 1.0
+    other_runnable: float | None = None
 
     def __post_init__(self) -> None:
         if self.cpus < 1 or not (0.0 <= self.other_cores) or math.isnan(self.other_cores):
             raise UsageError(f"a host load of {self.other_cores} cores on {self.cpus} CPUs")
         if not (self.own_cores >= 0.0) or not (self.window_s > 0.0):
             raise UsageError(f"own use {self.own_cores} cores over {self.window_s} s")
+        if self.other_runnable is not None and not (self.other_runnable >= 0.0):
+            raise UsageError(f"{self.other_runnable} runnable threads of other processes")
+
+    def held(self) -> int:
+        """Cores the other processes hold: what they got, or what they want where that is
+        more (a spinning pool of ours takes CPU time from them, not their demand)."""
+        held = math.ceil(self.other_cores - NOISE_CORES)
+        if self.other_runnable is not None:
+            held = max(held, math.ceil(self.other_runnable - NOISE_RUNNABLE))
+        return max(0, held)
 
 
 @dataclass(frozen=True)
@@ -147,6 +163,7 @@ class ControlStatus:
     setting: str
     ceiling: int
     other_cores: float | None
+    other_runnable: float | None
     game_cores: int | None
     switches: int
     probes: int
@@ -240,6 +257,8 @@ class ThreadController:
         return ControlStatus(
             str(self.setting), self._ceiling,
             round(self._load.other_cores, 2) if self._load is not None else None,
+            (round(self._load.other_runnable, 2) if self._load is not None
+             and self._load.other_runnable is not None else None),
             self._game.cores(self.config.cpus) if self._game is not None else None,
             self.switches, self.probes, self.last_probe)
 
@@ -249,7 +268,7 @@ class ThreadController:
         cpus = self._load.cpus if self._load is not None else self.config.cpus
         held = 0
         if self._load is not None:
-            held = max(held, math.ceil(self._load.other_cores - NOISE_CORES))
+            held = max(held, self._load.held())
         if self._game is not None:
             held = max(held, self._game.cores(cpus))
         return held

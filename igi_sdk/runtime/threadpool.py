@@ -38,6 +38,7 @@ from llama_cpp._ctypes_extensions import load_shared_library
 from llama_cpp._ggml import libggml
 
 from igi_sdk import threads
+from igi_sdk.runtime.cpu_demand import DemandWindow, own_running, procs_running
 from igi_sdk.runtime.thread_control import (
     POLL_LEVEL,
     ControlConfig,
@@ -177,6 +178,7 @@ class ThreadStatus:
     setting: str  # threads x wait now
     ceiling: int
     other_cores: float | None
+    other_runnable: float | None
     game_cores: int | None
     switches: int
     probes: int
@@ -233,10 +235,13 @@ class ThreadRunner:
         # the latest readings as they arrived (the controller takes them in after its next step)
         load, game = self.host_load, self.game
         other = round(load.other_cores, 2) if load is not None else c.other_cores
+        runnable = c.other_runnable
+        if load is not None:
+            runnable = None if load.other_runnable is None else round(load.other_runnable, 2)
         game_cores = (game.cores(self.controller.config.cpus) if game is not None
                       else None)
         return asdict(ThreadStatus(OPENMP if self.openmp else THREADPOOL, self.wait, setting,
-                                   c.ceiling, other, game_cores, c.switches,
+                                   c.ceiling, other, runnable, game_cores, c.switches,
                                    c.probes, c.last_probe, round(made * 1000, 3)))
 
     # --- engine thread -----------------------------------------------------------------------
@@ -306,10 +311,13 @@ class ThreadRunner:
 
 class LoadSampler:
     """Samples the host's load from other processes every ``period_s`` (a thread of its own:
-    psutil's per-CPU read costs too much for the engine thread's every step)."""
+    psutil's per-CPU read costs too much for the engine thread's every step): their CPU time
+    over the window, and their runnable threads, counted ``demand_samples`` times in it."""
 
-    def __init__(self, runner: ThreadRunner, period_s: float = 1.0) -> None:
+    def __init__(self, runner: ThreadRunner, period_s: float = 1.0,
+                 demand_samples: int = 10) -> None:
         self.runner, self.period_s = runner, period_s
+        self.demand_samples = max(1, demand_samples)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="igi-cpu-load", daemon=True)
 
@@ -330,7 +338,16 @@ class LoadSampler:
         me = psutil.Process()
         psutil.cpu_percent(percpu=True)
         own0, t0 = _cpu_seconds(me), time.monotonic()
-        while not self._stop.wait(self.period_s):
+        demand = DemandWindow()
+        kernel_cpus = os.cpu_count() or 1
+        tick = self.period_s / self.demand_samples
+        counted = procs_running() is not None  # no /proc: not counted at all
+        while True:
+            for _ in range(self.demand_samples):
+                if self._stop.wait(tick):
+                    return
+                if counted:
+                    demand.add(procs_running(), own_running())
             loads = psutil.cpu_percent(percpu=True)
             own1, t1 = _cpu_seconds(me), time.monotonic()
             if ids is not None and all(i < len(loads) for i in ids):
@@ -339,8 +356,9 @@ class LoadSampler:
             t_prev = t0
             own0, t0 = own1, t1
             other = max(0.0, sum(min(x, 100.0) for x in loads) / 100.0 - own)
-            self.runner.host_load = HostLoad(len(loads), other, own_cores=own,
-                                             window_s=max(t1 - t_prev, 1e-3))
+            self.runner.host_load = HostLoad(
+                len(loads), other, own_cores=own, window_s=max(t1 - t_prev, 1e-3),
+                other_runnable=demand.other_runnable(len(loads), kernel_cpus))
 
 
 def _cpu_seconds(p: Any) -> float:
