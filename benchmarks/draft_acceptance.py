@@ -115,6 +115,7 @@ def run(model: Path, *, draft: Path | None, ngram: bool, temperature: float, k: 
     row = {k: st[k] for k in ("drafted", "accepted", "passes", "alpha", "acceptance_rate",
                               "tokens_per_pass")}
     row["by_source"] = st["by_source"]
+    row["step_s"] = st["step_s"]  # measured plain and verify step times (what exactness costs)
     row["seconds"] = round(time.perf_counter() - t0, 1)
     if row["alpha"] is not None:
         row["E(alpha,k)"] = round(expected_tokens_per_pass(row["alpha"], k), 3)

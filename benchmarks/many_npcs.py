@@ -133,7 +133,9 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
 
     ep = f"ipc://{tempfile.mkdtemp(prefix='igi-npcs-')}/s.sock"
     model = Path(args.model)
-    cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", ep, "--model-dir",
+    # -X faulthandler: a sidecar that never becomes ready is asked for its threads' stacks
+    cmd = [sys.executable, "-X", "faulthandler", "-m", "igi_sdk.cli", "serve", "--endpoint", ep,
+           "--model-dir",
            str(model.parent), "--model", model.name, "--max-sessions", str(n), "--ctx",
            str(n * args.ctx_per_npc), "--log-file", str(args.logs / f"ours-{budget}-{n}.log"),
            *(["--threads", str(args.threads)] if args.threads else []),
@@ -149,7 +151,11 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
     try:
         ctl = Client(ep, timeout=30)
         clients.append(ctl)
-        ctl.wait_ready(max(1.0, end - time.monotonic() - 30))
+        try:
+            ctl.wait_ready(max(1.0, end - time.monotonic() - 30))
+        except Exception:
+            row["not_ready"] = _why_not_ready(ctl, proc)
+            raise
         row["plan"] = _settle(ctl, args.settle_s, end - 30)
         row["ready_s"] = round(time.monotonic() - T0, 1)
         warm = ctl.open_session("You are a guard.", sampling={"temperature": 0})
@@ -191,9 +197,26 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         row["vram"]["peak"] = _peak(row["vram"])
     if row.get("status") != "ok":
         # a device call brings few files back: the sidecar's last words go into the row
-        row["sidecar_output_tail"] = _tail(args.logs / f"ours-{budget}-{n}.out")
+        row["sidecar_output_tail"] = _tail(args.logs / f"ours-{budget}-{n}.out", 120)
     row["fits_budget"] = _fits(row["vram"]["peak"], budget)
     return row
+
+
+def _why_not_ready(ctl: Client, proc: subprocess.Popen[bytes]) -> dict[str, Any]:
+    """What a sidecar that did not become ready was doing: its last ``stats`` (if it answers)
+    and, by SIGABRT under ``-X faulthandler``, every thread's stack in its output."""
+    why: dict[str, Any] = {"exit_code": proc.poll()}
+    try:
+        why["stats"] = ctl.request("stats", timeout=2.0)
+    except Exception as e:  # noqa: BLE001 - recorded
+        why["stats"] = repr(e)[:200]
+    if proc.poll() is None:
+        proc.send_signal(signal.SIGABRT)
+        try:
+            proc.wait(5)
+        except subprocess.TimeoutExpired:
+            pass
+    return why
 
 
 def _tail(path: Path, lines: int = 40) -> list[str]:
