@@ -413,6 +413,9 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
         --budgets 4 --cases 1024:1152
+      # SHIPPED_SPIN=1: the OpenMP build with a bounded spin, threads chosen while running
+      [ "${SHIPPED_SPIN:-0}" = 1 ] && row shipped-spin GOMP_SPINCOUNT=20000 -- \
+        --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
       up --model "$moe_m" --budgets 4 --peers ${MOE_PEERS:-fit-expert,ncmoe-best} --tag shipped
     fi
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
@@ -438,6 +441,9 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
     want() { [ -z "${BUSY_ROWS:-}" ] || [[ ",$BUSY_ROWS," == *",$1,"* ]]; }
     want shipped && row busy-shipped -- "${mo[@]}"
     want shipped-noomp && [ -f /tmp/site-noomp/.ready ] && row busy-shipped-noomp "${noomp[@]}" -- "${mo[@]}"
+    # a bounded spin in the OpenMP build with the thread count still chosen while running
+    # (its ceiling from the others' runnable threads): a candidate default
+    want shipped-spin && row busy-shipped-spin GOMP_SPINCOUNT=20000 -- "${mo[@]}"
     want all-passive && row "busy-fixed-${t}t-passive" OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads "$t"
     want all-active && row "busy-fixed-${t}t-active" OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads "$t"
     want 2-passive && row busy-fixed-2t-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads 2
