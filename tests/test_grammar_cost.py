@@ -16,6 +16,7 @@ import time
 import pytest
 
 from igi_sdk.errors import InvalidGrammarError
+from igi_sdk.events import ReplyDone
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 from igi_sdk.runtime import grammar as G
@@ -65,8 +66,16 @@ def test_nested_optional_grammars_cost_about_a_plain_reply(engine, grammar) -> N
 def _token_gaps(engine, sid: str, **kw) -> list[float]:
     """The times between the reply's events (tokens, then its end)."""
     times: list[float] = []
-    engine.chat(sid, "Prices?", listener=lambda _event: times.append(time.perf_counter()),
-                **kw).result(60)
+    ended = threading.Event()
+
+    def listener(event: object) -> None:
+        times.append(time.perf_counter())
+        if isinstance(event, ReplyDone):
+            ended.set()
+
+    engine.chat(sid, "Prices?", listener=listener, **kw).result(60)
+    # the handle's result can come before the outbox thread has run the listener to the end
+    assert ended.wait(30)
     return [b - a for a, b in itertools.pairwise(times)]
 
 

@@ -217,7 +217,8 @@ def test_drop_draft_mid_reply_keeps_the_stream_and_its_output(default_model) -> 
 
         got = eng.chat(sid, LINES[0], max_tokens=40, ignore_eos=True,
                        listener=listener).result(timeout=120)
-        assert seen.is_set() and dropped[0].result(timeout=30) is True
+        # the listener runs on the outbox thread: it may still be behind the reply's result
+        assert seen.wait(30) and dropped[0].result(timeout=30) is True
         assert eng.status()["speculative"]["draft"] is None
         assert eng.drop_draft() is False
         assert len(got.tokens) == 40
