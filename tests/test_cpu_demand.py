@@ -16,6 +16,7 @@ import pytest
 
 from igi_sdk.errors import UsageError
 from igi_sdk.runtime.cpu_demand import DemandWindow, own_running, procs_running
+from igi_sdk.runtime.loader import usable_cpus
 from igi_sdk.runtime.thread_control import ControlConfig, HostLoad, Setting, ThreadController, Wait
 
 
@@ -96,3 +97,35 @@ def test_busy_processes_are_counted_as_runnable_on_this_machine() -> None:
     # two spinners are runnable the whole second, whoever else runs: at least 1.5 on average
     assert with_two >= 1.5
     assert with_two > without + 1.0
+
+
+@pytest.mark.skipif(procs_running() is None or usable_cpus() < 2,
+                    reason="no /proc run-queue counters, or one CPU (no load sampler)")
+def test_the_engine_counts_other_processes_runnable_threads_while_it_decodes(
+        tiny_llama: Path) -> None:
+    from igi_sdk.planner import Plan
+    from igi_sdk.runtime import Engine, EngineConfig
+
+    spin = "import time\nend = time.monotonic() + 60\nwhile time.monotonic() < end: pass\n"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(2)]
+    seen: dict = {}
+    try:
+        with Engine(tiny_llama, Plan.all_cpu(), EngineConfig(n_ctx=2048, max_sessions=1)) as eng:
+            assert eng.status()["threads"]["other_runnable"] is None  # nothing decoded yet
+            sid = eng.open_session("You are a guard.")
+            gen = eng.chat(sid, "Halt!", max_tokens=1900, ignore_eos=True)
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and not gen.done:
+                seen = eng.status()["threads"]
+                if (seen["other_runnable"] or 0) >= 1.5:
+                    break
+                time.sleep(0.1)
+            gen.cancel()
+            gen.result(timeout=60)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    # both spinners wanted a CPU the whole time (each sample counts them, whoever ran)
+    assert (seen.get("other_runnable") or 0) >= 1.5, seen
+    assert seen["ceiling"] <= max(1, usable_cpus() - 2), seen

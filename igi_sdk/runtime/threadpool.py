@@ -217,6 +217,9 @@ class ThreadRunner:
         self.game: GameCpu | None = None  # written by the frame handler
         self._seen_load: HostLoad | None = None
         self._busy_s = 0.0  # seconds of steps since the last load sample was taken in
+        # replies are decoding (engine thread writes, the sampler reads): the run queue is
+        # counted only then, when the ceiling matters, so that an idle sidecar costs nothing
+        self.decoding = False
         self._seen_game: GameCpu | None = None
         self._sampler: LoadSampler | None = None
 
@@ -290,12 +293,14 @@ class ThreadRunner:
             self._seen_game = game
             c.observe_game(game)
         if decode:
+            self.decoding = True
             c.observe_step(n_tokens, seconds)
         if self._pools is not None:
             self._pools.apply(c.setting)
 
     def idle(self) -> None:
         """No reply is decoding: no thread may spin for a graph that is not coming."""
+        self.decoding = False
         if self._pools is not None:
             self._pools.pause()
 
@@ -312,7 +317,8 @@ class ThreadRunner:
 class LoadSampler:
     """Samples the host's load from other processes every ``period_s`` (a thread of its own:
     psutil's per-CPU read costs too much for the engine thread's every step): their CPU time
-    over the window, and their runnable threads, counted ``demand_samples`` times in it."""
+    over the window, and (while replies decode) their runnable threads, counted
+    ``demand_samples`` times in it."""
 
     def __init__(self, runner: ThreadRunner, period_s: float = 1.0,
                  demand_samples: int = 10) -> None:
@@ -346,7 +352,7 @@ class LoadSampler:
             for _ in range(self.demand_samples):
                 if self._stop.wait(tick):
                     return
-                if counted:
+                if counted and self.runner.decoding:  # ~1 ms a count with 40 threads
                     demand.add(procs_running(), own_running())
             loads = psutil.cpu_percent(percpu=True)
             own1, t1 = _cpu_seconds(me), time.monotonic()
