@@ -423,6 +423,8 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       up --model "$m" --budgets "$gb" --peers fit-expert --tag shipped
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models llama3-8b \
         --budgets "$gb" --cases 1024:1152
+      [ "${SHIPPED_SPIN:-0}" = 1 ] && row shipped-spin GOMP_SPINCOUNT=20000 -- \
+        --models llama3-8b --budgets "$gb" --cases 1024:1152
     done
     if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && have 200; then
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
