@@ -102,3 +102,30 @@ def test_speed_is_learned_from_prompt_chunks_only() -> None:
     assert S.learn_speed(None, 4, 1.0) is None  # single tokens: fixed costs dominate
     assert S.learn_speed(None, 100, 1.0) == pytest.approx(0.01)
     assert S.learn_speed(0.01, 100, 2.0) == pytest.approx(0.7 * 0.01 + 0.3 * 0.02)
+
+
+def test_prompts_beside_a_decode_that_fills_the_step_target_still_get_their_share() -> None:
+    """Recorded on 2 cores: four NPCs' decode step alone took ~50 ms, the step target, and a
+    prompt token ~6 ms. Before, the budget counted the decoding replies' tokens at a prompt
+    token's price and left 4 prompt tokens a step."""
+    cpu = Plan.all_cpu()
+    kw = dict(max_step_s=0.05, prefill_chunk=0, plan=cpu, on_gpu=False, cap=2048,
+              token_s=0.006)
+    assert S.token_budget(**kw) == 8  # the old rule: 8 tokens, 4 of them the decodes'
+    # the decode alone fills the target: the prompt gets PREFILL_SHARE of its time
+    got = S.token_budget(decoding=4, decode_s=0.05, **kw)
+    assert got - 4 == int(S.PREFILL_SHARE * 0.05 / 0.006)
+    # a fast decode (the GPU) leaves the rest of the target to the prompt: the gap bound holds
+    assert S.token_budget(decoding=4, decode_s=0.014, **{**kw, "token_s": 0.0004}) == 4 + 90
+    # nobody else decodes: unchanged (about IDLE_STEP_S of work)
+    assert S.token_budget(others_decoding=False, decoding=0, decode_s=0.05, **kw) == 166
+
+
+def test_a_decode_steps_cost_is_not_charged_to_the_prompt_tokens_beside_it() -> None:
+    # 4 decodes (50 ms alone) + 8 prompt tokens took 98 ms: 6 ms a prompt token, not 8
+    assert S.learn_speed(None, 12, 0.098, decoding=4, decode_s=0.05) == pytest.approx(0.006)
+    assert S.learn_speed(None, 12, 0.098) == pytest.approx(0.098 / 12)  # decode time unknown
+    assert S.learn_speed(0.006, 12, 0.04, decoding=4, decode_s=0.05) == 0.006  # noise: kept
+    assert S.learn_speed(0.006, 10, 0.5, decoding=4, decode_s=0.05) == 0.006  # 6 prompt tokens
+    assert S.learn_decode(None, 0.05) == 0.05
+    assert S.learn_decode(0.05, 0.06) == pytest.approx(0.053)

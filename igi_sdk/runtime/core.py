@@ -106,6 +106,7 @@ class EngineCore:
         self.pacing: tuple[float, float] = (0.0, float("inf"))
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
+        self._decode_s: float | None = None  # measured time of a step of decoding replies alone
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
                            "interrupted": 0}
         self._drafting = Drafting(config, self._take)
@@ -381,6 +382,7 @@ class EngineCore:
         self._abort.forget()
         self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
         self._token_s = None  # a new placement: measure its prompt speed again
+        self._decode_s = None
         self._drafting.placed(self.inventory, plan)  # its step costs are measured anew
         enc = self._encoder
         if self.config.mmproj and (enc.keeps or not enc.checked):
@@ -659,7 +661,8 @@ class EngineCore:
                          and not any(t.images or t.session.image_cells for t in turns))
         self._interrupted = False
         budget = self._token_budget(others_decoding=others_decoding,
-                                    interruptible=interruptible)
+                                    interruptible=interruptible,
+                                    decoding=sum(1 for t in turns if len(t.feed) == 1))
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         if interruptible and not drafts:
@@ -753,21 +756,27 @@ class EngineCore:
         self.threads.after_step(self._batch.n_tokens, seconds,
                                 decode=all(take == 1 for _t, take, _ in fed))
         if not drafts:
-            self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds)
+            decoding = sum(1 for _t, take, _ in fed if take == 1)
+            self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds,
+                                                  decoding=decoding, decode_s=self._decode_s)
         if any(take != 1 for _t, take, _ in fed):
             return  # a prompt chunk rode along: not a decode step's time
+        if not drafts:
+            self._decode_s = scheduler.learn_decode(self._decode_s, seconds)
         self._drafting.time_step(drafts, seconds)
 
-    def _token_budget(self, *, others_decoding: bool = True,
-                      interruptible: bool = False) -> int:
-        """Tokens for the next step: about ``max_step_s`` of work at the measured speed (more
-        while no reply is decoding: scheduler.token_budget)."""
+    def _token_budget(self, *, others_decoding: bool = True, interruptible: bool = False,
+                      decoding: int = 0) -> int:
+        """Tokens for the next step (``decoding`` replies' one token each included): about
+        ``max_step_s`` of work at the measured speed (more while no reply is decoding, or where
+        the decode alone fills it: scheduler.token_budget)."""
         c = self.config
         n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
                                    plan=self.plan, on_gpu=self.gpu is not None,
                                    cap=self._need_placed().batch_cap, token_s=self._token_s,
                                    others_decoding=others_decoding,
-                                   interruptible=interruptible)
+                                   interruptible=interruptible, decoding=decoding,
+                                   decode_s=self._decode_s)
         self.step_stats["chunk"] = n
         return n
 

@@ -27,6 +27,12 @@ PROBE_CHUNK = 32
 # reshards and new lines still wait at most about this long (a ubatch floor would not: 4 s for
 # one on a slow CPU). Where the CPU computes, the whole batch goes and they interrupt it.
 IDLE_STEP_S = 1.0
+# while replies decode, prompt chunks get at least this share of a decode step's own time on
+# top of it: decoding replies' token gaps grow at most (1 + share)x, and prompts still go at
+# about half their full speed. Without it, where a decode step alone fills the step target (a
+# slow CPU, many NPCs), the budget charged the decoding replies' tokens at a prompt token's
+# price and left the prompts a token or two a step.
+PREFILL_SHARE = 1.0
 
 
 class Reply(NamedTuple):
@@ -94,13 +100,17 @@ def draft_room(proposed: int, claim: int, room: int) -> int:
 
 def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: bool, cap: int,
                  token_s: float | None, others_decoding: bool = True,
-                 interruptible: bool = False) -> int:
-    """Prompt tokens for the next step: about ``max_step_s`` of work at the measured speed
-    (``token_s`` seconds per prompt token, None before it is measured), at most ``cap``
-    (``prefill_chunk`` > 0: that many, for reproducible replies). While no other reply is
-    decoding (``others_decoding`` False) small chunks buy nothing: the whole batch when a
-    command or a cancel can interrupt the decode (``interruptible``), else about
-    :data:`IDLE_STEP_S` of work."""
+                 interruptible: bool = False, decoding: int = 0,
+                 decode_s: float | None = None) -> int:
+    """Tokens for the next step (the ``decoding`` replies' one token each included): about
+    ``max_step_s`` of work at the measured speed (``token_s`` seconds per prompt token, None
+    before it is measured), at most ``cap`` (``prefill_chunk`` > 0: that many, for reproducible
+    replies). With ``decode_s``, the measured time of a step of decoding replies alone, the
+    prompt chunk gets what the decode leaves of the target, and never less than
+    :data:`PREFILL_SHARE` of the decode's own time. While no other reply is decoding
+    (``others_decoding`` False) small chunks buy nothing: the whole batch when a command or a
+    cancel can interrupt the decode (``interruptible``), else about :data:`IDLE_STEP_S` of
+    work."""
     if plan.op_offload and on_gpu and plan.n_ubatch > 1:
         # each chunk streams the CPU-resident weights once: smaller chunks multiply that
         floor = min(cap, plan.n_ubatch)
@@ -113,14 +123,31 @@ def token_budget(*, max_step_s: float, prefill_chunk: int, plan: Plan, on_gpu: b
     step_s = max_step_s if others_decoding else max(max_step_s, IDLE_STEP_S)
     if token_s is None:
         budget = PROBE_CHUNK
+    elif others_decoding and decode_s is not None:
+        prompt_s = max(step_s - decode_s, PREFILL_SHARE * decode_s)
+        budget = decoding + int(prompt_s / max(token_s, 1e-7))
     else:
         budget = int(step_s / max(token_s, 1e-7))
     return max(floor, min(cap, budget))
 
 
-def learn_speed(token_s: float | None, n_tokens: int, seconds: float) -> float | None:
-    """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``."""
-    if n_tokens < 8:  # single-token steps are dominated by fixed costs
+def learn_speed(token_s: float | None, n_tokens: int, seconds: float, *, decoding: int = 0,
+                decode_s: float | None = None) -> float | None:
+    """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``; of them,
+    ``decoding`` were decoding replies' tokens, whose step alone takes ``decode_s`` (measured):
+    that part is the step's fixed cost, not the prompt's (counted in, a few prompt tokens beside
+    a decode look several times dearer than they are, and the chunks stay small)."""
+    prompt = n_tokens - decoding
+    if prompt < 8:  # single-token steps are dominated by fixed costs
         return token_s
-    per = seconds / n_tokens
+    if decoding and decode_s is not None:
+        seconds -= decode_s
+        if seconds <= 0.0:
+            return token_s  # no cost left to learn from (noise)
+    per = seconds / prompt
     return per if token_s is None else 0.7 * token_s + 0.3 * per
+
+
+def learn_decode(decode_s: float | None, seconds: float) -> float:
+    """The time of a step of decoding replies alone, after one took ``seconds``."""
+    return seconds if decode_s is None else 0.7 * decode_s + 0.3 * seconds
