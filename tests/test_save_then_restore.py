@@ -18,6 +18,10 @@ def test_a_restore_waits_for_the_save_in_flight_of_its_name(sidecar) -> None:  #
         for n in range(3):  # the race is lost most times without the wait
             name = f"in-flight-{n}"
             save = a.send("save_session", {"session": sid, "name": name})
+            # ZeroMQ keeps each connection's order, not the order across connections: a ping
+            # answered on a's connection means the save was read before b's restore is sent
+            # (the socket thread answers the ping at once; the engine writes the save after)
+            a.request("ping")
             restored = b.restore_session(name)  # sent before the save is answered
             assert restored
             b.close_session(restored)
