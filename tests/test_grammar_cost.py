@@ -88,9 +88,19 @@ def test_a_bystander_streams_while_a_nested_grammar_replies(engine) -> None:
     g = engine.open_session("You are a guard.", sampling=GREEDY)
     b = engine.open_session("You are a merchant.", sampling=GREEDY)
     try:
-        slow = engine.chat(g, "Say something.", max_tokens=48, grammar=NESTED_5)
+        slow_times: list[float] = []
+        slow_ended = threading.Event()
+
+        def slow_listener(event: object) -> None:
+            slow_times.append(time.perf_counter())
+            if isinstance(event, ReplyDone):
+                slow_ended.set()
+
+        slow = engine.chat(g, "Say something.", max_tokens=48, grammar=NESTED_5,
+                           listener=slow_listener)
         gaps = _token_gaps(engine, b, max_tokens=16, ignore_eos=True)
         slow.result(60)
+        assert slow_ended.wait(30)
     finally:
         engine.close_session(g)
         engine.close_session(b)
@@ -99,7 +109,10 @@ def test_a_bystander_streams_while_a_nested_grammar_replies(engine) -> None:
     base = statistics.median(alone)
     assert statistics.median(gaps) < 3 * base, (gaps, alone)
     assert max(gaps) < 20 * base, (gaps, alone)
-    assert engine.step_stats["max_s"] < 20 * base, (engine.step_stats, alone)
+    # and every step of the grammar reply itself (its first token: its prompt) stays short; the
+    # engine's own running maximum would also count steps of the module's earlier tests
+    slow_gaps = [t1 - t0 for t0, t1 in itertools.pairwise(slow_times[1:])]
+    assert slow_gaps and max(slow_gaps) < 20 * base, (slow_gaps, alone)
 
 
 def test_cancel_ends_a_nested_grammar_reply_within_a_step(engine) -> None:

@@ -97,7 +97,11 @@ def _through_guard(guard: FloodGuard, router: zmq.Socket, n: int) -> int:
     """Receive ``n`` messages as the sidecar's loop does and count those the guard admits."""
     admitted = 0
     for _ in range(n):
-        assert router.poll(10_000), "a message did not arrive"
+        # once the guard has shut the connection, what libzmq had not read from it yet is gone
+        # (on a loaded machine libzmq's I/O thread may lag the sender): stop when it goes quiet
+        if not router.poll(1_000 if guard.cut else 10_000):
+            assert guard.cut, "a message did not arrive"
+            break
         ident, frame = router.recv_multipart(copy=False)
         admitted += guard.admit(ident.bytes, frame)
     return admitted
@@ -123,8 +127,11 @@ def test_a_connection_past_its_rate_is_cut_and_served_again_after_reconnecting(c
         assert _through_guard(guard, router, 300) == 100 and guard.cut == 1
         time.sleep(1.1)  # the next second: the reconnected DEALER is served again
         dealer.send(b"still there?")
-        assert router.poll(10_000)
-        ident, frame = router.recv_multipart(copy=False)
+        while True:  # flood messages the DEALER had not written before the cut come first
+            assert router.poll(10_000)
+            ident, frame = router.recv_multipart(copy=False)
+            if frame.bytes != bytes(1000):
+                break
         assert ident.bytes == b"flooder" and frame.bytes == b"still there?"
         assert guard.admit(ident.bytes, frame)
     finally:
