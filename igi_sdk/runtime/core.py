@@ -651,7 +651,8 @@ class EngineCore:
         if not turns:
             return
         # a reply whose next input is one token is decoding: its token gap is at stake
-        others_decoding = any(len(t.feed) == 1 for t in turns)
+        decoding = sum(1 for t in turns if len(t.feed) == 1)
+        others_decoding = decoding > 0
         # prompt chunks alone may be as large as the batch: a command or a cancel interrupts
         # them (runtime/abort.py); text only, where batch positions are the session's tokens
         # (never with fixed chunks: an interrupt would move their bounds, and replies would
@@ -661,8 +662,7 @@ class EngineCore:
                          and not any(t.images or t.session.image_cells for t in turns))
         self._interrupted = False
         budget = self._token_budget(others_decoding=others_decoding,
-                                    interruptible=interruptible,
-                                    decoding=sum(1 for t in turns if len(t.feed) == 1))
+                                    interruptible=interruptible, decoding=decoding)
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         if interruptible and not drafts:
