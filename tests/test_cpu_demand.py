@@ -24,6 +24,9 @@ def test_procs_running_is_read_from_the_counters_and_none_without_them(tmp_path:
     stat = tmp_path / "stat"
     stat.write_text("cpu  1 2 3 4\ncpu0 1 2 3 4\nctxt 99\nprocs_running 17\nprocs_blocked 0\n")
     assert procs_running(stat) == 17
+    # a large host's interrupt counts come first and run to tens of KB
+    stat.write_text("cpu  1 2 3 4\nintr " + " 0" * 60_000 + "\nprocs_running 9\n")
+    assert procs_running(stat) == 9
     stat.write_text("cpu  1 2 3 4\nprocs_running x\n")
     assert procs_running(stat) is None
     assert procs_running(tmp_path / "missing") is None

@@ -19,14 +19,16 @@ from pathlib import Path
 
 PROC_STAT = Path("/proc/stat")
 OWN_TASKS = Path("/proc/self/task")
-_STAT_MAX = 1 << 16  # the lines before procs_running fit well within this on any host
+# the lines before procs_running: a line per CPU, and "intr" with a count per interrupt source,
+# which on a large host runs to tens of KB; bounded all the same (a generated file, read whole)
+_STAT_MAX = 1 << 20
 
 
 def procs_running(stat: Path = PROC_STAT) -> int | None:
     """Runnable threads on the whole kernel now (``procs_running``), None without /proc."""
     try:
         with stat.open("rb") as f:
-            head = f.read(_STAT_MAX)  # bounded: per-CPU lines come first, then the counters
+            head = f.read(_STAT_MAX)
     except OSError:
         return None
     for line in head.splitlines():
