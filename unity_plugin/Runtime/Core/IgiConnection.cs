@@ -686,9 +686,11 @@ namespace Igi.Sdk
 
         void RefuseHello(string code, string message)
         {
+            // the refusal goes into the inbox before the failures it causes: a Pump that delivers
+            // a request's failure has already raised HelloRefused, so a handler sees why
+            Inbox.Enqueue(new Incoming { IsConnectionChange = true, State = postedState, HelloRefusal = new IgiError(code, message, false) });
             FailEverything(new IgiError(code, message, false)); // nothing can go on this connection
             farewell = true;
-            Inbox.Enqueue(new Incoming { IsConnectionChange = true, State = postedState, HelloRefusal = new IgiError(code, message, false) });
         }
 
         void ResumeStreams()

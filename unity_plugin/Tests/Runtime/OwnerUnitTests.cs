@@ -3,7 +3,9 @@
 // sidecars that refuse the new fields, frame's "paced".
 using System;
 using System.Collections.Generic;
+using System.Diagnostics;
 using System.Linq;
+using System.Threading;
 using NUnit.Framework;
 
 namespace Igi.Sdk.Tests
@@ -191,6 +193,35 @@ namespace Igi.Sdk.Tests
             Assert.IsTrue(client.IsGame);
             Assert.IsNull(client.HelloRefusal, "cleared by the hello that was answered");
             Assert.AreEqual(good, MsgValue.GetString(HelloBody(fake.SentOf("hello").Count - 1), "token"));
+        }
+
+        [Test]
+        [Timeout(10000)]
+        public void TheRefusalIsDeliveredBeforeTheFailuresItCauses()
+        {
+            long heldHello = 0;
+            fake.OnRequest = (id, type, body) =>
+            {
+                if (type == "hello" && heldHello == 0) Interlocked.Exchange(ref heldHello, id);
+                else if (type == "hello") fake.Reply(id, "error", Refusal(IgiError.Forbidden, false));
+            };
+            var refusals = new List<IgiError>();
+            Start(o => o.LaunchToken = Token, false);
+            client.HelloRefused += refusals.Add;
+            Pumping.Until(client, () => Interlocked.Read(ref heldHello) != 0, 5, "the first hello");
+            var ping = client.Ping();
+            Thread.Sleep(100); // the I/O thread (2 ms turns) has taken the ping: it waits on hello
+            fake.Reply(heldHello, "error", Refusal(IgiError.Forbidden, false));
+            var clock = Stopwatch.StartNew();
+            while (!ping.IsDone)
+            {
+                client.Pump(1); // one event at a time: the order they were queued in
+                Assert.Less(clock.Elapsed.TotalSeconds, 5, "the ping never ended");
+                Thread.Sleep(1);
+            }
+            Assert.AreEqual(IgiError.Forbidden, ping.Error.Code);
+            Assert.AreEqual(1, refusals.Count, "HelloRefused was raised before the ping it failed");
+            Assert.AreEqual(IgiError.Forbidden, client.HelloRefusal.Code);
         }
 
         [Test]

@@ -617,9 +617,8 @@ struct Client::Impl {
     void Refuse(const char* code, const std::string& message) {
         refused = true;
         last_transport_error = message;
-        FailEverything(Error{code, message, false});
-        dealer->Close();
-        greeted = false;
+        // the state change is posted before the failures it causes: whoever sees a request
+        // fail with the refusal's code already reads State() == Refused
         Event e;
         e.kind = EventKind::State;
         e.state = ConnectionState::Refused;
@@ -627,6 +626,9 @@ struct Client::Impl {
         posted = ConnectionState::Refused;
         state.store(static_cast<int>(posted));
         Post(std::move(e));
+        FailEverything(Error{code, message, false});
+        dealer->Close();
+        greeted = false;
     }
 
     void ResumeStreams() {
