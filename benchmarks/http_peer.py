@@ -33,6 +33,7 @@ class Turn:
     text: str
     timings: dict[str, float] = field(default_factory=dict)  # llama-server's own, when sent
     cut: bool = False  # stopped at the phase's deadline
+    max_gap_s: float = 0.0  # the longest wait between two content pieces after the first
 
     @property
     def decode_tps(self) -> float:
@@ -69,6 +70,8 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
     usage: dict[str, Any] = {}
     timings: dict[str, float] = {}
     cut = False
+    last: float | None = None
+    max_gap = 0.0
     with http.stream("POST", url, json=body, timeout=timeout) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.read()[:300]!r}")
@@ -87,7 +90,10 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
                 for c in chunk.get("choices") or []:
                     piece = (c.get("delta") or {}).get("content")
                     if piece:
-                        first = first or time.perf_counter()
+                        now = time.perf_counter()
+                        first = first or now
+                        max_gap = max(max_gap, now - last) if last is not None else 0.0
+                        last = now
                         said.append(piece)
         except httpx.RemoteProtocolError as e:
             e.answered = True  # type: ignore[attr-defined]  # a reply broken off: no retry
@@ -103,7 +109,7 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
     return Turn(turn_s=end - t0, ttft_s=(first or end) - t0,
                 completion_tokens=int(usage.get("completion_tokens", len(said))),
                 prompt_tokens=prompt, cached_tokens=cached, prefilled_tokens=prefilled,
-                text="".join(said), timings=timings, cut=cut)
+                text="".join(said), timings=timings, cut=cut, max_gap_s=max_gap)
 
 
 class VramSampler:

@@ -171,15 +171,20 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         def one(i: int, npc: Npc, barrier: threading.Barrier) -> Reply:
             barrier.wait(30)
             sent = time.perf_counter()
-            first = None
+            first = last = None
+            max_gap = 0.0
             stream = clients[i + 1].chat(sids[i], npc.line, max_tokens=args.tokens)
             for _ in stream:
-                first = first or time.perf_counter()
+                now = time.perf_counter()
+                first = first or now
+                max_gap = max(max_gap, now - last) if last is not None else 0.0
+                last = now
             done = stream.done or {}
             usage = done.get("usage") or {}
             return Reply(i, sent, first, time.perf_counter(), int(usage.get("completion_tokens",
                                                                             0)),
-                         int(usage.get("prompt_tokens", 0)), str(done.get("finish_reason")))
+                         int(usage.get("prompt_tokens", 0)), str(done.get("finish_reason")),
+                         max_gap_s=max_gap)
 
         replies = run_npcs(npcs, one, end, lambda: _stop(proc))
         row.update(summarize(replies, args.tokens))
@@ -371,7 +376,7 @@ def upstream_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
                 t = stream_chat(c, url, body, end)
             return Reply(i, sent, sent + t.ttft_s if t.completion_tokens else None,
                          sent + t.turn_s, t.completion_tokens, t.prompt_tokens,
-                         "cut" if t.cut else "length")
+                         "cut" if t.cut else "length", max_gap_s=t.max_gap_s)
 
         replies = run_npcs(npcs, one, end, running.stop)
         row.update(summarize(replies, args.tokens))

@@ -118,12 +118,20 @@ class Reply:
     prompt_tokens: int = 0
     finish: str = ""
     error: str | None = None
+    max_gap_s: float | None = None  # the longest wait between two tokens after the first
 
 
 def nearest_rank(xs: list[float], q: float) -> float:
     """The ``q`` quantile by nearest rank (an observed value: p90 of 4 NPCs is the slowest)."""
     s = sorted(xs)
     return s[max(0, math.ceil(q * len(s)) - 1)]
+
+
+def _gaps(gaps: list[float]) -> dict[str, float]:
+    if not gaps:
+        return {}
+    return {"gap_max_median_s": round(statistics.median(gaps), 4),
+            "gap_max_s": round(max(gaps), 4)}
 
 
 def summarize(replies: list[Reply], want_tokens: int) -> dict[str, Any]:
@@ -146,6 +154,8 @@ def summarize(replies: list[Reply], want_tokens: int) -> dict[str, Any]:
         "ttft_median_s": round(statistics.median(ttft), 4),
         "ttft_p90_s": round(nearest_rank(ttft, 0.9), 4), "ttft_max_s": round(max(ttft), 4),
         "npc_decode_tps_median": round(statistics.median(decode), 2) if decode else None,
+        # a talking NPC that stops mid-sentence: each NPC's longest wait between tokens
+        **_gaps([r.max_gap_s for r in ok if r.max_gap_s is not None]),
         "prompt_tokens": sum(r.prompt_tokens for r in ok),
         # a reply that ended before its length (the model's end-of-turn token; the sidecar's
         # protocol has no ignore-EOS) has fewer tokens in the aggregate, never a longer wall
@@ -190,6 +200,12 @@ def _f(x: float | None, fmt: str) -> str:
     return "–" if x is None else format(x, fmt)
 
 
+def _gap(r: dict[str, Any]) -> str:
+    if r.get("gap_max_median_s") is None:
+        return "–"
+    return f"{r['gap_max_median_s']:.2f} / {r['gap_max_s']:.2f}"
+
+
 def _ttft(r: dict[str, Any]) -> str:
     if r.get("ttft_median_s") is None:
         return "–"
@@ -215,10 +231,13 @@ def markdown(rows: list[dict[str, Any]], tokens: int) -> str:
     """Ours beside upstream llama-server --parallel N: aggregate tok/s and their ratio, TTFT
     (median / p90 / max), the whole wall, NVML peaks; every upstream placement tried below."""
     head = ("| budget | NPCs | ours tok/s | llama-server tok/s | ratio | ours TTFT s (med / p90 "
-            "/ max) | llama-server TTFT s | ours wall s | llama-server wall s | VRAM peak GB "
+            "/ max) | llama-server TTFT s | longest token gap s, ours (med / max) | "
+            "llama-server | ours wall s | llama-server wall s | VRAM peak GB "
             "(ours / llama-server) | llama-server placement |")
     lines = [f"Aggregate decode: every NPC's {tokens} tokens over the wall from the first "
-             "request to the last token.", "", head, "|" + " --- |" * 11]
+             "request to the last token. Longest token gap: each NPC's longest wait between two "
+             "tokens after its first (median over the NPCs / the longest).", "", head,
+             "|" + " --- |" * 13]
     for o, u in pairs(rows):
         u = u or {}
         ratio = (o["aggregate_tps"] / u["aggregate_tps"]
@@ -226,7 +245,7 @@ def markdown(rows: list[dict[str, Any]], tokens: int) -> str:
         lines.append(
             f"| {o['budget']} | {o['n']} | {_f(o.get('aggregate_tps'), '.1f')} | "
             f"{_f(u.get('aggregate_tps'), '.1f')} | {_f(ratio, '.2f')}{'×' if ratio else ''} | "
-            f"{_ttft(o)} | {_ttft(u)} | {_f(o.get('wall_s'), '.2f')} | "
+            f"{_ttft(o)} | {_ttft(u)} | {_gap(o)} | {_gap(u)} | {_f(o.get('wall_s'), '.2f')} | "
             f"{_f(u.get('wall_s'), '.2f')} | {_gb(o)} / {_gb(u)} | {u.get('placement', '–')} |")
     notes = [f"- {r['side']} {r['budget']} N={r['n']} {r.get('placement', '')}: "
              f"{r.get('aggregate_tps')} tok/s, peak {_gb(r)} GB"

@@ -45,11 +45,11 @@ def test_each_npc_has_its_own_prompt_spread_over_the_range(tiny_llama: Path) -> 
 
 def test_a_row_counts_every_token_over_the_wall_from_first_request_to_last_token() -> None:
     replies = [Reply(0, sent=10.0, first=10.5, end=14.0, tokens=128, prompt_tokens=300,
-                     finish="length"),
+                     finish="length", max_gap_s=0.1),
                Reply(1, sent=10.1, first=11.1, end=15.0, tokens=128, prompt_tokens=900,
-                     finish="length"),
+                     finish="length", max_gap_s=2.5),
                Reply(2, sent=10.2, first=12.2, end=14.5, tokens=100, prompt_tokens=600,
-                     finish="stop"),
+                     finish="stop", max_gap_s=0.3),
                Reply(3, sent=10.2, first=None, end=None, tokens=0, error="busy")]
     s = summarize(replies, 128)
     assert s["tokens"] == 356 and s["wall_s"] == pytest.approx(5.0)
@@ -57,6 +57,7 @@ def test_a_row_counts_every_token_over_the_wall_from_first_request_to_last_token
     assert (s["ttft_median_s"], s["ttft_p90_s"], s["ttft_max_s"]) == (1.0, 2.0, 2.0)
     assert s["completed"] == 3 and s["short_replies"] == 1 and s["errors"] == ["NPC 3: busy"]
     assert s["prompt_tokens"] == 1800 and s["finish"] == ["length", "stop"]
+    assert (s["gap_max_median_s"], s["gap_max_s"]) == (0.3, 2.5)  # each NPC's longest gap
     assert summarize([Reply(0, 1.0, None, None, 0, error="x")], 8)["completed"] == 0
     assert nearest_rank([4.0, 1.0, 3.0, 2.0], 0.9) == 4.0
     assert nearest_rank(list(map(float, range(1, 21))), 0.9) == 18.0

@@ -129,3 +129,35 @@ def test_a_decode_steps_cost_is_not_charged_to_the_prompt_tokens_beside_it() -> 
     assert S.learn_speed(0.006, 10, 0.5, decoding=4, decode_s=0.05) == 0.006  # 6 prompt tokens
     assert S.learn_decode(None, 0.05) == 0.05
     assert S.learn_decode(0.05, 0.06) == pytest.approx(0.053)
+
+
+def test_steps_may_last_up_to_the_gap_limit_while_prompts_of_no_lower_priority_wait() -> None:
+    kw = dict(max_step_s=0.05, max_gap_s=0.125, paced=False)
+    assert S.step_target(decoding=[0, 0], waiting=[0], **kw) == 0.125
+    assert S.step_target(decoding=[0], waiting=[10], **kw) == 0.125  # the player's NPC waits
+    # the player's conversation streams and background NPCs wait: its gaps stay short
+    assert S.step_target(decoding=[10, 0], waiting=[0], **kw) == 0.05
+    # nobody waits, nobody streams, or the game's frames are slow (paced): the step target
+    assert S.step_target(decoding=[0], waiting=[], **kw) == 0.05
+    assert S.step_target(decoding=[], waiting=[0], **kw) == 0.05
+    assert S.step_target(decoding=[0], waiting=[0], **{**kw, "paced": True}) == 0.05
+    # a gap limit below the step target never shortens steps
+    assert S.step_target(decoding=[0], waiting=[0], **{**kw, "max_gap_s": 0.01}) == 0.05
+
+
+def test_waiting_npcs_get_most_of_a_step_beside_a_fast_decode() -> None:
+    """Recorded on 2 cores, 16 NPCs sent together: after the first batch two replies decoded
+    (25 ms a step alone) and a prompt token cost ~4.7 ms. Chunks of the step target left the
+    fourteen others 5 prompt tokens a step, about a third of the machine, and the last NPC's
+    first token came after a minute."""
+    cpu = Plan.all_cpu()
+    kw = dict(prefill_chunk=0, plan=cpu, on_gpu=False, cap=512, token_s=0.0047, decoding=2,
+              decode_s=0.025)
+    before = S.token_budget(max_step_s=0.05, **kw)
+    step_s = S.step_target(max_step_s=0.05, max_gap_s=0.125, decoding=[0, 0],
+                           waiting=[0] * 14, paced=False)
+    after = S.token_budget(max_step_s=step_s, **kw)
+    assert before - 2 == 5
+    assert after - 2 == int(0.1 / 0.0047)  # 80% of each step reads prompts
+    # the decoding replies still get a token a step: at least 8 a second
+    assert 0.025 + (after - 2) * 0.0047 <= 0.125

@@ -306,9 +306,10 @@ def test_engine_thread_survives_a_failing_step_and_close_fails_queued_work(
 
 
 def test_long_prompt_is_read_in_bounded_steps_while_another_reply_decodes(small_model) -> None:
-    """While another NPC's reply is decoding, a long prompt on the CPU plan is fed in chunks of
-    about max_step_s (the other's token gaps stay bounded) and a cancel lands within a step or
-    two; with nobody decoding, the same prompt goes in chunks of about a second of work."""
+    """While the player's conversation is decoding, a background NPC's long prompt on the CPU
+    plan is fed in chunks of about max_step_s (the talker's token gaps stay bounded) and a cancel
+    lands within a step or two; with nobody decoding, the same prompt goes in chunks of about a
+    second of work."""
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 
     path, ladder = small_model
@@ -318,8 +319,8 @@ def test_long_prompt_is_read_in_bounded_steps_while_another_reply_decodes(small_
     text = " ".join(f"w{i}" for i in range(800))
     greedy = SamplingParams(temperature=0.0)
     with Engine(path, ladder.cpu.plan, cfg) as eng:
-        talker, reader = eng.open_session(None, sampling=greedy), eng.open_session(
-            None, sampling=greedy)
+        talker = eng.open_session(None, sampling=greedy, priority=10)  # the player's
+        reader = eng.open_session(None, sampling=greedy)
         talking = eng.chat(talker, "Tell me a long story.", max_tokens=100_000, ignore_eos=True)
         next(iter(talking))  # it decodes now
         gen = eng.chat(reader, text, max_tokens=4)
@@ -344,6 +345,39 @@ def test_long_prompt_is_read_in_bounded_steps_while_another_reply_decodes(small_
         assert alone.prompt_tokens > 0
         chunk = eng.status()["step"]["chunk"]
         assert chunk >= min(2048, 10 * busy_chunk), (chunk, busy_chunk)
+
+
+def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(small_model) -> None:
+    """Beside a talking NPC of the same priority, a waiting NPC's prompt goes in steps of up to
+    max_gap_s (its first token comes sooner; the talker still streams); beside the player's
+    conversation, in steps of max_step_s."""
+    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+
+    path, ladder = small_model
+    cfg = EngineConfig(n_ctx=4096, max_sessions=2, n_threads=2, n_batch=2048, max_step_s=0.02,
+                       max_gap_s=0.2, context_floor=0)
+    text = " ".join(f"w{i}" for i in range(800))
+    greedy = SamplingParams(temperature=0.0)
+    chunks = {}
+    with Engine(path, ladder.cpu.plan, cfg) as eng:
+        for talker_priority in (0, 10):
+            talker = eng.open_session(None, sampling=greedy, priority=talker_priority)
+            reader = eng.open_session(None, sampling=greedy)
+            talking = eng.chat(talker, "Tell me a long story.", max_tokens=100_000,
+                               ignore_eos=True)
+            next(iter(talking))  # it decodes now
+            gen = eng.chat(reader, text, max_tokens=4)
+            time.sleep(0.5)  # a few steps: the prompt's speed and the decode's are learnt
+            chunks[talker_priority] = eng.status()["step"]["chunk"]
+            gen.cancel()
+            talking.cancel()
+            assert gen.result(30).completion_tokens == 0
+            talking.result(30)
+            eng.close_session(talker)
+            eng.close_session(reader)
+    # the decode leaves a prompt (0.2 - d) s of each step instead of max(0.02 - d, d) s
+    print(f"measured: prompt chunk beside a talker of its rank {chunks[0]}, beside the player {chunks[10]}")
+    assert chunks[0] >= 2 * chunks[10], chunks
 
 
 @pytest.mark.slow

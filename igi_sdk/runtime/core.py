@@ -661,8 +661,14 @@ class EngineCore:
                          and not self._interrupted and self.config.prefill_chunk == 0
                          and not any(t.images or t.session.image_cells for t in turns))
         self._interrupted = False
+        step_s = scheduler.step_target(
+            max_step_s=self.config.max_step_s, max_gap_s=self.config.max_gap_s,
+            decoding=[t.session.priority for t in turns if len(t.feed) == 1],
+            waiting=[t.session.priority for t in turns if len(t.feed) > 1],
+            paced=self._pace() > 0)
         budget = self._token_budget(others_decoding=others_decoding,
-                                    interruptible=interruptible, decoding=decoding)
+                                    interruptible=interruptible, decoding=decoding,
+                                    step_s=step_s)
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         if interruptible and not drafts:
@@ -765,13 +771,13 @@ class EngineCore:
             self._decode_s = scheduler.learn_decode(self._decode_s, seconds)
         self._drafting.time_step(drafts, seconds)
 
-    def _token_budget(self, *, others_decoding: bool = True, interruptible: bool = False,
-                      decoding: int = 0) -> int:
+    def _token_budget(self, *, step_s: float, others_decoding: bool, interruptible: bool,
+                      decoding: int) -> int:
         """Tokens for the next step (``decoding`` replies' one token each included): about
-        ``max_step_s`` of work at the measured speed (more while no reply is decoding, or where
-        the decode alone fills it: scheduler.token_budget)."""
+        ``step_s`` of work at the measured speed (more while no reply is decoding, or where the
+        decode alone fills it: scheduler.token_budget)."""
         c = self.config
-        n = scheduler.token_budget(max_step_s=c.max_step_s, prefill_chunk=c.prefill_chunk,
+        n = scheduler.token_budget(max_step_s=step_s, prefill_chunk=c.prefill_chunk,
                                    plan=self.plan, on_gpu=self.gpu is not None,
                                    cap=self._need_placed().batch_cap, token_s=self._token_s,
                                    others_decoding=others_decoding,

@@ -35,6 +35,21 @@ IDLE_STEP_S = 1.0
 PREFILL_SHARE = 1.0
 
 
+def step_target(*, max_step_s: float, max_gap_s: float, decoding: list[int],
+                waiting: list[int], paced: bool) -> float:
+    """How long a step may last, given the priorities of the replies ``decoding`` (their token
+    gap is at stake) and of those ``waiting`` for their first token (prompts still to read).
+    While a prompt of at least the decoders' priority waits, up to ``max_gap_s``: a talking NPC
+    then streams at least 1/max_gap_s tokens a second, faster than its text is read, and the
+    NPCs that have said nothing yet start sooner (chunks of a few tokens beside the decode left
+    prompts a third of the steps, and 16 NPCs talking at once waited a minute for the last
+    one's first word). The game's conversation outranking the waiting prompts, or the game
+    asking to be paced (its frames are slow), keeps steps at ``max_step_s``."""
+    if paced or not decoding or not waiting or max(waiting) < max(decoding):
+        return max_step_s
+    return max(max_step_s, max_gap_s)
+
+
 class Reply(NamedTuple):
     """One active reply as the scheduler sees it (``key``: its session's sequence). A named
     tuple: one is made per reply and step, and a frozen dataclass costs several times more to
