@@ -376,7 +376,8 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
             eng.close_session(talker)
             eng.close_session(reader)
     # the decode leaves a prompt (0.2 - d) s of each step instead of max(0.02 - d, d) s
-    print(f"measured: prompt chunk beside a talker of its rank {chunks[0]}, beside the player {chunks[10]}")
+    print(f"measured: prompt chunk beside a talker of its rank {chunks[0]}, "
+          f"beside the player {chunks[10]}")
     assert chunks[0] >= 2 * chunks[10], chunks
 
 
