@@ -161,3 +161,25 @@ def test_waiting_npcs_get_most_of_a_step_beside_a_fast_decode() -> None:
     assert after - 2 == int(0.1 / 0.0047)  # 80% of each step reads prompts
     # the decoding replies still get a token a step: at least 8 a second
     assert 0.025 + (after - 2) * 0.0047 <= 0.125
+
+
+def test_one_slow_step_cannot_leave_the_prompt_chunks_tiny_for_good() -> None:
+    """Two decoders (20 ms a step alone) beside prompts of ~3 ms a token, 125 ms steps. Before,
+    a stall of one step (1 s) raised the estimate to ~40 ms a token; the budget then left the
+    prompts 2 tokens a step, fewer than any step was learnt from, and the estimate never came
+    down: 16 NPCs on 2 cores were read 1-2 tokens a step for the rest of the run."""
+    cpu = Plan.all_cpu()
+    kw = dict(max_step_s=0.125, prefill_chunk=0, plan=cpu, on_gpu=False, cap=512, decoding=2,
+              decode_s=0.02)
+    token_s = 0.003
+    token_s = S.learn_speed(token_s, 2 + 30, 1.0, decoding=2, decode_s=0.02)  # the stall
+    assert token_s <= 1.3 * 0.003 + 1e-12  # one step moves it at most 1.3x up
+    token_s = 0.04  # however it got there: steps as the budget sizes them bring it back
+    for _ in range(40):
+        n = S.token_budget(token_s=token_s, **kw)
+        token_s = S.learn_speed(token_s, n, 0.02 + (n - 2) * 0.003, decoding=2, decode_s=0.02)
+    assert token_s == pytest.approx(0.003, rel=0.05)
+    assert S.token_budget(token_s=token_s, **kw) - 2 >= 30
+    # a few prompt tokens never raise it (their step's fixed costs), nor teach a first estimate
+    assert S.learn_speed(0.003, 2 + 4, 0.2, decoding=2, decode_s=0.02) == 0.003
+    assert S.learn_speed(None, 2 + 4, 0.05, decoding=2, decode_s=0.02) is None

@@ -33,6 +33,8 @@ IDLE_STEP_S = 1.0
 # slow CPU, many NPCs), the budget charged the decoding replies' tokens at a prompt token's
 # price and left the prompts a token or two a step.
 PREFILL_SHARE = 1.0
+# prompt tokens a step needs for its time to say what a prompt token costs (fewer: fixed costs)
+LEARN_MIN_TOKENS = 8
 
 
 def step_target(*, max_step_s: float, max_gap_s: float, decoding: list[int],
@@ -151,16 +153,26 @@ def learn_speed(token_s: float | None, n_tokens: int, seconds: float, *, decodin
     """The seconds per prompt token after a step of ``n_tokens`` took ``seconds``; of them,
     ``decoding`` were decoding replies' tokens, whose step alone takes ``decode_s`` (measured):
     that part is the step's fixed cost, not the prompt's (counted in, a few prompt tokens beside
-    a decode look several times dearer than they are, and the chunks stay small)."""
+    a decode look several times dearer than they are, and the chunks stay small).
+
+    A step of fewer than :data:`LEARN_MIN_TOKENS` prompt tokens is dominated by fixed costs,
+    which only ever make a token look dearer: it may lower the estimate, never raise it. Without
+    that, one slow step (the machine stalled) could raise the estimate until the budget left
+    fewer tokens than are learnt from, and the chunks stayed tiny for the rest of the run: on
+    2 cores 16 NPCs then got 1-2 prompt tokens a step. And one step moves it at most 1.3x up."""
     prompt = n_tokens - decoding
-    if prompt < 8:  # single-token steps are dominated by fixed costs
+    if prompt < 1 or (prompt < LEARN_MIN_TOKENS and token_s is None):
         return token_s
     if decoding and decode_s is not None:
         seconds -= decode_s
         if seconds <= 0.0:
             return token_s  # no cost left to learn from (noise)
     per = seconds / prompt
-    return per if token_s is None else 0.7 * token_s + 0.3 * per
+    if token_s is None:
+        return per
+    if prompt < LEARN_MIN_TOKENS:
+        per = min(per, token_s)
+    return 0.7 * token_s + 0.3 * min(per, 2.0 * token_s)
 
 
 def learn_decode(decode_s: float | None, seconds: float) -> float:
