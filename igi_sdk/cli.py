@@ -701,7 +701,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vram_trace=Path(args.vram_trace) if args.vram_trace else None,
         profile=Path(args.profile) if args.profile else None,
         grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
-        max_gap_s=args.max_gap_ms / 1000,
+        reading_tps=args.reading_tps,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
         draft_ngram=args.draft_ngram, exact_verify=args.exact_verify,
@@ -1161,11 +1161,13 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--max-step-ms", type=float, default=50.0,
                     help="target duration of one engine step: long prompts are read in chunks "
                          "of about this much work, so cancels and reshards wait at most that")
-    sv.add_argument("--max-gap-ms", type=float, default=125.0,
-                    help="while NPCs wait for their first token, how long a step may last beside "
-                         "the replies already streaming (125 ms: at least 8 tokens a second, "
-                         "faster than text is read); never longer than --max-step-ms while the "
-                         "waiting prompts have a lower priority or the game paces frames")
+    sv.add_argument("--reading-tps", type=float, default=8.0,
+                    help="while NPCs wait for their first token, the NPCs already talking are "
+                         "kept ahead of a reader at this many tokens a second (from each one's "
+                         "first token; text is read at about 5, spoken at about 3) and the rest "
+                         "reads the waiting prompts in longer steps (up to 1 s); 0, a waiting "
+                         "prompt of lower priority than a talker, or a paced game keeps steps "
+                         "at --max-step-ms")
     sv.add_argument("--prefill-chunk", type=int, default=0,
                     help="read prompts in fixed chunks of this many tokens instead (0 = by "
                          "--max-step-ms): seeded replies then repeat exactly run to run")

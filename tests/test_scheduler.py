@@ -131,36 +131,48 @@ def test_a_decode_steps_cost_is_not_charged_to_the_prompt_tokens_beside_it() -> 
     assert S.learn_decode(0.05, 0.06) == pytest.approx(0.053)
 
 
-def test_steps_may_last_up_to_the_gap_limit_while_prompts_of_no_lower_priority_wait() -> None:
-    kw = dict(max_step_s=0.05, max_gap_s=0.125, paced=False)
-    assert S.step_target(decoding=[0, 0], waiting=[0], **kw) == 0.125
-    assert S.step_target(decoding=[0], waiting=[10], **kw) == 0.125  # the player's NPC waits
+def test_steps_keep_talking_npcs_ahead_of_the_reading_pace_while_others_wait() -> None:
+    kw = dict(max_step_s=0.05, reading_tps=8.0, paced=False)
+    # two talkers, the nearer one to its reader 0.3 s ahead: a step may last 0.3 + 1/8 s
+    assert S.step_target(decoding=[(0, 0.3), (0, 2.0)], waiting=[0], **kw) == pytest.approx(0.425)
+    assert S.step_target(decoding=[(0, 0.3)], waiting=[10], **kw) == pytest.approx(0.425)
+    # just started (its one token is 1/8 s of reading): a quarter of a second
+    assert S.step_target(decoding=[(0, S.reading_slack(1, 0.0, 8.0))], waiting=[0],
+                         **kw) == pytest.approx(0.25)
+    # far ahead: at most IDLE_STEP_S; behind the reader: the step target
+    assert S.step_target(decoding=[(0, 30.0)], waiting=[0], **kw) == S.IDLE_STEP_S
+    assert S.step_target(decoding=[(0, -1.0)], waiting=[0], **kw) == 0.05
     # the player's conversation streams and background NPCs wait: its gaps stay short
-    assert S.step_target(decoding=[10, 0], waiting=[0], **kw) == 0.05
-    # nobody waits, nobody streams, or the game's frames are slow (paced): the step target
-    assert S.step_target(decoding=[0], waiting=[], **kw) == 0.05
+    assert S.step_target(decoding=[(10, 5.0), (0, 5.0)], waiting=[0], **kw) == 0.05
+    # nobody waits, nobody streams, the game's frames are slow (paced), or the rule is off
+    assert S.step_target(decoding=[(0, 5.0)], waiting=[], **kw) == 0.05
     assert S.step_target(decoding=[], waiting=[0], **kw) == 0.05
-    assert S.step_target(decoding=[0], waiting=[0], **{**kw, "paced": True}) == 0.05
-    # a gap limit below the step target never shortens steps
-    assert S.step_target(decoding=[0], waiting=[0], **{**kw, "max_gap_s": 0.01}) == 0.05
+    assert S.step_target(decoding=[(0, 5.0)], waiting=[0], **{**kw, "paced": True}) == 0.05
+    assert S.step_target(decoding=[(0, 5.0)], waiting=[0], **{**kw, "reading_tps": 0.0}) == 0.05
+
+
+def test_the_reading_slack_counts_from_the_first_token() -> None:
+    assert S.reading_slack(40, 2.0, 8.0) == pytest.approx(3.0)  # 5 s of text after 2 s
+    assert S.reading_slack(8, 2.0, 8.0) == pytest.approx(-1.0)  # slower than the reader
 
 
 def test_waiting_npcs_get_most_of_a_step_beside_a_fast_decode() -> None:
     """Recorded on 2 cores, 16 NPCs sent together: after the first batch two replies decoded
     (25 ms a step alone) and a prompt token cost ~4.7 ms. Chunks of the step target left the
     fourteen others 5 prompt tokens a step, about a third of the machine, and the last NPC's
-    first token came after a minute."""
+    first token came after 35 s."""
     cpu = Plan.all_cpu()
     kw = dict(prefill_chunk=0, plan=cpu, on_gpu=False, cap=512, token_s=0.0047, decoding=2,
               decode_s=0.025)
     before = S.token_budget(max_step_s=0.05, **kw)
-    step_s = S.step_target(max_step_s=0.05, max_gap_s=0.125, decoding=[0, 0],
+    # the two talkers have streamed 2 s at 25 tok/s: each is 4.25 s ahead of a reader at 8/s
+    slack = S.reading_slack(50, 2.0, 8.0)
+    step_s = S.step_target(max_step_s=0.05, reading_tps=8.0, decoding=[(0, slack)] * 2,
                            waiting=[0] * 14, paced=False)
     after = S.token_budget(max_step_s=step_s, **kw)
     assert before - 2 == 5
-    assert after - 2 == int(0.1 / 0.0047)  # 80% of each step reads prompts
-    # the decoding replies still get a token a step: at least 8 a second
-    assert 0.025 + (after - 2) * 0.0047 <= 0.125
+    assert step_s == S.IDLE_STEP_S
+    assert after - 2 == int((S.IDLE_STEP_S - 0.025) / 0.0047)  # 97% of each step reads prompts
 
 
 def test_one_slow_step_cannot_leave_the_prompt_chunks_tiny_for_good() -> None:

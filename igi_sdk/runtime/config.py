@@ -30,9 +30,9 @@ class EngineConfig:
     # ubatch, since each chunk streams the CPU-resident weights once)
     max_step_s: float = 0.05
     # while a prompt of no lower priority waits for its first token beside decoding replies,
-    # a step may last this long instead (scheduler.step_target): 8 tokens a second still
-    # outpace reading (about 5) and speech (about 3), and waiting NPCs start sooner
-    max_gap_s: float = 0.125
+    # steps may last as long as keeps each talking NPC ahead of a reader at this many tokens a
+    # second from its first token (scheduler.step_target; about 5 is read, 3 spoken); 0 = off
+    reading_tps: float = 8.0
     # fixed prompt tokens per step instead (0 = sized from max_step_s). llama.cpp's kernels sum
     # in an order that depends on the batch size, so a split that follows the measured speed can
     # change the last bits of the logits from run to run; a fixed split makes seeded replies

@@ -661,11 +661,7 @@ class EngineCore:
                          and not self._interrupted and self.config.prefill_chunk == 0
                          and not any(t.images or t.session.image_cells for t in turns))
         self._interrupted = False
-        step_s = scheduler.step_target(
-            max_step_s=self.config.max_step_s, max_gap_s=self.config.max_gap_s,
-            decoding=[t.session.priority for t in turns if len(t.feed) == 1],
-            waiting=[t.session.priority for t in turns if len(t.feed) > 1],
-            paced=self._pace() > 0)
+        step_s = self._step_target(turns)
         budget = self._token_budget(others_decoding=others_decoding,
                                     interruptible=interruptible, decoding=decoding,
                                     step_s=step_s)
@@ -770,6 +766,18 @@ class EngineCore:
         if not drafts:
             self._decode_s = scheduler.learn_decode(self._decode_s, seconds)
         self._drafting.time_step(drafts, seconds)
+
+    def _step_target(self, turns: list[Turn]) -> float:
+        """The next step's target length (scheduler.step_target): longer while NPCs wait to
+        start and the talking ones are ahead of the reading pace."""
+        c, now = self.config, time.perf_counter()
+        decoding = [(t.session.priority, scheduler.reading_slack(
+            len(t.generated), now - t.t_first, c.reading_tps) if c.reading_tps > 0 else 0.0)
+            for t in turns if len(t.feed) == 1 and t.t_first is not None]
+        waiting = [t.session.priority for t in turns if len(t.feed) > 1]
+        return scheduler.step_target(max_step_s=c.max_step_s, reading_tps=c.reading_tps,
+                                     decoding=decoding, waiting=waiting,
+                                     paced=self._pace() > 0)
 
     def _token_budget(self, *, step_s: float, others_decoding: bool, interruptible: bool,
                       decoding: int) -> int:

@@ -37,19 +37,34 @@ PREFILL_SHARE = 1.0
 LEARN_MIN_TOKENS = 8
 
 
-def step_target(*, max_step_s: float, max_gap_s: float, decoding: list[int],
-                waiting: list[int], paced: bool) -> float:
-    """How long a step may last, given the priorities of the replies ``decoding`` (their token
-    gap is at stake) and of those ``waiting`` for their first token (prompts still to read).
-    While a prompt of at least the decoders' priority waits, up to ``max_gap_s``: a talking NPC
-    then streams at least 1/max_gap_s tokens a second, faster than its text is read, and the
-    NPCs that have said nothing yet start sooner (chunks of a few tokens beside the decode left
-    prompts a third of the steps, and 16 NPCs talking at once waited a minute for the last
-    one's first word). The game's conversation outranking the waiting prompts, or the game
-    asking to be paced (its frames are slow), keeps steps at ``max_step_s``."""
-    if paced or not decoding or not waiting or max(waiting) < max(decoding):
+def reading_slack(generated: int, since_first_s: float, reading_tps: float) -> float:
+    """How far a streaming reply is ahead of a reader who started at its first token and reads
+    ``reading_tps`` tokens a second: the seconds until that reader would run out of text."""
+    return generated / reading_tps - since_first_s
+
+
+def step_target(*, max_step_s: float, reading_tps: float,
+                decoding: list[tuple[int, float]], waiting: list[int], paced: bool) -> float:
+    """How long the next step may last, given the replies ``decoding`` (priority, reading
+    slack: :func:`reading_slack`) and the priorities of those ``waiting`` for their first token
+    (prompts still to read).
+
+    While a prompt of at least the decoders' priority waits, a step may last as long as keeps
+    every talking NPC ahead of a reader at ``reading_tps`` (its slack plus the one token the
+    step brings), up to :data:`IDLE_STEP_S`: what the engine does beyond the reading pace goes
+    to starting the NPCs that have said nothing yet, in chunks large enough to read prompts near
+    full speed, and a talking NPC's text never runs out before a reader at that pace would
+    finish it. Before, every step beside a decode was cut to ``max_step_s``: on 2 cores the
+    prompts got a third of the machine in chunks of 4-5 tokens, and the last of 16 NPCs sent
+    together said its first word after 35 s. The game's conversation outranking the waiting
+    prompts, the game asking to be paced (its frames are slow), or ``reading_tps`` 0 keeps
+    steps at ``max_step_s``."""
+    if paced or reading_tps <= 0.0 or not decoding or not waiting:
         return max_step_s
-    return max(max_step_s, max_gap_s)
+    if max(p for p, _ in decoding) > max(waiting):
+        return max_step_s
+    slack = min(s for _, s in decoding)
+    return min(IDLE_STEP_S, max(max_step_s, slack + 1.0 / reading_tps))
 
 
 class Reply(NamedTuple):

@@ -81,7 +81,7 @@ class HostConfig:
     profile: Path | None = None
     grow_hold_s: float = 2.0
     max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
-    max_gap_s: float = 0.125  # a step's limit while prompts wait beside decoding replies
+    reading_tps: float = 8.0  # the pace talking NPCs stay ahead of while others wait to start
     prefill_chunk: int = 0  # fixed prompt tokens per step instead: reproducible replies
     # speculative decoding: a draft GGUF of the models' tokenizer, loaded with every model
     # (a model of another vocabulary is then refused: DraftMismatchError)
@@ -176,7 +176,7 @@ class ModelHost:
               mmproj: Path | None = None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
-                           max_gap_s=self.cfg.max_gap_s,
+                           reading_tps=self.cfg.reading_tps,
                            thread_wait=self.cfg.thread_wait,
                            adapt_threads=self.cfg.adapt_threads,
                            prefill_chunk=self.cfg.prefill_chunk,
