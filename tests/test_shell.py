@@ -350,7 +350,8 @@ def test_long_prompt_is_read_in_bounded_steps_while_another_reply_decodes(small_
 def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(small_model) -> None:
     """Beside a talking NPC of the same priority, a waiting NPC's prompt goes in longer steps,
     as long as keep the talker ahead of a reader at reading_tps (the waiting NPC's first token
-    comes sooner); beside the player's conversation, in steps of max_step_s."""
+    comes sooner), and a cancel interrupts them; beside the player's conversation, in steps of
+    max_step_s."""
     from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 
     path, ladder = small_model
@@ -358,9 +359,14 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
                        reading_tps=5.0, context_floor=0)
     text = " ".join(f"w{i}" for i in range(800))
     greedy = SamplingParams(temperature=0.0)
-    chunks = {}
+    chunks: dict[int, int] = {}
+    interrupts = 0
     with Engine(path, ladder.cpu.plan, cfg) as eng:
-        for talker_priority in (0, 10):
+        # the rank's case up to three times: a cancel that comes between two steps (they are
+        # back to back, so rarely) interrupts nothing
+        for talker_priority in (0, 0, 0, 10):
+            if talker_priority == 0 and interrupts:
+                continue
             talker = eng.open_session(None, sampling=greedy, priority=talker_priority)
             reader = eng.open_session(None, sampling=greedy)
             talking = eng.chat(talker, "Tell me a long story.", max_tokens=100_000,
@@ -369,16 +375,21 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
             gen = eng.chat(reader, text, max_tokens=4)
             time.sleep(0.5)  # a few steps: the prompt's speed and the decode's are learnt
             chunks[talker_priority] = eng.status()["step"]["chunk"]
+            before = eng.status()["step"]["interrupted"]
             gen.cancel()
-            talking.cancel()
             assert gen.result(30).completion_tokens == 0
+            if talker_priority == 0:
+                interrupts = eng.status()["step"]["interrupted"] - before
+            talking.cancel()
             talking.result(30)
             eng.close_session(talker)
             eng.close_session(reader)
-    # the decode leaves a prompt at least (0.2 - d) s of each step instead of max(0.02 - d, d)
     print(f"measured: prompt chunk beside a talker of its rank {chunks[0]}, "
           f"beside the player {chunks[10]}")
+    # the decode leaves a prompt at least (0.2 - d) s of each step instead of max(0.02 - d, d)
     assert chunks[0] >= 2 * chunks[10], chunks
+    # a long step beside a talker is interrupted by the cancel, not waited out
+    assert interrupts >= 1
 
 
 @pytest.mark.slow

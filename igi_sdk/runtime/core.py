@@ -653,21 +653,27 @@ class EngineCore:
         # a reply whose next input is one token is decoding: its token gap is at stake
         decoding = sum(1 for t in turns if len(t.feed) == 1)
         others_decoding = decoding > 0
-        # prompt chunks alone may be as large as the batch: a command or a cancel interrupts
-        # them (runtime/abort.py); text only, where batch positions are the session's tokens
-        # (never with fixed chunks: an interrupt would move their bounds, and replies would
-        # depend on when commands came)
-        interruptible = (not others_decoding and self._abort.available
-                         and not self._interrupted and self.config.prefill_chunk == 0
-                         and not any(t.images or t.session.image_cells for t in turns))
+        # a command or a cancel interrupts a long step (runtime/abort.py): text only, where
+        # batch positions are the session's tokens (never with fixed chunks: an interrupt would
+        # move their bounds, and replies would depend on when commands came); the step after
+        # an interrupted one runs whole, and short, so that every reply moves on
+        abortable = (self._abort.available and not self._interrupted
+                     and self.config.prefill_chunk == 0
+                     and not any(t.images or t.session.image_cells for t in turns))
+        step_s = self.config.max_step_s if self._interrupted else self._step_target(turns)
         self._interrupted = False
-        step_s = self._step_target(turns)
+        # prompt chunks alone may be as large as the batch; beside talking NPCs, steps longer
+        # than the step target only where they too can be interrupted
+        interruptible = abortable and not others_decoding
+        if not abortable:
+            step_s = min(step_s, self.config.max_step_s)
         budget = self._token_budget(others_decoding=others_decoding,
                                     interruptible=interruptible, decoding=decoding,
                                     step_s=step_s)
         drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
-        if interruptible and not drafts:
+        watch = abortable and (interruptible or step_s > self.config.max_step_s)
+        if watch and not drafts:
             self._abort.clear()
             if not self._commands.empty() or any(t.handle.cancelled for t in turns):
                 self._abort.arm()  # came before the clear: answered after one graph node
@@ -676,8 +682,8 @@ class EngineCore:
             self._abort.unwatch(self._ctx)
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
-        if rc == abort.ABORTED and interruptible and not drafts:
-            self._keep_interrupted(fed)
+        if rc == abort.ABORTED and watch and not drafts:
+            self._keep_interrupted(fed)  # decoding replies feed their token again
             return
         if rc == 1 and drafts:  # the drafts took the last free cells: decode without them
             drafts = {}
@@ -710,10 +716,10 @@ class EngineCore:
                 self._sample(t, idx)
 
     def _keep_interrupted(self, fed: Fed) -> None:
-        """An interrupted prompt chunk: llama.cpp kept the ubatches it finished and removed
-        the one it was in; each reply keeps the tokens that are in the cache and feeds the
-        rest later. A chunk's last token is fed again when its logits were asked for: an
-        aborted decode hands out none."""
+        """An interrupted step: llama.cpp kept the ubatches it finished and removed the one it
+        was in; each reply keeps the tokens that are in the cache and feeds the rest later. A
+        chunk's last token, and a decoding reply's one token, is fed again when its logits were
+        asked for: an aborted decode hands out none."""
         self.step_stats["interrupted"] += 1
         self._interrupted = True
         for t, take, idx in fed:
