@@ -1148,7 +1148,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help=f"a file holding the launch token (default: ${TOKEN_ENV}); the client "
                          "that presents it is the game: only it paces the engine, binds the "
                          "sidecar to its PID, reserves VRAM or shuts it down")
-    sv.add_argument("--threads", type=int, default=0)
+    sv.add_argument("--threads", type=int, default=0,
+                    help="CPU threads (0 = chosen while running, leaving the game its cores); "
+                         "where GOMP_SPINCOUNT or OMP_WAIT_POLICY=ACTIVE makes them spin, a "
+                         "ceiling lowered while other processes want the cores")
     sv.add_argument("--game-pid", type=int, help="exit when this process ends")
     sv.add_argument("--curve-secret", help="server certificate (secret) from `igi-sdk keys`")
     sv.add_argument("--curve-clients", help="directory of allowed client public certificates")

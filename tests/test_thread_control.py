@@ -205,3 +205,44 @@ def test_a_starved_cap_expires_and_the_threads_come_back_when_the_others_left() 
     for _ in range(6):  # the others left: the cap runs out, the count rises again
         s = c.observe_load(HostLoad(16, 0.0, own_cores=float(c.setting.threads)), busy_s=1.0)
     assert s.threads > 3
+
+
+def test_a_fixed_count_that_must_spin_follows_the_free_cores() -> None:
+    """libgomp told to spin (GOMP_SPINCOUNT) cannot be told to sleep while running: with the
+    user's 2 threads beside a busy core of 2, measured 2.6 tok/s (98 sleeping, 120 on one
+    thread). The user's count is then a ceiling: lowered while another process wants a core,
+    back as soon as the core is free again."""
+    cfg = ControlConfig(max_threads=2, cpus=2, waits=(Wait.SPIN,), fixed_threads=True,
+                        spinning_barriers=True, starved_hold=2)
+    ctl = ThreadController(cfg, Setting(2, Wait.SPIN))
+    busy = HostLoad(2, 1.0, own_cores=1.0, other_runnable=1.4)
+    assert ctl.observe_load(busy, busy_s=1.0) == Setting(1, Wait.SPIN)
+    # the busy process left: spinning threads use their cores whole
+    seen = [ctl.observe_load(HostLoad(2, 0.0, own_cores=float(ctl.setting.threads),
+                                      other_runnable=0.0), busy_s=1.0).threads
+            for _ in range(5)]
+    # back once the lower load has held two samples and the starved hold has run out
+    assert seen[0] == 1 and seen[-2:] == [2, 2], seen
+    # where the wait can change (or sleeps), the user's count stays whatever the load
+    for waits in ((Wait.SLEEP,), (Wait.SPIN, Wait.POLL, Wait.SLEEP)):
+        c = ThreadController(ControlConfig(max_threads=2, cpus=2, waits=waits,
+                                           fixed_threads=True), Setting(2, waits[0]))
+        assert c.observe_load(busy, busy_s=1.0).threads == 2
+
+
+@pytest.mark.parametrize(("env", "want"), [
+    ({"OMP_WAIT_POLICY": "PASSIVE"}, Wait.SLEEP),
+    ({"OMP_WAIT_POLICY": "passive", "GOMP_SPINCOUNT": "20000"}, Wait.SPIN),
+    ({"GOMP_SPINCOUNT": "0"}, Wait.SLEEP),
+    ({"GOMP_SPINCOUNT": "infinity"}, Wait.SPIN),
+    ({"OMP_WAIT_POLICY": "ACTIVE"}, Wait.SPIN),
+    ({}, Wait.SPIN),  # libgomp's own default spins ~300,000 rounds
+])
+def test_libgomps_wait_is_read_from_its_environment(monkeypatch, env, want) -> None:
+    from igi_sdk.runtime.threadpool import libgomp_wait
+
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    monkeypatch.delenv("GOMP_SPINCOUNT", raising=False)
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    assert libgomp_wait() is want

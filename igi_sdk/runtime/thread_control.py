@@ -116,7 +116,9 @@ class ControlConfig:
     max_threads: int  # never more (the configured or default count)
     cpus: int  # usable CPUs
     waits: tuple[Wait, ...] = (Wait.SPIN, Wait.POLL, Wait.SLEEP)  # one: the wait is fixed
-    fixed_threads: bool = False  # the user set the count: only the wait adapts
+    # the user set the count: only the wait adapts; where the wait cannot leave SPIN (libgomp
+    # told to spin) the count is a ceiling instead, lowered while others want the cores
+    fixed_threads: bool = False
     probe_every: int = 48  # decode steps between probes (before backoff)
     probe_steps: int = 4  # steps a probe runs (its first pays the switch and is not counted)
     max_backoff: int = 16  # a losing probe waits up to this many times probe_every
@@ -279,7 +281,7 @@ class ThreadController:
         target = max(1, min(c.max_threads, cpus - self._held()))
         if self._starved_cap is not None:
             target = min(target, self._starved_cap)
-        if c.fixed_threads:
+        if c.fixed_threads and not self._spin_only():
             target = c.max_threads
         if target < self._ceiling:  # the game took cores: give them back at once
             self._ceiling, self._lower_pending = target, None
@@ -300,11 +302,19 @@ class ThreadController:
             if self._held() + threads > cpus and Wait.SLEEP in c.waits:
                 wait = Wait.SLEEP
             self._switch(Setting(threads, wait))
-        elif self._ceiling > self._current.threads and not self._arms.get(
-                Setting(self._ceiling, self._current.wait)):
-            # cores came free and the count there is untried: take them (probes judge it)
+        elif self._ceiling > self._current.threads and (c.fixed_threads or not self._arms.get(
+                Setting(self._ceiling, self._current.wait))):
+            # cores came free and the count there is untried (probes judge it), or the user's
+            # count was lowered only while others wanted its cores: take them
             self._switch(Setting(self._ceiling, self._default_wait()))
         return self.setting
+
+    def _spin_only(self) -> bool:
+        """The threads spin whatever the controller decides (libgomp told to spin): a thread
+        that loses its core to another process stalls the others at every barrier, so the count
+        must follow the free cores, the user's included (2 fixed threads beside one busy core of
+        2: 2.6 tok/s spinning, 98 sleeping, 120 on one thread)."""
+        return self.config.waits == (Wait.SPIN,)
 
     def _reset_exploration(self) -> None:
         """New conditions: what lost before may pay now."""

@@ -5,8 +5,10 @@ Two builds of llama.cpp's CPU backend behave differently, and the runtime works 
 
 - **OpenMP** (llama-cpp-python's default build): every graph runs in ``#pragma omp parallel``
   and an attached threadpool's polling level is ignored; libgomp reads its wait policy once,
-  when it is loaded (igi_sdk/__init__.py sets PASSIVE). Only the thread count can change while
-  running (``llama_set_n_threads`` before a step).
+  when it is loaded (igi_sdk/__init__.py sets PASSIVE unless the user chose). Only the thread
+  count can change while running (``llama_set_n_threads`` before a step): where libgomp spins,
+  the count follows the cores nobody else wants, a count the user fixed included
+  (:func:`libgomp_wait`).
 - **ggml's own threadpool** (built with ``-DGGML_OPENMP=OFF``): without an attached pool ggml
   creates and joins a throw-away pool for every graph; with one, its threads persist, wait for
   the next graph by polling ``poll`` x 128K pause instructions and then sleeping on a condition,
@@ -68,6 +70,23 @@ class ThreadpoolParams(ctypes.Structure):
         ("strict_cpu", ctypes.c_bool),
         ("paused", ctypes.c_bool),
     ]
+
+
+def libgomp_wait() -> Wait:
+    """How libgomp's idle threads wait, as its environment set it before it loaded (it reads
+    it once): SLEEP where they sleep at once (OMP_WAIT_POLICY=PASSIVE, what igi_sdk sets unless
+    told otherwise, or GOMP_SPINCOUNT=0), SPIN where they spin first (any spin count, ACTIVE,
+    or libgomp's own default of about 300,000 rounds)."""
+    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
+    count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
+    if policy == "passive" and not count:
+        return Wait.SLEEP
+    if count:
+        try:
+            return Wait.SLEEP if int(count) == 0 else Wait.SPIN
+        except ValueError:
+            return Wait.SPIN  # "infinity" (or libgomp's own default for what it cannot read)
+    return Wait.SPIN
 
 
 def uses_openmp() -> bool:
@@ -155,7 +174,8 @@ class Pools:
 
     def pause(self) -> None:
         """No graph is coming soon: the attached pool's threads sleep (its next graph wakes
-        them). Nothing to do with OpenMP (PASSIVE threads sleep by themselves)."""
+        them). Nothing to do with OpenMP (its threads sleep by themselves, at once or after
+        their spin)."""
         if self._attached is not None:
             lib().pause(self._pools[self._attached])
 
@@ -200,7 +220,7 @@ class ThreadRunner:
         self.openmp = uses_openmp() if openmp is None else openmp
         self.wait = wait
         if self.openmp:
-            waits: tuple[Wait, ...] = (Wait.SLEEP,)  # stands for libgomp's own policy
+            waits: tuple[Wait, ...] = (libgomp_wait(),)  # libgomp's own, read once at its load
         elif wait == "auto":
             waits = (Wait.SPIN, Wait.POLL, Wait.SLEEP)
         else:
@@ -209,7 +229,11 @@ class ThreadRunner:
         self.size = size
         self.controller = ThreadController(
             ControlConfig(max_threads=size, cpus=cpus, waits=waits,
-                          fixed_threads=not adapt_threads, spinning_barriers=not self.openmp),
+                          fixed_threads=not adapt_threads,
+                          # ggml's pools burn their cores while steps run; libgomp's threads
+                          # sleep after a bounded spin, so their CPU time says nothing of
+                          # starving (the run queue does: runtime/cpu_demand.py)
+                          spinning_barriers=not self.openmp),
             Setting(start_threads, waits[0] if len(waits) == 1 else
                     (Wait.SPIN if start_threads < cpus else Wait.SLEEP)))
         self._pools: Pools | None = None
@@ -233,7 +257,9 @@ class ThreadRunner:
         made = self._pools.made_s if self._pools is not None else 0.0
         setting = c.setting
         if self.openmp:  # the wait is libgomp's, read once at start
-            policy = os.environ.get("OMP_WAIT_POLICY", "default").lower()
+            count = os.environ.get("GOMP_SPINCOUNT", "").strip()
+            policy = (f"spin{count}" if count else
+                      os.environ.get("OMP_WAIT_POLICY", "default").strip().lower())
             setting = f"{setting.split('x')[0]}x{policy}"
         # the latest readings as they arrived (the controller takes them in after its next step)
         load, game = self.host_load, self.game
