@@ -360,6 +360,7 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
     text = " ".join(f"w{i}" for i in range(800))
     greedy = SamplingParams(temperature=0.0)
     chunks: dict[int, int] = {}
+    targets: dict[int, float] = {}
     interrupts = 0
     with Engine(path, ladder.cpu.plan, cfg) as eng:
         # the rank's case up to three times: a cancel that comes between two steps (they are
@@ -374,8 +375,10 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
             next(iter(talking))  # it decodes now
             gen = eng.chat(reader, text, max_tokens=4)
             time.sleep(0.5)  # a few steps: the prompt's speed and the decode's are learnt
-            chunks[talker_priority] = eng.status()["step"]["chunk"]
-            before = eng.status()["step"]["interrupted"]
+            step = eng.status()["step"]
+            chunks[talker_priority] = step["chunk"]
+            targets[talker_priority] = step["target_s"]
+            before = step["interrupted"]
             gen.cancel()
             assert gen.result(30).completion_tokens == 0
             if talker_priority == 0:
@@ -384,8 +387,9 @@ def test_a_waiting_npc_gets_longer_steps_beside_a_talking_npc_of_its_own_rank(sm
             talking.result(30)
             eng.close_session(talker)
             eng.close_session(reader)
-    print(f"measured: prompt chunk beside a talker of its rank {chunks[0]}, "
-          f"beside the player {chunks[10]}")
+    print(f"measured: prompt chunk beside a talker of its rank {chunks[0]} "
+          f"(step target {targets[0]} s), beside the player {chunks[10]} ({targets[10]} s)")
+    assert targets[10] == cfg.max_step_s < targets[0], targets
     # the decode leaves a prompt at least (0.2 - d) s of each step instead of max(0.02 - d, d)
     assert chunks[0] >= 2 * chunks[10], chunks
     # a long step beside a talker is interrupted by the cancel, not waited out

@@ -107,8 +107,10 @@ class EngineCore:
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self._decode_s: float | None = None  # measured time of a step of decoding replies alone
+        # target_s: the last step's target length (longer while NPCs wait to start beside
+        # talking ones: scheduler.step_target); chunk: its token budget
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
-                           "interrupted": 0}
+                           "interrupted": 0, "target_s": 0.0}
         self._drafting = Drafting(config, self._take)
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
         self.threads = ThreadRunner.for_engine(config.n_threads, config.thread_wait,
@@ -667,6 +669,7 @@ class EngineCore:
         interruptible = abortable and not others_decoding
         if not abortable:
             step_s = min(step_s, self.config.max_step_s)
+        self.step_stats["target_s"] = round(step_s, 4)
         budget = self._token_budget(others_decoding=others_decoding,
                                     interruptible=interruptible, decoding=decoding,
                                     step_s=step_s)
