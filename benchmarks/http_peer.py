@@ -20,6 +20,23 @@ import httpx
 MIB = 1024**2
 
 
+class GapClock:
+    """When a stream's pieces arrive: the first one, and the longest wait between two after
+    it (a talking NPC that stops mid-sentence)."""
+
+    def __init__(self) -> None:
+        self.first: float | None = None
+        self.last: float | None = None
+        self.max_gap_s = 0.0
+
+    def piece(self, now: float | None = None) -> None:
+        now = time.perf_counter() if now is None else now
+        if self.last is not None:
+            self.max_gap_s = max(self.max_gap_s, now - self.last)
+        self.first = self.first or now
+        self.last = now
+
+
 @dataclass
 class Turn:
     """One streamed chat completion as the client saw it."""
@@ -65,13 +82,11 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
     left = max(1.0, deadline - time.monotonic())
     timeout = httpx.Timeout(connect=10.0, read=left, write=10.0, pool=10.0)
     t0 = time.perf_counter()
-    first: float | None = None
     said: list[str] = []
     usage: dict[str, Any] = {}
     timings: dict[str, float] = {}
     cut = False
-    last: float | None = None
-    max_gap = 0.0
+    clock = GapClock()
     with http.stream("POST", url, json=body, timeout=timeout) as r:
         if r.status_code != 200:
             raise RuntimeError(f"{url}: HTTP {r.status_code}: {r.read()[:300]!r}")
@@ -90,10 +105,7 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
                 for c in chunk.get("choices") or []:
                     piece = (c.get("delta") or {}).get("content")
                     if piece:
-                        now = time.perf_counter()
-                        first = first or now
-                        max_gap = max(max_gap, now - last) if last is not None else 0.0
-                        last = now
+                        clock.piece()
                         said.append(piece)
         except httpx.RemoteProtocolError as e:
             e.answered = True  # type: ignore[attr-defined]  # a reply broken off: no retry
@@ -106,10 +118,10 @@ def _stream_once(http: httpx.Client, url: str, body: dict[str, Any], deadline: f
         cached = int(timings["cache_n"])
     prefilled = int(timings["prompt_n"]) if "prompt_n" in timings else (
         prompt - cached if cached is not None and prompt else None)
-    return Turn(turn_s=end - t0, ttft_s=(first or end) - t0,
+    return Turn(turn_s=end - t0, ttft_s=(clock.first or end) - t0,
                 completion_tokens=int(usage.get("completion_tokens", len(said))),
                 prompt_tokens=prompt, cached_tokens=cached, prefilled_tokens=prefilled,
-                text="".join(said), timings=timings, cut=cut, max_gap_s=max_gap)
+                text="".join(said), timings=timings, cut=cut, max_gap_s=clock.max_gap_s)
 
 
 class VramSampler:

@@ -52,7 +52,7 @@ from typing import TYPE_CHECKING, Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from http_peer import MIB, VramSampler, gpu_free_bytes, stream_chat
+from http_peer import MIB, GapClock, VramSampler, gpu_free_bytes, stream_chat
 from npc_scenes import Npc, Reply, best_ngl, markdown, next_ngl, npc_prompts, summarize
 
 if TYPE_CHECKING:
@@ -171,20 +171,16 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         def one(i: int, npc: Npc, barrier: threading.Barrier) -> Reply:
             barrier.wait(30)
             sent = time.perf_counter()
-            first = last = None
-            max_gap = 0.0
+            clock = GapClock()
             stream = clients[i + 1].chat(sids[i], npc.line, max_tokens=args.tokens)
             for _ in stream:
-                now = time.perf_counter()
-                first = first or now
-                max_gap = max(max_gap, now - last) if last is not None else 0.0
-                last = now
+                clock.piece()
             done = stream.done or {}
             usage = done.get("usage") or {}
-            return Reply(i, sent, first, time.perf_counter(), int(usage.get("completion_tokens",
-                                                                            0)),
+            return Reply(i, sent, clock.first, time.perf_counter(),
+                         int(usage.get("completion_tokens", 0)),
                          int(usage.get("prompt_tokens", 0)), str(done.get("finish_reason")),
-                         max_gap_s=max_gap)
+                         max_gap_s=clock.max_gap_s)
 
         replies = run_npcs(npcs, one, end, lambda: _stop(proc))
         row.update(summarize(replies, args.tokens))

@@ -650,6 +650,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     from igi_sdk.sidecar import HostConfig, ServerConfig, build_server
 
+    if not 0.0 <= args.reading_tps < float("inf"):  # NaN fails it too
+        raise UsageError(f"--reading-tps is tokens a second, 0 or more (got {args.reading_tps})")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from igi_sdk.guest import run_behind_the_game
     from igi_sdk.guest.logs import configure_logging

@@ -256,3 +256,13 @@ def test_a_sidecar_that_does_not_start_leaves_its_last_words_in_the_row(tiny_lla
     assert ours["status"].startswith("failed"), ours
     assert any("missing-draft.gguf" in line or "draft" in line
                for line in ours["sidecar_output_tail"]), ours["sidecar_output_tail"]
+
+
+def test_the_gap_clock_keeps_the_first_piece_and_the_longest_wait_after_it() -> None:
+    from benchmarks.http_peer import GapClock
+
+    clock = GapClock()
+    for t in (10.0, 10.1, 10.9, 11.0):
+        clock.piece(t)
+    assert clock.first == 10.0 and clock.last == 11.0
+    assert clock.max_gap_s == pytest.approx(0.8)

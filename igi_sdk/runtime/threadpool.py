@@ -77,16 +77,14 @@ def libgomp_wait() -> Wait:
     it once): SLEEP where they sleep at once (OMP_WAIT_POLICY=PASSIVE, what igi_sdk sets unless
     told otherwise, or GOMP_SPINCOUNT=0), SPIN where they spin first (any spin count, ACTIVE,
     or libgomp's own default of about 300,000 rounds)."""
-    policy = os.environ.get("OMP_WAIT_POLICY", "").strip().lower()
     count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
-    if policy == "passive" and not count:
-        return Wait.SLEEP
-    if count:
+    if count:  # a spin count wins over the policy
         try:
             return Wait.SLEEP if int(count) == 0 else Wait.SPIN
         except ValueError:
             return Wait.SPIN  # "infinity" (or libgomp's own default for what it cannot read)
-    return Wait.SPIN
+    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
+    return Wait.SLEEP if passive else Wait.SPIN
 
 
 def uses_openmp() -> bool:
