@@ -8,7 +8,8 @@ Each policy runs in a process of its own (libgomp reads its wait policy once, wh
 restricted to the first ``--cpus`` CPUs. Conditions alternate within each round (idle, busy,
 idle, ...) so that load from elsewhere on a shared machine hits them alike; each figure is the
 median over rounds, with the range. Policies: with the OpenMP build (this interpreter),
-``OMP_WAIT_POLICY`` PASSIVE and ACTIVE at every CPU's thread, and the adaptive runtime; with a
+``OMP_WAIT_POLICY`` PASSIVE and ACTIVE and ``GOMP_SPINCOUNT=20000`` at every CPU's thread (a
+spinning count is lowered while other processes want its cores), and the adaptive runtime; with a
 build without OpenMP (``--python``), ggml's pools at poll 0 (sleep), 1 (poll) and 100 (spin)
 and the adaptive runtime. "auto" starts from every CPU's thread; "auto-default" from the
 runtime's default count.
@@ -85,7 +86,9 @@ def policies(openmp: bool, cpus: int) -> list[tuple[str, dict, dict]]:
     fixed = {"threads": cpus, "adapt": False}
     if openmp:
         rows = [("omp-passive", {**fixed, "wait": "auto"}, {"OMP_WAIT_POLICY": "PASSIVE"}),
-                ("omp-active", {**fixed, "wait": "auto"}, {"OMP_WAIT_POLICY": "ACTIVE"})]
+                ("omp-active", {**fixed, "wait": "auto"}, {"OMP_WAIT_POLICY": "ACTIVE"}),
+                # a bounded spin: the fixed count then follows the free cores
+                ("omp-spin20000", {**fixed, "wait": "auto"}, {"GOMP_SPINCOUNT": "20000"})]
     else:
         rows = [(f"pool-{w}", {**fixed, "wait": w}, {}) for w in ("sleep", "poll", "spin")]
     tag = "omp-" if openmp else "pool-"
