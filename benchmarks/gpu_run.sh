@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Reproduces docs/benchmarks.md on an NVIDIA machine with no internet:
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
-#   then
+#   bash benchmarks/gpu_wheels.sh (the SDK's dependencies the image lacks), then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
@@ -45,9 +45,21 @@ else
   rm -rf /tmp/site /tmp/lcpp
   bash .gpu/build-cuda-cmake.sh .gpu >> "$out/build.txt" 2>&1 || { tail -20 "$out/build.txt"; exit 1; }
   echo "build: $(( SECONDS - t_build )) s" | tee -a "$out/build.txt"
-  [ "${PACK_BUILD:-0}" = 1 ] && pack_build 2>&1 | tee -a "$out/build.txt"
+  # the npcs part packs once its llama-server is built too
+  [ "${PACK_BUILD:-0}" = 1 ] && [ "$part" != npcs ] && pack_build 2>&1 | tee -a "$out/build.txt"
 fi
 export PYTHONPATH=/tmp/site:$PWD PYTHONUNBUFFERED=1
+# the SDK's own dependencies that the image lacks (llguidance, fastapi, ...), carried as wheels
+# in .gpu/wheels-extra (benchmarks/gpu_wheels.sh downloads them), into /tmp/site beside
+# llama-cpp-python; then every module a part starts must import, or the call stops here
+if ! python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" 2> /dev/null \
+   && ls .gpu/wheels-extra/*.whl > /dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
+    .gpu/wheels-extra/*.whl 2>&1 | grep -v "^WARNING" | tail -3
+fi
+python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" > "$out/imports.txt" 2>&1 \
+  || { echo "the SDK does not import here (missing wheels? benchmarks/gpu_wheels.sh):"; \
+       tail -3 "$out/imports.txt"; exit 1; }
 # NOOMP=1: also llama.cpp's CPU backend built without OpenMP (ggml's own threadpools, whose wait
 # the sidecar chooses while running), as /tmp/site-noomp: the same build with that one library
 # swapped; rows run with PYTHONPATH=/tmp/site-noomp:... and LD_LIBRARY_PATH (the build tree's

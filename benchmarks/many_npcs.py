@@ -152,7 +152,7 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         ctl = Client(ep, timeout=30)
         clients.append(ctl)
         try:
-            ctl.wait_ready(max(1.0, end - time.monotonic() - 30))
+            _wait_ready(ctl, proc, end - 30)
         except Exception:
             row["not_ready"] = _why_not_ready(ctl, proc)
             raise
@@ -182,7 +182,11 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
                          int(usage.get("prompt_tokens", 0)), str(done.get("finish_reason")),
                          max_gap_s=clock.max_gap_s)
 
-        replies = run_npcs(npcs, one, end, lambda: _stop(proc))
+        watch = EngineWatch(Client(ep, timeout=5))
+        try:
+            replies = run_npcs(npcs, one, end, lambda: _stop(proc))
+        finally:
+            row["engine_samples"] = watch.stop()
         row.update(summarize(replies, args.tokens))
         row["replies"] = [asdict(r) for r in replies]
         row["status"] = "ok"
@@ -201,6 +205,59 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
         row["sidecar_output_tail"] = _tail(args.logs / f"ours-{budget}-{n}.out", 120)
     row["fits_budget"] = _fits(row["vram"]["peak"], budget)
     return row
+
+
+class EngineWatch:
+    """The sidecar's engine as the NPCs talk: every ``every_s`` its ``stats`` (the last step's
+    time and prompt chunk, the replies decoding, the thread setting), on a thread and a
+    connection of its own (a client's sockets belong to one thread)."""
+
+    MAX_SAMPLES = 600
+
+    def __init__(self, client: Client, every_s: float = 1.0) -> None:
+        self._client, self._every = client, every_s
+        self._stop = threading.Event()
+        self.samples: list[dict[str, Any]] = []
+        self._t0 = time.monotonic()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self._every) and len(self.samples) < self.MAX_SAMPLES:
+            try:
+                eng = self._client.stats().get("engine") or {}
+            except Exception:  # noqa: BLE001 - a sample missed; the run goes on
+                continue
+            step, threads = eng.get("step") or {}, eng.get("threads") or {}
+            self.samples.append({"t": round(time.monotonic() - self._t0, 2),
+                                 "replies": eng.get("active_replies"),
+                                 "step_s": step.get("last_s"), "chunk": step.get("chunk"),
+                                 "target_s": step.get("target_s"),
+                                 "threads": threads.get("setting")})
+
+    def stop(self) -> list[dict[str, Any]]:
+        self._stop.set()
+        self._thread.join(10)
+        self._client.close()
+        return self.samples
+
+
+def _wait_ready(ctl: Client, proc: subprocess.Popen[bytes], end: float) -> None:
+    """``ctl.wait_ready`` in short polls until ``end`` (monotonic), failing as soon as the
+    sidecar has exited (a start that fails, e.g. on an import, is seen in seconds, not at the
+    row's timeout)."""
+    from igi_sdk.client import SidecarUnavailable
+
+    while True:
+        try:
+            ctl.wait_ready(min(1.0, max(0.1, end - time.monotonic())))
+            return
+        except SidecarUnavailable:
+            if proc.poll() is not None:
+                raise SidecarUnavailable(f"the sidecar exited ({proc.returncode}) "
+                                         "before it was ready") from None
+            if time.monotonic() >= end:
+                raise
 
 
 def _why_not_ready(ctl: Client, proc: subprocess.Popen[bytes]) -> dict[str, Any]:

@@ -153,6 +153,8 @@ def test_the_script_runs_both_sides_on_the_cpu(tiny_llama: Path, tmp_path: Path)
     assert ours["completed"] == 2 and not ours["errors"] and ours["plan"] == "all-cpu"
     assert ours["tokens"] <= 16 and ours["aggregate_tps"] > 0
     assert ours["prompt_tokens"] > 400  # both NPCs' cards and scenes reached the model
+    assert all(set(x) >= {"t", "replies", "step_s", "chunk", "threads"}
+               for x in ours["engine_samples"]), ours["engine_samples"]
     assert "--max-sessions 2 --ctx 2048" in ours["cmd"] and "--vram" not in ours["cmd"]
     assert up["status"] == "ok" and up["placement"] == "-ngl 0", up  # no NVML: the CPU
     assert (up["tokens"], up["short_replies"], up["completed"]) == (16, 0, 2)
@@ -253,7 +255,8 @@ def test_a_sidecar_that_does_not_start_leaves_its_last_words_in_the_row(tiny_lla
         capture_output=True, text=True, timeout=120, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
     ours = json.loads((out / "npcs.json").read_text())["rows"][0]
-    assert ours["status"].startswith("failed"), ours
+    # seen as it exits, not at the row's timeout
+    assert ours["status"].startswith("failed") and "exited" in ours["status"], ours
     assert any("missing-draft.gguf" in line or "draft" in line
                for line in ours["sidecar_output_tail"]), ours["sidecar_output_tail"]
 
