@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 import igi_sdk
 from igi_sdk.errors import IgiError, ModelError, ModelFileNotFoundError, UsageError
 from igi_sdk.native_preload import preload_env, reexec_with_native_preload
+from igi_sdk.omp_wait import start_env
 
 # the names callers and tests know this by
 _reexec_with_native_preload = reexec_with_native_preload
@@ -1124,8 +1125,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--log-file", help="the sidecar's log (default: the per-user log folder's "
                                        "sidecar.log, rotated at 5 MiB, 3 kept)")
     sv.add_argument("--wait", choices=("auto", "spin", "poll", "sleep"), default="auto",
-                    help="how idle CPU threads wait between steps (auto: chosen while running; "
-                         "needs llama.cpp built without OpenMP, else libgomp's policy holds)")
+                    help="how idle CPU threads wait between steps. With llama.cpp's OpenMP "
+                         "build (the default): auto keeps the environment's wait (PASSIVE "
+                         "unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set), spin = a bounded "
+                         "spin (GOMP_SPINCOUNT=20000; the thread count then follows the free "
+                         "cores), sleep = PASSIVE; built without OpenMP: auto is chosen "
+                         "while running")
     sv.add_argument("--game-threads", type=int, default=0,
                     help="threads the game keeps busy: the model's threads avoid that many CPUs")
     sv.add_argument("--ctx", type=int, default=4096)
@@ -1219,9 +1224,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    if argv is None:  # a real command line (not a call from Python): make native loads safe
-        reexec_with_native_preload()
     args = build_parser().parse_args(argv)
+    if argv is None:  # a real command line (not a call from Python): make native loads safe,
+        # with the thread wait `serve --wait` names where libgomp reads it at load
+        wait = getattr(args, "wait", "auto") if getattr(args, "fn", None) is cmd_serve else "auto"
+        reexec_with_native_preload(start_env(os.environ, wait))
     try:
         return int(args.fn(args))
     except IgiError as e:
