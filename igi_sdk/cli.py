@@ -492,7 +492,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:  # this machine: planned as `chat --vram` plans, dry-run checked where there is a GPU
         guess = cached_before_backend()  # the threshold is asked for before the backend starts
         if guess is not None:
-            prepare_backend(inv, guess, outputs=wl.outputs)
+            prepare_backend(inv, guess, outputs=wl.outputs, talking=wl, budget=budget)
         prof = _machine_profile()[0]
         wl = with_threshold_in_effect(wl)  # what this process's llama.cpp runs with
         check = DryRun(Path(args.model), ContextSettings(args.ctx, args.seqs, 512, 0,
@@ -506,13 +506,15 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"TTFT of a {wl.prompt_tokens}-token prompt, decode at "
           f"{wl.prompt_tokens + wl.gen_tokens // 2} tokens of context; --prompt sets the "
           "prompt, as short as a chat line's for figures comparable to `igi-sdk chat`'s)")
-    print("\nstrategy               ubatch  fits   VRAM      TTFT s   decode tok/s  turn s")
+    print("\nstrategy               ubatch  copy from  fits   VRAM      TTFT s   decode tok/s  "
+          "turn s")
+    finished = {"predicted": best.predicted, "vram_bytes": best.vram_bytes}
     for c in sorted(result.candidates, key=lambda c: (not c.fits, c.score)):
-        mark = "*" if c.plan == best or (c.plan.name == best.name and c.plan.n_ubatch == \
-            best.n_ubatch) else " "
-        print(f"{mark} {c.plan.name:<20} {c.plan.n_ubatch:>6}  {'yes' if c.fits else 'no ':<4} "
-              f"{_fmt_bytes(c.vram['total']):>10} {c.ttft_s:8.2f} {c.decode_tps:13.1f} "
-              f"{c.score:7.2f}")
+        mark = "*" if c.plan.model_copy(update=finished) == best else " "
+        copy = str(c.plan.copy_compute_min_batch) if c.plan.op_offload else "-"
+        print(f"{mark} {c.plan.name:<20} {c.plan.n_ubatch:>6}  {copy:>9}  "
+              f"{'yes' if c.fits else 'no ':<4} {_fmt_bytes(c.vram['total']):>10} "
+              f"{c.ttft_s:8.2f} {c.decode_tps:13.1f} {c.score:7.2f}")
     gpu = set(best.gpu_tensors)
     print(f"\nchosen: {best.name} (n_ubatch {best.n_ubatch}, flash attention {best.flash_attn}, "
           f"copy-compute from {best.copy_compute_min_batch} tokens"
@@ -653,6 +655,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.reading_tps < float("inf"):  # NaN fails it too
         raise UsageError(f"--reading-tps is tokens a second, 0 or more (got {args.reading_tps})")
+    if not 1 <= args.talking <= args.max_sessions:
+        raise UsageError(f"--talking is NPCs talking at once, 1 to --max-sessions "
+                         f"({args.max_sessions}); got {args.talking}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from igi_sdk.guest import run_behind_the_game
     from igi_sdk.guest.logs import configure_logging
@@ -711,7 +716,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vision_gpu=args.vision_gpu or args.vision_borrow,
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
         context_floor=args.context_floor,
-        vram_cap=parse_size(args.vram) if args.vram else None,
+        vram_cap=parse_size(args.vram) if args.vram else None, talking=args.talking,
     )
     _more_descriptors()
     try:
@@ -1135,6 +1140,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="threads the game keeps busy: the model's threads avoid that many CPUs")
     sv.add_argument("--ctx", type=int, default=4096)
     sv.add_argument("--max-sessions", type=int, default=8)
+    sv.add_argument("--talking", type=int, default=1,
+                    help="NPCs you expect to talk at once (1 to --max-sessions): the plan is "
+                         "chosen for their decode steps together, which on a GPU plan may then "
+                         "stream the CPU-resident weights instead of computing them on the CPU")
     sv.add_argument("--orphan-ttl", type=float, default=300.0,
                     help="seconds a session of a client that left waits to be adopted (it is "
                          "closed sooner when a connected client needs its slot)")

@@ -347,3 +347,11 @@ def test_progress_is_silent_for_a_quick_step_and_shown_after_a_second(capsys) ->
         p(0.5, "half")
     err = capsys.readouterr().err
     assert "slow ..." in err and "slow: 50% (half)" in err and "slow: done after" in err
+
+
+@pytest.mark.parametrize("bad", [("--talking", "0"), ("--talking", "9"),
+                                 ("--max-sessions", "2", "--talking", "3")])
+def test_serve_refuses_more_npcs_talking_than_it_holds(tmp_path, bad: tuple[str, ...]) -> None:
+    r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", *bad)
+    assert r.returncode == 2 and "--talking" in r.stderr, r.stderr
+    assert "listening" not in r.stderr and "[internal]" not in r.stderr

@@ -19,7 +19,15 @@ from pydantic import ValidationError
 from igi_sdk.arbiter import NvmlSource
 from igi_sdk.errors import PlanError
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
-from igi_sdk.planner import FlashAttn, KvType, Plan, Workload, copy_threshold, plan_for
+from igi_sdk.planner import (
+    FlashAttn,
+    KvType,
+    Plan,
+    Workload,
+    batch_threshold,
+    copy_threshold,
+    plan_for,
+)
 from igi_sdk.planner.planner import evaluate
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import _native, loader, nvml
@@ -428,3 +436,66 @@ def test_loader_fails_before_loading_and_never_leaks_the_model(
     with pytest.raises(RuntimeError):
         loader.load(default_model, inventory, Plan.all_cpu(), settings, dry_run=True)
     assert len(loads) == 1 and frees == loads  # the model was freed
+
+
+# --- NPCs talking together: a threshold their decode batch streams from ---------------------------
+
+
+@pytest.fixture(scope="module")
+def llama8b(tmp_path_factory: pytest.TempPathFactory):
+    """The 8B's inventory (header only: the data is a hole)."""
+    return read_inventory(write_synthetic_gguf(tmp_path_factory.mktemp("8b") / "m.gguf",
+                                               "llama3-8b", data=False))
+
+
+NPCS = Workload(n_ctx=16 * 1280, n_seqs=16, n_outputs=16, prompt_tokens=1024, gen_tokens=128)
+FOUR_GB = 4_000_000_000
+
+
+def test_sixteen_npcs_talking_stream_their_decode_batch_where_it_pays(llama8b, h200) -> None:
+    """With one more than a step's logits rows as the threshold (17), sixteen NPCs decoding
+    together compute the CPU-resident weights on the CPU at every step; the planner now also
+    tries the threshold from which streaming them pays, and keeps it where it predicts more."""
+    high = copy_threshold(llama8b, h200, True, NPCS.outputs + 1)
+    batch = batch_threshold(llama8b, h200, NPCS)
+    assert batch is not None and batch <= NPCS.n_seqs < high
+    best = plan_for(llama8b, h200, FOUR_GB, NPCS).best
+    before = plan_for(llama8b, h200, FOUR_GB, dataclasses.replace(NPCS, copy_min_batch=high)).best
+    assert best.op_offload and best.copy_compute_min_batch == batch
+    assert best.predicted["decode_tps"] > 2 * before.predicted["decode_tps"]
+    assert best.vram_bytes["total"] <= FOUR_GB  # the output head's staging copy is counted
+    # memory-mapped host weights (the arbiter's) stream at pageable speed: the better of the two
+    mapped = dataclasses.replace(NPCS, pin_host=False)
+    pick = plan_for(llama8b, h200, FOUR_GB, mapped).best.predicted["turn_s"]
+    for threshold in (copy_threshold(llama8b, h200, False, 1), high):
+        fixed = plan_for(llama8b, h200, FOUR_GB,
+                         dataclasses.replace(mapped, copy_min_batch=threshold)).best
+        assert pick <= fixed.predicted["turn_s"]
+
+
+def test_one_npc_talking_keeps_the_threshold_above_the_logits_rows(llama8b, h200) -> None:
+    one = dataclasses.replace(NPCS, n_seqs=1)
+    assert batch_threshold(llama8b, h200, one) is None
+    best = plan_for(llama8b, h200, FOUR_GB, one).best
+    assert not best.op_offload or best.copy_compute_min_batch > one.outputs
+
+
+def test_the_backend_is_asked_for_the_talking_npcs_threshold(
+    llama8b, h200: Profile, fresh_backend: _native.BackendState,
+) -> None:
+    batch = batch_threshold(llama8b, h200, NPCS)
+    asked = autoplan.prepare_backend(llama8b, h200, outputs=NPCS.outputs, talking=NPCS,
+                                     budget=FOUR_GB)
+    assert asked == batch == fresh_backend.requested
+    _fake_start(fresh_backend, {})
+    wl = autoplan.with_threshold_in_effect(NPCS)
+    assert plan_for(llama8b, h200, FOUR_GB, wl).best.copy_compute_min_batch == batch
+
+
+def test_without_npcs_talking_together_the_backend_is_asked_as_before(
+    llama8b, h200: Profile, fresh_backend: _native.BackendState,
+) -> None:
+    one = dataclasses.replace(NPCS, n_seqs=1)
+    asked = autoplan.prepare_backend(llama8b, h200, outputs=one.outputs, talking=one,
+                                     budget=FOUR_GB)
+    assert asked == copy_threshold(llama8b, h200, True, one.outputs + 1)

@@ -102,12 +102,14 @@ def write_synthetic_gguf(
     *,
     seed: int = 0,
     progress: Callable[[float], None] | None = None,
+    data: bool = True,
 ) -> Path:
     """Write a synthetic model to ``path`` and return the path.
 
     ``spec`` is a SyntheticSpec or the name of a PRESET. The same spec and seed give a
     byte-identical file. ``progress`` is called with the fraction of tensor bytes written.
     The file appears at ``path`` only when complete (it is written to ``<path>.part`` first).
+    ``data=False``: the header alone, the data a hole (see :func:`write_gguf`).
     """
     spec = _resolve(spec)
 
@@ -115,7 +117,8 @@ def write_synthetic_gguf(
         _add_hparams(w, spec)
         _add_tokenizer(w, spec.n_vocab)
 
-    return write_gguf(path, spec.arch, _plan_tensors(spec), metadata, seed=seed, progress=progress)
+    return write_gguf(path, spec.arch, _plan_tensors(spec), metadata, seed=seed, progress=progress,
+                      data=data)
 
 
 def write_gguf(

@@ -25,6 +25,7 @@ superset of tensors and the predicted speed never drops as the budget grows.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 from dataclasses import dataclass, field
 
@@ -143,7 +144,10 @@ class PlanResult:
         a, b = fit[0], fit[1]
 
         def label(c: Candidate) -> str:
-            return f"'{c.plan.name}' (n_ubatch {c.plan.n_ubatch})"
+            copy = (f", copy-compute from {c.plan.copy_compute_min_batch}"
+                    if c.plan.op_offload and a.plan.copy_compute_min_batch
+                    != b.plan.copy_compute_min_batch else "")
+            return f"'{c.plan.name}' (n_ubatch {c.plan.n_ubatch}{copy})"
 
         return (f"{label(a)} predicts {a.score:.2f} s per turn "
                 f"(TTFT {a.ttft_s:.2f} s, {a.decode_tps:.1f} tok/s) vs {b.score:.2f} s for the "
@@ -527,8 +531,40 @@ def plan_for(
     """The fastest plan (predicted time for one turn) whose VRAM fits ``budget`` bytes.
 
     ``budget=None`` or a CPU-only profile gives the CPU plan. A budget below the smallest GPU
-    plan raises :class:`BudgetTooSmallError` naming that minimum."""
+    plan raises :class:`BudgetTooSmallError` naming that minimum.
+
+    Where the workload has sessions talking together and the process's copy-compute threshold
+    is not fixed yet, the plans are searched with two thresholds: one more than a step's logits
+    rows (no staging copy of a CPU-resident output head) and the lower one from which their
+    decode batch streams its CPU-resident weights (:func:`batch_threshold`)."""
     wl = wl or Workload()
+    batch = batch_threshold(inv, prof, wl) if budget is not None else None
+    if batch is None:
+        return _plan_at(inv, prof, budget, wl)
+    one = _plan_at(inv, prof, budget, wl)
+    try:
+        streamed = _plan_at(inv, prof, budget, dataclasses.replace(wl, copy_min_batch=batch))
+    except BudgetTooSmallError:  # its staging copy does not fit
+        return one
+    cands = one.candidates + streamed.candidates
+    best = choose(cands)
+    return PlanResult(_finish(best.plan, best), cands, budget, one.minimum_bytes)
+
+
+def batch_threshold(inv: ModelInventory, prof: Profile, wl: Workload) -> int | None:
+    """A copy-compute threshold low enough that a decode step of ``wl.n_seqs`` sessions talking
+    together streams the CPU-resident weights to the GPU, where streaming them beats computing
+    them on the CPU at that batch; None where one session talks, the threshold is fixed
+    already, there is no GPU, or streaming does not pay at that batch."""
+    if wl.n_seqs < 2 or wl.copy_min_batch is not None or prof.gpu is None:
+        return None
+    low = copy_threshold(inv, prof, wl.pin_host, 1)
+    return low if low <= wl.n_seqs else None
+
+
+def _plan_at(
+    inv: ModelInventory, prof: Profile, budget: int | None, wl: Workload,
+) -> PlanResult:
     if prof.gpu is None or budget is None:
         cpu = Plan.all_cpu()
         cand = evaluate(inv, cpu, prof.model_copy(update={"gpu": None}), wl, None)

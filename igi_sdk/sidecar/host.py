@@ -62,7 +62,7 @@ from igi_sdk.tuning import (
     prepare_backend,
     with_threshold_in_effect,
 )
-from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun
+from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun, half_free
 from igi_sdk.tuning.measure import cached_profile
 from igi_sdk.upstream.policy import LocalHealth
 
@@ -108,6 +108,10 @@ class HostConfig:
     # the most VRAM the model may take (bytes): a cap, not a fixed budget — under the arbiter
     # the model takes at most this, less when the game needs it
     vram_cap: int | None = None
+    # NPCs expected to talk at once: plans (and llama.cpp's copy-compute threshold, fixed when
+    # its backend starts) are chosen for their decode steps, which may then stream the
+    # CPU-resident weights to the GPU instead of computing them on the CPU
+    talking: int = 1
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -243,7 +247,8 @@ class ModelHost:
                                   n_ctx=request.n_ctx, max_sessions=request.max_sessions,
                                   n_threads=self.cfg.n_threads, profile=prof,
                                   outputs=cfg.outputs_per_step, pin_host=not borrowed,
-                                  beside=aside, n_batch=cfg.n_batch).best
+                                  beside=aside, n_batch=cfg.n_batch,
+                                  talking=self.cfg.talking).best
 
         plan = planned(beside)
         if not borrowed:
@@ -267,20 +272,21 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        wl = arbiter_workload(request.n_ctx, settings.n_outputs)
+        wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
         early = (Profile.load(cfg.profile) if cfg.profile is not None
                  else cached_before_backend(cfg.n_threads or None))
+        caps = [c for c in (cfg.vram_cap, request.vram_budget) if c is not None]
+        cap = min(caps) if caps else None
         if early is not None:
-            prepare_backend(inventory, early, pinned=wl.pin_host, outputs=wl.outputs)
+            prepare_backend(inventory, early, pinned=wl.pin_host, outputs=wl.outputs,
+                            talking=wl, budget=cap or half_free(early))
         prof = early if cfg.profile is not None and early is not None else load_or_measure(
             threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:
             return None
-        caps = [c for c in (cfg.vram_cap, request.vram_budget) if c is not None]
-        cap = min(caps) if caps else None
         # every GPU rung takes the budget path a fixed budget takes (dry-run checked where
         # llama.cpp has a GPU); rungs above the cap would never be used, so none is planned
         wl = with_threshold_in_effect(wl)

@@ -26,6 +26,7 @@ from igi_sdk.planner import (
     Plan,
     PlanResult,
     Workload,
+    batch_threshold,
     copy_threshold,
     plan_for,
     typical_prompt,
@@ -123,15 +124,27 @@ def _fill_slack(
 
 
 def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True,
-                    outputs: int = 1) -> int | None:
+                    outputs: int = 1, talking: Workload | None = None,
+                    budget: int | None = None) -> int | None:
     """Ask llama.cpp, before its backend starts, for the copy-compute threshold the planner
     chooses for this model and machine (``pinned``: host weights pinned, as in
     ``Workload.pin_host``; ``outputs``: logits rows of a decode step, ``Workload.outputs``).
+    With ``talking``, a workload of several sessions decoding together, and the ``budget`` it
+    is planned for: the threshold of the best plan for it, which may be low enough that their
+    decode batch streams its CPU-resident weights (``planner.batch_threshold``).
     Starts nothing; does nothing on a profile without a GPU or once the backend has started.
     Returns the threshold the start will use (None: nothing asked)."""
     if prof.gpu is None or _native.backend_started():
         return None
-    return _native.prepare_backend(copy_threshold(inv, prof, pinned, outputs + 1))
+    threshold = copy_threshold(inv, prof, pinned, outputs + 1)
+    if talking is not None and budget is not None and batch_threshold(inv, prof, talking):
+        try:
+            best = plan_for(inv, prof, budget, talking).best
+        except BudgetTooSmallError:
+            best = None
+        if best is not None and best.op_offload:
+            threshold = best.copy_compute_min_batch
+    return _native.prepare_backend(threshold)
 
 
 def with_threshold_in_effect(wl: Workload) -> Workload:
@@ -154,6 +167,7 @@ def plan_for_model(
     pin_host: bool = True,
     beside: Beside | None = None,
     n_batch: int = 512,
+    talking: int = 1,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one,
     :class:`BudgetPlanner`'s for ``budget`` (default: half the GPU's free memory) from
@@ -161,17 +175,20 @@ def plan_for_model(
     goes). ``outputs``: logits rows per decode step (``EngineConfig.outputs_per_step``; default
     one per session). ``pin_host`` False: host weights stay memory-mapped (a placement the
     engine moves away from and back to, as for an encoder that borrows VRAM). ``beside``: what
-    the GPU holds beside the model (a draft, a vision encoder), out of ``budget``."""
+    the GPU holds beside the model (a draft, a vision encoder), out of ``budget``.
+    ``talking``: sessions expected to decode together (the planned turn is theirs)."""
     outputs = outputs or max_sessions
-    wl = Workload(n_ctx=n_ctx, prompt_tokens=typical_prompt(n_ctx),
-                  gen_tokens=gen_tokens, n_outputs=outputs, pin_host=pin_host)
+    wl = Workload(n_ctx=n_ctx, n_seqs=min(talking, max(outputs, 1)),
+                  prompt_tokens=typical_prompt(n_ctx), gen_tokens=gen_tokens,
+                  n_outputs=outputs, pin_host=pin_host)
     if not _native.backend_started():
         # first_gpu() below starts the backend, and so does load_or_measure (its fingerprint
         # lists llama.cpp's devices): the threshold has to be asked for from a profile found
         # without either
         guess = profile or cached_before_backend(n_threads or None)
         if guess is not None:
-            prepare_backend(inv, guess, pinned=wl.pin_host, outputs=outputs)
+            prepare_backend(inv, guess, pinned=wl.pin_host, outputs=outputs, talking=wl,
+                            budget=budget or half_free(guess))
     gpu = first_gpu()
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
@@ -182,6 +199,12 @@ def plan_for_model(
     settings = ContextSettings(n_ctx, max_sessions, n_batch, n_threads, n_outputs=outputs)
     return BudgetPlanner(inv, prof, wl, beside=beside or Beside(),
                          check=DryRun(path, settings))(budget)
+
+
+def half_free(prof: Profile) -> int | None:
+    """The default budget (half the GPU's free memory) as the profile recorded it: what a
+    threshold is asked for before the backend starts, when the live figure is not yet read."""
+    return prof.gpu.free_bytes // 2 if prof.gpu is not None else None
 
 
 # --- one path from a VRAM budget to a plan -------------------------------------------------------
