@@ -531,10 +531,14 @@ if [ "$part" = npcs ]; then
   left=$(( END - SECONDS ))
   echo "model ready at $SECONDS s; profile $prof; $left s left" | tee -a "$log"
   # the run's own deadline comes 15 s before this timeout: it stops its servers and writes
+  # NPCS_SERVE: more `serve` arguments for ours (e.g. "--talking 16 --no-arbiter");
+  # NPCS_NO_PEER=1: ours alone (a variant beside a peer row of an earlier run in this call)
+  peer=(--llama-server "$srv"); [ "${NPCS_NO_PEER:-0}" = 1 ] && peer=()
+  # shellcheck disable=SC2086
   timeout -k 15 "$left" python3 benchmarks/many_npcs.py --model "$m" \
     --budgets "${NPCS_BUDGETS:-4}" --npcs "${NPCS_N:-4,16}" --tokens 128 --threads "$t" \
-    --llama-server "$srv" --peer-placement "${NPCS_PEER:-auto}" --profile "$prof" \
-    --deadline $(( $(date +%s) + left - 15 )) --out "$out" 2>&1 \
+    "${peer[@]}" --peer-placement "${NPCS_PEER:-auto}" --profile "$prof" \
+    --deadline $(( $(date +%s) + left - 15 )) --out "$out" -- ${NPCS_SERVE:-} 2>&1 \
     | grep -v "^llama_context" | tee -a "$log"
   echo "part npcs done at $SECONDS s" | tee -a "$log"
 fi
