@@ -442,10 +442,15 @@ def test_loader_fails_before_loading_and_never_leaks_the_model(
 
 
 @pytest.fixture(scope="module")
-def llama8b(tmp_path_factory: pytest.TempPathFactory):
-    """The 8B's inventory (header only: the data is a hole)."""
-    return read_inventory(write_synthetic_gguf(tmp_path_factory.mktemp("8b") / "m.gguf",
-                                               "llama3-8b", data=False))
+def llama8b_file(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The 8B (header only: the data is a hole)."""
+    return write_synthetic_gguf(tmp_path_factory.mktemp("8b") / "m.gguf", "llama3-8b",
+                                data=False)
+
+
+@pytest.fixture(scope="module")
+def llama8b(llama8b_file: Path):
+    return read_inventory(llama8b_file)
 
 
 NPCS = Workload(n_ctx=16 * 1280, n_seqs=16, n_outputs=16, prompt_tokens=1024, gen_tokens=128)
@@ -499,3 +504,37 @@ def test_without_npcs_talking_together_the_backend_is_asked_as_before(
     asked = autoplan.prepare_backend(llama8b, h200, outputs=one.outputs, talking=one,
                                      budget=FOUR_GB)
     assert asked == copy_threshold(llama8b, h200, True, one.outputs + 1)
+
+
+@pytest.mark.parametrize("talking", [1, 16])
+def test_the_sidecar_plans_its_ladder_for_the_npcs_talking_together(
+    llama8b_file: Path, llama8b, h200: Profile, fresh_backend: _native.BackendState,
+    monkeypatch: pytest.MonkeyPatch, talking: int,
+) -> None:
+    """``serve --talking 16``: the arbiter's rungs are planned for sixteen decoding together,
+    with host weights pinned (their decode steps stream them) and the threshold asked for
+    before the backend starts; 1 (the default) plans as before."""
+    from igi_sdk.arbiter.ladder import PlanLadder, Rung
+    from igi_sdk.bridge import protocol as P
+    from igi_sdk.sidecar import host as host_mod
+    from igi_sdk.tuning.autoplan import Beside
+
+    built: list[Workload] = []
+
+    def build(inv, prof, wl, step=0, planner=None, cap=None) -> PlanLadder:
+        built.append(wl)
+        return PlanLadder([Rung(0, Plan.all_cpu())])
+
+    monkeypatch.setattr(host_mod.PlanLadder, "build", staticmethod(build))
+    monkeypatch.setattr("igi_sdk.runtime.nvml.nvml", lambda: None)
+    cfg = host_mod.HostConfig(profile=H200, talking=talking, vram_cap=FOUR_GB)
+    request = P.LoadModel(path="m.gguf", n_ctx=NPCS.n_ctx, max_sessions=16)
+    settings = ContextSettings(NPCS.n_ctx, 16, 512, 0, n_outputs=16)
+    setup = host_mod.ModelHost(cfg)._arbiter_setup(llama8b_file, llama8b, request, settings,
+                                                    Beside())
+    assert setup is not None and len(built) == 1
+    wl = built[0]
+    assert (wl.n_seqs, wl.pin_host) == (talking, talking > 1)
+    expect = (batch_threshold(llama8b, h200, dataclasses.replace(wl, copy_min_batch=None))
+              if talking > 1 else copy_threshold(llama8b, h200, False, wl.outputs + 1))
+    assert wl.copy_min_batch == fresh_backend.requested == expect

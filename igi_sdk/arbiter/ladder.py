@@ -15,15 +15,18 @@ from igi_sdk.profile import Profile
 MIB = 1024 * 1024
 
 
-def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1) -> Workload:
+def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
+                     pin_host: bool = False) -> Workload:
     """What the sidecar's ladder plans for: the turn of ``talking`` NPCs decoding together in a
     context of ``n_ctx`` (``outputs``: logits rows per decode step, at least ``talking``). Host
-    weights stay memory-mapped, since the arbiter reloads the
-    model at every reshard; the KV cache stays f16 on every rung (a reshard carries the KV bytes
-    over whole, and llama.cpp cannot read one format's cells into another's: a q8_0 rung beside
-    the f16 CPU rung would lose every conversation's cache at the move)."""
+    weights stay memory-mapped by default, since the arbiter reloads the model at every reshard
+    (pinning them took 3-4 s per 4 GB on the H200 host, mapping them nothing); ``pin_host`` is
+    for NPCs that talk together, whose decode steps stream those weights at pinned speed. The
+    KV cache stays f16 on every rung (a reshard carries the KV bytes over whole, and llama.cpp
+    cannot read one format's cells into another's: a q8_0 rung beside the f16 CPU rung would
+    lose every conversation's cache at the move)."""
     return Workload(n_ctx=n_ctx, n_seqs=max(1, min(talking, outputs or talking)),
-                    prompt_tokens=typical_prompt(n_ctx), pin_host=False, n_outputs=outputs,
+                    prompt_tokens=typical_prompt(n_ctx), pin_host=pin_host, n_outputs=outputs,
                     kv_quant=False)
 
 

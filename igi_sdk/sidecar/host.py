@@ -272,7 +272,11 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking)
+        # NPCs talking together stream the CPU-resident weights in their decode steps: pinned,
+        # at the price of a longer pause at each reshard (the VRAM is freed first either way),
+        # unless a vision encoder borrows the model's VRAM at every image turn
+        wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking,
+                              pin_host=cfg.talking > 1 and not cfg.vision_borrow)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
