@@ -533,7 +533,9 @@ if [ "$part" = npcs ]; then
   # the run's own deadline comes 15 s before this timeout: it stops its servers and writes
   # NPCS_SERVE: more `serve` arguments for ours (e.g. "--talking 16 --no-arbiter");
   # NPCS_NO_PEER=1: ours alone (a variant beside a peer row of an earlier run in this call)
+  # NPCS_TALKING=1: ours told that all N talk at once (serve --talking N)
   peer=(--llama-server "$srv"); [ "${NPCS_NO_PEER:-0}" = 1 ] && peer=()
+  [ "${NPCS_TALKING:-0}" = 1 ] && peer+=(--talking-all)
   # shellcheck disable=SC2086
   timeout -k 15 "$left" python3 benchmarks/many_npcs.py --model "$m" \
     --budgets "${NPCS_BUDGETS:-4}" --npcs "${NPCS_N:-4,16}" --tokens 128 --threads "$t" \

@@ -140,7 +140,8 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
            str(n * args.ctx_per_npc), "--log-file", str(args.logs / f"ours-{budget}-{n}.log"),
            *(["--threads", str(args.threads)] if args.threads else []),
            *(["--vram", str(int(float(budget) * GB))] if budget != "full" else []),
-           *(["--profile", args.profile] if args.profile else []), *args.extra]
+           *(["--profile", args.profile] if args.profile else []),
+           *(["--talking", str(n)] if args.talking_all else []), *args.extra]
     row: dict[str, Any] = {"side": "ours", "budget": budget, "n": n, "cmd": " ".join(cmd),
                            "placement": "as shipped"}
     out = (args.logs / f"ours-{budget}-{n}.out").open("w")
@@ -535,6 +536,8 @@ def main(argv: list[str] | None = None) -> int:
                     help="LO:HI, the NPCs' prompt lengths (synthetic tokens) spread evenly")
     ap.add_argument("--threads", type=int, default=0)
     ap.add_argument("--profile", help="the machine profile `serve` plans with")
+    ap.add_argument("--talking-all", action="store_true",
+                    help="tell ours that all N NPCs talk at once (serve --talking N)")
     ap.add_argument("--settle-s", type=float, default=4.0,
                     help="our plan must hold this long before measuring")
     ap.add_argument("--llama-server", help="upstream llama-server (its rows skipped if absent)")

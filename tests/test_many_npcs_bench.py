@@ -143,7 +143,7 @@ def test_the_script_runs_both_sides_on_the_cpu(tiny_llama: Path, tmp_path: Path)
     r = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "many_npcs.py"), "--model", str(tiny_llama),
          "--budgets", "full", "--npcs", "2", "--tokens", "8", "--ctx-per-npc", "1024",
-         "--threads", "2", "--settle-s", "0.3", "--row-timeout", "60",
+         "--threads", "2", "--settle-s", "0.3", "--row-timeout", "60", "--talking-all",
          "--llama-server", str(exe), "--out", str(out)],
         capture_output=True, text=True, timeout=150, env=env, cwd=ROOT)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
@@ -156,6 +156,7 @@ def test_the_script_runs_both_sides_on_the_cpu(tiny_llama: Path, tmp_path: Path)
     assert all(set(x) >= {"t", "replies", "step_s", "chunk", "threads"}
                for x in ours["engine_samples"]), ours["engine_samples"]
     assert "--max-sessions 2 --ctx 2048" in ours["cmd"] and "--vram" not in ours["cmd"]
+    assert "--talking 2" in ours["cmd"]  # both NPCs talk at once, and ours is told so
     assert up["status"] == "ok" and up["placement"] == "-ngl 0", up  # no NVML: the CPU
     assert (up["tokens"], up["short_replies"], up["completed"]) == (16, 0, 2)
     seen = [json.loads(x) for x in Path(f"{stub}.log").read_text().splitlines()]
