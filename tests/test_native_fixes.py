@@ -464,8 +464,13 @@ def test_sixteen_npcs_talking_stream_their_decode_batch_where_it_pays(llama8b, h
     high = copy_threshold(llama8b, h200, True, NPCS.outputs + 1)
     batch = batch_threshold(llama8b, h200, NPCS)
     assert batch is not None and batch <= NPCS.n_seqs < high
-    best = plan_for(llama8b, h200, FOUR_GB, NPCS).best
+    res = plan_for(llama8b, h200, FOUR_GB, NPCS)
+    best = res.best
     before = plan_for(llama8b, h200, FOUR_GB, dataclasses.replace(NPCS, copy_min_batch=high)).best
+    # a plan the threshold leaves unchanged (nothing offloaded) is listed once
+    keys = [(c.plan.name, c.plan.n_ubatch, round(c.score, 9), c.vram["total"])
+            for c in res.candidates]
+    assert len(keys) == len(set(keys))
     assert best.op_offload and best.copy_compute_min_batch == batch
     assert best.predicted["decode_tps"] > 2 * before.predicted["decode_tps"]
     assert best.vram_bytes["total"] <= FOUR_GB  # the output head's staging copy is counted

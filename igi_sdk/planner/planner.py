@@ -546,7 +546,12 @@ def plan_for(
         streamed = _plan_at(inv, prof, budget, dataclasses.replace(wl, copy_min_batch=batch))
     except BudgetTooSmallError:  # its staging copy does not fit
         return one
-    cands = one.candidates + streamed.candidates
+    # a plan the threshold does not change (nothing offloaded, nothing left on the CPU) once
+    def same(c: Candidate) -> tuple[str, int, float, int]:
+        return c.plan.name, c.plan.n_ubatch, round(c.score, 9), c.vram["total"]
+
+    seen = {same(c) for c in one.candidates}
+    cands = one.candidates + [c for c in streamed.candidates if same(c) not in seen]
     best = choose(cands)
     return PlanResult(_finish(best.plan, best), cands, budget, one.minimum_bytes)
 
