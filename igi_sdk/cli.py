@@ -492,7 +492,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     else:  # this machine: planned as `chat --vram` plans, dry-run checked where there is a GPU
         guess = cached_before_backend()  # the threshold is asked for before the backend starts
         if guess is not None:
-            prepare_backend(inv, guess, outputs=wl.outputs, talking=wl, budget=budget)
+            prepare_backend(inv, guess, wl, budget)
         prof = _machine_profile()[0]
         wl = with_threshold_in_effect(wl)  # what this process's llama.cpp runs with
         check = DryRun(Path(args.model), ContextSettings(args.ctx, args.seqs, 512, 0,

@@ -296,7 +296,7 @@ def test_threshold_in_effect_equals_the_planned_copy_plans(
     inv, h200: Profile, fresh_backend: _native.BackendState,
 ) -> None:
     # before the start: ask for the planner's threshold, start, plan with what is in effect
-    asked = autoplan.prepare_backend(inv, h200, pinned=WL.pin_host)
+    asked = autoplan.prepare_backend(inv, h200, WL)
     assert asked == copy_threshold(inv, h200, WL.pin_host)
     _fake_start(fresh_backend, {})
     res = plan_for(inv, h200, _budget(inv, h200), autoplan.with_threshold_in_effect(WL))
@@ -494,8 +494,7 @@ def test_the_backend_is_asked_for_the_talking_npcs_threshold(
     llama8b, h200: Profile, fresh_backend: _native.BackendState,
 ) -> None:
     batch = batch_threshold(llama8b, h200, NPCS)
-    asked = autoplan.prepare_backend(llama8b, h200, outputs=NPCS.outputs, talking=NPCS,
-                                     budget=FOUR_GB)
+    asked = autoplan.prepare_backend(llama8b, h200, NPCS, FOUR_GB)
     assert asked == batch == fresh_backend.requested
     _fake_start(fresh_backend, {})
     wl = autoplan.with_threshold_in_effect(NPCS)
@@ -506,8 +505,7 @@ def test_without_npcs_talking_together_the_backend_is_asked_as_before(
     llama8b, h200: Profile, fresh_backend: _native.BackendState,
 ) -> None:
     one = dataclasses.replace(NPCS, n_seqs=1)
-    asked = autoplan.prepare_backend(llama8b, h200, outputs=one.outputs, talking=one,
-                                     budget=FOUR_GB)
+    asked = autoplan.prepare_backend(llama8b, h200, one, FOUR_GB)
     assert asked == copy_threshold(llama8b, h200, True, one.outputs + 1)
 
 

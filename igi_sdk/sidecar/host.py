@@ -285,8 +285,7 @@ class ModelHost:
         caps = [c for c in (cfg.vram_cap, request.vram_budget) if c is not None]
         cap = min(caps) if caps else None
         if early is not None:
-            prepare_backend(inventory, early, pinned=wl.pin_host, outputs=wl.outputs,
-                            talking=wl, budget=cap or half_free(early))
+            prepare_backend(inventory, early, wl, cap or half_free(early))
         prof = early if cfg.profile is not None and early is not None else load_or_measure(
             threads=cfg.n_threads or None, fast=True)
         if prof.gpu is None:

@@ -123,23 +123,21 @@ def _fill_slack(
     return _checked(result, vram)
 
 
-def prepare_backend(inv: ModelInventory, prof: Profile, *, pinned: bool = True,
-                    outputs: int = 1, talking: Workload | None = None,
+def prepare_backend(inv: ModelInventory, prof: Profile, wl: Workload,
                     budget: int | None = None) -> int | None:
     """Ask llama.cpp, before its backend starts, for the copy-compute threshold the planner
-    chooses for this model and machine (``pinned``: host weights pinned, as in
-    ``Workload.pin_host``; ``outputs``: logits rows of a decode step, ``Workload.outputs``).
-    With ``talking``, a workload of several sessions decoding together, and the ``budget`` it
-    is planned for: the threshold of the best plan for it, which may be low enough that their
-    decode batch streams its CPU-resident weights (``planner.batch_threshold``).
+    chooses for this model, machine and workload: one more than a decode step's logits rows
+    (``wl.outputs``), streamed at ``wl.pin_host`` speed; where ``wl`` has sessions decoding
+    together and ``budget`` is known, the best plan's for that budget, which may be low enough
+    that their decode batch streams its CPU-resident weights (``planner.batch_threshold``).
     Starts nothing; does nothing on a profile without a GPU or once the backend has started.
     Returns the threshold the start will use (None: nothing asked)."""
     if prof.gpu is None or _native.backend_started():
         return None
-    threshold = copy_threshold(inv, prof, pinned, outputs + 1)
-    if talking is not None and budget is not None and batch_threshold(inv, prof, talking):
+    threshold = copy_threshold(inv, prof, wl.pin_host, wl.outputs + 1)
+    if budget is not None and batch_threshold(inv, prof, wl):
         try:
-            best = plan_for(inv, prof, budget, talking).best
+            best = plan_for(inv, prof, budget, wl).best
         except BudgetTooSmallError:
             best = None
         if best is not None and best.op_offload:
@@ -187,8 +185,7 @@ def plan_for_model(
         # without either
         guess = profile or cached_before_backend(n_threads or None)
         if guess is not None:
-            prepare_backend(inv, guess, pinned=wl.pin_host, outputs=outputs, talking=wl,
-                            budget=budget or half_free(guess))
+            prepare_backend(inv, guess, wl, budget or half_free(guess))
     gpu = first_gpu()
     if gpu is None:  # nothing to plan: no profile needs measuring either
         return PlanResult(Plan.all_cpu(), [], budget, 0)
