@@ -309,7 +309,8 @@ class Upstream:
     """One llama-server: started, ready, warmed by one short reply (it allocates at start; the
     reply makes the peak a turn's), then stopped."""
 
-    def __init__(self, args: argparse.Namespace, n: int, placement: list[str], tag: str) -> None:
+    def __init__(self, args: argparse.Namespace, n: int, placement: list[str], tag: str,
+                 env: dict[str, str] | None = None) -> None:
         port = _free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.cmd = [args.llama_server, "-m", args.model, "--parallel", str(n), "-c",
@@ -319,11 +320,12 @@ class Upstream:
                     *(["--no-webui"] if "--no-webui" in args.server_help else []),
                     *placement, *args.peer_args.split()]
         self.log = args.logs / f"llama-server-{tag}.log"
+        env = env or {}
         with self.log.open("a") as f:
-            f.write(" ".join(self.cmd) + "\n")
+            f.write(" ".join([*(f"{k}={v}" for k, v in env.items()), *self.cmd]) + "\n")
         self._logf = self.log.open("a")
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     env=_child_env())
+                                     env={**_child_env(), **env})
         _live.append(self.proc)
         self.sampler = VramSampler(self.proc.pid)
         self.vram: dict[str, int | None] | None = None
@@ -409,10 +411,12 @@ def upstream_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
             raise RuntimeError("no VRAM figure of ours to fit to")
         elif mode == "fit":
             srv, placement = _fit(args, n, limit, tag, end, row["attempts"])
+        elif mode == "fit-stream":
+            srv, placement = _fit(args, n, limit, tag, end, row["attempts"], stream=True)
         elif mode == "ngl":
             srv, placement = _ngl(args, n, limit, tag, end, row["attempts"])
         else:
-            raise ValueError(f"unknown placement {mode!r} (fit, ngl)")
+            raise ValueError(f"unknown placement {mode!r} (fit, fit-stream, ngl)")
         row["placement"] = " ".join(placement)
         row["offload"] = srv.offload()
         say(f"  llama-server {row['placement']}: {row['attempts'][-1]}")
@@ -447,15 +451,27 @@ def upstream_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
     return row
 
 
+def stream_setting(min_batch: int) -> tuple[list[str], dict[str, str]]:
+    """What an expert gives llama-server so that a decode batch of several NPCs streams its
+    CPU-resident weights to the GPU, as our planner does when NPCs talk together: the weights in
+    pinned host memory (``-lm none``: llama.cpp then loads them into the CUDA host buffer, not a
+    mapping) and ggml-cuda's copy-compute threshold lowered from its default 32 tokens."""
+    return ["-lm", "none"], {"GGML_OP_OFFLOAD_MIN_BATCH": str(min_batch)}
+
+
 def _fit(args: argparse.Namespace, n: int, limit: int, tag: str, end: float,
-         attempts: list[dict[str, Any]]) -> tuple[Upstream, list[str]]:
+         attempts: list[dict[str, Any]], *, stream: bool = False) -> tuple[Upstream, list[str]]:
     """llama.cpp's own fit: ``--fit-target`` is the memory it leaves free, so free memory minus
-    our peak; an overshoot is added to the margin and it is fitted again (three tries)."""
+    our peak; an overshoot is added to the margin and it is fitted again (three tries).
+    ``stream``: with ``stream_setting(--peer-stream-from)``."""
     free = gpu_free_bytes() or 0
     margin = max(0, (free - limit) // MIB) + args.fit_slack_mib
+    extra, env = stream_setting(args.peer_stream_from) if stream else ([], {})
     for k in range(3):
-        placement = ["--fit", "on", "--fit-target", str(margin)]
-        srv = Upstream(args, n, placement, tag)
+        flags = ["--fit", "on", "--fit-target", str(margin), *extra]
+        srv = Upstream(args, n, flags, tag, env)
+        # the label names the environment too: it is part of the placement
+        placement = [*(f"{name}={value}" for name, value in env.items()), *flags]
         rec: dict[str, Any] = {"flags": " ".join(placement)}
         attempts.append(rec)
         rec["ready_s"] = round(srv.ready(end - 30), 1)
@@ -542,7 +558,11 @@ def main(argv: list[str] | None = None) -> int:
                     help="our plan must hold this long before measuring")
     ap.add_argument("--llama-server", help="upstream llama-server (its rows skipped if absent)")
     ap.add_argument("--peer-placement", default="auto",
-                    help="fit, ngl or fit,ngl (auto: fit where llama-server has --fit)")
+                    help="fit, fit-stream, ngl, or several (fit,fit-stream); auto: fit where "
+                         "llama-server has --fit. fit-stream: --fit with the weights pinned and "
+                         "decode batches streaming them (stream_setting)")
+    ap.add_argument("--peer-stream-from", type=int, default=2,
+                    help="fit-stream's GGML_OP_OFFLOAD_MIN_BATCH (tokens)")
     ap.add_argument("--peer-args", default="", help="more llama-server arguments")
     ap.add_argument("--fit-slack-mib", type=int, default=0,
                     help="added to --fit-target from the first try")

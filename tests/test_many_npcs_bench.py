@@ -104,14 +104,15 @@ def test_the_table_sets_ours_beside_the_fastest_llama_server_row() -> None:
 STANDIN = r'''
 """llama-server's command line, /health and streamed /v1/chat/completions (SSE, usage at the
 end, ignore_eos honoured) over the standard library; every request is logged."""
-import json, sys, time
+import json, os, sys, time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 if "--help" in sys.argv:
     print("-ngl, --n-gpu-layers N\n--no-webui\n-np, --parallel N"); sys.exit(0)
 argv = sys.argv[1:]
 port = int(argv[argv.index("--port") + 1])
 log = open(__file__ + ".log", "a")
-log.write(json.dumps({"argv": argv}) + "\n"); log.flush()
+log.write(json.dumps({"argv": argv, "min_batch": os.environ.get("GGML_OP_OFFLOAD_MIN_BATCH")})
+          + "\n"); log.flush()
 class H(BaseHTTPRequestHandler):
     def log_message(self, *a): pass
     def do_GET(self):
@@ -211,7 +212,7 @@ class _FakeVram:
         return self.mark()
 
 
-@pytest.mark.parametrize("mode", ["ngl", "fit"])
+@pytest.mark.parametrize("mode", ["ngl", "fit", "fit-stream"])
 def test_llama_server_is_placed_within_our_peak(tmp_path: Path, mode: str,
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     import argparse
@@ -228,7 +229,7 @@ def test_llama_server_is_placed_within_our_peak(tmp_path: Path, mode: str,
         llama_server=str(exe), model="m.gguf", ctx_per_npc=256, threads=2, tokens=4,
         server_help="-ngl N\n--fit [on|off]", peer_args="", peer_placement=mode,
         logs=tmp_path, n_layers=32, model_bytes=33 * 230, ngl_probes=6, fit_slack_mib=0,
-        tolerance_mib=16)
+        tolerance_mib=16, peer_stream_from=2)
     limit = 900 + 230 * 20 + 100
     rows = many_npcs.upstream_rows(args, "4", 2, npc_prompts(2), limit, time.monotonic() + 100)
     (row,) = rows
@@ -237,10 +238,15 @@ def test_llama_server_is_placed_within_our_peak(tmp_path: Path, mode: str,
         assert row["placement"] == "--fit off -ngl 20", row["attempts"]
         assert len(row["attempts"]) <= 7
     else:  # fitted again with the overshoot added to its margin
+        stream = " -lm none" if mode == "fit-stream" else ""
+        env = "GGML_OP_OFFLOAD_MIN_BATCH=2 " if stream else ""
         assert [a["flags"] for a in row["attempts"]] == [
-            f"--fit on --fit-target {10_000 - limit}",
-            f"--fit on --fit-target {10_000 - limit + 40 + 32}"]
+            f"{env}--fit on --fit-target {10_000 - limit}{stream}",
+            f"{env}--fit on --fit-target {10_000 - limit + 40 + 32}{stream}"]
         assert row["vram"]["peak"] <= limit
+        # the streaming peer got its threshold through its environment
+        seen = [json.loads(x) for x in Path(f"{tmp_path}/standin.py.log").read_text().splitlines()]
+        assert {s["min_batch"] for s in seen if "argv" in s} == {"2" if stream else None}
 
 
 def test_a_sidecar_that_does_not_start_leaves_its_last_words_in_the_row(tiny_llama: Path,
