@@ -534,7 +534,8 @@ if [ "$part" = npcs ]; then
   # NPCS_SERVE: more `serve` arguments for ours (e.g. "--talking 16 --no-arbiter");
   # NPCS_NO_PEER=1: ours alone (a variant beside a peer row of an earlier run in this call)
   # NPCS_TALKING=1: ours told that all N talk at once (serve --talking N)
-  peer=(--llama-server "$srv"); [ "${NPCS_NO_PEER:-0}" = 1 ] && peer=()
+  # NPCS_PEER_ARGS: more llama-server arguments (a later -ub overrides the expert's 2048)
+  peer=(--llama-server "$srv" --peer-args "${NPCS_PEER_ARGS:-}"); [ "${NPCS_NO_PEER:-0}" = 1 ] && peer=()
   [ "${NPCS_TALKING:-0}" = 1 ] && peer+=(--talking-all)
   # shellcheck disable=SC2086
   timeout -k 15 "$left" python3 benchmarks/many_npcs.py --model "$m" \
