@@ -246,3 +246,31 @@ def test_libgomps_wait_is_read_from_its_environment(monkeypatch, env, want) -> N
     for k, v in env.items():
         monkeypatch.setenv(k, v)
     assert libgomp_wait() is want
+
+
+def test_the_first_load_reading_counts_the_crowd_before_any_reply_decodes(monkeypatch) -> None:
+    """A context is made right before its first prompt: the sampler's first reading must come
+    within a fraction of a second and count the other processes' runnable threads although no
+    reply decodes yet, or the first reply's steps run at the start-up count on a busy host."""
+    import os
+    import time
+    from types import SimpleNamespace
+
+    from igi_sdk.runtime import threadpool
+
+    monkeypatch.setattr(threadpool, "procs_running", lambda *a: 16)  # 15 others + ours
+    monkeypatch.setattr(threadpool, "own_running", lambda *a: 1)
+    runner = SimpleNamespace(decoding=False, host_load=None)
+    sampler = threadpool.LoadSampler(runner, period_s=5.0)  # type: ignore[arg-type]
+    t0 = time.monotonic()
+    sampler.start()
+    try:
+        while runner.host_load is None and time.monotonic() - t0 < 3.0:
+            time.sleep(0.01)
+    finally:
+        sampler.stop()
+    load = runner.host_load
+    assert load is not None and time.monotonic() - t0 < 1.5, "no reading in the first window"
+    share = min(1.0, load.cpus / (os.cpu_count() or 1))  # spread over the CPUs we may use
+    assert load.other_runnable == pytest.approx(15.0 * share)
+    assert load.held() >= min(load.cpus, 15)
