@@ -324,8 +324,11 @@ class Upstream:
         with self.log.open("a") as f:
             f.write(" ".join([*(f"{k}={v}" for k, v in env.items()), *self.cmd]) + "\n")
         self._logf = self.log.open("a")
+        # the copy-compute threshold is the placement's to set (fit-stream), never inherited:
+        # a plain --fit peer runs at llama.cpp's default
+        base = {k: v for k, v in _child_env().items() if k != STREAM_ENV}
         self.proc = subprocess.Popen(self.cmd, stdout=self._logf, stderr=subprocess.STDOUT,
-                                     env={**_child_env(), **env})
+                                     env={**base, **env})
         _live.append(self.proc)
         self.sampler = VramSampler(self.proc.pid)
         self.vram: dict[str, int | None] | None = None
@@ -451,12 +454,15 @@ def upstream_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
     return row
 
 
+STREAM_ENV = "GGML_OP_OFFLOAD_MIN_BATCH"  # ggml-cuda's copy-compute threshold (default 32)
+
+
 def stream_setting(min_batch: int) -> tuple[list[str], dict[str, str]]:
     """What an expert gives llama-server so that a decode batch of several NPCs streams its
     CPU-resident weights to the GPU, as our planner does when NPCs talk together: the weights in
     pinned host memory (``-lm none``: llama.cpp then loads them into the CUDA host buffer, not a
     mapping) and ggml-cuda's copy-compute threshold lowered from its default 32 tokens."""
-    return ["-lm", "none"], {"GGML_OP_OFFLOAD_MIN_BATCH": str(min_batch)}
+    return ["-lm", "none"], {STREAM_ENV: str(min_batch)}
 
 
 def _fit(args: argparse.Namespace, n: int, limit: int, tag: str, end: float,
