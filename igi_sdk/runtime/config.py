@@ -12,6 +12,9 @@ from igi_sdk.runtime.vision import FlashAttn
 class EngineConfig:
     n_ctx: int = 4096  # KV cells shared by all sessions
     max_sessions: int = 8  # llama.cpp sequences
+    # replies the plan expects to decode together (serve --talking): the engine tells once when
+    # its decode steps keep carrying a larger crowd (runtime/crowd.py)
+    talking: int = 1
     n_batch: int = 512  # tokens per llama_decode across all sessions
     n_threads: int = 0  # 0 = leave the game cores (loader.default_threads, IGI_SDK_THREADS)
     # how idle CPU threads wait between steps: "auto" (chosen while running), "spin", "poll",

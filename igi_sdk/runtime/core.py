@@ -52,6 +52,7 @@ from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.batching import Fed
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import Admit, ContextShare
+from igi_sdk.runtime.crowd import CrowdWatch
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.drafting import Drafting
 from igi_sdk.runtime.encoder import Encoder, EncoderRoom
@@ -112,6 +113,7 @@ class EngineCore:
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
                            "interrupted": 0, "target_s": 0.0}
         self._drafting = Drafting(config, self._take)
+        self.crowd = CrowdWatch(config.talking)  # engine thread writes, stats reads
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
         self.threads = ThreadRunner.for_engine(config.n_threads, config.thread_wait,
                                                config.adapt_threads)
@@ -199,6 +201,7 @@ class EngineCore:
                 "copy_compute_min_batch": {
                     "plan": self.plan.copy_compute_min_batch if self.plan.op_offload else None,
                     "in_effect": _native.copy_compute_threshold_in_effect()},
+                "talking": self.crowd.status(),
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
                 "threads": self.threads.status(),
                 "context": self.context_status()}
@@ -772,9 +775,19 @@ class EngineCore:
                                                   decoding=decoding, decode_s=self._decode_s)
         if any(take != 1 for _t, take, _ in fed):
             return  # a prompt chunk rode along: not a decode step's time
+        self._watch_crowd(len(fed))
         if not drafts:
             self._decode_s = scheduler.learn_decode(self._decode_s, seconds)
         self._drafting.time_step(drafts, seconds)
+
+    def _watch_crowd(self, decoding: int) -> None:
+        crowd = self.crowd.observe(decoding)
+        if crowd is not None:
+            log.warning("%d replies have decoded together for %d steps, but the plan '%s' was "
+                        "made for %d (serve --talking): `igi-sdk plan --seqs %d` shows the plan "
+                        "for them, `serve --talking %d` runs it (docs/planner.md, \"NPCs "
+                        "talking together\")", crowd, self.crowd.steps, self.plan.name,
+                        self.crowd.planned, crowd, crowd)
 
     def _step_target(self, turns: list[Turn]) -> float:
         """The next step's target length (scheduler.step_target): longer while NPCs wait to

@@ -179,6 +179,7 @@ class ModelHost:
     def _open(self, path: Path, request: P.LoadModel, draft: Path | None,
               mmproj: Path | None = None) -> None:
         cfg = EngineConfig(n_ctx=request.n_ctx, max_sessions=request.max_sessions,
+                           talking=self.cfg.talking,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
                            reading_tps=self.cfg.reading_tps,
                            thread_wait=self.cfg.thread_wait,
