@@ -63,16 +63,38 @@ python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" > "$out/i
 # NOOMP=1: also llama.cpp's CPU backend built without OpenMP (ggml's own threadpools, whose wait
 # the sidecar chooses while running), as /tmp/site-noomp: the same build with that one library
 # swapped; rows run with PYTHONPATH=/tmp/site-noomp:... and LD_LIBRARY_PATH (the build tree's
-# libraries find each other through an absolute RUNPATH, which LD_LIBRARY_PATH precedes) use it
+# libraries find each other through an absolute RUNPATH, which LD_LIBRARY_PATH precedes) use it.
+# Only ggml is configured (a standalone CMake project): from /tmp/lcpp when this machine built
+# llama.cpp, else from .gpu/ggml-src.tgz (a restored build carries no sources; make it with
+# `tar czf .gpu/ggml-src.tgz -C <sdist>/vendor/llama.cpp ggml`). The library comes back as
+# OUTDIR/noomp-lib.tgz; carried as .gpu/noomp-lib.tgz, a later call on the same CPU model
+# unpacks it instead of building.
+noomp_from_carry() {
+  [ -f .gpu/noomp-lib.tgz ] || return 1
+  local cpu; cpu=$(lscpu | sed -n 's/^Model name: *//p')
+  [ "$(cat .gpu/noomp-lib.cpu 2>/dev/null)" = "$cpu" ] || { echo "noomp-lib.tgz: built on another CPU"; return 1; }
+  rm -rf /tmp/site-noomp && mkdir -p /tmp/site-noomp && cp -a /tmp/site/llama_cpp /tmp/site-noomp/ \
+    && tar xzf .gpu/noomp-lib.tgz -C /tmp/site-noomp/llama_cpp/lib
+}
+noomp_build() {
+  local src=/tmp/lcpp/ggml
+  if [ ! -f "$src/CMakeLists.txt" ]; then
+    rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src && tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src \
+      && src=/tmp/ggml-src/ggml || return 1
+  fi
+  # standalone ggml configures a pkg-config file the pruned sources lack; its content is unused
+  [ -f "$src/ggml.pc.in" ] || touch "$src/ggml.pc.in"
+  cmake -S "$src" -B /tmp/build-noomp -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_OPENMP=OFF \
+      -DGGML_NATIVE=on -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF \
+    && cmake --build /tmp/build-noomp --target ggml-cpu -j"$(nproc)" \
+    && rm -rf /tmp/site-noomp && mkdir -p /tmp/site-noomp && cp -a /tmp/site/llama_cpp /tmp/site-noomp/ \
+    && find /tmp/build-noomp -name "libggml-cpu.so*" -exec cp -a {} /tmp/site-noomp/llama_cpp/lib/ \; \
+    && tar czf "$out/noomp-lib.tgz" -C /tmp/site-noomp/llama_cpp/lib $(cd /tmp/site-noomp/llama_cpp/lib && ls libggml-cpu.so*) \
+    && lscpu | sed -n 's/^Model name: *//p' > "$out/noomp-lib.cpu"
+}
 if [ "${NOOMP:-0}" = 1 ] && [ ! -f /tmp/site-noomp/.ready ]; then
   t_noomp=$SECONDS
-  { cmake -S /tmp/lcpp -B /tmp/lcpp/build-noomp -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DGGML_OPENMP=OFF -DGGML_NATIVE=on -DBUILD_SHARED_LIBS=ON -DLLAMA_CURL=OFF \
-      -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=OFF \
-      -DLLAMA_BUILD_TOOLS=OFF -DLLAMA_BUILD_APP=OFF \
-    && cmake --build /tmp/lcpp/build-noomp --target ggml-cpu -j"$(nproc)" \
-    && rm -rf /tmp/site-noomp && mkdir -p /tmp/site-noomp && cp -a /tmp/site/llama_cpp /tmp/site-noomp/ \
-    && cp -a /tmp/lcpp/build-noomp/bin/libggml-cpu.so* /tmp/site-noomp/llama_cpp/lib/ \
+  { { noomp_from_carry || noomp_build; } \
     && LD_LIBRARY_PATH=/tmp/site-noomp/llama_cpp/lib PYTHONPATH=/tmp/site-noomp:/tmp/site python3 -c "
 from igi_sdk.runtime.threadpool import uses_openmp; assert not uses_openmp()" \
     && touch /tmp/site-noomp/.ready; } > "$out/build-noomp.txt" 2>&1
