@@ -441,6 +441,13 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
          python3 benchmarks/upstream_peers.py --threads "$t" \
            --deadline $(( $(date +%s) + END - SECONDS )) --json "$out/peers.json" "$@" 2>&1 \
            | tee -a "$out/$part.txt"; }
+  # SPINS: the spin counts of the spin rows (libgomp's own default, unset policy: 300000), each
+  # tagged TAG-spin (20000) or TAG-spinN
+  spin_rows() {  # spin_rows TAG -- planner_bench args
+    local tag=$1; shift 2; local n
+    for n in ${SPINS:-20000}; do
+      row "$tag-spin$([ "$n" = 20000 ] || echo "$n")" GOMP_SPINCOUNT="$n" -- "$@"
+    done; }
   noomp=(PYTHONPATH=/tmp/site-noomp:/tmp/site:$PWD LD_LIBRARY_PATH=/tmp/site-noomp/llama_cpp/lib)
   if [ "$part" = shipped ]; then
     if [ "${SHIPPED_MOE_FIRST:-0}" = 1 ] && have 200; then
@@ -448,8 +455,8 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
         --budgets 4 --cases 1024:1152
       # SHIPPED_SPIN=1: the OpenMP build with a bounded spin, threads chosen while running
-      [ "${SHIPPED_SPIN:-0}" = 1 ] && row shipped-spin GOMP_SPINCOUNT=20000 -- \
-        --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
+      [ "${SHIPPED_SPIN:-0}" = 1 ] && spin_rows shipped -- --models qwen3-30b-a3b --budgets 4 \
+        --cases 1024:1152
       up --model "$moe_m" --budgets 4 --peers ${MOE_PEERS:-fit-expert,ncmoe-best} --tag shipped
     fi
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
@@ -457,8 +464,8 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       up --model "$m" --budgets "$gb" --peers fit-expert --tag shipped
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models llama3-8b \
         --budgets "$gb" --cases 1024:1152
-      [ "${SHIPPED_SPIN:-0}" = 1 ] && row shipped-spin GOMP_SPINCOUNT=20000 -- \
-        --models llama3-8b --budgets "$gb" --cases 1024:1152
+      [ "${SHIPPED_SPIN:-0}" = 1 ] && spin_rows shipped -- --models llama3-8b --budgets "$gb" \
+        --cases 1024:1152
     done
     if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && have 200; then
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
@@ -479,7 +486,7 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
     want shipped-noomp && [ -f /tmp/site-noomp/.ready ] && row busy-shipped-noomp "${noomp[@]}" -- "${mo[@]}"
     # a bounded spin in the OpenMP build with the thread count still chosen while running
     # (its ceiling from the others' runnable threads): a candidate default
-    want shipped-spin && row busy-shipped-spin GOMP_SPINCOUNT=20000 -- "${mo[@]}"
+    want shipped-spin && spin_rows busy-shipped -- "${mo[@]}"
     want all-passive && row "busy-fixed-${t}t-passive" OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads "$t"
     want all-active && row "busy-fixed-${t}t-active" OMP_WAIT_POLICY=ACTIVE -- "${mo[@]}" --threads "$t"
     want 2-passive && row busy-fixed-2t-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}" --threads 2
