@@ -274,3 +274,22 @@ def test_the_first_load_reading_counts_the_crowd_before_any_reply_decodes(monkey
     share = min(1.0, load.cpus / (os.cpu_count() or 1))  # spread over the CPUs we may use
     assert load.other_runnable == pytest.approx(15.0 * share)
     assert load.held() >= min(load.cpus, 15)
+
+
+def test_a_count_the_load_forced_down_comes_back_when_the_load_eases() -> None:
+    """On an H200 host beside 14 busy CPUs of 16, the spinning OpenMP build ran at 2 threads
+    until one load sample read 14.6 runnable threads of others: the ceiling fell to 1, rose back
+    to 2 two samples later, and the count stayed at 1 (2 threads had been tried, so only a probe
+    could bring them back): 6.8 tok/s against 10.3 at 2 threads. A count the load forced down is
+    restored as soon as the load allows it."""
+    rng = random.Random(12)
+    ctl = ThreadController(ControlConfig(max_threads=15, cpus=16, waits=(Wait.SPIN,)))
+    busy = HostLoad(16, 14.0, own_cores=2.0, other_runnable=14.0)
+    assert ctl.observe_load(busy) == Setting(2, Wait.SPIN)
+    run(ctl, 60, free=2, rng=rng)  # a probe of 1 thread loses: 2 threads are known and kept
+    assert ctl.setting == Setting(2, Wait.SPIN) and ctl.probes >= 1
+    noisy = HostLoad(16, 14.0, own_cores=2.0, other_runnable=14.6)
+    assert ctl.observe_load(noisy) == Setting(1, Wait.SPIN)  # the game comes first: at once
+    run(ctl, 5, free=2, rng=rng)
+    assert ctl.observe_load(busy) == Setting(1, Wait.SPIN)  # one sample is not enough
+    assert ctl.observe_load(busy) == Setting(2, Wait.SPIN)

@@ -191,6 +191,9 @@ class ThreadController:
         self._starved_cap: int | None = None  # threads the OS actually gave us, lately
         self._starved_until = 0
         self._starved_hold = config.starved_hold
+        # the setting the steps had chosen before the load forced fewer threads: restored as
+        # the load lets it (one noisy load sample must not cost the rest of a reply)
+        self._forced_from: Setting | None = None
         self.switches = 0
         self.probes = 0
         self.last_probe = ""
@@ -298,16 +301,33 @@ class ThreadController:
         crowded = self._held() + self._current.threads > cpus
         if self._current.threads > self._ceiling or (crowded and c.waits != (self._current.wait,)):
             threads = min(self._current.threads, self._ceiling)
-            wait = self._current.wait
-            if self._held() + threads > cpus and Wait.SLEEP in c.waits:
-                wait = Wait.SLEEP
-            self._switch(Setting(threads, wait))
+            if threads < self._current.threads and self._forced_from is None:
+                self._forced_from = self._current
+            self._switch(Setting(threads, self._wait_beside_others(threads)))
+        elif self._forced_from is not None and self._ceiling > self._current.threads:
+            # the load that forced the count down eased: back towards what the steps had chosen
+            # (on an H200 host beside 14 busy CPUs, one sample that read 14.6 runnable threads
+            # moved 2 threads to 1 and it stayed there: 6.8 tok/s against 10.3)
+            back = self._forced_from
+            threads = min(self._ceiling, back.threads)
+            if threads >= back.threads:
+                self._forced_from = None
+            self._switch(Setting(threads, back.wait if self._held() + threads <= cpus
+                                 else self._wait_beside_others(threads)))
         elif self._ceiling > self._current.threads and (c.fixed_threads or not self._arms.get(
                 Setting(self._ceiling, self._current.wait))):
             # cores came free and the count there is untried (probes judge it), or the user's
             # count was lowered only while others wanted its cores: take them
             self._switch(Setting(self._ceiling, self._default_wait()))
         return self.setting
+
+    def _wait_beside_others(self, threads: int) -> Wait:
+        """The wait for ``threads`` threads: sleeping where they and the others' want more cores
+        than there are (a spinning thread then takes the core another process needs)."""
+        cpus = self._load.cpus if self._load is not None else self.config.cpus
+        if self._held() + threads > cpus and Wait.SLEEP in self.config.waits:
+            return Wait.SLEEP
+        return self._current.wait
 
     def _spin_only(self) -> bool:
         """The threads spin whatever the controller decides (libgomp told to spin): a thread
@@ -399,6 +419,7 @@ class ThreadController:
             self.last_probe = f"{p.setting} kept ({score:.2f}x the time of {p.back_to})"
             self._backoff.pop(p.setting, None)
             self._backoff[p.back_to] = 1
+            self._forced_from = None  # chosen by steps under today's load
             self._switch(p.setting)
         else:
             self.last_probe = f"{p.setting} lost ({score:.2f}x the time of {p.back_to})"
