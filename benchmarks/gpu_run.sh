@@ -476,10 +476,28 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
   fi
   if [ "$part" = busy ]; then
     [ -f "$moe_m" ] || python3 benchmarks/make_synthetic.py qwen3-30b-a3b "$moe_m" --quiet
-    busy=${BUSY:-$(( t - 2 ))}
-    for i in $(seq "$busy"); do timeout $(( END - SECONDS )) sh -c 'while :; do :; done' & done
-    echo "$busy CPUs of $t spinning in other processes" | tee -a "$out/$part.txt"
     mo=(--models qwen3-30b-a3b --budgets 4 --cases 1024:1152)
+    if [ -n "${BUSY_GAME:-}" ]; then
+      # BUSY_GAME=W: a game of W frame workers (60 Hz, GAME_DUTY of each frame, default half)
+      # instead of spinning processes, started anew beside each row; what each row cost the
+      # game's frames lands in frames-TAG.json (benchmarks/game_frames.py), the game alone first
+      gf=(python3 benchmarks/game_frames.py --workers "$BUSY_GAME" --duty "${GAME_DUTY:-0.5}")
+      echo "a game of $BUSY_GAME frame workers beside each row" | tee -a "$out/$part.txt"
+      "${gf[@]}" --seconds 10 --json "$out/frames-alone.json" | tee -a "$out/$part.txt"
+      game_row() {  # game_row TAG ENV... -- planner_bench args
+        "${gf[@]}" --seconds 400 --json "$out/frames-$1.json" >> "$out/$part.txt" &
+        local g=$!; sleep 1; row "$@"; kill -TERM "$g"; wait "$g"; }
+      for n in ${SPINS:-300000}; do
+        game_row "game-spin$n" GOMP_SPINCOUNT="$n" -- "${mo[@]}"
+      done
+      game_row game-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}"
+      tail -n 3 "$out/$part.txt"
+      echo "done at $SECONDS s"; BUSY_ROWS=none
+    else
+      busy=${BUSY:-$(( t - 2 ))}
+      for i in $(seq "$busy"); do timeout $(( END - SECONDS )) sh -c 'while :; do :; done' & done
+      echo "$busy CPUs of $t spinning in other processes" | tee -a "$out/$part.txt"
+    fi
     # BUSY_ROWS: which rows (default all; the 16-thread spinning one collapses to a timeout)
     want() { [ -z "${BUSY_ROWS:-}" ] || [[ ",$BUSY_ROWS," == *",$1,"* ]]; }
     want shipped && row busy-shipped -- "${mo[@]}"
