@@ -487,9 +487,8 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       game_row() {  # game_row TAG ENV... -- planner_bench args
         "${gf[@]}" --seconds 400 --json "$out/frames-$1.json" >> "$out/$part.txt" &
         local g=$!; sleep 1; row "$@"; kill -TERM "$g"; wait "$g"; }
-      for n in ${SPINS:-300000}; do
-        game_row "game-spin$n" GOMP_SPINCOUNT="$n" -- "${mo[@]}"
-      done
+      game_row game-shipped -- "${mo[@]}"
+      for n in ${SPINS:-}; do game_row "game-spin$n" GOMP_SPINCOUNT="$n" -- "${mo[@]}"; done
       game_row game-passive OMP_WAIT_POLICY=PASSIVE -- "${mo[@]}"
       tail -n 3 "$out/$part.txt"
       echo "done at $SECONDS s"; BUSY_ROWS=none

@@ -18,15 +18,19 @@ import os
 _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 
 # llama.cpp's CPU backend is built with OpenMP (libgomp): its threads meet at an OpenMP barrier
-# after every op, and libgomp's default is to spin there for ~3 ms (300,000 rounds) before it
-# sleeps. Beside a game, whose threads hold cores, a decode thread that has no core makes the
-# others burn theirs: decode collapsed to a few tok/s and the game lost CPU to the spinning.
-# PASSIVE sleeps at once. libgomp reads this once, when it is loaded (by `import llama_cpp`
-# below), so it is set before; a wait policy or spin count the user set wins
-# (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp without
-# OpenMP has no libgomp: its threads' wait is chosen while running (runtime/threadpool.py).
+# after every op, and libgomp reads how they wait there once, when it is loaded (by `import
+# llama_cpp` below), so the wait is set before: a spin of 300,000 rounds (libgomp's own default
+# without a policy) before a thread sleeps. Spinning threads used to collapse beside a game whose
+# threads held the cores; the thread count now follows the cores other processes leave free
+# (runtime/thread_control.py), and with it the spin decoded faster than sleeping at once on every
+# host measured, idle or busy (igi_sdk/omp_wait.py). A wait policy or spin count the user set
+# wins (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp
+# without OpenMP has no libgomp: its threads' wait is chosen while running
+# (runtime/threadpool.py).
 if not _client_only and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
-    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    from igi_sdk.omp_wait import SPIN_COUNT, SPIN_ROUNDS
+
+    os.environ[SPIN_COUNT] = SPIN_ROUNDS
 
 if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
     import llama_cpp  # noqa: F401  (must precede numpy; see above)

@@ -1131,11 +1131,11 @@ def build_parser() -> argparse.ArgumentParser:
                                        "sidecar.log, rotated at 5 MiB, 3 kept)")
     sv.add_argument("--wait", choices=("auto", "spin", "poll", "sleep"), default="auto",
                     help="how idle CPU threads wait between steps. With llama.cpp's OpenMP "
-                         "build (the default): auto keeps the environment's wait (PASSIVE "
-                         "unless OMP_WAIT_POLICY or GOMP_SPINCOUNT is set), spin = a bounded "
-                         "spin (GOMP_SPINCOUNT=20000; the thread count then follows the free "
-                         "cores), sleep = PASSIVE; built without OpenMP: auto is chosen "
-                         "while running")
+                         "build (the default): auto keeps the environment's wait (a spin of "
+                         "GOMP_SPINCOUNT=300000 rounds unless OMP_WAIT_POLICY or "
+                         "GOMP_SPINCOUNT is set; the thread count then follows the free "
+                         "cores), spin = that spin whatever the environment says, sleep = "
+                         "PASSIVE; built without OpenMP: auto is chosen while running")
     sv.add_argument("--game-threads", type=int, default=0,
                     help="threads the game keeps busy: the model's threads avoid that many CPUs")
     sv.add_argument("--ctx", type=int, default=4096)

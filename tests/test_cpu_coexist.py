@@ -90,8 +90,10 @@ def _env_after_import(**env: str) -> str:
     return out.stdout.strip()
 
 
-def test_import_makes_openmp_threads_sleep_unless_the_user_chose() -> None:
-    assert _env_after_import() == "PASSIVE None"
+def test_import_sets_libgomps_spin_unless_the_user_chose() -> None:
+    from igi_sdk.omp_wait import SPIN_ROUNDS
+
+    assert _env_after_import() == f"None {SPIN_ROUNDS}"
     assert _env_after_import(OMP_WAIT_POLICY="ACTIVE") == "ACTIVE None"
     assert _env_after_import(GOMP_SPINCOUNT="10000") == "None 10000"
 

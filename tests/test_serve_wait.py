@@ -13,16 +13,17 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.native_preload import preload_env
-from igi_sdk.omp_wait import BOUNDED_SPIN, start_env
+from igi_sdk.omp_wait import SPIN_ROUNDS, start_env
 
-SDK = {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}  # what igi_sdk sets when nothing is set
+SDK = {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS}  # what igi_sdk sets when nothing is set
+PASSIVE = {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
-def test_spin_replaces_the_policy_with_a_bounded_spin_count() -> None:
-    assert start_env(SDK, "spin") == {"PATH": "/bin", "GOMP_SPINCOUNT": BOUNDED_SPIN}
+def test_spin_replaces_the_policy_with_the_spin_count() -> None:
+    assert start_env(PASSIVE, "spin") == SDK
     # the flag is the more specific request: it wins over the user's variables too
-    assert start_env({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "300000"}, "spin") == \
-        {"GOMP_SPINCOUNT": BOUNDED_SPIN}
+    assert start_env({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "5000"}, "spin") == \
+        {"GOMP_SPINCOUNT": SPIN_ROUNDS}
 
 
 def test_sleep_is_passive_without_a_spin_count() -> None:
@@ -30,8 +31,8 @@ def test_sleep_is_passive_without_a_spin_count() -> None:
 
 
 def test_nothing_restarts_where_the_environment_already_gives_the_wait() -> None:
-    assert start_env(SDK, "sleep") is None
-    assert start_env({"GOMP_SPINCOUNT": BOUNDED_SPIN}, "spin") is None
+    assert start_env(PASSIVE, "sleep") is None
+    assert start_env(SDK, "spin") is None
     for wait in ("auto", "poll"):  # left to the environment (and, without OpenMP, to the run)
         assert start_env(SDK, wait) is None
         assert start_env({"GOMP_SPINCOUNT": "7"}, wait) is None
@@ -44,9 +45,9 @@ def test_a_preload_without_libraries_sets_no_empty_preload() -> None:
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the restart is Linux's (libgomp)")
 @pytest.mark.parametrize(("flag", "env", "expected"), [
-    ("spin", {}, f"spin{BOUNDED_SPIN}"),
+    ("spin", {"OMP_WAIT_POLICY": "PASSIVE"}, f"spin{SPIN_ROUNDS}"),
     ("sleep", {"GOMP_SPINCOUNT": "5000"}, "passive"),
-    ("auto", {}, "passive"),
+    ("auto", {}, f"spin{SPIN_ROUNDS}"),
 ])
 def test_the_sidecar_runs_with_the_wait_it_was_asked_for(tmp_path: Path, flag: str,
                                                           env: dict[str, str],

@@ -5,7 +5,7 @@ Two builds of llama.cpp's CPU backend behave differently, and the runtime works 
 
 - **OpenMP** (llama-cpp-python's default build): every graph runs in ``#pragma omp parallel``
   and an attached threadpool's polling level is ignored; libgomp reads its wait policy once,
-  when it is loaded (igi_sdk/__init__.py sets PASSIVE unless the user chose). Only the thread
+  when it is loaded (igi_sdk/__init__.py sets a spin count unless the user chose). Only the thread
   count can change while running (``llama_set_n_threads`` before a step): where libgomp spins,
   the count follows the cores nobody else wants, a count the user fixed included
   (:func:`libgomp_wait`).
@@ -74,9 +74,9 @@ class ThreadpoolParams(ctypes.Structure):
 
 def libgomp_wait() -> Wait:
     """How libgomp's idle threads wait, as its environment set it before it loaded (it reads
-    it once): SLEEP where they sleep at once (OMP_WAIT_POLICY=PASSIVE, what igi_sdk sets unless
-    told otherwise, or GOMP_SPINCOUNT=0), SPIN where they spin first (any spin count, ACTIVE,
-    or libgomp's own default of about 300,000 rounds)."""
+    it once): SLEEP where they sleep at once (OMP_WAIT_POLICY=PASSIVE or GOMP_SPINCOUNT=0), SPIN
+    where they spin first (any spin count, what igi_sdk sets unless told otherwise, ACTIVE, or
+    libgomp's own default of about 300,000 rounds)."""
     count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
     if count:  # a spin count wins over the policy
         try:
