@@ -4,10 +4,10 @@ llama.cpp's default CPU backend runs its graphs with OpenMP, and libgomp reads h
 threads wait (``OMP_WAIT_POLICY``, ``GOMP_SPINCOUNT``) once, when it loads: with ``import
 llama_cpp``, which ``igi_sdk/__init__.py`` does before anything else (and sets
 :data:`SPIN_ROUNDS` there unless the user set a wait). A wait asked for on the command line is
-parsed after that, so the command starts again with the environment that gives it (``cli.main``, in the same
-re-exec that preloads pyzmq's libraries). A build without OpenMP reads neither variable: there
-``--wait`` picks ggml's own pools while running (``runtime/threadpool.py``) and the restart is
-harmless.
+parsed after that, so the command starts again with the environment that gives it
+(``cli.main``, in the same re-exec that preloads pyzmq's libraries). A build without OpenMP reads
+neither variable: there ``--wait`` picks ggml's own pools while running
+(``runtime/threadpool.py``) and the restart is harmless.
 """
 
 from __future__ import annotations
