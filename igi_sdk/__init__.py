@@ -22,15 +22,14 @@ _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 # llama_cpp` below), so the wait is set before: a spin of 300,000 rounds (libgomp's own default
 # without a policy) before a thread sleeps. Spinning threads used to collapse beside a game whose
 # threads held the cores; the thread count now follows the cores other processes leave free
-# (runtime/thread_control.py), and with it the spin decoded faster than sleeping at once on every
-# host measured, idle or busy (igi_sdk/omp_wait.py). A wait policy or spin count the user set
-# wins (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp
+# (runtime/thread_control.py), and with it the spin decoded faster than sleeping at once on H200
+# hosts, idle or busy (igi_sdk/omp_wait.py). A wait policy or spin count the user set wins (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp
 # without OpenMP has no libgomp: its threads' wait is chosen while running
 # (runtime/threadpool.py).
-if not _client_only and not {"OMP_WAIT_POLICY", "GOMP_SPINCOUNT"} & os.environ.keys():
-    from igi_sdk.omp_wait import SPIN_COUNT, SPIN_ROUNDS
+if not _client_only:
+    from igi_sdk.omp_wait import default_wait
 
-    os.environ[SPIN_COUNT] = SPIN_ROUNDS
+    default_wait(os.environ)
 
 if not _client_only and importlib.util.find_spec("llama_cpp") is not None:
     import llama_cpp  # noqa: F401  (must precede numpy; see above)

@@ -1166,8 +1166,10 @@ def build_parser() -> argparse.ArgumentParser:
                          "sidecar to its PID, reserves VRAM or shuts it down")
     sv.add_argument("--threads", type=int, default=0,
                     help="CPU threads (0 = chosen while running, leaving the game its cores); "
-                         "where GOMP_SPINCOUNT or OMP_WAIT_POLICY=ACTIVE makes them spin, a "
-                         "ceiling lowered while other processes want the cores")
+                         "a count given here sleeps between ops (--wait auto: PASSIVE) so that "
+                         "it stays as given; where GOMP_SPINCOUNT, OMP_WAIT_POLICY=ACTIVE or "
+                         "--wait spin makes them spin, a ceiling lowered while other processes "
+                         "want the cores")
     sv.add_argument("--game-pid", type=int, help="exit when this process ends")
     sv.add_argument("--curve-secret", help="server certificate (secret) from `igi-sdk keys`")
     sv.add_argument("--curve-clients", help="directory of allowed client public certificates")
@@ -1236,8 +1238,10 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     if argv is None:  # a real command line (not a call from Python): make native loads safe,
         # with the thread wait `serve --wait` names where libgomp reads it at load
-        wait = getattr(args, "wait", "auto") if getattr(args, "fn", None) is cmd_serve else "auto"
-        reexec_with_native_preload(start_env(os.environ, wait))
+        serving = getattr(args, "fn", None) is cmd_serve
+        wait = args.wait if serving else "auto"
+        reexec_with_native_preload(start_env(os.environ, wait,
+                                             fixed_threads=serving and args.threads > 0))
     try:
         return int(args.fn(args))
     except IgiError as e:

@@ -13,14 +13,14 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.native_preload import preload_env
-from igi_sdk.omp_wait import SPIN_ROUNDS, start_env
+from igi_sdk.omp_wait import SDK_CHOSE, SPIN_ROUNDS, start_env
 
-SDK = {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS}  # what igi_sdk sets when nothing is set
+SDK = {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS, SDK_CHOSE: "1"}  # igi_sdk's, when unset
 PASSIVE = {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
 
 
 def test_spin_replaces_the_policy_with_the_spin_count() -> None:
-    assert start_env(PASSIVE, "spin") == SDK
+    assert start_env(PASSIVE, "spin") == {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS}
     # the flag is the more specific request: it wins over the user's variables too
     assert start_env({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "5000"}, "spin") == \
         {"GOMP_SPINCOUNT": SPIN_ROUNDS}
@@ -28,6 +28,17 @@ def test_spin_replaces_the_policy_with_the_spin_count() -> None:
 
 def test_sleep_is_passive_without_a_spin_count() -> None:
     assert start_env({"GOMP_SPINCOUNT": "20000"}, "sleep") == {"OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_a_count_the_user_fixed_sleeps_unless_a_spin_was_asked_for() -> None:
+    """Spinning threads follow the free cores, and a count that moves changes the greedy text
+    under load: `--threads N` alone keeps its count by sleeping."""
+    assert start_env(SDK, "auto", fixed_threads=True) == {"PATH": "/bin", SDK_CHOSE: "1",
+                                                          "OMP_WAIT_POLICY": "PASSIVE"}
+    assert start_env(SDK, "auto", fixed_threads=False) is None
+    user = {"GOMP_SPINCOUNT": SPIN_ROUNDS}  # the user's own spin: kept, the count follows it
+    assert start_env(user, "auto", fixed_threads=True) is None
+    assert start_env(SDK, "spin", fixed_threads=True) is None
 
 
 def test_nothing_restarts_where_the_environment_already_gives_the_wait() -> None:
@@ -44,12 +55,13 @@ def test_a_preload_without_libraries_sets_no_empty_preload() -> None:
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="the restart is Linux's (libgomp)")
-@pytest.mark.parametrize(("flag", "env", "expected"), [
-    ("spin", {"OMP_WAIT_POLICY": "PASSIVE"}, f"spin{SPIN_ROUNDS}"),
-    ("sleep", {"GOMP_SPINCOUNT": "5000"}, "passive"),
-    ("auto", {}, f"spin{SPIN_ROUNDS}"),
+@pytest.mark.parametrize(("flag", "threads", "env", "expected"), [
+    ("spin", "2", {"OMP_WAIT_POLICY": "PASSIVE"}, f"spin{SPIN_ROUNDS}"),
+    ("sleep", "2", {"GOMP_SPINCOUNT": "5000"}, "passive"),
+    ("auto", "2", {}, "passive"),  # a count given: it sleeps, to stay as given
+    ("auto", "0", {}, f"spin{SPIN_ROUNDS}"),  # the default: spin, the count chosen
 ])
-def test_the_sidecar_runs_with_the_wait_it_was_asked_for(tmp_path: Path, flag: str,
+def test_the_sidecar_runs_with_the_wait_it_was_asked_for(tmp_path: Path, flag: str, threads: str,
                                                           env: dict[str, str],
                                                           expected: str) -> None:
     """Before the restart, `--wait spin` ran PASSIVE on the OpenMP build (the wait igi_sdk had
@@ -61,9 +73,9 @@ def test_the_sidecar_runs_with_the_wait_it_was_asked_for(tmp_path: Path, flag: s
     ep = f"ipc://{tmp_path / 's.sock'}"
     child = {k: v for k, v in os.environ.items()
              if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "IGI_SDK_CLIENT_ONLY",
-                          "IGI_SDK_PRELOADED")}
+                          "IGI_SDK_PRELOADED", SDK_CHOSE)}
     proc = subprocess.Popen(
-        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", ep, "--threads", "2",
+        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", ep, "--threads", threads,
          "--wait", flag], env={**child, **env}, stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE, text=True)
     client = Client(ep, timeout=30)
