@@ -23,9 +23,9 @@ _client_only = os.environ.get("IGI_SDK_CLIENT_ONLY") == "1"
 # without a policy) before a thread sleeps. Spinning threads used to collapse beside a game whose
 # threads held the cores; the thread count now follows the cores other processes leave free
 # (runtime/thread_control.py), and with it the spin decoded faster than sleeping at once on H200
-# hosts, idle or busy (igi_sdk/omp_wait.py). A wait policy or spin count the user set wins (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp
-# without OpenMP has no libgomp: its threads' wait is chosen while running
-# (runtime/threadpool.py).
+# hosts, idle or busy (igi_sdk/omp_wait.py). A wait policy or spin count the user set wins
+# (docs/architecture.md, "Coexisting with the game's CPU work"). A build of llama.cpp without
+# OpenMP has no libgomp: its threads' wait is chosen while running (runtime/threadpool.py).
 if not _client_only:
     from igi_sdk.omp_wait import default_wait
 
