@@ -9,7 +9,8 @@ restricted to the first ``--cpus`` CPUs. Conditions alternate within each round 
 idle, ...) so that load from elsewhere on a shared machine hits them alike; each figure is the
 median over rounds, with the range. Policies: with the OpenMP build (this interpreter),
 ``OMP_WAIT_POLICY`` PASSIVE and ACTIVE and ``GOMP_SPINCOUNT=20000`` at every CPU's thread (a
-spinning count is lowered while other processes want its cores), and the adaptive runtime; with a
+spinning count is lowered while other processes want its cores), and the adaptive runtime (its
+default wait, libgomp's spin, and ``PASSIVE``, the default before); with a
 build without OpenMP (``--python``), ggml's pools at poll 0 (sleep), 1 (poll) and 100 (spin)
 and the adaptive runtime. "auto" starts from every CPU's thread; "auto-default" from the
 runtime's default count.
@@ -94,6 +95,9 @@ def policies(openmp: bool, cpus: int) -> list[tuple[str, dict, dict]]:
     tag = "omp-" if openmp else "pool-"
     rows.append((tag + "auto", {"threads": cpus, "adapt": True, "wait": "auto"}, {}))
     rows.append((tag + "auto-default", {"threads": 0, "adapt": None, "wait": "auto"}, {}))
+    if openmp:  # the default wait before 2026-11-28, the count chosen the same way
+        rows.append(("omp-auto-default-passive", {"threads": 0, "adapt": None, "wait": "auto"},
+                     {"OMP_WAIT_POLICY": "PASSIVE"}))
     return rows
 
 
