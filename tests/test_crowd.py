@@ -95,3 +95,12 @@ def test_the_sidecar_hands_serve_talking_to_its_engine(tmp_path) -> None:
         client.close()
         proc.kill()
         proc.wait(10)
+
+
+def test_a_plan_carries_the_talkers_no_more_than_a_step_has_rows() -> None:
+    from igi_sdk.arbiter.ladder import arbiter_workload
+    from igi_sdk.planner import planned_talkers
+
+    assert planned_talkers(4, 8) == 4 and planned_talkers(16, 8) == 8
+    assert planned_talkers(3, None) == 3 and planned_talkers(1, 0) == 1
+    assert arbiter_workload(4096, outputs=8, talking=16).n_seqs == 8

@@ -9,7 +9,14 @@ from dataclasses import dataclass, replace
 
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory
-from igi_sdk.planner import Plan, PlanResult, Workload, plan_for, typical_prompt
+from igi_sdk.planner import (
+    Plan,
+    PlanResult,
+    Workload,
+    plan_for,
+    planned_talkers,
+    typical_prompt,
+)
 from igi_sdk.profile import Profile
 
 MIB = 1024 * 1024
@@ -25,7 +32,7 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
     KV cache stays f16 on every rung (a reshard carries the KV bytes over whole, and llama.cpp
     cannot read one format's cells into another's: a q8_0 rung beside the f16 CPU rung would
     lose every conversation's cache at the move)."""
-    return Workload(n_ctx=n_ctx, n_seqs=max(1, min(talking, outputs or talking)),
+    return Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                     prompt_tokens=typical_prompt(n_ctx), pin_host=pin_host, n_outputs=outputs,
                     kv_quant=False)
 

@@ -11,6 +11,7 @@ from igi_sdk.planner.planner import (
     copy_threshold,
     minimum_budget,
     plan_for,
+    planned_talkers,
     typical_prompt,
     vram_by_category,
 )
@@ -29,6 +30,7 @@ __all__ = [
     "decode_tps",
     "minimum_budget",
     "plan_for",
+    "planned_talkers",
     "ttft_seconds",
     "typical_prompt",
     "ubatch_cost",

@@ -74,6 +74,12 @@ def typical_prompt(n_ctx: int) -> int:
     return max(64, min(1024, n_ctx // 4))
 
 
+def planned_talkers(talking: int, outputs: int | None) -> int:
+    """Sessions a plan's decode steps carry: the NPCs expected to talk together, no more than
+    the logits rows a step has (``outputs``; None: as many as talk)."""
+    return max(1, min(talking, outputs or talking))
+
+
 @dataclass(frozen=True)
 class Workload:
     """What the plan is optimised for: a typical NPC turn.

@@ -29,6 +29,7 @@ from igi_sdk.planner import (
     batch_threshold,
     copy_threshold,
     plan_for,
+    planned_talkers,
     typical_prompt,
     vram_by_category,
 )
@@ -176,7 +177,7 @@ def plan_for_model(
     the GPU holds beside the model (a draft, a vision encoder), out of ``budget``.
     ``talking``: sessions expected to decode together (the planned turn is theirs)."""
     outputs = outputs or max_sessions
-    wl = Workload(n_ctx=n_ctx, n_seqs=min(talking, max(outputs, 1)),
+    wl = Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                   prompt_tokens=typical_prompt(n_ctx), gen_tokens=gen_tokens,
                   n_outputs=outputs, pin_host=pin_host)
     if not _native.backend_started():
