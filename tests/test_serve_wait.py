@@ -13,10 +13,20 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.native_preload import preload_env
-from igi_sdk.omp_wait import SDK_CHOSE, SPIN_ROUNDS, start_env
+from igi_sdk.omp_wait import SDK_CHOSE, SPIN_ROUNDS, default_wait, start_env
 
 SDK = {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS, SDK_CHOSE: "1"}  # igi_sdk's, when unset
 PASSIVE = {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
+
+
+def test_the_sdk_spins_by_default_and_marks_the_choice_as_its_own() -> None:
+    env = {"PATH": "/bin"}
+    default_wait(env)
+    assert env == SDK
+    for user in ({"OMP_WAIT_POLICY": "PASSIVE"}, {"GOMP_SPINCOUNT": "0"}):
+        mine = dict(user)
+        default_wait(mine)
+        assert mine == user  # the user's wait is theirs: untouched, and not marked
 
 
 def test_spin_replaces_the_policy_with_the_spin_count() -> None:
