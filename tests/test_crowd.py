@@ -49,9 +49,12 @@ def test_the_engine_tells_of_four_replies_decoding_together_on_a_plan_for_one(
         eng._core.crowd.steps = 10  # the rule's count is its unit test's; here: that it is wired
         sids = [eng.open_session(f"NPC {i}.") for i in range(4)]
         with caplog.at_level(logging.WARNING, logger="igi_sdk.runtime.core"):
-            futs = [eng.chat(s, "Hello.", max_tokens=24, ignore_eos=True) for s in sids]
+            # long replies: the chats reach the engine thread while it decodes the first ones,
+            # so the replies start some steps apart (on a loaded 2-core machine, 24-token
+            # replies overlapped three at a time for fewer than the 10 steps asked for)
+            futs = [eng.chat(s, "Hello.", max_tokens=96, ignore_eos=True) for s in sids]
             for f in futs:
-                assert f.result(60).completion_tokens == 24
+                assert f.result(60).completion_tokens == 96
         told = [r.getMessage() for r in caplog.records if "--talking" in r.getMessage()]
         # the replies start as their prompts are read: at least three decode together
         peak = eng.status()["talking"]["peak"]
@@ -66,7 +69,7 @@ def test_an_engine_planned_for_the_crowd_stays_quiet(tiny_llama, caplog) -> None
         eng._core.crowd.steps = 10
         sids = [eng.open_session(f"NPC {i}.") for i in range(4)]
         with caplog.at_level(logging.WARNING, logger="igi_sdk.runtime.core"):
-            for f in [eng.chat(s, "Hello.", max_tokens=24, ignore_eos=True) for s in sids]:
+            for f in [eng.chat(s, "Hello.", max_tokens=96, ignore_eos=True) for s in sids]:
                 f.result(60)
         assert not [r for r in caplog.records if "--talking" in r.getMessage()]
         assert eng.status()["talking"]["planned"] == 4
