@@ -18,10 +18,11 @@ Per tensor, from the machine profile:
 * every hand-over between CPU and GPU inside the graph costs a fixed latency;
 * every layer block (attention, FFN) on the GPU costs half the measured per-layer overhead
   (kernel launches), and every ubatch one per-step overhead. On the CPU the overhead is the
-  thread pool's barrier after every op (an OpenMP barrier; with the SDK's passive wait policy
-  each one puts the threads to sleep and wakes them): the measured per-layer overhead is
-  spread over the ops of the probe's layer (``PROBE_LAYER_OPS``) and charged per op, so an FFN
-  block (7 ops) costs less than an attention block (12). The profile's CPU matmul rates were
+  thread pool's barrier after every op (an OpenMP barrier, timed under the wait the profiling
+  process had: the SDK's default spin, or a sleep and a wake-up under ``PASSIVE``): the
+  measured per-layer overhead is spread over the ops of the probe's layer
+  (``PROBE_LAYER_OPS``) and charged per op, so an FFN block (7 ops) costs less than an
+  attention block (12). The profile's CPU matmul rates were
   timed with one such barrier per weight (a 4096×4096 weight per op), so the per-op cost is
   taken out of them (``cpu_weight_rate``) rather than counted twice: for a small weight it is
   a seventh of the time, for a real FFN weight (4096×14336) a twentieth.

@@ -125,7 +125,8 @@ class ControlConfig:
     margin: float = 0.08  # a probe must be this much faster to be kept
     collapse: float = 2.0  # steps this many times their best: probe at once
     # ggml's own threadpools: threads meet at spinning barriers within a graph, so a thread the
-    # OS deschedules stalls all the others (OpenMP builds: False, libgomp waits passively)
+    # OS deschedules stalls all the others (OpenMP builds: False; where libgomp spins, the
+    # count follows the free cores instead: waits == (SPIN,))
     spinning_barriers: bool = False
     starved: float = 0.75  # spinning threads that get less than this share of a core each
     starved_hold: int = 8  # load samples a starved cap holds (doubling while it recurs)
