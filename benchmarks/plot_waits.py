@@ -102,12 +102,12 @@ def _bars(ax, rows: list[tuple], value: int, ylabel: str, ref: float | None) -> 
     ax.set_ylabel(ylabel, fontsize=8)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--results", type=Path, default=Path("benchmarks/results"))
     ap.add_argument("--date", default="2026-11-28")
     ap.add_argument("--out", type=Path, required=True)
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
     idle, busy = idle_ratios(args.results, args.date), busy_ratios(args.results, args.date)
     game = game_rows(args.results, args.date)
     fig, axes = plt.subplots(1, 4, figsize=(17, 4), gridspec_kw={"width_ratios": [3, 2, 1, 1]})

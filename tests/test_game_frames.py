@@ -3,26 +3,19 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks import game_frames as gf
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "benchmarks" / "game_frames.py"
 
 
-def _module():
-    spec = importlib.util.spec_from_file_location("game_frames", SCRIPT)
-    mod = importlib.util.module_from_spec(spec)
-    assert spec.loader is not None
-    spec.loader.exec_module(mod)
-    return mod
-
 
 def test_the_summary_measures_stretch_and_late_frames() -> None:
-    gf = _module()
     parts = [{"work_ms": 8.0, "works": [8.0] * 90 + [16.0] * 10, "late": 5},
              {"work_ms": 8.0, "works": [8.0] * 100, "late": 0}]
     r = gf.summarize(parts, workers=2, duty=0.5, hz=60.0)
