@@ -111,6 +111,30 @@ def test_unpriced_drafting_that_loses_is_switched_off_and_reprobed_rarely() -> N
     assert not a.drafting or ks[-1] > 0
 
 
+def test_one_stalled_plain_step_does_not_keep_a_losing_draft_on() -> None:
+    """No plain step is timed while drafting, so the plain mean is what it was when drafting
+    began. One plain step stalled 50× (another process took the core) priced every verify
+    pass as cheap and kept a draft that never matched on for the whole reply. A verify step
+    decodes more tokens than a plain step, so it bounds the plain step's cost."""
+    fast = {"plain": 1e-4, "slope": 3e-5, "draft": 2e-4}
+    costs, a = StepCosts(), Acceptance()
+    costs.add_plain(50 * fast["plain"], 0.97)  # the only plain sample (warmup_steps=1)
+    policy = Policy(k_max=4, warmup_steps=1)
+    ks = []
+    for _ in range(64):
+        k = choose_k(a, costs, None, policy, "model", 4)
+        ks.append(k)
+        if k:
+            a.record(k, 0, 1, 0.97)  # an unrelated draft: nothing kept
+            costs.add_verify(k, fast["plain"] + fast["slope"] * k, 0.97)
+            costs.add_draft("model", fast["draft"], 0.97)
+        else:
+            costs.add_plain(fast["plain"], 0.97)
+    assert not a.drafting
+    assert sum(k > 0 for k in ks) <= 4, ks
+    assert costs.plain_s(None) <= costs.verify_s(1, None)
+
+
 def test_k_adapts_to_alpha() -> None:
     """High α: the largest k; lower α: smaller k; where no k pays: none."""
     costs = StepCosts()

@@ -84,15 +84,20 @@ class StepCosts:
 
     def plain_s(self, prior: StepPrior | None) -> float | None:
         if self.plain.value is not None:
-            return self.plain.value
+            # No plain step is timed while drafting, so one stalled sample (a core taken by
+            # another process) would price every verify pass as cheap for good. A verify step
+            # decodes more tokens than a plain one: the cheapest verify mean bounds it.
+            verified = [m.value for m in self.verify.values() if m.value is not None]
+            return min([self.plain.value, *verified])
         return prior.plain_s if prior is not None else None
 
     def _scale(self, prior: StepPrior) -> float:
         """Measured ÷ predicted plain step: a profile that is off is off for every kind of
         step alike, so predictions are scaled by it until they are measured."""
-        if self.plain.value is None or prior.plain_s <= 0:
+        plain = self.plain_s(None)
+        if plain is None or prior.plain_s <= 0:
             return 1.0
-        return self.plain.value / prior.plain_s
+        return plain / prior.plain_s
 
     def verify_slope(self, prior: StepPrior | None) -> float | None:
         """Seconds per verified draft token: a least-squares line through the plain step
