@@ -34,6 +34,16 @@ def default_wait(environ: MutableMapping[str, str]) -> None:
         environ[SDK_CHOSE] = "1"
 
 
+def in_effect(environ: Mapping[str, str]) -> str:
+    """The wait libgomp's threads have under ``environ``, as a profile records it: the CPU op
+    overhead it times includes the threads' wake-ups, which a sleeping wait pays at every op
+    and a spinning one does not, so a profile timed under one prices the other wrongly."""
+    policy = environ.get(POLICY, "").strip().lower()
+    if policy in ("active", "passive"):
+        return policy
+    return "spin" + (environ.get(SPIN_COUNT, "").strip().lower() or SPIN_ROUNDS)
+
+
 def start_env(environ: Mapping[str, str], wait: str,
               fixed_threads: bool = False) -> dict[str, str] | None:
     """The environment that gives libgomp the wait ``serve --wait`` names, or None where

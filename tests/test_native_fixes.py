@@ -356,14 +356,19 @@ def test_cached_profile_is_found_without_starting_the_backend(
 
     monkeypatch.setattr(measure, "_nvml_facts", lambda: {"driver": "580", "gpu": "NVIDIA H200"})
     monkeypatch.setattr(measure, "_cpu_model", lambda: "Xeon")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
     fp = {"gpu": "NVIDIA H200", "driver": "580", "cpu": "Xeon", "threads": "16",
-          "llama_cpp": llama_cpp.__version__, "backends": "CPU,CUDA"}
+          "wait": "spin300000", "llama_cpp": llama_cpp.__version__, "backends": "CPU,CUDA"}
     h200.model_copy(update={"fingerprint": fp}).save(tmp_path)
     other = dict(fp, cpu="Ryzen")
     h200.model_copy(update={"fingerprint": other}).save(tmp_path)
     found = cached_before_backend(16, tmp_path)
     assert found is not None and found.fingerprint == fp
     assert cached_before_backend(8, tmp_path) is None  # other thread count: no profile
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # timed while spinning: not for sleeping
+    assert cached_before_backend(16, tmp_path) is None
+    monkeypatch.delenv("OMP_WAIT_POLICY")
     h200.model_copy(update={"fingerprint": dict(fp, backends="CPU,Vulkan")}).save(tmp_path)
     assert cached_before_backend(16, tmp_path) is None  # two could be it: do not guess
 

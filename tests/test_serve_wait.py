@@ -13,7 +13,7 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.native_preload import preload_env
-from igi_sdk.omp_wait import SDK_CHOSE, SPIN_ROUNDS, default_wait, start_env
+from igi_sdk.omp_wait import SDK_CHOSE, SPIN_ROUNDS, default_wait, in_effect, start_env
 
 SDK = {"PATH": "/bin", "GOMP_SPINCOUNT": SPIN_ROUNDS, SDK_CHOSE: "1"}  # igi_sdk's, when unset
 PASSIVE = {"PATH": "/bin", "OMP_WAIT_POLICY": "PASSIVE"}
@@ -57,6 +57,17 @@ def test_nothing_restarts_where_the_environment_already_gives_the_wait() -> None
     for wait in ("auto", "poll"):  # left to the environment (and, without OpenMP, to the run)
         assert start_env(SDK, wait) is None
         assert start_env({"GOMP_SPINCOUNT": "7"}, wait) is None
+
+
+def test_the_wait_in_effect_names_each_environment_as_libgomp_reads_it() -> None:
+    """What a profile records: libgomp's default without a policy is its 300,000-round spin."""
+    assert in_effect({}) == in_effect(SDK) == f"spin{SPIN_ROUNDS}"
+    assert in_effect(PASSIVE) == in_effect({"OMP_WAIT_POLICY": "passive"}) == "passive"
+    assert in_effect({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "7"}) == "active"
+    assert in_effect({"GOMP_SPINCOUNT": "20000"}) == "spin20000"
+    for env, wait in ((SDK, "sleep"), (PASSIVE, "spin")):  # what `serve --wait` restarts with
+        assert in_effect(start_env(env, wait) or env) == ("passive" if wait == "sleep"
+                                                          else f"spin{SPIN_ROUNDS}")
 
 
 def test_a_preload_without_libraries_sets_no_empty_preload() -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import llama_cpp
 
+from igi_sdk import omp_wait
 from igi_sdk.errors import IgiError
 from igi_sdk.profile.data import DeviceProfile, Profile, cache_dir
 from igi_sdk.runtime import ggml_bench, step_bench
@@ -100,6 +101,7 @@ def fingerprint(threads: int) -> dict[str, str]:
         "driver": nv.get("driver", ""),
         "cpu": _cpu_model(),
         "threads": str(threads),
+        "wait": omp_wait.in_effect(os.environ),
         "llama_cpp": llama_cpp.__version__,
         "backends": ",".join(sorted({d.name.rstrip("0123456789") for d in list_devices()})),
     }
@@ -407,7 +409,7 @@ def cached_before_backend(threads: int | None = None,
     but the backends, and the GPU's name without NVML); None unless exactly one profile with a
     GPU matches. Only for choosing that threshold: plans use :func:`load_or_measure`'s."""
     known = {"cpu": _cpu_model(), "threads": str(threads or default_threads()),
-             "llama_cpp": llama_cpp.__version__}
+             "wait": omp_wait.in_effect(os.environ), "llama_cpp": llama_cpp.__version__}
     nv = _nvml_facts()
     known["driver"] = nv.get("driver", "")
     if "gpu" in nv:
