@@ -306,7 +306,9 @@ def test_a_stream_resumes_after_lost_events(endpoint) -> None:
 
 def test_a_running_stream_resumes_and_continues(endpoint) -> None:
     r = Raw(endpoint)
-    r.hello()
+    # a bare client sends no keep-alive pings: this 200-token reply beside two busy CPUs
+    # outlasted the default 15 s lease, and the goodbye after it met a forgotten client
+    r.hello(lease_s=120)
     sid = r.ok("open_session", {"system_prompt": "You are a bard.", "sampling": GREEDY})[
         "session"]
     chat = r.send("chat", {"session": sid, "text": "Tell a long tale.", "max_tokens": 200})
