@@ -26,27 +26,23 @@ from pathlib import Path
 
 def synthetic_inventory(preset: str):
     """The inventory of a synthetic preset without writing its weights (a sparse file)."""
-    from igi_sdk.model import read_inventory
-    from igi_sdk.model import synthetic as syn
+    from igi_sdk.model import read_inventory, write_synthetic_gguf
 
-    spec = syn._resolve(preset)
     tmp = Path(tempfile.mkdtemp(prefix="igi-inv-")) / f"{preset}.gguf"
-    syn._write_header(tmp, spec, syn._plan_tensors(spec))
-    with tmp.open("r+b") as f:  # sparse: room for every tensor, no bytes written
-        f.truncate(sum(t.n_bytes for t in syn._plan_tensors(spec)) + 64 * 1024 * 1024)
+    write_synthetic_gguf(tmp, preset, data=False)  # the header; the data a hole
     inv = read_inventory(tmp)
     tmp.unlink()
     return inv
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--results", required=True, help="planner_bench JSON (rows with 'run')")
     ap.add_argument("--plans", required=True, help="folder of {run}-{strategy}-{budget}-{ctx}.json")
     ap.add_argument("--profile", required=True)
     ap.add_argument("--stream-probe", help="stream_probe.py JSON: the marginal copy rate")
     ap.add_argument("--json")
-    args = ap.parse_args()
+    args = ap.parse_args(argv)
 
     from igi_sdk.planner import Plan
     from igi_sdk.planner.cost import decode_tps, ttft_seconds
