@@ -37,11 +37,13 @@ def default_wait(environ: MutableMapping[str, str]) -> None:
 def in_effect(environ: Mapping[str, str]) -> str:
     """The wait libgomp's threads have under ``environ``, as a profile records it: the CPU op
     overhead it times includes the threads' wake-ups, which a sleeping wait pays at every op
-    and a spinning one does not, so a profile timed under one prices the other wrongly."""
+    and a spinning one does not, so a profile timed under one prices the other wrongly.
+    As libgomp reads them, a spin count wins over the policy."""
+    count = environ.get(SPIN_COUNT, "").strip().lower()
+    if count:
+        return "spin" + count
     policy = environ.get(POLICY, "").strip().lower()
-    if policy in ("active", "passive"):
-        return policy
-    return "spin" + (environ.get(SPIN_COUNT, "").strip().lower() or SPIN_ROUNDS)
+    return policy if policy in ("active", "passive") else "spin" + SPIN_ROUNDS
 
 
 def start_env(environ: Mapping[str, str], wait: str,

@@ -366,9 +366,11 @@ def test_cached_profile_is_found_without_starting_the_backend(
     found = cached_before_backend(16, tmp_path)
     assert found is not None and found.fingerprint == fp
     assert cached_before_backend(8, tmp_path) is None  # other thread count: no profile
-    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")  # timed while spinning: not for sleeping
+    monkeypatch.delenv("GOMP_SPINCOUNT")  # timed while spinning: not for sleeping
+    monkeypatch.setenv("OMP_WAIT_POLICY", "PASSIVE")
     assert cached_before_backend(16, tmp_path) is None
     monkeypatch.delenv("OMP_WAIT_POLICY")
+    monkeypatch.setenv("GOMP_SPINCOUNT", "300000")
     h200.model_copy(update={"fingerprint": dict(fp, backends="CPU,Vulkan")}).save(tmp_path)
     assert cached_before_backend(16, tmp_path) is None  # two could be it: do not guess
 

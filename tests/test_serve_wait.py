@@ -63,7 +63,9 @@ def test_the_wait_in_effect_names_each_environment_as_libgomp_reads_it() -> None
     """What a profile records: libgomp's default without a policy is its 300,000-round spin."""
     assert in_effect({}) == in_effect(SDK) == f"spin{SPIN_ROUNDS}"
     assert in_effect(PASSIVE) == in_effect({"OMP_WAIT_POLICY": "passive"}) == "passive"
-    assert in_effect({"OMP_WAIT_POLICY": "ACTIVE", "GOMP_SPINCOUNT": "7"}) == "active"
+    assert in_effect({"OMP_WAIT_POLICY": "ACTIVE"}) == "active"
+    # libgomp: a spin count wins over the policy
+    assert in_effect({"OMP_WAIT_POLICY": "PASSIVE", "GOMP_SPINCOUNT": "7"}) == "spin7"
     assert in_effect({"GOMP_SPINCOUNT": "20000"}) == "spin20000"
     for env, wait in ((SDK, "sleep"), (PASSIVE, "spin")):  # what `serve --wait` restarts with
         assert in_effect(start_env(env, wait) or env) == ("passive" if wait == "sleep"

@@ -39,7 +39,7 @@ from llama_cpp import llama_cpp as _llama
 from llama_cpp._ctypes_extensions import load_shared_library
 from llama_cpp._ggml import libggml
 
-from igi_sdk import threads
+from igi_sdk import omp_wait, threads
 from igi_sdk.runtime.cpu_demand import DemandWindow, own_running, procs_running
 from igi_sdk.runtime.thread_control import (
     POLL_LEVEL,
@@ -77,14 +77,13 @@ def libgomp_wait() -> Wait:
     it once): SLEEP where they sleep at once (OMP_WAIT_POLICY=PASSIVE or GOMP_SPINCOUNT=0), SPIN
     where they spin first (any spin count, what igi_sdk sets unless told otherwise, ACTIVE, or
     libgomp's own default of about 300,000 rounds)."""
-    count = os.environ.get("GOMP_SPINCOUNT", "").strip().lower()
-    if count:  # a spin count wins over the policy
-        try:
-            return Wait.SLEEP if int(count) == 0 else Wait.SPIN
-        except ValueError:
-            return Wait.SPIN  # "infinity" (or libgomp's own default for what it cannot read)
-    passive = os.environ.get("OMP_WAIT_POLICY", "").strip().lower() == "passive"
-    return Wait.SLEEP if passive else Wait.SPIN
+    wait = omp_wait.in_effect(os.environ)
+    if wait == "passive":
+        return Wait.SLEEP
+    try:
+        return Wait.SLEEP if int(wait.removeprefix("spin")) == 0 else Wait.SPIN
+    except ValueError:
+        return Wait.SPIN  # "active", "infinity" (or libgomp's own default for what it cannot read)
 
 
 def uses_openmp() -> bool:
