@@ -1,13 +1,14 @@
 """Python client of the sidecar (a DEALER socket), blocking and asyncio flavours.
 
-A client may be used from several threads: every socket operation holds one lock, and waiting
-for a reply polls in short slices so that ``ChatStream.cancel()`` from another thread gets in.
+A client may be used from several threads: its socket belongs to one thread of its own
+(:mod:`igi_sdk.client_socket`), which sends what any thread queues and files every reply in an
+inbox, so a thread waiting for a long reply never holds up another thread's request.
 ZeroMQ reconnects by itself (with back-off) when the sidecar restarts; the client notices a dead
 sidecar by its missing heartbeats, raises :class:`SidecarUnavailable`, and says hello again on
 the next request once a sidecar answers.
 
-The blocking client speaks protocol 1.1: a small thread pings the sidecar when the program has
-sent nothing for a third of its lease, so its sessions stay its own while the program lives and
+The blocking client speaks protocol 1.1: its socket's thread pings the sidecar when the program
+has sent nothing for a third of its lease, so its sessions stay its own while the program lives and
 become adoptable soon after it dies; :meth:`Client.close` says goodbye.
 """
 
@@ -27,6 +28,7 @@ import zmq.asyncio
 import zmq.auth
 
 from igi_sdk.bridge import protocol as P
+from igi_sdk.client_socket import SendFailed, SocketThread
 
 
 class BridgeError(Exception):
@@ -117,66 +119,54 @@ class Client:
             self._hello_body["token"] = token
         self.keep_sessions = keep_sessions  # on close: leave the sessions to be adopted
         self._ids = itertools.count(1)
-        self._lock = threading.RLock()
+        # the inbox, filed by the socket's thread; waiting for a reply waits on this condition
+        self._arrived = threading.Condition()
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
-        self._ctx = zmq.Context.instance()
-        self._sock = self._ctx.socket(zmq.DEALER)
-        _configure(self._sock, curve, endpoint)
-        # a DEALER with no live connection blocks on send; a refused CurveZMQ handshake drops
-        # the connection, so sending must give up like receiving does
-        self._sock.setsockopt(zmq.SNDTIMEO, int(max(3.0, min(timeout, 5.0)) * 1000))
-        self._sock.connect(endpoint)
-        self._last_heard = time.monotonic()
-        self._last_sent = time.monotonic()
+        self._keepalive_ids: set[int] = set()  # pings of the lease: their answers are dropped
+        self._lease_every_s = lease_s / 3
         self._greeted = False
-        self._keepalive_ids: set[int] = set()  # pings of the keep-alive thread: answers dropped
-        self._closed = threading.Event()
-        threading.Thread(target=self._keep_lease, args=(lease_s / 3,), daemon=True,
-                         name="igi-client-lease").start()
+        self._last_heard = time.monotonic()
+        ctx = zmq.Context.instance()
+        sock = ctx.socket(zmq.DEALER)
+        _configure(sock, curve, endpoint)
+        sock.connect(endpoint)
+        # a DEALER with no live connection holds no frame; a refused CurveZMQ handshake drops
+        # the connection, so sending gives up like receiving does
+        self._wire = SocketThread(ctx, sock, name="igi-client-socket", on_frame=self._file,
+                                  on_idle=self._lease_ping, idle_s=self._lease_every_s,
+                                  send_timeout_s=max(3.0, min(timeout, 5.0)))
 
     # --- plumbing ------------------------------------------------------------------------------
 
     def close(self) -> None:
         """Say goodbye (the sidecar closes this client's sessions, or keeps them for adoption
         with ``keep_sessions``) and close the socket."""
-        self._closed.set()
-        with self._lock:
-            if self._greeted and not self._sock.closed:
-                try:
-                    self._sock.send(P.encode(next(self._ids), "goodbye",
-                                             {"keep_sessions": self.keep_sessions}),
-                                    zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    pass  # not connected: the lease ends the sessions instead
-                self._sock.close(linger=200)
-            else:
-                self._sock.close(0)
+        goodbye = (P.encode(next(self._ids), "goodbye", {"keep_sessions": self.keep_sessions})
+                   if self._greeted else None)
+        self._wire.close(goodbye)
 
-    def _keep_lease(self, every_s: float) -> None:
-        while not self._closed.wait(every_s / 2):
-            if not self._greeted or time.monotonic() - self._last_sent < every_s:
-                continue
-            with self._lock:
-                if self._sock.closed:
-                    return
-                msg_id = next(self._ids)
-                try:
-                    self._sock.send(P.encode(msg_id, "ping", {}), zmq.NOBLOCK)
-                except zmq.ZMQError:
-                    continue  # not connected now: the next request notices
-                self._keepalive_ids.add(msg_id)
-                self._last_sent = time.monotonic()
+    def _lease_ping(self) -> bytes | None:
+        """(The socket's thread, after a third of the lease without sending.) A ping that keeps
+        this client's sessions its own while the program lives."""
+        if not self._greeted:
+            return None
+        msg_id = next(self._ids)
+        self._keepalive_ids.add(msg_id)
+        return P.encode(msg_id, "ping", {})
 
     def _file(self, frame: bytes) -> None:
-        """Put a received message in the inbox (heartbeats and keep-alive answers dropped)."""
-        rid, rtype, body = P.decode_reply(frame)
+        """(The socket's thread.) Put a received message in the inbox; heartbeats and the
+        lease's ping answers are dropped."""
         self._last_heard = time.monotonic()
+        rid, rtype, body = P.decode_reply(frame)
         if rtype == "heartbeat" or rtype not in P.REPLY_TYPES:
             return  # unknown reply types are ignored: a later sidecar may add some
         if rid in self._keepalive_ids:
             self._keepalive_ids.discard(rid)
             return
-        self._inbox[rid].append((rtype, body))
+        with self._arrived:
+            self._inbox[rid].append((rtype, body))
+            self._arrived.notify_all()
 
     def __enter__(self) -> Client:
         return self
@@ -187,13 +177,11 @@ class Client:
     def send(self, msg_type: str, body: dict[str, Any] | None = None) -> int:
         """Send a request; returns its id (replies come through :meth:`next_event`)."""
         msg_id = next(self._ids)
-        with self._lock:
-            try:
-                self._sock.send(P.encode(msg_id, msg_type, body or {}))
-            except zmq.Again:  # no connection to queue on (refused handshake): SNDTIMEO ran out
-                self._greeted = False
-                raise SidecarUnavailable(f"cannot reach the sidecar at {self.endpoint}") from None
-            self._last_sent = time.monotonic()
+        try:
+            self._wire.send(P.encode(msg_id, msg_type, body or {}))
+        except SendFailed:  # no connection to queue on (refused handshake), or closed
+            self._greeted = False
+            raise SidecarUnavailable(f"cannot reach the sidecar at {self.endpoint}") from None
         return msg_id
 
     def next_event(self, msg_id: int, timeout: float | None = None, *,
@@ -206,32 +194,29 @@ class Client:
         :class:`RequestTimeout`; a stream (``stream=True``) keeps waiting, since reading a long
         prompt on the CPU may take longer than any fixed timeout."""
         limit = self.timeout if timeout is None else timeout
+        silence = max(3.0, min(self.timeout, 5.0))
         deadline = time.monotonic() + limit
-        self._last_heard = time.monotonic()
-        while True:
-            with self._lock:
+        heard_since = time.monotonic()  # silence counts from this call at the earliest
+        with self._arrived:
+            while True:
                 q = self._inbox.get(msg_id)
                 if q:
                     return q.popleft()
-                if self._sock.poll(50, zmq.POLLIN):
-                    self._file(self._sock.recv())
-                    continue
-            now = time.monotonic()
-            if now - self._last_heard > max(3.0, min(self.timeout, 5.0)):
-                self._greeted = False  # a restarted sidecar will want a hello
-                raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
-            if now > deadline and not stream:
-                raise RequestTimeout(f"the sidecar is alive but request {msg_id} was not "
-                                     f"answered within {limit:g} s")
+                now = time.monotonic()
+                quiet_until = max(self._last_heard, heard_since) + silence
+                if now > quiet_until:
+                    self._greeted = False  # a restarted sidecar will want a hello
+                    raise SidecarUnavailable(f"no answer from the sidecar at {self.endpoint}")
+                if now > deadline and not stream:
+                    raise RequestTimeout(f"the sidecar is alive but request {msg_id} was not "
+                                         f"answered within {limit:g} s")
+                until = quiet_until if stream else min(quiet_until, deadline)
+                self._arrived.wait(max(0.001, until - now))
 
     def drain(self, seconds: float = 0.1) -> None:
-        """Read whatever the sidecar has sent in the next ``seconds`` into the inbox."""
-        end = time.monotonic() + seconds
-        while (left := end - time.monotonic()) > 0:
-            with self._lock:
-                if not self._sock.poll(int(left * 1000) + 1, zmq.POLLIN):
-                    return
-                self._file(self._sock.recv())
+        """Wait ``seconds``: whatever the sidecar sends meanwhile is filed in the inbox (the
+        socket's thread reads it as it arrives)."""
+        time.sleep(seconds)
 
     def pending(self, msg_id: int) -> int:
         """Events received for ``msg_id`` and not read yet."""

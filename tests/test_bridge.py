@@ -438,3 +438,46 @@ def test_thread_cancel_while_iterating(client) -> None:
     t.join()
     assert stream.done["finish_reason"] == "cancelled"
     client.close_session(sid)
+
+
+def test_a_thread_waiting_for_a_reply_does_not_hold_up_another_threads_request(sidecar) -> None:
+    # the HTTP face shares one client between requests: a request waiting for a long reply
+    # must not make another thread's request wait for the socket (a reader that polls while
+    # holding the client's lock made each request of another thread wait up to its poll slice,
+    # and an unfair lock let it wait several)
+    endpoint, _ = sidecar
+    c = Client(endpoint, timeout=30)
+    try:
+        c.hello()
+
+        def ping_median(n: int = 40) -> float:
+            took = []
+            for _ in range(n):
+                t0 = time.perf_counter()
+                c.request("ping")
+                took.append(time.perf_counter() - t0)
+            return sorted(took)[n // 2]
+
+        ping_median(10)  # warm
+        alone = ping_median()
+        waiting = threading.Event()
+        done = threading.Event()
+
+        def wait_for_a_reply_that_is_slow() -> None:  # an id nobody sent: no reply comes
+            waiting.set()
+            while not done.is_set():
+                with pytest.raises(BridgeError):
+                    c.next_event(10**9, timeout=0.3)
+
+        t = threading.Thread(target=wait_for_a_reply_that_is_slow)
+        t.start()
+        waiting.wait(5)
+        time.sleep(0.05)
+        beside = ping_median()
+        done.set()
+        t.join(10)
+        print(f"measured: ping median {alone * 1e3:.2f} ms alone, {beside * 1e3:.2f} ms while "
+              "another thread waits for a reply")
+        assert beside < 4 * alone + 0.002, (alone, beside)
+    finally:
+        c.close()

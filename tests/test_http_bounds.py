@@ -8,6 +8,7 @@ import base64
 import binascii
 import json
 import os
+import random
 
 import httpx
 import pytest
@@ -17,6 +18,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.http import app as face
 from igi_sdk.http.app import HttpConfig, build_app
 from igi_sdk.http.errors import HttpError
+from igi_sdk.http.json_bound import MAX_VALUES, over_values
 
 URL = "/v1/chat/completions"
 
@@ -50,7 +52,12 @@ def test_an_answered_error_raises_nothing_afterwards(http: TestClient) -> None:
 
 
 def test_nesting_is_refused_without_a_scan_of_the_body(http: TestClient) -> None:
-    _error(http.post(URL, content=b'{"messages":' + b"[" * 100_000), 400, "invalid_body")
+    # deeper than pydantic's recursion limit, within the count of values: a 400 of the parser
+    _error(http.post(URL, content=b'{"messages":' + b"[" * 20_000), 400, "invalid_body")
+    # more brackets than a request has values: refused before the parser runs
+    msg = _error(http.post(URL, content=b'{"messages":' + b"[" * 100_000), 413,
+                 "request_too_large")
+    assert str(MAX_VALUES) in msg
     schema: dict[str, object] = {"type": "string"}
     for _ in range(P.MAX_NESTING + 2):
         schema = {"type": "array", "items": schema}
@@ -105,3 +112,62 @@ def test_padding_inside_the_data_is_refused_at_a_slice_edge() -> None:
     assert e.value.code == "invalid_image"
     with pytest.raises(binascii.Error):
         binascii.a2b_base64(inside, strict_mode=True)
+
+
+def _separators_outside_strings(body: bytes) -> int:
+    """The count, a character at a time: what ``over_values`` must agree with."""
+    n, inside, escaped = 0, False, False
+    for c in body.decode():
+        if inside:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                inside = False
+        elif c == '"':
+            inside = True
+        elif c in ",[{":
+            n += 1
+    return n
+
+
+def _random_json(rng: random.Random, depth: int = 0) -> object:
+    pick = rng.random()
+    if depth > 3 or pick < 0.4:  # strings full of what a scanner can trip on
+        return "".join(rng.choice(['"', "\\", ",", "[", "{", "a", " ", "\\\\", '\\"'])
+                       for _ in range(rng.randrange(12)))
+    if pick < 0.5:
+        return rng.randrange(100)
+    if pick < 0.75:
+        return [_random_json(rng, depth + 1) for _ in range(rng.randrange(5))]
+    return {_random_json(rng, 9): _random_json(rng, depth + 1)  # type: ignore[misc]
+            for _ in range(rng.randrange(5))}
+
+
+def test_the_values_a_body_holds_are_counted_outside_its_strings() -> None:
+    rng = random.Random(7)
+    for _ in range(400):
+        body = json.dumps(_random_json(rng)).encode()
+        n = _separators_outside_strings(body)
+        # the limit at, just under and well under the count: the walk runs where the quick
+        # count (strings included) is over the limit
+        for limit in {n, max(0, n - 1), n // 2, 0}:
+            assert over_values(body, limit) == (n > limit), (body, n, limit)
+
+
+def test_bodies_within_the_caps_pass_and_floods_of_values_do_not() -> None:
+    prose = 'He said, "well, then, go on," and she, as ever, did. ' * 600
+    transcript = {"messages": [{"role": "user" if i % 2 else "assistant", "content": prose}
+                               for i in range(P.MAX_HISTORY_TURNS + 1)]}
+    parts = [{"type": "text", "text": "a, b"}] * (P.MAX_IMAGES + 16)
+    widest = {"messages": [{"role": "user", "content": parts}] * (P.MAX_HISTORY_TURNS + 2)}
+    image = {"messages": _line("data:image/png;base64," + base64.b64encode(
+        bytes(P.MAX_IMAGE_BYTES)).decode())}
+    for fits in (transcript, widest, image):
+        assert not over_values(json.dumps(fits).encode())
+    numbers = b'{"x":[' + b"1," * (8 << 20) + b"1]}"
+    escaped = b'{"a":"' + b'\\"' * (8 << 20) + b'"' + b",1" * 40_000 + b"}"
+    backslashes = b'{"a":"' + b"\\\\" * (8 << 20) + b'"' + b",1" * 40_000 + b"}"
+    for flood in (numbers, escaped, backslashes):
+        assert over_values(flood)

@@ -32,6 +32,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
+from igi_sdk.http.json_bound import MAX_VALUES, over_values
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
 
 _DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
@@ -232,6 +233,10 @@ def _read(body: bytes) -> tuple[ChatCompletionRequest, tuple[str, list[Turn], st
 
 
 def _parse(body: bytes) -> ChatCompletionRequest:
+    # pydantic parses in one call that holds the GIL, for as long as the body has values
+    if over_values(body):
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
+                        "JSON values (messages, parts and fields together)")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:

@@ -1,0 +1,63 @@
+"""How many JSON values a request body holds, bounded before it is parsed.
+
+pydantic parses and validates a body in one call that holds the GIL: a body of millions of
+tiny values (``[{"type":"text","text":"a"}, ...]`` to the 32 MiB cap) held it for over a
+second, and every thread of the sidecar (its control plane included) waited. The size of a
+body says little (a 16 MiB image is one string); what a parse costs follows the number of
+values, and a value past the first needs a ``,``, ``[`` or ``{`` before it. Those are counted
+outside strings here, with ``bytes.count`` and ``bytes.find`` (each a short C call), and in
+the rare body where commas inside its text could matter, a string at a time, with a budget
+of steps so that no body costs more than a bounded walk.
+"""
+
+from __future__ import annotations
+
+# what a request within the schema's caps needs at most (256 turns of 20 parts, each part a
+# few values: ~16k), with room for the fields an OpenAI client adds that the face ignores
+MAX_VALUES = 1 << 15
+# steps of the walk at most (a string, an escaped quote, 64 backslashes): a transcript of 256
+# long turns of dialogue has ~250k escaped quotes; a step costs about a microsecond
+MAX_STEPS = 1 << 20
+_SEPARATORS = (b",", b"[", b"{")
+_RUN = 64  # backslashes looked at per step
+
+
+_SLICE = 1 << 20  # bytes counted per call: the GIL changes hands between calls
+
+
+def _separators(body: bytes, start: int, end: int) -> int:
+    return sum(body.count(c, i, min(i + _SLICE, end))
+               for i in range(start, end, _SLICE) for c in _SEPARATORS)
+
+
+def over_values(body: bytes, limit: int = MAX_VALUES, max_steps: int = MAX_STEPS) -> bool:
+    """Whether ``body`` holds more than ``limit`` JSON values (True also when it cannot be
+    told within ``max_steps``, which no body within the schema's caps needs)."""
+    if _separators(body, 0, len(body)) <= limit:
+        return False  # counted inside strings too: an upper bound, and the usual answer
+    found, pos, steps = 0, 0, 0
+    while True:
+        quote = body.find(b'"', pos)
+        found += _separators(body, pos, len(body) if quote < 0 else quote)
+        steps += 1
+        if found > limit or steps > max_steps:
+            return True
+        if quote < 0:
+            return False
+        end = quote  # the string's closing quote: the next one not escaped
+        while True:
+            end = body.find(b'"', end + 1)
+            if end < 0:
+                return False  # an unterminated string: the parser refuses it at once
+            backslashes, at = 0, end
+            while True:  # the run of backslashes before the quote (the opening quote ends it)
+                window = body[max(quote + 1, at - _RUN):at]
+                run = len(window) - len(window.rstrip(b"\\"))
+                backslashes, at, steps = backslashes + run, at - run, steps + 1
+                if run < _RUN or steps > max_steps:
+                    break
+            if steps > max_steps:
+                return True
+            if backslashes % 2 == 0:  # an odd run escapes the quote
+                break
+        pos = end + 1
