@@ -9,8 +9,9 @@ In the process that runs the model that would freeze every reply or take its mem
   pixel count or (JPEG) its number of scans is over :class:`DecodeLimits`;
 * Pillow decodes in :mod:`~igi_sdk.runtime._image_worker`, a child process that never inflates
   more than the image's own rows, whose address space is capped (POSIX ``RLIMIT_AS``) and which
-  is killed when a decode runs longer than ``time_s`` or its chat is cancelled; one worker is
-  kept warm and a fresh one started after a kill, so a normal image costs no process start;
+  is killed when a decode has used ``time_s`` of CPU time (or twelve times that of wall time)
+  or its chat is cancelled; one worker is kept warm and a fresh one started after a kill, so
+  a normal image costs no process start;
 * the result is scaled (Lanczos; a JPEG already while decoding) so that it takes at most
   :class:`ImageBudget` ``max_tokens`` image tokens, and handed on as raw RGB rows.
 
@@ -30,6 +31,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
+
+import psutil
 
 from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
 from igi_sdk.events import ReplyDone, ReplyFailed, ReplyListener
@@ -64,8 +67,8 @@ _START_S = 30.0  # a worker that has not loaded Pillow by then never will
 
 @dataclass(frozen=True)
 class DecodeLimits:
-    """What a decode may cost: sides and pixels of the encoded image, JPEG scans, wall time
-    and the worker's memory (its address space; POSIX only)."""
+    """What a decode may cost: sides and pixels of the encoded image, JPEG scans, the
+    worker's CPU time and its memory (its address space; POSIX only)."""
 
     max_side: int = MAX_IMAGE_SIDE
     max_pixels: int = MAX_IMAGE_PIXELS
@@ -218,6 +221,55 @@ def fit_pixels(image: Decoded, budget: ImageBudget | None = None,
 
 class _WorkerGone(Exception):
     """The worker ended (killed, or it crashed) before it answered."""
+
+
+# how often the time cap reads the worker's CPU time, and the wall time, as a multiple of the
+# cap, after which a decode ends even if the worker got no CPU (a host busy for a minute)
+_WATCH_S = 0.02
+_WALL_TIMES = 12
+
+
+class _TimeCap:
+    """Kills ``worker`` ("timeout") once the decode has used ``cpu_s`` of CPU time.
+
+    CPU time, not wall time: the worker runs at a lower priority than the game (nice 10,
+    BELOW_NORMAL on Windows), so a game that keeps every core busy stretches a decode's wall
+    time tenfold and more without making the image any more expensive; a wall cap refused an
+    8K screenshot that decodes in 0.14 s on an idle core. What a decode costs is its CPU time,
+    and that is what an image bomb runs up."""
+
+    def __init__(self, worker: _Worker, cpu_s: float) -> None:
+        self._worker, self._cpu_s = worker, cpu_s
+        self._stop = threading.Event()
+        self._lock = threading.Lock()  # no kill once cancel() returned: the worker is reused
+        try:
+            self._proc = psutil.Process(worker.proc.pid)
+            self._start = _cpu_s(self._proc)
+        except psutil.Error:  # it ended already: the decode finds that out itself
+            return
+        threading.Thread(target=self._watch, name="igi-image-time-cap", daemon=True).start()
+
+    def cancel(self) -> None:
+        with self._lock:
+            self._stop.set()
+
+    def _watch(self) -> None:
+        wall_end = time.monotonic() + _WALL_TIMES * self._cpu_s
+        while not self._stop.wait(_WATCH_S):
+            try:
+                used = _cpu_s(self._proc) - self._start
+            except psutil.Error:
+                return  # the worker ended (its decode sees that)
+            if used >= self._cpu_s or time.monotonic() >= wall_end:
+                with self._lock:
+                    if not self._stop.is_set():
+                        self._worker.kill("timeout")
+                return
+
+
+def _cpu_s(proc: psutil.Process) -> float:
+    times = proc.cpu_times()
+    return float(times.user + times.system)
 
 
 class _Worker:
@@ -389,12 +441,11 @@ class ImageDecoder:
             cancel._attach(None)
         try:
             worker = self._take()
-            timer = threading.Timer(lim.time_s, worker.kill, ("timeout",))
-            timer.daemon = True
+            cap: _TimeCap | None = None
             try:
                 cancel._attach(worker)
                 worker.wait_ready()
-                timer.start()
+                cap = _TimeCap(worker, lim.time_s)
                 head = wire.REQUEST.pack(lim.max_side, lim.max_pixels, budget.max_tokens,
                                          budget.tile, len(data))
                 status, width, height, payload = worker.run(
@@ -402,7 +453,8 @@ class ImageDecoder:
             except _WorkerGone:
                 raise self._gone(worker) from None
             finally:
-                timer.cancel()
+                if cap is not None:
+                    cap.cancel()
                 cancel._detach()
                 self._give_back(worker)
         finally:
@@ -422,8 +474,8 @@ class ImageDecoder:
             return GenerationCancelled("the chat was cancelled while its image was decoded")
         if why == "timeout":
             return InvalidImageError(
-                f"decoding the image took longer than {self.limits.time_s:g} s: refused; send "
-                "it smaller, or as a baseline JPEG or PNG")
+                f"decoding the image took more than {self.limits.time_s:g} s of CPU time: "
+                "refused; send it smaller, or as a baseline JPEG or PNG")
         if why == "closed":
             return GenerationCancelled("the image decoder is closed")
         if not worker.ready:  # not the image's fault: this installation cannot decode
