@@ -343,6 +343,7 @@ def cmd_doctor(args: argparse.Namespace) -> int:
               f"(buffer {d.buffer_type})")
     nvml = _nvml_status()
     print(f"NVML              {nvml}")
+    print(f"host CPU load     {_host_load_status()}")
     model = ""
     try:
         model = str(default_model_path())
@@ -356,6 +357,17 @@ def cmd_doctor(args: argparse.Namespace) -> int:
     for line in lacks:
         print(f"  - {line}")
     return 0
+
+
+def _host_load_status() -> str:
+    """Whether the thread controller sees what other processes take of each CPU (psutil), and
+    the image decoder its worker's CPU time."""
+    try:
+        import psutil
+    except ImportError:
+        return "not readable (no psutil): step times alone steer the thread count"
+    return (f"read per CPU (psutil {psutil.__version__}, {psutil.cpu_count()} CPUs): the "
+            "thread count follows what other processes take")
 
 
 def _compiler() -> str | None:

@@ -254,6 +254,9 @@ def test_doctor_runs_from_the_bundle_with_an_empty_environment(bundle: Path) -> 
     assert "llama.cpp CPU" in out and "AVX" in out
     assert f"default model     {bundle / 'models'}" in out
     assert "compiler" not in out.split("this machine lacks")[1]  # a bundle needs none
+    # the thread controller's view of other processes, and the image decoder's CPU-time cap,
+    # read through psutil: a bundle that left it out sampled no load
+    assert "host CPU load     read per CPU (psutil" in out
     assert _listing(bundle) == before  # nothing written next to the executable
 
 

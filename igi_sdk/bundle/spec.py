@@ -17,7 +17,7 @@ from igi_sdk.errors import UsageError
 HIDDEN_IMPORTS = (
     "igi_sdk", "llama_cpp", "llama_cpp.mtmd_cpp", "zmq", "msgpack", "pydantic", "numpy", "gguf",
     "llguidance", "PIL.Image", "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "pynvml",
-    "fastapi", "uvicorn", "httpx",
+    "fastapi", "uvicorn", "httpx", "psutil",
 )
 # packages whose every module is collected (the SDK imports its own lazily, inside functions)
 SUBMODULE_PACKAGES = ("igi_sdk", "uvicorn", "llguidance")
@@ -27,7 +27,7 @@ METADATA = ("llguidance", "numpy", "pydantic", "pydantic-core", "fastapi", "uvic
 # installed beside the SDK in a development environment but never used by the sidecar: left
 # out for size and build time
 EXCLUDES = (
-    "tkinter", "matplotlib", "IPython", "pytest", "_pytest", "openai", "psutil", "setuptools",
+    "tkinter", "matplotlib", "IPython", "pytest", "_pytest", "openai", "setuptools",
     "pip", "PyInstaller", "sse_starlette", "starlette_context", "pydantic_settings",
     "llama_cpp.server", "jupyter", "notebook", "pandas", "scipy", "torch",
     # machine-learning stacks a build machine may have: optional imports of our dependencies
