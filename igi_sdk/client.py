@@ -8,8 +8,8 @@ sidecar by its missing heartbeats, raises :class:`SidecarUnavailable`, and says 
 the next request once a sidecar answers.
 
 The blocking client speaks protocol 1.1: its socket's thread pings the sidecar when the program
-has sent nothing for a third of its lease, so its sessions stay its own while the program lives and
-become adoptable soon after it dies; :meth:`Client.close` says goodbye.
+has sent nothing for a third of its lease, so its sessions stay its own while the program lives
+and become adoptable soon after it dies; :meth:`Client.close` says goodbye.
 """
 
 from __future__ import annotations
