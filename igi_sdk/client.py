@@ -123,7 +123,6 @@ class Client:
         self._arrived = threading.Condition()
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
         self._keepalive_ids: set[int] = set()  # pings of the lease: their answers are dropped
-        self._lease_every_s = lease_s / 3
         self._greeted = False
         self._last_heard = time.monotonic()
         ctx = zmq.Context.instance()
@@ -133,7 +132,7 @@ class Client:
         # a DEALER with no live connection holds no frame; a refused CurveZMQ handshake drops
         # the connection, so sending gives up like receiving does
         self._wire = SocketThread(ctx, sock, name="igi-client-socket", on_frame=self._file,
-                                  on_idle=self._lease_ping, idle_s=self._lease_every_s,
+                                  on_idle=self._lease_ping, idle_s=lease_s / 3,
                                   send_timeout_s=max(3.0, min(timeout, 5.0)))
 
     # --- plumbing ------------------------------------------------------------------------------

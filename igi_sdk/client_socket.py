@@ -64,7 +64,7 @@ class SocketThread:
         self._queue: deque[_Ticket] = deque()
         self._closing: bytes | None = None  # the goodbye frame, once close() was asked
         self._close_asked = False
-        self.last_sent = time.monotonic()
+        self._last_sent = time.monotonic()  # written by the socket's thread only
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
 
@@ -74,7 +74,6 @@ class SocketThread:
         # the socket's thread decides by the deadline; the margin covers a thread that is late
         if not ticket.done.wait(self._send_timeout_s + 5.0) or ticket.failed:
             raise SendFailed
-        self.last_sent = time.monotonic()
 
     def close(self, goodbye: bytes | None) -> None:
         """Send ``goodbye`` (if any) without blocking, close the socket, end the thread."""
@@ -117,14 +116,14 @@ class SocketThread:
                     break
                 self._send_waiting(waiting)
                 now = time.monotonic()
-                if not waiting and now - self.last_sent >= self._idle_s:
+                if not waiting and now - self._last_sent >= self._idle_s:
                     ping = self._on_idle()
                     if ping is not None:
                         waiting.append(_Ticket(ping, now + self._send_timeout_s))
                         self._send_waiting(waiting)
-                    self.last_sent = max(self.last_sent, now)  # at most one idle call a period
+                    self._last_sent = max(self._last_sent, now)  # at most one idle call a period
                 poller.register(self._sock, zmq.POLLIN | (zmq.POLLOUT if waiting else 0))
-                until = min([self.last_sent + self._idle_s, *(t.deadline for t in waiting)])
+                until = min([self._last_sent + self._idle_s, *(t.deadline for t in waiting)])
                 ready = dict(poller.poll(max(1, int((until - time.monotonic()) * 1000) + 1)))
                 if self._wake_in in ready:
                     while self._wake_in.poll(0):
@@ -146,7 +145,7 @@ class SocketThread:
                 ticket.failed = True
             waiting.popleft()
             if not ticket.failed:
-                self.last_sent = now
+                self._last_sent = now
             ticket.done.set()
 
     def _receive(self) -> None:
