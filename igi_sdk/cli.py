@@ -720,7 +720,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
         adapt_threads=adapt,
         vram_trace=Path(args.vram_trace) if args.vram_trace else None,
         profile=Path(args.profile) if args.profile else None,
-        grow_hold_s=args.grow_hold, max_step_s=args.max_step_ms / 1000,
+        grow_hold_s=args.grow_hold, standby=not args.no_standby,
+        max_step_s=args.max_step_ms / 1000,
         reading_tps=args.reading_tps,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
@@ -1190,7 +1191,12 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--vram-trace", help="simulate the game's VRAM with a JSON trace")
     sv.add_argument("--profile", help="machine profile JSON for the arbiter's plan ladder")
     sv.add_argument("--grow-hold", type=float, default=2.0,
-                    help="seconds the budget must hold before the model grows")
+                    help="seconds the game's VRAM use must hold before the model grows from a "
+                         "GPU plan (from the CPU plan: once it settled, 0.4 s)")
+    sv.add_argument("--no-standby", action="store_true",
+                    help="do not keep the CPU placement open beside a GPU one: saves its host "
+                         "memory (KV cache, compute buffer), but every reshard then stops the "
+                         "replies while the next placement loads")
     sv.add_argument("--max-step-ms", type=float, default=50.0,
                     help="target duration of one engine step: long prompts are read in chunks "
                          "of about this much work, so cancels and reshards wait at most that")

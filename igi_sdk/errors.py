@@ -53,6 +53,11 @@ class ModelLoadError(ModelError):
     code = "model_load_failed"
 
 
+class LoadCancelledError(ModelLoadError):
+    """A placement being loaded was given up before it finished (the game needed the memory
+    it was taking). Internal to a reshard; on the wire, as any refused load."""
+
+
 class DraftMismatchError(ModelLoadError):
     """The draft model for speculative decoding has another vocabulary than the target: its
     token ids would mean other text. (On the wire: ``model_load_failed``, as any refused load.)"""

@@ -17,6 +17,8 @@ ENGINE = "igi-engine"
 OUTBOX = "igi-outbox"
 ARBITER = "igi-arbiter"
 SOCKET = "igi-socket"
+# opens a placement while the engine thread decodes on another (runtime/background_load.py)
+LOADER = "igi-loader"
 
 breaches: list[str] = []
 
@@ -38,6 +40,13 @@ def expect(owner: str, what: str) -> None:
     """``what`` belongs to thread ``owner``: it must run there."""
     if checking() and (name := threading.current_thread().name) != owner:
         _breach(f"{what} ran on thread {name!r}, not on {owner!r}")
+
+
+def expect_one_of(owners: tuple[str, ...], what: str) -> None:
+    """``what`` belongs to one of ``owners`` (a placement is opened on the engine thread, or
+    on a loader thread that hands it over whole)."""
+    if checking() and (name := threading.current_thread().name) not in owners:
+        _breach(f"{what} ran on thread {name!r}, not on one of {owners!r}")
 
 
 def refuse(owner: str, what: str) -> None:

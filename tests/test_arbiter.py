@@ -74,8 +74,10 @@ def test_shrinks_at_once_when_the_game_needs_memory(ladder) -> None:
     top = ladder.rungs[-1]
     total = top.vram + 2 * GIB
     policy = BudgetPolicy(ladder, PolicyConfig(headroom=64 * MIB), current=top)
-    # the game jumps from 0.5 GiB to leaving only room for about half the model
-    mid = ladder.rungs[len(ladder.rungs) // 2]
+    # the game jumps from 0.5 GiB to leaving only room for about half the model (a rung well
+    # below the top, beyond the policy's tolerance for page rounding)
+    below = [r for r in ladder.rungs if top.vram - r.vram > 64 * MIB]
+    mid = below[len(below) // 2]
     game_hi = total - mid.vram - 64 * MIB - 1
     dev = Device(total, [(0.0, GIB // 2), (1.0, game_hi)], policy)
     log = run(policy, dev, 1.5)
@@ -197,9 +199,10 @@ def test_three_reshards_during_one_stream_are_bit_exact(tmp_path) -> None:
                       clock=lambda: t[0])
         sid = eng.open_session("npc", sampling=sampling)
         gen = eng.chat(sid, "Tell me about the forest.", max_tokens=200, ignore_eos=True)
-        # arbiter ticks while the reply streams: grow (budget held 0.5 s), the spike (back to
-        # the CPU), idle again (grow once more after the hold)
-        ticks = {2: 0.0, 10: 0.6, 15: 1.0, 20: 1.5, 30: 2.2, 40: 2.8}
+        # arbiter ticks while the reply streams: grow (the game's use held 0.5 s), the spike
+        # (back to the CPU), idle again (grow once more, once the game's use has held longer
+        # than its earlier stretches: arbiter/trend.py's horizon)
+        ticks = {2: 0.0, 10: 0.6, 15: 1.0, 20: 1.5, 30: 2.2, 40: 2.8, 50: 3.6}
         for i, _ in enumerate(gen):
             if i in ticks:
                 t[0] = ticks[i]
@@ -345,7 +348,7 @@ def test_reservation_is_acknowledged_as_soon_as_the_old_plan_is_gone(tmp_path) -
 
     try:
         arb.tick()
-        t[0] = 0.1
+        t[0] = 0.5  # the game's use has settled (arbiter/trend.py): the model grows
         arb.tick()  # grown to the top rung
         assert arb.policy.current is top
         loader.load = logged_load
@@ -375,6 +378,8 @@ class _Ops:
     """The engine's reshard steps, scripted: which plans fail to load, and the budget the
     device shows before and after the release (a greedy game takes memory meanwhile)."""
 
+    standby = False  # every reshard stops the world (the engine without a CPU standby)
+
     def __init__(self, failing: set[str], budgets: list[int]) -> None:
         self.failing, self.budgets = failing, budgets
         self.loaded, self.tried = True, []
@@ -385,7 +390,7 @@ class _Ops:
     def release(self) -> None:
         self.loaded = False
 
-    def load_first_fitting(self, plans):
+    def load_first_fitting(self, plans, give_up=None):
         from igi_sdk.runtime.engine_ops import LoadOutcome
 
         failures = []
@@ -442,3 +447,76 @@ def test_after_a_contended_shrink_the_policy_grows_only_once_the_budget_held(lad
     assert policy.decide(reading, 1, 1.9).action == "stay"  # would have grown at 2.0 before
     assert policy.decide(reading, 2, 3.8).action == "stay"
     assert policy.decide(reading, 3, 4.0).action == "grow"
+
+
+class _StandbyOps(_Ops):
+    """The engine with its CPU standby: a release moves the sessions onto the CPU placement,
+    a load runs behind the decode and asks ``give_up`` while it loads."""
+
+    standby = True
+
+    def __init__(self, failing: set[str], budgets: list[int]) -> None:
+        super().__init__(failing, budgets)
+        self.released = 0
+        self.gave_up = False
+
+    def release(self) -> None:
+        self.released += 1
+
+    def load_first_fitting(self, plans, give_up=None):
+        from igi_sdk.runtime.engine_ops import LoadOutcome
+
+        if give_up is not None and give_up():  # the game grew while the rung loaded
+            self.gave_up = True
+            self.tried.append(plans[0].name)
+            return LoadOutcome(plans[-1].name, ((plans[0].name, "given up"),))
+        return super().load_first_fitting(plans)
+
+
+def test_with_a_standby_the_vram_goes_back_before_anything_loads(ladder) -> None:
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    mid, top = gpu[len(gpu) // 2], gpu[-1]
+    ops = _StandbyOps(set(), [mid.vram * 2])
+    freed: list[int] = []
+    out = ReshardMachine(ladder, mid, ops.budget_now, lambda: freed.append(ops.released),
+                         current=top, settled=lambda: True)(ops)
+    assert ops.released == 1 and freed == [1]  # given back first, reservations told
+    assert out.landed is mid and ops.tried == [mid.plan.name] and out.released_s is not None
+
+
+def test_with_a_standby_nothing_loads_while_the_game_is_still_claiming(ladder) -> None:
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    mid, top = gpu[len(gpu) // 2], gpu[-1]
+    ops = _StandbyOps(set(), [mid.vram * 2])
+    out = ReshardMachine(ladder, mid, ops.budget_now, current=top, settled=lambda: False)(ops)
+    assert out.landed is ladder.cpu and out.waited_for_settle
+    assert ops.tried == [ladder.cpu.plan.name]  # the standby, no GPU load
+
+
+def test_with_a_standby_a_load_the_game_grows_into_is_given_up(ladder) -> None:
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    mid, top = gpu[len(gpu) // 2], gpu[-1]
+    # fits when it starts, then the game takes it while the rung loads
+    ops = _StandbyOps(set(), [top.vram * 2, top.vram * 2, mid.vram // 2])
+    out = ReshardMachine(ladder, mid, ops.budget_now, current=top, settled=lambda: True)(ops)
+    assert ops.gave_up and out.landed is ladder.cpu and out.contended
+
+
+def test_with_a_standby_a_grow_the_vram_holds_twice_keeps_decoding_on_the_gpu(ladder) -> None:
+    """Make-before-break: the current GPU placement decodes while the larger one loads."""
+    from igi_sdk.arbiter.reshard import ReshardMachine
+
+    gpu = [r for r in ladder.rungs if r is not ladder.cpu]
+    low, top = gpu[0], gpu[-1]
+    roomy = _StandbyOps(set(), [low.vram + top.vram])
+    out = ReshardMachine(ladder, top, roomy.budget_now, current=low, settled=lambda: True)(roomy)
+    assert roomy.released == 0 and out.landed is top
+    tight = _StandbyOps(set(), [top.vram + 1])  # only the target fits: the small one goes first
+    out = ReshardMachine(ladder, top, tight.budget_now, current=low, settled=lambda: True)(tight)
+    assert tight.released == 1 and out.landed is top

@@ -68,7 +68,9 @@ def test_budget_swings_reshard_while_streaming_bit_exact(setup) -> None:
         arb = st["arbiter"]
         assert arb["reshards"] >= 3, arb
         assert ref == said  # same words with and without reshards
-        assert st["reshards"] == arb["reshards"]  # every decision was a real engine reshard
+        # every decision moved the model (a shrink to a GPU rung moves it twice: onto the CPU
+        # standby at once, then onto the rung once it loaded behind the decode)
+        assert st["reshards"] >= arb["reshards"]
     finally:
         stop(proc)
         stop(ref_proc)
@@ -169,3 +171,85 @@ def test_serve_vram_is_a_cap_the_arbiter_never_passes(setup) -> None:
         c.close()
     finally:
         stop(proc)
+
+
+def test_npcs_keep_talking_while_the_game_takes_and_frees_the_whole_budget(setup) -> None:
+    """The game takes the whole budget and gives it back every 4 s while two NPCs talk: the
+    model gives its VRAM back at once (onto the CPU standby) and loads again behind the
+    decode. No stream fails, no NPC falls silent for longer than a few of its own token gaps
+    (the old engine stopped every reply for each whole load), and the old placement is
+    released within 0.1 s of each decision."""
+    import threading
+
+    d, ladder = setup
+    top = ladder.rungs[-1]
+    total = top.vram + 256 * MIB + 256 * MIB
+    points = []
+    for k in range(40):
+        points += [(8.0 * k, 0), (8.0 * k + 4.0, total)]
+    trace = _trace(d, "whole.json", total, points)
+    endpoint = f"ipc://{d / 'whole.sock'}"
+    proc = start_sidecar(d, endpoint, "--model", "m.gguf", "--vram-trace", str(trace),
+                         "--profile", str(d / "profile.json"), "--prefill-chunk", "32",
+                         "--max-sessions", "4", "--grow-hold", "0.5")
+    gaps: list[float] = []
+    errors: list[str] = []
+    stop_talking = threading.Event()
+
+    def npc(k: int) -> None:
+        c = Client(endpoint, timeout=60)
+        try:
+            sid = c.open_session(f"You are NPC {k}.", sampling={"temperature": 0.8, "seed": k})
+            n = 0
+            while not stop_talking.is_set():
+                last = None
+                try:
+                    for _piece in c.chat(sid, f"Line {n}?", max_tokens=40, ignore_eos=True):
+                        now = time.monotonic()
+                        if last is not None:
+                            gaps.append(now - last)
+                        last = now
+                except Exception as e:  # noqa: BLE001 - every stream error is counted
+                    errors.append(repr(e))
+                n += 1
+                if n % 4 == 0:  # long conversations are not the point: start afresh
+                    c.close_session(sid)
+                    sid = c.open_session(f"You are NPC {k}.",
+                                         sampling={"temperature": 0.8, "seed": k})
+        finally:
+            c.close()
+
+    try:
+        c = Client(endpoint, timeout=60)
+        c.wait_ready(60)
+        talkers = [threading.Thread(target=npc, args=(k,)) for k in (1, 2)]
+        for t in talkers:
+            t.start()
+        # two whole cycles of the game (an event count: how long it takes depends on the host)
+        end = time.monotonic() + 120
+        while True:
+            arb = c.stats()["arbiter"]
+            shrinks = [x for x in arb["decisions"] if x["action"] in ("shrink", "fast_shrink")]
+            grows = [x for x in arb["decisions"] if x["action"] == "grow"]
+            if len(shrinks) >= 2 and len(grows) >= 2:
+                break
+            assert time.monotonic() < end, arb
+            time.sleep(0.2)
+        stop_talking.set()
+        for t in talkers:
+            t.join(120)
+        st = c.stats()
+        c.close()
+    finally:
+        stop_talking.set()
+        stop(proc)
+    assert not errors, errors
+    gaps.sort()
+    median = gaps[len(gaps) // 2]
+    assert len(gaps) > 50
+    # a decode step of two NPCs on the CPU here is the median gap; a move costs a few
+    assert gaps[-1] <= max(0.3, 8 * median), (gaps[-5:], median)
+    moves = [x for x in st["arbiter"]["decisions"] if x["action"] in ("shrink", "fast_shrink")]
+    assert moves and all(x["released_s"] is not None and x["released_s"] <= 0.1 for x in moves), \
+        moves
+    assert not any(x["failures"] for x in st["arbiter"]["decisions"])

@@ -19,11 +19,12 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from igi_sdk import threads
-from igi_sdk.arbiter.ladder import PlanLadder
+from igi_sdk.arbiter.ladder import PlanLadder, Rung
 from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reservation
 from igi_sdk.arbiter.reshard import LoadResult, ReshardMachine, ReshardOutcome
 from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
@@ -47,6 +48,20 @@ class ReshardableEngine(Protocol):
     @property
     def loaded(self) -> bool: ...
 
+    @property
+    def last_load_s(self) -> float | None:
+        """Seconds the last placement took to load (None: not measured)."""
+        ...
+
+    @property
+    def standby_ready(self) -> bool:
+        """Whether the engine's CPU placement is open beside a GPU one."""
+        ...
+
+    def cancel_load(self) -> bool:
+        """Give up the placement loading behind the decode (any thread)."""
+        ...
+
     def release_async(self) -> Future[None]: ...
 
     def load_first_fitting_async(self, candidates: Sequence[Plan]) -> Future[LoadResult]: ...
@@ -64,18 +79,39 @@ class EngineSteps:
     """The engine's two reshard commands as the state machine's blocking steps (arbiter
     thread: it waits while the engine thread runs them)."""
 
-    def __init__(self, engine: ReshardableEngine) -> None:
-        self._engine = engine
+    def __init__(self, engine: ReshardableEngine, poll_s: float = 0.025,
+                 between: Callable[[], None] | None = None) -> None:
+        """``poll_s``: how often a load behind the decode is checked; ``between``: run at
+        each check (the arbiter settles reservations meanwhile)."""
+        self._engine, self._poll_s, self._between = engine, poll_s, between
 
     @property
     def loaded(self) -> bool:
         return self._engine.loaded
 
+    @property
+    def standby(self) -> bool:
+        return self._engine.standby_ready
+
     def release(self) -> None:
         self._engine.release_async().result()
 
-    def load_first_fitting(self, plans: Sequence[Plan]) -> LoadResult:
-        return self._engine.load_first_fitting_async(plans).result()
+    def load_first_fitting(self, plans: Sequence[Plan],
+                           give_up: Callable[[], bool] | None = None) -> LoadResult:
+        fut = self._engine.load_first_fitting_async(plans)
+        cancelled = False
+        while True:
+            try:
+                return fut.result(timeout=self._poll_s)
+            except FutureTimeout:
+                pass
+            if self._between is not None:
+                self._between()
+            if not cancelled and give_up is not None and give_up():
+                cancelled = self._engine.cancel_load()
+                if cancelled:
+                    log.info("gave up the placement loading behind the decode: the game "
+                             "grew into its memory")
 
 
 @dataclass(frozen=True)
@@ -112,6 +148,8 @@ class Arbiter:
             if r.plan.gpu_tensors == engine.plan.gpu_tensors and r.plan.name == engine.plan.name:
                 start = r
         self.policy = BudgetPolicy(ladder, config or PolicyConfig(), current=start)
+        if engine.last_load_s is not None:  # the first load prices the first grow
+            self.policy.cost.note(engine.last_load_s)
         self.period_s = period_s
         self.clock = clock
         self.frame = 0
@@ -120,6 +158,7 @@ class Arbiter:
         self.last_budget: int | None = None
         self.unavailable = engine.state == "unavailable"
         self.contended = False  # the last reshard found the game growing
+        self.loading: Rung | None = None  # the rung loading behind the decode, if any
         self._next_recovery = 0.0
         self._recovery_wait = 0.5
         self._waiters: list[tuple[Reservation, ReservationDone]] = []
@@ -198,6 +237,24 @@ class Arbiter:
             return None
         return min(readings, key=self.policy.budget)
 
+    def own_vram(self) -> int:
+        """This process's VRAM by the arbiter's own accounting (where the OS has no
+        per-process figure): the plan it runs, plus the one loading behind the decode (its
+        allocations are not the game's). Any thread."""
+        cur, loading = self.policy.current, self.loading
+        own = cur.vram if cur is not None else 0
+        if loading is not None:
+            own += loading.vram - self.ladder.cpu.vram  # the GPU's fixed share is held once
+        return own
+
+    def _settled(self) -> bool:
+        """Whether the game's use has stopped moving (no GPU placement loads before)."""
+        reading = self._reading()
+        with self._lock:
+            if reading is not None:
+                self.policy.trend.note(self.clock(), reading.others)
+            return self.policy.trend.settled(self.clock())
+
     def _budget_now(self) -> int | None:
         reading = self._reading()
         return None if reading is None else self.policy.budget(reading)
@@ -249,10 +306,21 @@ class Arbiter:
         if d.action in _GIVES_BACK:
             self._drop_draft()
 
+        def loading(rung: Rung | None) -> None:
+            self.loading = rung
+
         machine = ReshardMachine(self.ladder, d.target, self._budget_now, on_released,
-                                 clock=self.clock)
-        out: ReshardOutcome = machine(EngineSteps(self.engine))
+                                 clock=self.clock, current=self.policy.current,
+                                 settled=self._settled, loading=loading)
+        steps = EngineSteps(self.engine, min(self.period_s, 0.025),
+                            between=lambda: self._settle(self._reading()))
+        try:
+            out: ReshardOutcome = machine(steps)
+        finally:
+            self.loading = None
         self.contended = out.contended
+        if out.landed is not None and out.landed is not self.ladder.cpu and not out.failures:
+            self.policy.cost.note(out.seconds)  # what the next grow must pay back
         if out.contended:  # the game is growing: grow back only once the budget has held
             with self._lock:
                 self.policy.hold_growth()
@@ -272,7 +340,8 @@ class Arbiter:
                                "source": d.reading.source if d.reading else None,
                                "seconds": rec.seconds, "released_s": rec.released_s,
                                "ok": rec.ok, "failures": [f[0] for f in rec.failures],
-                               "game_took": out.game_took, "contended": out.contended})
+                               "game_took": out.game_took, "contended": out.contended,
+                               "waited_for_settle": out.waited_for_settle})
         log.info("%s -> %s (%d MiB; target %s) in %.3f s: %s", d.action, rec.plan or "nothing",
                  rec.vram >> 20, rec.target, rec.seconds, d.reason)
 

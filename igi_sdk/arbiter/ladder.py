@@ -31,10 +31,11 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
     for NPCs that talk together, whose decode steps stream those weights at pinned speed. The
     KV cache stays f16 on every rung (a reshard carries the KV bytes over whole, and llama.cpp
     cannot read one format's cells into another's: a q8_0 rung beside the f16 CPU rung would
-    lose every conversation's cache at the move)."""
+    lose every conversation's cache at the move). For the same reason every rung runs flash
+    attention (one V layout: llama.cpp stores V transposed without it)."""
     return Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                     prompt_tokens=typical_prompt(n_ctx), pin_host=pin_host, n_outputs=outputs,
-                    kv_quant=False)
+                    kv_quant=False, flash_attn_only=True)
 
 
 # How a budget becomes a rung's plan: the plan for ``budget`` bytes of VRAM in all (None: the CPU
@@ -42,6 +43,16 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
 # passes the tuning layer's ``BudgetPlanner`` (the path every VRAM budget takes), which raises
 # BudgetTooSmallError for a budget that leaves the model too little.
 RungPlanner = Callable[[int | None], PlanResult]
+
+
+def one_v_layout(plan: Plan) -> Plan:
+    """``plan`` with flash attention on: every rung stores V in the same (untransposed)
+    layout, so a context's state parked on one rung is read back into any other. llama.cpp
+    refuses a state whose V layout differs (``incompatible V transposition``), and ``auto``
+    resolves per device (on for the CPU, off where CUDA has no kernel for the head size), so
+    it is fixed here rather than left to the load. (A plan priced without it only needed
+    more compute memory: flash attention never materialises the score matrix.)"""
+    return plan if plan.flash_attn == "on" else plan.model_copy(update={"flash_attn": "on"})
 
 
 @dataclass(frozen=True)
@@ -73,9 +84,9 @@ class PlanLadder:
         rung with a dry-run load where llama.cpp has a GPU — on a machine without one (CPU CI)
         a rung is the planner's estimate, as here."""
         if planner is None:
-            f16 = replace(wl, kv_quant=False)
+            f16 = replace(wl, kv_quant=False, flash_attn_only=True)
             planner = lambda budget: plan_for(inv, prof, budget, f16)  # noqa: E731
-        rungs = [Rung(prof.gpu_fixed_bytes if prof.gpu else 0, planner(None).best)]
+        rungs = [Rung(prof.gpu_fixed_bytes if prof.gpu else 0, one_v_layout(planner(None).best))]
         if prof.gpu is None:
             return cls(rungs)
         try:
@@ -94,6 +105,7 @@ class PlanLadder:
                 if plan.type_k != "f16" or plan.type_v != "f16":
                     raise ValueError(f"ladder rung '{plan.name}' has a {plan.type_k} KV cache: "
                                      "every rung keeps the f16 cache a reshard carries over")
+                plan = one_v_layout(plan)
                 key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload)
                 if key not in seen:
                     seen.add(key)

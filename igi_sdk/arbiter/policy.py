@@ -15,10 +15,12 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from igi_sdk.arbiter.ladder import PlanLadder, Rung
 from igi_sdk.arbiter.sources import VramReading
+from igi_sdk.arbiter.trend import GameTrend, ReshardCost, TrendConfig, grow_pays
 
 
 @dataclass(frozen=True)
@@ -44,6 +46,11 @@ class PolicyConfig:
     pressure_window: int = 60
     yield_hold_s: float = 5.0
     yield_hold_max_s: float = 120.0
+    # the game's trend: act ahead of its growth, load only once it settled (arbiter/trend.py)
+    trend: TrendConfig = field(default_factory=TrendConfig)
+    # whether the engine decodes on its CPU standby while a placement loads (a grow from a GPU
+    # rung then costs the turns decoded at the CPU's speed meanwhile, not a stop)
+    standby: bool = False
 
 
 @dataclass
@@ -76,11 +83,20 @@ class BudgetPolicy:
     _recent: list[bool] = field(default_factory=list)  # paced frames: over their target?
     _yield_until: float | None = None
     _yield_hold: float = 0.0
+    # measured reshard durations (what a grow must pay back)
+    cost: ReshardCost = field(default_factory=ReshardCost)
+    trend: GameTrend = field(init=False)
+    _held: bool = False  # a reshard found the game growing: the next grow waits a full hold
+    # the model gave its VRAM back to a game that was still claiming: once the game's use
+    # settles, it loads the rung that fits at once (the NPCs decode on the CPU meanwhile)
+    _refill: bool = False
+    _no_grow_before: float = -math.inf
 
     def __post_init__(self) -> None:
         if self.current is None:
             self.current = self.ladder.cpu
         self._yield_hold = self.config.yield_hold_s
+        self.trend = GameTrend(self.config.trend)
 
     def note_frame(self, frame_time_ms: float, target_ms: float | None, now: float) -> None:
         """A frame the game rendered; frames with a target feed pacing by placement."""
@@ -124,6 +140,9 @@ class BudgetPolicy:
         """What to run next, given a fresh reading (``now`` in monotonic seconds)."""
         assert self.current is not None
         self.acknowledge(r, now)
+        self.trend.note(now, r.others)
+        if self._held:
+            self._held, self._no_grow_before = False, now + self.config.grow_hold_s
         budget = self.budget(r)
         best = self.ladder.best_within(budget)
         cur = self.current
@@ -131,7 +150,7 @@ class BudgetPolicy:
             self._grow_since = None  # nothing left to give back but the GPU's fixed share
             return Decision("stay", cur, budget, "already on the CPU plan", r)
         if self.yielding(now):
-            self._grow_since = None
+            self._grow_since, self._refill = None, False  # a yield is the game's: no refill
             if cur is not self.ladder.cpu:
                 return Decision("yield", self.ladder.cpu, budget,
                                 f"paced frames over target: the GPU is the game's for "
@@ -142,27 +161,56 @@ class BudgetPolicy:
             self._grow_since = None
             urgent = any(not x.acknowledged and x.due_frame <= frame + 1
                          for x in self.reservations)
+            self._refill = True
             if (urgent or best is self.ladder.cpu) and cur is not self.ladder.cpu:
                 return Decision("fast_shrink", self.ladder.cpu, budget,
                                 f"budget {budget >> 20} MiB below the plan's {cur.vram >> 20} "
                                 "MiB and the game needs it now: CPU plan first", r)
             return Decision("shrink", best, budget,
                             f"budget {budget >> 20} MiB below the plan's {cur.vram >> 20} MiB", r)
-        if best.vram > cur.vram and best.turn_s < cur.turn_s:
-            i = self.ladder.index(cur)
-            nxt = self.ladder.rungs[i + 1] if i + 1 < len(self.ladder.rungs) else best
-            if budget >= nxt.vram + self.config.grow_margin:
-                if self._grow_since is None:
-                    self._grow_since = now
-                if now - self._grow_since >= self.config.grow_hold_s:
-                    self._grow_since = None
-                    target = self.ladder.best_within(budget - self.config.grow_margin)
-                    return Decision("grow", target, budget,
-                                    f"budget {budget >> 20} MiB held for "
-                                    f"{self.config.grow_hold_s:.1f} s", r)
-                return Decision("stay", cur, budget, "waiting for the budget to hold", r)
+        if cur is not self.ladder.cpu and self.trend.ahead_of_growth(budget - cur.vram):
+            # the game grows into the model's VRAM before a release decided at the next
+            # reading could complete: give it all back now, and load what fits once it settled
+            self._grow_since = None
+            self._refill = True
+            return Decision("fast_shrink", self.ladder.cpu, budget,
+                            f"the game's use rises {self.trend.rate() / 2**20:.0f} MiB/s: it "
+                            f"reaches the plan's {cur.vram >> 20} MiB within "
+                            f"{self.trend.seconds_to_exhaustion(budget - cur.vram) * 1e3:.0f} "
+                            "ms: ahead of it", r)
+        target = self.ladder.best_within(budget - self.config.grow_margin)
+        if self._refill and cur is self.ladder.cpu and target is not cur:
+            if not self.trend.settled(now):
+                return Decision("stay", cur, budget, "waiting for the game's use to settle", r)
+            self._refill, self._grow_since = False, None
+            return Decision("grow", target, budget,
+                            "the game's use settled: loading the rung that fits it", r)
+        if target.vram > cur.vram and target.turn_s < cur.turn_s:
+            if self._grow_since is None:
+                self._grow_since = now
+            if now < self._no_grow_before or not self.trend.settled(now):
+                return Decision("stay", cur, budget, "waiting for the game's use to settle", r)
+            stable = min(self.trend.stable_for(now), now - self._grow_since)
+            if grow_pays(stable, self.cost.seconds, cur.turn_s, target.turn_s,
+                         horizon_s=self.trend.expected_hold_s(now),
+                         standby_turn_s=(self.ladder.cpu.turn_s if self.config.standby
+                                         else math.inf),
+                         grow_hold_s=self._grow_hold(cur)):
+                self._grow_since, self._refill = None, False
+                return Decision("grow", target, budget,
+                                f"the game's use held for {stable:.1f} s: the gain pays for a "
+                                f"reshard ({self.cost.seconds:.2f} s)", r)
+            return Decision("stay", cur, budget, "waiting for the gain to pay for a reshard", r)
         self._grow_since = None
         return Decision("stay", cur, budget, "plan fits", r)
+
+    def _grow_hold(self, cur: Rung) -> float:
+        """The least time the game must hold before a grow. From the CPU rung with a standby
+        nothing is lost while the placement loads (the NPCs decode on the CPU either way), so
+        the game need only have settled; otherwise ``grow_hold_s``."""
+        if self.config.standby and cur is self.ladder.cpu:
+            return min(self.config.grow_hold_s, self.config.trend.settle_s)
+        return self.config.grow_hold_s
 
     def applied(self, rung: Rung) -> None:
         """Call after the runtime has resharded to ``rung``."""
@@ -170,8 +218,9 @@ class BudgetPolicy:
 
     def hold_growth(self) -> None:
         """The game was seen growing (a load failed, or it took what the model freed): growing
-        again waits for a budget that holds for ``grow_hold_s`` from now."""
+        again waits ``grow_hold_s`` from the next decision, and for the game to settle."""
         self._grow_since = None
+        self._held = True
 
     def acknowledge(self, r: VramReading, now: float) -> None:
         """Mark reservations whose VRAM is free now; drop those the game has taken."""

@@ -111,6 +111,11 @@ class Workload:
     # Logits rows one decode step asks for (the runtime's n_outputs_max): one per session, more
     # where a draft's tokens are verified. None: n_seqs.
     n_outputs: int | None = None
+    # Only plans with flash attention on (every V cache in one, untransposed layout). A context
+    # state is read back only into a cache of the same V layout, so the arbiter's ladder, whose
+    # reshards carry the KV bytes between rungs, plans with it (a flash-attention-off rung
+    # would lose every conversation's cache at the move).
+    flash_attn_only: bool = False
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
@@ -591,7 +596,8 @@ def _plan_at(
     for ub in UBATCHES:
         plans += [_fixed_threshold(_all_gpu(inv, ub, output=o), wl) for o in (True, False)]
         plans += [_attn_first(inv, prof, wl, budget, ub, copy=c) for c in (False, True)]
-    plans += [_layer_offload(inv, prof, wl, budget, tuned=t) for t in (False, True)]
+    plans += [_layer_offload(inv, prof, wl, budget, tuned=t)
+              for t in ((True,) if wl.flash_attn_only else (False, True))]
     if wl.kv_quant:  # the same searches with a q8_0 KV cache (flash attention on)
         for ub in UBATCHES:
             plans += [_fixed_threshold(_with_kv(_all_gpu(inv, ub, output=o), KV_QUANT), wl)

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from igi_sdk.planner import Plan
+from igi_sdk.runtime.background_load import LoadDone
 from igi_sdk.runtime.image_turn import ImageInput
 from igi_sdk.runtime.sampling import SamplingParams
 
@@ -115,6 +116,14 @@ class LoadFirstFitting(Command):
     :class:`~igi_sdk.runtime.engine_ops.LoadOutcome`."""
 
     candidates: tuple[Plan, ...]
+
+
+@dataclass
+class PlacementReady(Command):
+    """A loader thread finished opening a placement (or failed to): the engine takes it over
+    at its next step boundary (runtime/background_load.py)."""
+
+    outcome: LoadDone
 
 
 @dataclass

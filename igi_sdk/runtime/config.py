@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from igi_sdk.planner import Plan
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.runtime.vision import FlashAttn
 
@@ -63,6 +64,12 @@ class EngineConfig:
     vision_resident: bool | None = None
     vision_warmup: bool = False  # mtmd's warmup reserves for its largest image (Qwen: 1288 px)
     vision_max_tokens: int = 0  # per image, 0 = the model's limit; bounds the compute buffer
+    # the all-CPU placement kept open beside a GPU one (the arbiter's CPU rung; None: none).
+    # A reshard then gives the GPU placement back at once and the sessions decode on this one
+    # while the next placement loads behind them (runtime/background_load.py): the NPCs never
+    # stop for a load. It costs host memory for its KV cache and compute buffer (its weights
+    # are the file's memory-mapped pages, shared with the GPU placement's host part)
+    standby: Plan | None = None
 
     @property
     def keeps_vision(self) -> bool:

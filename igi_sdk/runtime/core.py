@@ -41,6 +41,7 @@ from igi_sdk.planner import Plan
 from igi_sdk.runtime import (
     _native,
     abort,
+    background_load,
     batching,
     engine_ops,
     engine_state,
@@ -87,11 +88,23 @@ class EngineCore:
         self.gpu: Device | None = None
         self.reshard_count = 0
         self.last_reshard_s = 0.0
+        self.last_load_s: float | None = None  # the last placement's load (what a grow costs)
         self.state = "loading"  # "ready" | "moving" | "unavailable" | "closed"
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
         self._parked: bytes | None = None  # the context's state while no placement is loaded
+        # the warm all-CPU placement (config.standby) and the placement loading behind the
+        # decode (runtime/background_load.py): the job, the LoadFirstFitting it answers, the
+        # candidates left after it and the failures so far
+        self._host: Placement | None = None
+        self._host_job: background_load.LoadJob | None = None
+        self._job: background_load.LoadJob | None = None
+        self._job_for: C.LoadFirstFitting | None = None
+        self._job_rest: list[Plan] = []
+        self._job_failures: list[tuple[str, str]] = []
+        self._job_t0 = 0.0
+        self._tickets = 0
         self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
         self._table = SessionTable(config.max_sessions)
         # who may take how many KV cells: one line cannot starve the other sessions
@@ -131,6 +144,7 @@ class EngineCore:
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
             C.RestoreDraft: lambda _c: self._restore_draft(), C.Release: self._on_release,
             C.LoadFirstFitting: self._on_load_first_fitting, C.Shutdown: self._on_shutdown,
+            C.PlacementReady: self._on_placement_ready,
             C.Inspect: lambda c: c.read(),
         }
         # llguidance (not llama.cpp's recursive GBNF parser) applies grammars on this thread
@@ -154,6 +168,16 @@ class EngineCore:
                 if not isinstance(command, C.Inspect):
                     self._abort.arm()  # a prompt chunk in flight makes way for it
         return command.done
+
+    def cancel_load(self) -> bool:
+        """Give up the placement loading behind the decode (any thread; the game grew into
+        the memory it was taking): the load stops at its next tensor and the sessions stay
+        where they are. True if one was loading."""
+        job = self._job
+        if job is None:
+            return False
+        job.cancelled.set()
+        return True
 
     def join(self, timeout: float) -> None:
         self._thread.join(timeout)
@@ -204,7 +228,15 @@ class EngineCore:
                 "talking": self.crowd.status(),
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
                 "threads": self.threads.status(),
+                "standby": self.standby_status(),
                 "context": self.context_status()}
+
+    def standby_status(self) -> dict[str, Any]:
+        """The warm CPU placement and the load behind the decode (any thread)."""
+        job, host = self._job, self._host
+        return {"ready": host is not None, "decoding_on_it": host is not None
+                and self._placed is host,
+                "loading": job.plan.name if job is not None else None}
 
     def context_status(self) -> dict[str, int]:
         """The shared context's cells (read without waiting for the engine thread): ``used``
@@ -268,6 +300,7 @@ class EngineCore:
             return
         self.state = "ready"
         ready.set_result(None)
+        self._open_standby()
         try:
             self._loop()
         except BaseException:  # the thread must not die silently
@@ -326,7 +359,8 @@ class EngineCore:
         except BaseException as e:  # noqa: BLE001 - every error goes to the caller
             self._outbox.settle(command.done, error=e)
         else:
-            self._outbox.settle(command.done, value)
+            if value is not _LATER:
+                self._outbox.settle(command.done, value)
 
     def _guarded_step(self) -> None:
         """One decode step; a failure ends the replies it was computing, not the engine."""
@@ -361,6 +395,8 @@ class EngineCore:
             except queue.Empty:
                 break
         for command in left:
+            if isinstance(command, C.PlacementReady) and command.outcome.placed is not None:
+                command.outcome.placed.close()  # loaded behind the decode, never taken over
             if command.done.running() or command.done.set_running_or_notify_cancel():
                 self._outbox.settle(command.done, error=EngineClosedError("the engine is closed"))
         try:
@@ -375,13 +411,25 @@ class EngineCore:
 
     # ============================================================ engine thread: loading
 
+    def _settings(self) -> ContextSettings:
+        return ContextSettings(self.config.n_ctx, self.config.max_sessions,
+                               self.config.n_batch, self.config.n_threads,
+                               n_outputs=self.config.outputs_per_step,
+                               extra_bufts=not self.config.exact_verify)
+
     def _load(self, plan: Plan) -> None:
-        settings = ContextSettings(self.config.n_ctx, self.config.max_sessions,
-                                   self.config.n_batch, self.config.n_threads,
-                                   n_outputs=self.config.outputs_per_step,
-                                   extra_bufts=not self.config.exact_verify)
-        placed = Placement.open(self.model_path, self.inventory, plan, settings,
+        if self._host is not None and _same_plan(plan, self._host.plan):
+            self._adopt(self._host)  # the standby is that plan, open already
+            return
+        t0 = time.perf_counter()
+        placed = Placement.open(self.model_path, self.inventory, plan, self._settings(),
                                 progress=self._progress)
+        self.last_load_s = time.perf_counter() - t0
+        self._adopt(placed)
+
+    def _adopt(self, placed: Placement) -> None:
+        """Decode on ``placed`` from now on (its state is the caller's to put back)."""
+        plan = placed.plan
         self._placed = placed
         self.threads.attach(placed.ctx)
         self._abort.forget()
@@ -394,32 +442,205 @@ class EngineCore:
             try:  # mtmd keeps the model's vocabulary: opened after it, closed before it
                 self._open_vision(check=not enc.keeps)
             except BaseException:
-                self._unload()
+                self._placed, self.report = None, LoadReport()
+                if placed is not self._host:  # the standby stays open for the next try
+                    placed.close()
                 raise
             enc.checked = True
             self._vision_idle()
 
     # ============================================================ engine thread: reshards
 
-    def _on_release(self, command: C.Release) -> None:
+    def _open_standby(self) -> None:
+        """Keep the CPU placement (config.standby) open beside a GPU one: opened behind the
+        decode, on a loader thread, so the first reshard can already give the GPU back at once."""
+        plan = self.config.standby
+        if plan is None or self._host is not None or self._host_job is not None:
+            return
+        if self._placed is not None and _same_plan(plan, self._placed.plan):
+            self._host = self._placed
+            return
+        self._host_job = self._start_job(plan)
+
+    def _start_job(self, plan: Plan) -> background_load.LoadJob:
+        self._tickets += 1
+        job = background_load.LoadJob(self._tickets, plan)
+        background_load.start(job, self.model_path, self.inventory, self._settings(),
+                              self._deliver)
+        return job
+
+    def _deliver(self, done: background_load.LoadDone) -> bool:
+        """Loader thread: hand the placement to the engine thread (False: the engine closed)."""
+        fut = self.submit(C.PlacementReady(done))
+        return not (fut.done() and fut.exception() is not None)
+
+    def _on_release(self, command: C.Release) -> object:
+        if self._host is not None and command.then_load:
+            # the NPCs decode on the standby while the next placement loads; the command is
+            # answered as soon as the GPU placement is closed (the arbiter grants the game's
+            # reservations then), before the sessions' state is put into the standby
+            answered: list[bool] = []
+
+            def freed() -> None:
+                answered.append(True)
+                self._outbox.settle(command.done, None)
+
+            self._to_host(freed)
+            return _LATER if answered else None
         self._release()
         self.state = "moving" if command.then_load else "unavailable"
 
     def _release(self) -> None:
-        """Park the context's state and free the placement (engine_ops.release)."""
+        """Park the context's state and free the placement (engine_ops.release); the standby
+        stays open (its state is parked all the same)."""
+        self._give_up_job("the model is moving")
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
-        self._parked = engine_ops.release(self._placed, list(self._sessions.values()))
+        if self._placed is self._host:
+            self._parked = engine_ops.park(self._placed, list(self._sessions.values()))
+        else:
+            self._parked = engine_ops.release(self._placed, list(self._sessions.values()))
         self._placed = None
         self.report = LoadReport()  # nothing is placed now: memory() says so
 
-    def _on_load_first_fitting(self, command: C.LoadFirstFitting) -> LoadOutcome:
+    def _to_host(self, freed: Callable[[], None] | None = None) -> None:
+        """Give the GPU placement back now and decode on the standby. ``freed`` runs once the
+        GPU placement is closed (its VRAM is free), before the state moves into the standby."""
+        host = self._host
+        assert host is not None
+        if self._placed is host:
+            self._give_up_job("the model gives its VRAM back")
+            return
+        t0 = time.perf_counter()
+        self._release()
+        if freed is not None:
+            freed()
+        self._switch_to(host)
+        self.last_reshard_s = time.perf_counter() - t0
+
+    def _switch_to(self, new: Placement) -> bool:
+        """Move every session's state from the current placement (or the parked state) into
+        ``new`` and decode on it; the old placement closes unless it is the standby. False:
+        llama.cpp refused the state (replies read their tokens again and go on)."""
+        old = self._placed
+        if old is not None:
+            self._encoder.close()
+            sessions = list(self._sessions.values())
+            self._parked = (engine_ops.park(old, sessions) if old is self._host
+                            else engine_ops.release(old, sessions))
+            self._placed = None
+        parked, self._parked = self._parked, None
+        self._adopt(new)
+        kept = engine_ops.restore(new, parked, list(self._sessions.values()),
+                                  self.config.max_sessions)
+        self._chains_after_move(kept)
+        self.state = "ready"
+        self.reshard_count += 1
+        return kept
+
+    def _chains_after_move(self, kept: bool) -> None:
+        for s in self._sessions.values():
+            t = s.turn
+            if t is None:
+                continue
+            if kept or s.reread:  # a reply reading its tokens again goes on (engine_ops)
+                t.chain = self._make_chain(t)
+            else:  # an image reply's cells are gone with the cache: it ends, the session stays
+                self._rollback(t)
+                self._end_turn(t, error=InferenceError(
+                    "the reply was interrupted while the model moved; send the line again"))
+
+    def _on_load_first_fitting(self, command: C.LoadFirstFitting) -> object:
+        if self._host is not None:
+            return self._load_behind(command)
         if self._placed is not None:
             self.state = "ready"
             raise InvalidStateError("release the current placement first")
         self._encoder.lent_from = None  # a reshard from outside decides the placement now
         return self._land(command.candidates)
+
+    def _load_behind(self, command: C.LoadFirstFitting) -> object:
+        """With a standby: load the first candidate on a loader thread while the sessions
+        decode where they are (the standby after a ``Release``, or the current GPU placement
+        where the VRAM holds both: make-before-break) and switch at a step boundary
+        (``_on_placement_ready``); the command is answered then. A candidate that is the
+        standby, or the placement decoding now, lands at once."""
+        self._encoder.lent_from = None  # a reshard from outside decides the placement now
+        self._give_up_job("another load was asked for")
+        self._job_for, self._job_failures = command, []
+        self._job_rest, self._job_t0 = list(command.candidates), time.perf_counter()
+        self._next_candidate()
+        return _LATER
+
+    def _next_candidate(self) -> None:
+        host = self._host
+        assert host is not None
+        while self._job_rest:
+            plan = self._job_rest.pop(0)
+            if _same_plan(plan, host.plan):
+                if self._placed is not host:
+                    self._to_host()
+                self._finish_load(plan.name)
+                return
+            if self._placed is not None and _same_plan(plan, self._placed.plan):
+                self._finish_load(plan.name)
+                return
+            self._job = self._start_job(plan)
+            return
+        if self._placed is None:  # every candidate failed after a release: the standby
+            self._to_host()
+        self._finish_load(self._placed.plan.name if self._placed is not None else None)
+
+    def _finish_load(self, landed: str | None, state_lost: bool = False) -> None:
+        """Answer the LoadFirstFitting in progress."""
+        command, self._job_for = self._job_for, None
+        out = LoadOutcome(landed, tuple(self._job_failures),
+                          time.perf_counter() - self._job_t0, state_lost)
+        self._job_rest, self._job_failures = [], []
+        if command is not None:
+            self._outbox.settle(command.done, out)
+
+    def _on_placement_ready(self, command: C.PlacementReady) -> None:
+        done = command.outcome
+        if done.job is self._host_job:
+            self._host_job = None
+            if done.placed is not None:
+                self._host = done.placed
+            else:
+                log.warning("the standby CPU placement did not open (%s): a reshard stops the "
+                            "replies while the next placement loads", done.error)
+            return
+        if done.job is not self._job:  # given up meanwhile
+            if done.placed is not None:
+                done.placed.close()
+            return
+        self._job = None
+        plan = done.job.plan
+        if done.placed is None:
+            msg = done.error.message if done.error is not None else "did not load"
+            log.warning("loading plan '%s' behind the decode failed: %s", plan.name, msg)
+            self._job_failures.append((plan.name, msg))
+            self._next_candidate()
+            return
+        self.last_load_s = done.seconds
+        t0 = time.perf_counter()
+        kept = self._switch_to(done.placed)
+        self.last_reshard_s = time.perf_counter() - t0
+        log.info("now on plan '%s' (loaded in %.3f s behind the decode, switched in %.4f s)",
+                 plan.name, done.seconds, self.last_reshard_s)
+        self._finish_load(plan.name, state_lost=not kept)
+
+    def _give_up_job(self, why: str) -> None:
+        """Cancel the load behind the decode, if any; its LoadFirstFitting is answered with
+        the placement the sessions decode on now."""
+        job = self._job
+        if job is None:
+            return
+        job.cancelled.set()
+        self._job = None
+        self._job_failures.append((job.plan.name, f"given up: {why}"))
+        self._finish_load(self._placed.plan.name if self._placed is not None else None)
 
     def _land(self, candidates: Sequence[Plan]) -> LoadOutcome:
         """Load the first candidate that loads and put the parked state back; else the engine
@@ -448,15 +669,7 @@ class EngineCore:
         parked, self._parked = self._parked, None
         kept = engine_ops.restore(
             self._placed, parked, list(self._sessions.values()), self.config.max_sessions)
-        for s in self._sessions.values():
-            if s.turn is None:
-                continue
-            if not kept:  # its tokens are gone with the cache: end it, the conversation stays
-                self._rollback(s.turn)
-                self._end_turn(s.turn, error=InferenceError(
-                    "the reply was interrupted while the model moved; send the line again"))
-            else:
-                s.turn.chain = self._make_chain(s.turn)
+        self._chains_after_move(kept)
         self.reshard_count += 1
         self.last_reshard_s = time.perf_counter() - t0
         return LoadOutcome(landed.name, tuple(failures), self.last_reshard_s, not kept)
@@ -493,12 +706,19 @@ class EngineCore:
         self._encoder.idle(self._active_turns())
 
     def _unload(self) -> None:
-        """Free the placement; every handle into it is dropped with it."""
+        """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._give_up_job("the engine is closing")
+        if self._host_job is not None:
+            self._host_job.cancelled.set()
+            self._host_job = None
         placed, self._placed = self._placed, None
+        host, self._host = self._host, None
         self.report = LoadReport()  # nothing is placed now: memory() says so
         if placed is not None:
             placed.close()
+        if host is not None and host is not placed:
+            host.close()
 
     def _on_shutdown(self, _command: C.Shutdown) -> None:
         for s in list(self._sessions.values()):
@@ -922,6 +1142,14 @@ class EngineCore:
                 f"the saved session holds {cells} cells, but other sessions hold the shared "
                 "context's cells now; retry when their replies end or they close")
 
+
+
+# a handler's answer that comes later (a placement loading behind the decode): not settled yet
+_LATER = object()
+
+
+def _same_plan(a: Plan, b: Plan) -> bool:
+    return (a.name, a.gpu_tensors, a.gpu_layers) == (b.name, b.gpu_tensors, b.gpu_layers)
 
 
 def _claim(s: Session) -> int:

@@ -117,6 +117,16 @@ class Engine:
         return self._core._placed is not None
 
     @property
+    def standby_ready(self) -> bool:
+        """Whether the CPU placement is open beside a GPU one (``EngineConfig.standby``): a
+        reshard then moves the sessions onto it and loads the next placement behind them."""
+        return self._core._host is not None
+
+    def cancel_load(self) -> bool:
+        """Give up the placement loading behind the decode, if any (any thread)."""
+        return self._core.cancel_load()
+
+    @property
     def vision_borrows(self) -> int:
         """Image turns that moved the LM for the encoder."""
         return self._core._encoder.borrows
@@ -151,6 +161,11 @@ class Engine:
     @property
     def last_reshard_s(self) -> float:
         return self._core.last_reshard_s
+
+    @property
+    def last_load_s(self) -> float | None:
+        """Seconds the last placement took to load (the first one's, until a reshard)."""
+        return self._core.last_load_s
 
     @property
     def step_stats(self) -> dict[str, float]:

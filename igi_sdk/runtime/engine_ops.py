@@ -33,14 +33,20 @@ class LoadOutcome:
     state_lost: bool = False
 
 
-def release(placed: Placement, sessions: list[Session]) -> bytes:
-    """Park the context's state, free the samplers that point into the vocabulary, and close
-    the placement; returns the parked state."""
+def park(placed: Placement, sessions: list[Session]) -> bytes:
+    """Park the context's state and free the samplers that point into the vocabulary (the
+    placement stays open); returns the parked state."""
     parked = placed.park()
     for s in sessions:
         if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
             s.turn.chain.close()
             s.turn.chain = None
+    return parked
+
+
+def release(placed: Placement, sessions: list[Session]) -> bytes:
+    """:func:`park`, then close the placement; returns the parked state."""
+    parked = park(placed, sessions)
     placed.close()
     return parked
 
@@ -49,13 +55,18 @@ def restore(placed: Placement, parked: bytes | None, sessions: list[Session],
             max_sessions: int) -> bool:
     """Put ``parked`` back into a new placement and trim what changed since it was taken
     (closed sessions, rolled-back turns); False if llama.cpp refused it — then every session's
-    cache is empty and it must re-read its conversation (``reread``)."""
+    cache is empty: a session replying reads its tokens again as the first part of its reply's
+    input (the reply goes on where it was; priced as a prompt of that length), an idle one
+    re-reads its conversation with its next line (``reread``)."""
     lost = parked is not None and not placed.restore(parked)
     mem = placed.mem
     for s in sessions:
         if lost:
             llama_cpp.llama_memory_seq_rm(mem, s.seq, -1, -1)
-            s.cache_lost()
+            if s.turn is not None and not s.image_cells and not s.turn.images:
+                s.turn.feed = s.reread_in_reply() + s.turn.feed  # the reply goes on
+            else:
+                s.cache_lost()
         else:
             llama_cpp.llama_memory_seq_rm(mem, s.seq, len(s.tokens), -1)
     used = {s.seq for s in sessions}

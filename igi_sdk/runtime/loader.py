@@ -18,7 +18,12 @@ from typing import Any
 
 import llama_cpp
 
-from igi_sdk.errors import ModelLoadError, PlanError, UnsupportedArchitectureError
+from igi_sdk.errors import (
+    LoadCancelledError,
+    ModelLoadError,
+    PlanError,
+    UnsupportedArchitectureError,
+)
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native
@@ -123,8 +128,11 @@ def load(
     *,
     progress: Callable[[float], None] | None = None,
     dry_run: bool = False,
+    cancelled: Callable[[], bool] | None = None,
 ) -> Loaded:
-    """Model + context for ``plan``; raises a typed error (and frees everything) on failure."""
+    """Model + context for ``plan``; raises a typed error (and frees everything) on failure.
+    ``cancelled``: asked between tensors; once it answers True the load stops (llama.cpp's
+    progress callback returning false) and raises :class:`LoadCancelledError`."""
     _native.init_backend(plan.copy_compute_min_batch)
     gpu = first_gpu() if plan.uses_gpu() else None
     _check_threshold(plan, gpu)
@@ -140,19 +148,22 @@ def load(
     mparams.no_alloc = dry_run
     mparams.use_extra_bufts = settings.extra_bufts
     progress_cb = None
-    if progress is not None:
-        user_progress = progress
+    if progress is not None or cancelled is not None:
+        user_progress, stop = progress, cancelled
 
         @llama_cpp.llama_progress_callback
         def progress_cb(p: float, _user: ctypes.c_void_p) -> bool:
-            user_progress(float(p))
-            return True
+            if user_progress is not None:
+                user_progress(float(p))
+            return not (stop is not None and stop())
 
         mparams.progress_callback = progress_cb
     report = LoadReport()
     with _native.capture_log() as lines:
         model = llama_cpp.llama_model_load_from_file(str(path).encode(), mparams)
     if not model:
+        if cancelled is not None and cancelled():
+            raise LoadCancelledError(f"loading plan '{plan.name}' was cancelled")
         if "unknown model architecture" in "".join(lines):
             raise UnsupportedArchitectureError(
                 f"llama.cpp cannot run the architecture of {path} "

@@ -25,6 +25,9 @@ from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.text import Vocab
 
+# a placement is opened and, until the engine thread takes it over, closed by these threads
+_OPENERS = (threads.ENGINE, threads.LOADER)
+
 
 @dataclass
 class Placement:
@@ -39,10 +42,13 @@ class Placement:
     @classmethod
     def open(cls, path: Path, inventory: ModelInventory, plan: Plan,
              settings: ContextSettings,
-             progress: Callable[[float], None] | None = None) -> Placement:
-        """Load ``plan``; raises the load's typed error with nothing left allocated."""
-        threads.expect(threads.ENGINE, "opening a placement")
-        loaded = loader.load(path, inventory, plan, settings, progress=progress)
+             progress: Callable[[float], None] | None = None,
+             cancelled: Callable[[], bool] | None = None) -> Placement:
+        """Load ``plan``; raises the load's typed error with nothing left allocated.
+        ``cancelled``: asked between tensors; True stops the load (a loader thread's)."""
+        threads.expect_one_of(_OPENERS, "opening a placement")
+        loaded = loader.load(path, inventory, plan, settings, progress=progress,
+                             cancelled=cancelled)
         try:
             vocab = Vocab(loaded.model)
             # llguidance's view of the vocabulary (~0.35 s for 49k tokens), built with the load
@@ -88,8 +94,9 @@ class Placement:
         return engine_state.set_ctx_state(self.ctx, parked)
 
     def close(self) -> None:
-        """Free every handle; the object must not be used afterwards."""
-        threads.expect(threads.ENGINE, "closing a placement")
+        """Free every handle; the object must not be used afterwards (the engine thread's, or
+        a loader thread's for a placement nobody took over)."""
+        threads.expect_one_of(_OPENERS, "closing a placement")
         if self.batch is not None:
             llama_cpp.llama_batch_free(self.batch)
             self.batch = None

@@ -70,9 +70,11 @@ class Session:
         self.pending = [token]
 
     def committed(self, prompt_text: str, said: str) -> None:
-        """The reply joined the conversation."""
+        """The reply joined the conversation (the cache holds all of it: a re-read in the
+        reply, :meth:`reread_in_reply`, is complete)."""
         self.messages.append({"role": "assistant", "content": said})
         self.committed_text = prompt_text + said
+        self.reread = False
 
     def rolled_back(self, turn: Turn) -> None:
         """The line of ``turn`` is undone: the conversation is as before it."""
@@ -81,6 +83,13 @@ class Session:
             turn.media.restore(self)
         self.pending = list(turn.start_pending)
         self.messages = self.messages[:-1]
+
+    def reread_in_reply(self) -> list[int]:
+        """Its KV cells are gone while it replies: the tokens it held, to be read again ahead
+        of the reply's input. Until the reply is committed the conversation counts as lost
+        (a rollback or an error mid-way leaves a partial cache: the next line re-reads it)."""
+        tokens, self.tokens, self.reread = self.tokens, [], True
+        return tokens
 
     def cache_lost(self) -> None:
         """Its KV cells are gone: the next line reads the conversation again."""

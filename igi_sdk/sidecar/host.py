@@ -30,7 +30,8 @@ from igi_sdk.arbiter import (
 from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
 from igi_sdk.arbiter.ladder import Rung, arbiter_workload
 from igi_sdk.arbiter.pacing import ClientPacing
-from igi_sdk.arbiter.sources import DxgiSource
+from igi_sdk.arbiter.policy import BudgetPolicy
+from igi_sdk.arbiter.sources import DxgiSource, VramReading
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
@@ -39,6 +40,7 @@ from igi_sdk.errors import (
     EngineClosedError,
     EngineUnavailableError,
     IgiError,
+    ModelLoadError,
 )
 from igi_sdk.events import Outbox, SessionFigures
 from igi_sdk.model import ModelInventory, read_inventory
@@ -80,6 +82,9 @@ class HostConfig:
     vram_trace: Path | None = None
     profile: Path | None = None
     grow_hold_s: float = 2.0
+    # keep the CPU placement open beside a GPU one (EngineConfig.standby): reshards behind
+    # the decode
+    standby: bool = True
     max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
     reading_tps: float = 8.0  # the pace talking NPCs stay ahead of while others wait to start
     prefill_chunk: int = 0  # fixed prompt tokens per step instead: reproducible replies
@@ -210,13 +215,21 @@ class ModelHost:
         # under the arbiter a vram_budget is a cap (at most that, less when the game needs
         # it); without one it fixes the placement
         setup = self._arbiter_setup(path, inventory, request, settings, beside)
-        if setup is not None:  # start on the CPU plan; the arbiter climbs the ladder
-            plan = setup[0].cpu.plan
+        if setup is not None:  # start on the rung the budget allows now
+            plan = self._starting_rung(*setup).plan
+            # the CPU rung stays open beside a GPU one: a reshard gives the GPU back at once
+            # and the NPCs decode on it while the next placement loads
+            if self.cfg.standby:
+                cfg = replace(cfg, standby=setup[0].cpu.plan)
             if priced.encoder:
                 room = encoder_room(setup[0], priced.encoder, borrow)
-        elif request.vram_budget is not None:
-            plan, room = self._fixed_plan(path, inventory, request, cfg, beside,
-                                          priced.encoder if borrow else 0)
+        elif request.vram_budget is not None or self.cfg.vram_cap is not None:
+            # no arbiter: the least of `serve --vram` and the request's budget fixes the plan
+            # (a cap holds whether or not the arbiter runs)
+            fixed = min(c for c in (self.cfg.vram_cap, request.vram_budget) if c is not None)
+            plan, room = self._fixed_plan(
+                path, inventory, request.model_copy(update={"vram_budget": fixed}), cfg,
+                beside, priced.encoder if borrow else 0)
         else:
             plan = Plan.all_cpu()
         if cfg.draft_model or cfg.speculative.ngram:
@@ -225,7 +238,16 @@ class ModelHost:
             prof = (Profile.load(self.cfg.profile) if self.cfg.profile is not None
                     else cached_profile(self.cfg.n_threads or None))
             cfg = replace(cfg, speculative=replace(cfg.speculative, profile=prof))
-        self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)
+        try:
+            self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)
+        except ModelLoadError as e:
+            if setup is None or plan is setup[0].cpu.plan:
+                raise
+            # the game took the memory between the reading and the load: never fight it
+            log.warning("the starting plan '%s' did not load (%s): starting on the CPU plan",
+                        plan.name, e.message)
+            plan = setup[0].cpu.plan
+            self.engine = Engine(path, plan, cfg, encoder_room=room, outbox=self._outbox)
         self._name = path.name
         if mmproj:
             self._image_tile, self._image_limit = _image_grid(mmproj, self.cfg.vision_max_tokens)
@@ -300,13 +322,33 @@ class ModelHost:
         trace = ScriptedTrace.load(cfg.vram_trace) if cfg.vram_trace else None
         return ladder, trace, cap
 
+    def _starting_rung(self, ladder: PlanLadder, trace: ScriptedTrace | None,
+                       cap: int | None) -> Rung:
+        """The rung the budget allows now: the model starts where it will run, rather than on
+        the CPU rung and growing a reshard later (the first line waited 3.2 s against 0.24 s
+        after on an H200 host). Nothing of this process's is loaded yet: what the GPU holds
+        counts as others'."""
+        reading: VramReading | None
+        if trace is not None:
+            reading = trace.read()
+        else:
+            nv = NvmlSource(own_fallback=lambda: 0)
+            reading = nv.read() if nv.nv is not None else None
+        if reading is None:
+            return ladder.cpu
+        budget = BudgetPolicy(ladder, PolicyConfig(cap=cap)).budget(reading)
+        rung = ladder.best_within(budget)
+        log.info("starting on plan '%s' (%d MiB) within a budget of %d MiB", rung.plan.name,
+                 rung.vram >> 20, budget >> 20)
+        return rung
+
     def _start_arbiter(self, ladder: PlanLadder, trace: ScriptedTrace | None,
                        cap: int | None) -> None:
         assert self.engine is not None
         holder: list[Arbiter] = []
 
         def own() -> int:  # the arbiter's own accounting of what this process holds
-            return holder[0].policy.current.vram if holder and holder[0].policy.current else 0
+            return holder[0].own_vram() if holder else 0
 
         sources: list[VramSource] = []
         total = 0
@@ -334,7 +376,8 @@ class ModelHost:
         # allocation: poll at 40 Hz (an NVML read costs well under a millisecond); a
         # scripted trace changes in steps of seconds
         arb = Arbiter(self.engine, ladder, sources,
-                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s, cap=cap),
+                      config=PolicyConfig(grow_hold_s=self.cfg.grow_hold_s, cap=cap,
+                                          standby=self.engine.config.standby is not None),
                       period_s=0.1 if trace is not None else 0.025)
         holder.append(arb)
         self.arbiter = arb
