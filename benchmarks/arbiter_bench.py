@@ -333,7 +333,7 @@ def stop_npcs(proc, out: Path, timeout: float = 300) -> list[dict]:
 
 
 def start_sidecar(args: argparse.Namespace, endpoint: str, *, arbiter: bool,
-                  trace: Path | None = None):
+                  trace: Path | None = None, extra: list[str] | None = None):
     cmd = [sys.executable, "-X", "faulthandler", "-m", "igi_sdk.cli", "serve",
            "--endpoint", endpoint,
            "--model-dir", str(Path(args.model).parent), "--threads", str(args.threads),
@@ -343,6 +343,7 @@ def start_sidecar(args: argparse.Namespace, endpoint: str, *, arbiter: bool,
         cmd.append("--no-arbiter")
     if trace is not None:
         cmd += ["--vram-trace", str(trace)]
+    cmd += extra or []
     log = open(Path(args.workdir) / "sidecar.log", "a")
     return spawn(cmd, stdout=log, stderr=log, env=native_env())
 

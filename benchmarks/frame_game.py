@@ -54,6 +54,7 @@ import itertools
 import json
 import math
 import os
+import shlex
 import signal
 import statistics
 import subprocess
@@ -583,6 +584,8 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
     rows = run.get("samples") or []
     out["model_vram_source"] = next((r.get("model_src") for r in rows if r.get("model_src")),
                                     None)
+    out["serve_args"] = run.get("serve_args", "")
+    out["sidecar_rss_peak"] = run.get("sidecar_rss_peak")
     return out
 
 
@@ -629,7 +632,10 @@ def one_run(args: argparse.Namespace, mode: str, dev: Any, tmp: Path,
         trace.write_text(json.dumps({"total": int(args.pool_gib * GIB), "points": pts}))
         run["sim_trace"] = {"offset_s": args.settle_s, "total": int(args.pool_gib * GIB),
                             "points": pts}
-    side = ab.start_sidecar(args, endpoint, arbiter=True, trace=trace)
+    side = ab.start_sidecar(args, endpoint, arbiter=True, trace=trace,
+                            extra=shlex.split(args.serve_args))
+    run["serve_args"] = args.serve_args
+    rss = RssPeak(side.pid)
     client = Client(endpoint, timeout=120, engine="frame-game-control")
     game_client = None
     sampler = None
@@ -672,6 +678,7 @@ def one_run(args: argparse.Namespace, mode: str, dev: Any, tmp: Path,
         game.run(t0)
         run["t_end"] = time.time()
     finally:
+        run["sidecar_rss_peak"] = rss.stop()
         if npcs is not None:
             run["replies"] = ab.stop_npcs(npcs, npc_out, timeout=60)
         if sampler is not None:
@@ -694,6 +701,32 @@ def one_run(args: argparse.Namespace, mode: str, dev: Any, tmp: Path,
             game.level.clear()
             game.menu.clear()
             game.ballast.clear()
+
+
+class RssPeak:
+    """The sidecar's resident memory, its peak over the run (a standby placement's host
+    memory shows here), sampled every 100 ms on a thread of its own."""
+
+    def __init__(self, pid: int) -> None:
+        import psutil
+
+        self._proc = psutil.Process(pid)
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.1):
+            try:
+                self.peak = max(self.peak, self._proc.memory_info().rss)
+            except Exception:  # noqa: BLE001 - the sidecar ended
+                return
+
+    def stop(self) -> int:
+        self._stop.set()
+        self._thread.join(1)
+        return self.peak
 
 
 def sim_sync(sampler: ab.Sampler, t_loaded: float, run: dict[str, Any]) -> float:
@@ -805,8 +838,10 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
                   f"{fmt(x['median_gap_s']):>7s}  {x['stream_errors'] or ''}")
     for r in runs:
         s = r["summary"]
-        print(f"\n  {r['mode']}: frames {s['frames']}; reshards {s['reshards']}, failed loads "
-              f"{s['failed_loads']}; model VRAM by {s['model_vram_source']}")
+        print(f"\n  {r['mode']} {s.get('serve_args') or ''}: frames {s['frames']}; reshards "
+              f"{s['reshards']}, failed loads {s['failed_loads']}; model VRAM by "
+              f"{s['model_vram_source']}; sidecar RSS peak "
+              f"{fmt((s.get('sidecar_rss_peak') or 0) / GIB, 2)} GiB")
         for d in s["decisions"]:
             print(f"    t={d['t']:+8.2f}s {d['action']!s:12s} -> {d['plan']!s:22s} "
                   f"{fmt(d['vram'] and d['vram'] / GIB, 2)} GiB in {fmt(d['seconds'])} s, "
@@ -852,6 +887,8 @@ def main() -> int:
     ap.add_argument("--npcs", type=int, default=1)
     ap.add_argument("--max-tokens", type=int)
     ap.add_argument("--sample-ms", type=float, default=50.0, help="model VRAM sampling period")
+    ap.add_argument("--serve-args", default="",
+                    help="more `igi-sdk serve` flags for every run (e.g. --no-standby)")
     ap.add_argument("--json")
     ap.add_argument("--endpoint", help=argparse.SUPPRESS)
     ap.add_argument("--out", help=argparse.SUPPRESS)

@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
 #   bash benchmarks/gpu_wheels.sh (the SDK's dependencies the image lacks), then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | http |
+#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
 #         vlm | bundle | npcs | shipped | busy | all
 #   (each fits one 10-minute device call)
@@ -224,6 +224,24 @@ if [ "$part" = http ] || [ "$part" = all ]; then
     echo "only $left s left: the bench did not run" | tee -a "$log"
   fi
   echo "part http done at $SECONDS s" | tee -a "$log"
+fi
+if [ "$part" = frames ] || [ "$part" = all ]; then
+  # the frame game (benchmarks/frame_game.py): a 60 Hz game loading and unloading 6 GiB levels
+  # on a 12 GiB pool beside the sidecar; runs FRAMES_RUNS, each MODE/NPCS/STANDBY (standby: as
+  # shipped; nostandby: `serve --no-standby`, every reshard stopping the replies while it loads),
+  # one fresh sidecar each, while the call has time left (FRAMES_END seconds into it)
+  end=${FRAMES_END:-560}
+  for spec in ${FRAMES_RUNS:-nvml/1/standby nvml/1/nostandby}; do
+    IFS=/ read -r mode npcs sb <<< "$spec"
+    extra=""; [ "$sb" = nostandby ] && extra="--no-standby"
+    left=$(( end - SECONDS ))
+    [ "$left" -lt 110 ] && { echo "only $left s left: $spec not run" | tee -a "$out/frames.txt"; break; }
+    echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"
+    timeout -k 20 "$left" python3 benchmarks/frame_game.py --mode "$mode" --npcs "$npcs" \
+      --workdir /tmp/igi-bench --threads 12 --settle-s 12 --hold-s 6 --between-s 6 --tail-s 8 \
+      --serve-args "$extra" --json "$out/frames-$mode-$npcs-$sb.json" 2>&1 | tee -a "$out/frames.txt"
+    tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$mode-$npcs-$sb-sidecar.log" 2>/dev/null
+  done
 fi
 if [ "$part" = greedy ] || [ "$part" = all ]; then
   # the greedy game (it never talks to the sidecar; the arbiter sees it through NVML only), then,

@@ -246,6 +246,9 @@ def test_npcs_keep_talking_while_the_game_takes_and_frees_the_whole_budget(setup
     assert not errors, errors
     gaps.sort()
     median = gaps[len(gaps) // 2]
+    print(f"tokens {len(gaps)}, median gap {median * 1e3:.1f} ms, longest {gaps[-1] * 1e3:.1f} ms; "
+          "moves:", [(x["action"], x["plan"], x["released_s"], round(x["seconds"], 3))
+                     for x in st["arbiter"]["decisions"]])
     assert len(gaps) > 50
     # a decode step of two NPCs on the CPU here is the median gap; a move costs a few
     assert gaps[-1] <= max(0.3, 8 * median), (gaps[-5:], median)

@@ -301,6 +301,9 @@ class Arbiter:
 
     def _apply(self, d: Decision) -> None:
         def on_released() -> None:  # the old plan's VRAM is free: the game may take it now
+            with self._lock:  # what the model holds now (the standby's share, or less): the
+                # arbiter's own accounting must show the release where the OS cannot
+                self.policy.applied(self.ladder.cpu)
             self._settle(self._reading())
 
         if d.action in _GIVES_BACK:
