@@ -230,3 +230,21 @@ def test_load_model_vram_budget_under_the_arbiter_is_a_cap(setup) -> None:
         c.close()
     finally:
         stop(proc)
+
+
+def test_serve_vram_holds_without_the_arbiter(setup) -> None:
+    """`serve --no-arbiter --vram X`: the cap fixes the plan on the one budget path (before,
+    with no `load_model.vram_budget`, the model ran all on the CPU whatever X said)."""
+    d, ladder = setup
+    top = ladder.rungs[-1]
+    proc = start_sidecar(d, f"ipc://{d / 'fixed.sock'}", "--model", "m.gguf", "--no-arbiter",
+                         "--profile", str(d / "profile.json"), "--vram", str(top.vram))
+    try:
+        c = Client(f"ipc://{d / 'fixed.sock'}", timeout=30)
+        c.wait_ready(60)
+        st = c.stats()
+        c.close()
+    finally:
+        stop(proc)
+    assert "arbiter" not in st or not st["arbiter"]
+    assert st["plan"] != "all-cpu", st["plan"]  # a GPU plan within the cap (CPU here)

@@ -89,11 +89,14 @@ class EngineCore:
         self.reshard_count = 0
         self.last_reshard_s = 0.0
         self.last_load_s: float | None = None  # the last placement's load (what a grow costs)
+        # the last move's parts: state parked (MB), seconds to park, close, restore
+        self.last_move: dict[str, float] = {}
         self.state = "loading"  # "ready" | "moving" | "unavailable" | "closed"
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
-        self._parked: bytes | None = None  # the context's state while no placement is loaded
+        # the context's state while no placement is loaded
+        self._parked: engine_state.ParkedState | None = None
         # the warm all-CPU placement (config.standby) and the placement loading behind the
         # decode (runtime/background_load.py): the job, the LoadFirstFitting it answers, the
         # candidates left after it and the failures so far
@@ -236,7 +239,8 @@ class EngineCore:
         job, host = self._job, self._host
         return {"ready": host is not None, "decoding_on_it": host is not None
                 and self._placed is host,
-                "loading": job.plan.name if job is not None else None}
+                "loading": job.plan.name if job is not None else None,
+                "last_move": dict(self.last_move)}
 
     def context_status(self) -> dict[str, int]:
         """The shared context's cells (read without waiting for the engine thread): ``used``
@@ -491,16 +495,20 @@ class EngineCore:
         self.state = "moving" if command.then_load else "unavailable"
 
     def _release(self) -> None:
-        """Park the context's state and free the placement (engine_ops.release); the standby
+        """Park the context's state and close the placement (engine_ops.park); the standby
         stays open (its state is parked all the same)."""
         self._give_up_job("the model is moving")
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
-        if self._placed is self._host:
-            self._parked = engine_ops.park(self._placed, list(self._sessions.values()))
-        else:
-            self._parked = engine_ops.release(self._placed, list(self._sessions.values()))
+        t0 = time.perf_counter()
+        self._parked = engine_ops.park(self._placed, list(self._sessions.values()))
+        t1 = time.perf_counter()
+        if self._placed is not self._host:
+            self._placed.close()
+        self.last_move = {"state_mb": round(self._parked.size / 2**20, 1),
+                          "park_s": round(t1 - t0, 4),
+                          "close_s": round(time.perf_counter() - t1, 4)}
         self._placed = None
         self.report = LoadReport()  # nothing is placed now: memory() says so
 
@@ -518,22 +526,21 @@ class EngineCore:
             freed()
         self._switch_to(host)
         self.last_reshard_s = time.perf_counter() - t0
+        log.info("gave the GPU placement back and decode on the standby in %.4f s: %s",
+                 self.last_reshard_s, self.last_move)
 
     def _switch_to(self, new: Placement) -> bool:
         """Move every session's state from the current placement (or the parked state) into
         ``new`` and decode on it; the old placement closes unless it is the standby. False:
         llama.cpp refused the state (replies read their tokens again and go on)."""
-        old = self._placed
-        if old is not None:
-            self._encoder.close()
-            sessions = list(self._sessions.values())
-            self._parked = (engine_ops.park(old, sessions) if old is self._host
-                            else engine_ops.release(old, sessions))
-            self._placed = None
+        if self._placed is not None:
+            self._release()
         parked, self._parked = self._parked, None
         self._adopt(new)
+        t0 = time.perf_counter()
         kept = engine_ops.restore(new, parked, list(self._sessions.values()),
                                   self.config.max_sessions)
+        self.last_move["restore_s"] = round(time.perf_counter() - t0, 4)
         self._chains_after_move(kept)
         self.state = "ready"
         self.reshard_count += 1
@@ -627,8 +634,8 @@ class EngineCore:
         t0 = time.perf_counter()
         kept = self._switch_to(done.placed)
         self.last_reshard_s = time.perf_counter() - t0
-        log.info("now on plan '%s' (loaded in %.3f s behind the decode, switched in %.4f s)",
-                 plan.name, done.seconds, self.last_reshard_s)
+        log.info("now on plan '%s' (loaded in %.3f s behind the decode, switched in %.4f s: "
+                 "%s)", plan.name, done.seconds, self.last_reshard_s, self.last_move)
         self._finish_load(plan.name, state_lost=not kept)
 
     def _give_up_job(self, why: str) -> None:

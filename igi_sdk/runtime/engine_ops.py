@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
+from igi_sdk.runtime.engine_state import ParkedState
 from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.session import Session
 
@@ -33,7 +34,7 @@ class LoadOutcome:
     state_lost: bool = False
 
 
-def park(placed: Placement, sessions: list[Session]) -> bytes:
+def park(placed: Placement, sessions: list[Session]) -> ParkedState:
     """Park the context's state and free the samplers that point into the vocabulary (the
     placement stays open); returns the parked state."""
     parked = placed.park()
@@ -44,14 +45,7 @@ def park(placed: Placement, sessions: list[Session]) -> bytes:
     return parked
 
 
-def release(placed: Placement, sessions: list[Session]) -> bytes:
-    """:func:`park`, then close the placement; returns the parked state."""
-    parked = park(placed, sessions)
-    placed.close()
-    return parked
-
-
-def restore(placed: Placement, parked: bytes | None, sessions: list[Session],
+def restore(placed: Placement, parked: ParkedState | None, sessions: list[Session],
             max_sessions: int) -> bool:
     """Put ``parked`` back into a new placement and trim what changed since it was taken
     (closed sessions, rolled-back turns); False if llama.cpp refused it — then every session's

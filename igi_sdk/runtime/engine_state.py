@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import ctypes
 import errno
+import mmap
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -68,15 +70,29 @@ def set_seq_state(ctx: Any, mem: Any, seq: int, kv: bytes | memoryview) -> bool:
     return llama_cpp.llama_state_seq_set_data(ctx, buf, len(kv), seq) > 0
 
 
-def ctx_state(ctx: Any) -> bytes:
+@dataclass
+class ParkedState:
+    """A context's state in host memory, in a buffer llama.cpp writes and later reads in place.
+
+    A reshard pauses the replies for as long as the state takes to move, so nothing copies it
+    in Python: the buffer is an anonymous mapping (its pages are zero until written, so no
+    pass clears it first), handed to llama.cpp as is both ways. Bytes from ``bytes`` and
+    ``from_buffer_copy`` cost three more passes over a state of hundreds of MB."""
+
+    buf: Any  # a ctypes c_uint8 array over ``mem``
+    size: int  # bytes llama.cpp wrote
+    mem: mmap.mmap
+
+
+def ctx_state(ctx: Any) -> ParkedState:
     size = llama_cpp.llama_state_get_size(ctx)
-    return snapshot.copy_out(size, lambda buf: llama_cpp.llama_state_get_data(
-        ctx, buf, size))
+    mem = mmap.mmap(-1, max(size, 1))
+    buf = (ctypes.c_uint8 * max(size, 1)).from_buffer(mem)
+    return ParkedState(buf, llama_cpp.llama_state_get_data(ctx, buf, size), mem)
 
 
-def set_ctx_state(ctx: Any, data: bytes) -> bool:
-    buf = (ctypes.c_uint8 * max(len(data), 1)).from_buffer_copy(data or b"\0")
-    return llama_cpp.llama_state_set_data(ctx, buf, len(data)) == len(data)
+def set_ctx_state(ctx: Any, parked: ParkedState) -> bool:
+    return llama_cpp.llama_state_set_data(ctx, parked.buf, parked.size) == parked.size
 
 
 class Saved(NamedTuple):

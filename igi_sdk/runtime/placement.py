@@ -79,7 +79,7 @@ class Placement:
     def gpu(self) -> Device | None:
         return self.loaded.gpu
 
-    def park(self) -> bytes:
+    def park(self) -> engine_state.ParkedState:
         """The whole context's state, for :meth:`restore` into the next placement.
 
         The whole context, not one sequence at a time: llama.cpp puts it back cell for cell in
@@ -88,7 +88,7 @@ class Placement:
         threads.expect(threads.ENGINE, "parking a placement's state")
         return engine_state.ctx_state(self.ctx)
 
-    def restore(self, parked: bytes) -> bool:
+    def restore(self, parked: engine_state.ParkedState) -> bool:
         """Put parked state back; False if llama.cpp refused it (the cache is then empty)."""
         threads.expect(threads.ENGINE, "restoring a placement's state")
         return engine_state.set_ctx_state(self.ctx, parked)

@@ -188,11 +188,15 @@ def plan_for_model(
         if guess is not None:
             prepare_backend(inv, guess, wl, budget or half_free(guess))
     gpu = first_gpu()
-    if gpu is None:  # nothing to plan: no profile needs measuring either
-        return PlanResult(Plan.all_cpu(), [], budget, 0)
+    simulated = gpu is None and profile is not None and profile.gpu is not None
+    if gpu is None and not (simulated and budget is not None):
+        return PlanResult(Plan.all_cpu(), [], budget, 0)  # nothing to plan, nothing to measure
+    # (a given GPU profile and budget without a GPU: the planner's estimate, as every rung of
+    # a simulated arbiter's ladder is; its GPU plans load on the CPU here)
     prof = profile or load_or_measure(threads=n_threads or None, fast=True, progress=progress)
     wl = with_threshold_in_effect(wl)
     if budget is None:
+        assert gpu is not None
         budget = gpu.free_bytes // 2
     settings = ContextSettings(n_ctx, max_sessions, n_batch, n_threads, n_outputs=outputs)
     return BudgetPlanner(inv, prof, wl, beside=beside or Beside(),
