@@ -257,3 +257,49 @@ def test_fixed_prefill_chunk_makes_replies_independent_of_step_timing(tmp_path) 
                              max_tokens=12).result(timeout=120).tokens for k in range(6)]
 
     assert replies(10.0) == replies(1e-7)
+
+
+def test_mid_reply_reshards_keep_two_streaming_npcs_bit_exact(tmp_path, monkeypatch) -> None:
+    """20 reshards, each in the middle of a reply, at a different token of it, while two NPCs
+    stream (one seeded at temperature 0.9, one greedy): every reply reads as it does without
+    any reshard, bit for bit. llama.cpp's flash-attention decode of a single token (here the
+    seeded NPC's tail, after the greedy one's shorter reply ended) splits the KV cells among
+    the CPU threads, so the thread count must not move meanwhile; the game's CPU report after
+    each reshard moves it unless the count is held. The host's load is not sampled: on a
+    shared CI host it moved the count at random, in the reference run too."""
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+    from igi_sdk.runtime import threadpool
+
+    monkeypatch.setattr(threadpool.LoadSampler, "start", lambda self: None)
+
+    path = write_synthetic_gguf(tmp_path / "npc.gguf", spec_with(
+        "tiny-llama", n_layers=3, n_embd=1024, n_ff=2048, n_vocab=4096))
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, prefill_chunk=64)
+    lore = "The north road is closed, the mill burnt down and the river rose. " * 3
+    params = (SamplingParams(temperature=0.9, seed=7), GREEDY)
+    rounds, trials = 5, 20
+
+    def conversation(first: int | None) -> list[str]:
+        """Replies of ``rounds`` rounds; from trial ``first`` on, one reshard per round."""
+        said = []
+        with Engine(path, Plan.all_cpu(), cfg) as eng:
+            sids = [eng.open_session(f"You are NPC {i}. {lore}", sampling=p)
+                    for i, p in enumerate(params)]
+            for r in range(rounds):
+                eng.report_game_cpu(None, None)
+                gens = [eng.chat(sid, f"Traveller {r} asks: what news?", max_tokens=n,
+                                 ignore_eos=True) for sid, n in zip(sids, (20, 8), strict=True)]
+                if first is not None:
+                    trial = first + r
+                    it = iter(gens[trial % 2])
+                    for _ in range(1 + trial % 7):  # the reshard lands at a varying token
+                        next(it)
+                    eng.reshard(Plan.all_cpu())
+                    assert not gens[0].done  # mid-reply
+                    eng.report_game_cpu(None, 1.0)  # the game takes the cores meanwhile
+                said += [g.result(timeout=120).text for g in gens]
+        return said
+
+    ref = conversation(None)
+    for first in range(0, trials, rounds):
+        assert conversation(first) == ref, f"trials {first}..{first + rounds - 1}"
