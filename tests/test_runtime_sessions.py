@@ -218,7 +218,9 @@ def test_reshard_keeps_interleaved_conversations_bit_exact(tmp_path) -> None:
 
     path = write_synthetic_gguf(tmp_path / "npc.gguf", spec_with(
         "tiny-llama", n_layers=8, n_embd=1024, n_ff=4096, n_vocab=4096))
-    cfg = EngineConfig(n_ctx=1024, max_sessions=4, n_threads=2, prefill_chunk=32)
+    # one thread: a count that moves with the host's load changes the last bits too (see
+    # test_mid_reply_reshards_keep_two_streaming_npcs_bit_exact)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=4, n_threads=1, prefill_chunk=32)
     inv = read_inventory(path)
 
     def conversation(reshards: dict[int, Plan]) -> list[str]:
@@ -264,17 +266,19 @@ def test_mid_reply_reshards_keep_two_streaming_npcs_bit_exact(tmp_path, monkeypa
     stream (one seeded at temperature 0.9, one greedy): every reply reads as it does without
     any reshard, bit for bit. llama.cpp's flash-attention decode of a single token (here the
     seeded NPC's tail, after the greedy one's shorter reply ended) splits the KV cells among
-    the CPU threads, so the thread count must not move meanwhile; the game's CPU report after
-    each reshard moves it unless the count is held. The host's load is not sampled: on a
-    shared CI host it moved the count at random, in the reference run too."""
+    the CPU threads once the context passes 256 cells, so the thread count must not move: the
+    game's CPU report after each reshard would move it but for ``exact_threads``. The host's
+    load is not sampled: on a shared CI host it moved the count at random, in the reference
+    run too. Both lines of a round are sent before the engine steps (``chat_async``), so that
+    every run batches them alike."""
     from igi_sdk.model import spec_with, write_synthetic_gguf
     from igi_sdk.runtime import threadpool
 
     monkeypatch.setattr(threadpool.LoadSampler, "start", lambda self: None)
-
     path = write_synthetic_gguf(tmp_path / "npc.gguf", spec_with(
-        "tiny-llama", n_layers=3, n_embd=1024, n_ff=2048, n_vocab=4096))
-    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, prefill_chunk=64)
+        "tiny-llama", n_layers=2, n_embd=512, n_ff=1024, n_vocab=4096))
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, prefill_chunk=64,
+                       exact_threads=True)
     lore = "The north road is closed, the mill burnt down and the river rose. " * 3
     params = (SamplingParams(temperature=0.9, seed=7), GREEDY)
     rounds, trials = 5, 20
@@ -287,8 +291,10 @@ def test_mid_reply_reshards_keep_two_streaming_npcs_bit_exact(tmp_path, monkeypa
                     for i, p in enumerate(params)]
             for r in range(rounds):
                 eng.report_game_cpu(None, None)
-                gens = [eng.chat(sid, f"Traveller {r} asks: what news?", max_tokens=n,
-                                 ignore_eos=True) for sid, n in zip(sids, (20, 8), strict=True)]
+                lines = [eng.chat_async(sid, f"Traveller {r} asks: what news?", max_tokens=n,
+                                        ignore_eos=True)
+                         for sid, n in zip(sids, (20, 8), strict=True)]
+                gens = [f.result(timeout=60) for f in lines]
                 if first is not None:
                     trial = first + r
                     it = iter(gens[trial % 2])

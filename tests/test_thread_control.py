@@ -154,6 +154,21 @@ def test_fixed_threads_adapt_only_the_wait() -> None:
     assert ctl.setting.wait is Wait.SPIN
 
 
+def test_an_exact_count_holds_where_the_wait_spins() -> None:
+    """Where libgomp spins, a fixed count is a ceiling that follows the free cores; an exact
+    one (bit-exact replies) holds through the host's load and the game's reports."""
+    for exact, counts in ((False, {2, 1}), (True, {2})):
+        ctl = ThreadController(ControlConfig(max_threads=2, cpus=2, waits=(Wait.SPIN,),
+                                             fixed_threads=True, exact_threads=exact),
+                               Setting(2, Wait.SPIN))
+        seen = [ctl.setting, ctl.observe_load(HostLoad(2, 1.5)),
+                ctl.observe_game(GameCpu(None, 1.0))]
+        seen += run(ctl, 200, free=1, rng=random.Random(3))
+        assert {s.threads for s in seen} == counts
+    with pytest.raises(UsageError):
+        ControlConfig(max_threads=2, cpus=2, exact_threads=True)
+
+
 def test_steps_that_teach_nothing_are_ignored() -> None:
     ctl = ThreadController(ControlConfig(max_threads=2, cpus=2))
     before = ctl.setting

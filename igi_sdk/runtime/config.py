@@ -24,6 +24,14 @@ class EngineConfig:
     # the thread count follows the host's load and the game's reports (None: when n_threads
     # is 0), never above the runtime's default; n_threads is where it starts
     adapt_threads: bool | None = None
+    # hold the count at n_threads whatever the host's load and the game's reports say (the wait
+    # still adapts): llama.cpp's flash-attention decode of a single token splits the KV cells
+    # among the threads once the context passes 256 cells, so a count that moves changes the
+    # last bits of the logits, and a seeded reply (with prefill_chunk) then reads differently
+    # from run to run, and across a reshard. Where libgomp spins (igi_sdk's default wait), a
+    # held thread beside a busy core stalls the others at every barrier: hold a count the
+    # host can spare
+    exact_threads: bool = False
     max_prompt_tokens: int = 0  # per chat turn; 0 = limited by the context only
     # KV cells guaranteed to every session slot (runtime/context_share.py): a session grows
     # past it only into cells no other slot's floor needs. -1 = n_ctx // (2 * max_sessions)
@@ -40,7 +48,7 @@ class EngineConfig:
     # fixed prompt tokens per step instead (0 = sized from max_step_s). llama.cpp's kernels sum
     # in an order that depends on the batch size, so a split that follows the measured speed can
     # change the last bits of the logits from run to run; a fixed split makes seeded replies
-    # reproducible on one machine and plan
+    # reproducible on one machine and plan (with exact_threads: a thread count that stays)
     prefill_chunk: int = 0
     # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
     draft_model: str | None = None

@@ -132,7 +132,7 @@ class EngineCore:
         self.crowd = CrowdWatch(config.talking)  # engine thread writes, stats reads
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
         self.threads = ThreadRunner.for_engine(config.n_threads, config.thread_wait,
-                                               config.adapt_threads)
+                                               config.adapt_threads, config.exact_threads)
         # a long prompt chunk ends early when a command or a cancel comes (runtime/abort.py)
         self._abort = abort.AbortFlag()
         # the step after an interrupted one runs to its end (a time-bounded chunk): commands

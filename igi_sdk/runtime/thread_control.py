@@ -119,6 +119,9 @@ class ControlConfig:
     # the user set the count: only the wait adapts; where the wait cannot leave SPIN (libgomp
     # told to spin) the count is a ceiling instead, lowered while others want the cores
     fixed_threads: bool = False
+    # the user's count holds even where the wait cannot leave SPIN (EngineConfig.exact_threads:
+    # bit-exact replies need a count that never moves)
+    exact_threads: bool = False
     probe_every: int = 48  # decode steps between probes (before backoff)
     probe_steps: int = 4  # steps a probe runs (its first pays the switch and is not counted)
     max_backoff: int = 16  # a losing probe waits up to this many times probe_every
@@ -135,6 +138,8 @@ class ControlConfig:
         if self.max_threads < 1 or self.cpus < 1 or not self.waits:
             raise UsageError(f"a thread controller for {self.max_threads} threads on "
                              f"{self.cpus} CPUs and waits {self.waits}")
+        if self.exact_threads and not self.fixed_threads:
+            raise UsageError("an exact thread count is a fixed one (fixed_threads)")
 
 
 @dataclass
@@ -285,7 +290,7 @@ class ThreadController:
         target = max(1, min(c.max_threads, cpus - self._held()))
         if self._starved_cap is not None:
             target = min(target, self._starved_cap)
-        if c.fixed_threads and not self._spin_only():
+        if c.fixed_threads and (c.exact_threads or not self._spin_only()):
             target = c.max_threads
         if target < self._ceiling:  # the game took cores: give them back at once
             self._ceiling, self._lower_pending = target, None

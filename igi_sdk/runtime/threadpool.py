@@ -209,7 +209,8 @@ class ThreadRunner:
     the engine thread after each step: nothing calls into the engine."""
 
     def __init__(self, *, start_threads: int, max_threads: int, cpus: int, wait: str = "auto",
-                 openmp: bool | None = None, adapt_threads: bool = True) -> None:
+                 openmp: bool | None = None, adapt_threads: bool = True,
+                 exact_threads: bool = False) -> None:
         if wait not in WAITS:
             from igi_sdk.errors import UsageError
 
@@ -222,11 +223,12 @@ class ThreadRunner:
             waits = (Wait.SPIN, Wait.POLL, Wait.SLEEP)
         else:
             waits = (Wait(wait),)
+        adapt_threads = adapt_threads and not exact_threads  # an exact count never moves
         size = max(start_threads, max_threads if adapt_threads else start_threads)
         self.size = size
         self.controller = ThreadController(
             ControlConfig(max_threads=size, cpus=cpus, waits=waits,
-                          fixed_threads=not adapt_threads,
+                          fixed_threads=not adapt_threads, exact_threads=exact_threads,
                           # ggml's pools burn their cores while steps run; libgomp's threads
                           # sleep after a bounded spin, so their CPU time says nothing of
                           # starving (the run queue does: runtime/cpu_demand.py)
@@ -273,9 +275,11 @@ class ThreadRunner:
     # --- engine thread -----------------------------------------------------------------------
 
     @classmethod
-    def for_engine(cls, n_threads: int, wait: str, adapt_threads: bool | None) -> ThreadRunner:
+    def for_engine(cls, n_threads: int, wait: str, adapt_threads: bool | None,
+                   exact_threads: bool = False) -> ThreadRunner:
         """The runner for an engine's settings (runtime/config.py): ``n_threads`` 0 = the
-        runtime's default; the count adapts when ``adapt_threads`` (None: when it is 0).
+        runtime's default; the count adapts when ``adapt_threads`` (None: when it is 0), and
+        never moves with ``exact_threads``.
 
         Adapting, it may use every CPU but one (the game's main thread keeps a core): the
         host's load, sampled every second, and the game's reports lower it at once, so the
@@ -284,11 +288,12 @@ class ThreadRunner:
         from igi_sdk.runtime.loader import THREADS_ENV, default_threads, usable_cpus
 
         adapt = n_threads == 0 if adapt_threads is None else adapt_threads
+        adapt = adapt and not exact_threads
         cpus = usable_cpus()
         most = default_threads() if os.environ.get(THREADS_ENV, "").strip() else max(1, cpus - 1)
         start = n_threads or (most if adapt else default_threads())
         return cls(start_threads=start, max_threads=max(start, most if adapt else start),
-                   cpus=cpus, wait=wait, adapt_threads=adapt)
+                   cpus=cpus, wait=wait, adapt_threads=adapt, exact_threads=exact_threads)
 
     def attach(self, ctx: Any) -> None:
         """A context was made (the previous one, if any, is freed): its pools follow the
