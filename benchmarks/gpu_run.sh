@@ -239,7 +239,7 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
     echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"
     timeout -k 20 "$left" python3 benchmarks/frame_game.py --mode "$mode" --npcs "$npcs" \
       --workdir /tmp/igi-bench --threads 12 --settle-s 12 --hold-s 6 --between-s 6 --tail-s 8 \
-      --serve-args "$extra" --json "$out/frames-$mode-$npcs-$sb.json" 2>&1 | tee -a "$out/frames.txt"
+      --serve-args="$extra" --json "$out/frames-$mode-$npcs-$sb.json" 2>&1 | tee -a "$out/frames.txt"
     tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$mode-$npcs-$sb-sidecar.log" 2>/dev/null
   done
 fi

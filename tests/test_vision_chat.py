@@ -563,7 +563,7 @@ def test_under_the_arbiter_the_encoder_borrows_vram_from_the_model_and_gives_it_
     shutil.copy(vlm.model, tmp_path / "tiny-vl.gguf")
     shutil.copy(vlm.mmproj, tmp_path / "mmproj-tiny-vl.gguf")
     (tmp_path / "profile.json").write_text(GPU_PROFILE.model_dump_json())
-    total = 64 << 30  # the game holds nothing: the arbiter climbs to the top rung
+    total = 64 << 30  # the game holds nothing: the model starts on the top rung
     (tmp_path / "trace.json").write_text(json.dumps({"total": total,
                                                      "points": [{"t": 0, "game": 0}]}))
     ep = f"ipc://{tmp_path / 'b.sock'}"
@@ -576,15 +576,16 @@ def test_under_the_arbiter_the_encoder_borrows_vram_from_the_model_and_gives_it_
         c = Client(ep, timeout=60)
         c.wait_ready(60)
         deadline = time.monotonic() + 30
-        while time.monotonic() < deadline and not c.stats()["arbiter"]["reshards"]:
-            time.sleep(0.1)  # the climb from the CPU rung
+        while time.monotonic() < deadline and c.stats()["plan"] == "all-cpu":
+            time.sleep(0.1)  # (it starts on the rung the budget allows)
         top = c.stats()["plan"]
+        moved = c.stats()["arbiter"]["reshards"]
         said = _wire_conversation(c, png(_pixels(0)))
         st = c.stats()
         vision = st["engine"]["vision"]
         assert vision["borrows"] == 1 and vision["lent_from"] is None and not vision["open"]
         # the arbiter never saw the moves as an unloaded engine (it would have reloaded it)
-        assert st["arbiter"]["reshards"] == 1, st["arbiter"]["decisions"]
+        assert st["arbiter"]["reshards"] == moved, st["arbiter"]["decisions"]
         assert st["plan"] == top and top != "all-cpu"
         c.close()
     finally:

@@ -248,12 +248,13 @@ class Arbiter:
         return own
 
     def _settled(self) -> bool:
-        """Whether the game's use has stopped moving (no GPU placement loads before)."""
+        """Whether the game's use has stopped moving (no GPU placement loads before), and no
+        reservation is granted that the game has not taken yet (it is about to allocate)."""
         reading = self._reading()
         with self._lock:
             if reading is not None:
                 self.policy.trend.note(self.clock(), reading.others)
-            return self.policy.trend.settled(self.clock())
+            return self.policy.trend.settled(self.clock()) and not self.policy.acknowledged()
 
     def _budget_now(self) -> int | None:
         reading = self._reading()

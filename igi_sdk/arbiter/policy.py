@@ -180,7 +180,7 @@ class BudgetPolicy:
                             "ms: ahead of it", r)
         target = self.ladder.best_within(budget - self.config.grow_margin)
         if self._refill and cur is self.ladder.cpu and target is not cur:
-            if not self.trend.settled(now):
+            if not self.trend.settled(now) or self.acknowledged():  # (about to allocate)
                 return Decision("stay", cur, budget, "waiting for the game's use to settle", r)
             self._refill, self._grow_since = False, None
             return Decision("grow", target, budget,

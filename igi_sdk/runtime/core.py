@@ -124,6 +124,9 @@ class EngineCore:
         self._steps = 0
         self._token_s: float | None = None  # measured seconds per prompt token on this plan
         self._decode_s: float | None = None  # measured time of a step of decoding replies alone
+        # (token_s, decode_s) measured on each placement decoded on before
+        self._speeds: dict[PlanKey, tuple[float | None, float | None]] = {}
+        self._placed_before: PlanKey | None = None
         # target_s: the last step's target length (longer while NPCs wait to start beside
         # talking ones: scheduler.step_target); chunk: its token budget
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
@@ -438,8 +441,13 @@ class EngineCore:
         self.threads.attach(placed.ctx)
         self._abort.forget()
         self.report, self.gpu, self.plan = placed.report, placed.gpu, plan
-        self._token_s = None  # a new placement: measure its prompt speed again
-        self._decode_s = None
+        if self._placed_before is not None:  # what was measured there, for a move back to it
+            self._speeds[self._placed_before] = (self._token_s, self._decode_s)
+        self._placed_before = _plan_key(plan)
+        # a placement met before starts from its own measured speeds (the standby is visited at
+        # every reshard: a first chunk guessed from nothing is a long pause on the CPU), a new
+        # one measures them again
+        self._token_s, self._decode_s = self._speeds.get(_plan_key(plan), (None, None))
         self._drafting.placed(self.inventory, plan)  # its step costs are measured anew
         enc = self._encoder
         if self.config.mmproj and (enc.keeps or not enc.checked):
@@ -464,14 +472,15 @@ class EngineCore:
         if self._placed is not None and _same_plan(plan, self._placed.plan):
             self._host = self._placed
             return
-        self._host_job = self._start_job(plan)
-
-    def _start_job(self, plan: Plan) -> background_load.LoadJob:
         self._tickets += 1
-        job = background_load.LoadJob(self._tickets, plan)
+        self._host_job = background_load.LoadJob(self._tickets, plan)
+        self._start_job(self._host_job)
+
+    def _start_job(self, job: background_load.LoadJob) -> None:
+        """Open ``job``'s plan on a loader thread (the job is recorded before the thread
+        starts: a cancel from another thread must find it)."""
         background_load.start(job, self.model_path, self.inventory, self._settings(),
                               self._deliver)
-        return job
 
     def _deliver(self, done: background_load.LoadDone) -> bool:
         """Loader thread: hand the placement to the engine thread (False: the engine closed)."""
@@ -593,7 +602,9 @@ class EngineCore:
             if self._placed is not None and _same_plan(plan, self._placed.plan):
                 self._finish_load(plan.name)
                 return
-            self._job = self._start_job(plan)
+            self._tickets += 1
+            self._job = background_load.LoadJob(self._tickets, plan)
+            self._start_job(self._job)
             return
         if self._placed is None:  # every candidate failed after a release: the standby
             self._to_host()
@@ -1155,8 +1166,16 @@ class EngineCore:
 _LATER = object()
 
 
+PlanKey = tuple[str, tuple[str, ...], int]
+
+
+def _plan_key(p: Plan) -> PlanKey:
+    """What tells two placements apart (rungs of one name place different tensors)."""
+    return (p.name, p.gpu_tensors, p.gpu_layers)
+
+
 def _same_plan(a: Plan, b: Plan) -> bool:
-    return (a.name, a.gpu_tensors, a.gpu_layers) == (b.name, b.gpu_tensors, b.gpu_layers)
+    return _plan_key(a) == _plan_key(b)
 
 
 def _claim(s: Session) -> int:
