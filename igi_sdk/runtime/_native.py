@@ -85,6 +85,9 @@ _declare("ggml_backend_dev_buffer_type", _vp, _vp)
 _declare("ggml_backend_dev_host_buffer_type", _vp, _vp)
 _declare("ggml_backend_buft_name", ctypes.c_char_p, _vp)
 _declare("ggml_backend_cpu_buffer_type", _vp)
+_declare("ggml_backend_buft_alloc_buffer", _vp, _vp, ctypes.c_size_t)
+_declare("ggml_backend_buffer_get_base", _vp, _vp)
+_declare("ggml_backend_buffer_free", None, _vp)
 
 ggml = libggml
 
@@ -276,6 +279,29 @@ def device_pci_bus_id(dev: int) -> str | None:
     props = GgmlBackendDevProps()
     ggml.ggml_backend_dev_get_props(dev, ctypes.byref(props))
     return props.device_id.decode() if props.device_id else None
+
+
+def pinned_host_buffer(size: int) -> tuple[int, int] | None:
+    """(ggml buffer, base address) of ``size`` bytes of page-locked host memory from the first
+    GPU's host buffer type (CUDA: ``cudaMallocHost``): a copy between it and VRAM is one DMA at
+    PCIe speed. None without a GPU backend, or when it cannot be had (free it with
+    :func:`free_host_buffer`)."""
+    for i in range(ggml.ggml_backend_dev_count()):
+        dev = ggml.ggml_backend_dev_get(i)
+        if ggml.ggml_backend_dev_type(dev) not in (DEV_GPU, DEV_IGPU):
+            continue
+        buft = ggml.ggml_backend_dev_host_buffer_type(dev)
+        if not buft:
+            return None
+        buf = ggml.ggml_backend_buft_alloc_buffer(buft, size)
+        if not buf:
+            return None
+        return buf, ggml.ggml_backend_buffer_get_base(buf)
+    return None
+
+
+def free_host_buffer(buf: int) -> None:
+    ggml.ggml_backend_buffer_free(buf)
 
 
 def copy_compute_threshold_in_effect() -> int:

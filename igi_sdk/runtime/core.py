@@ -95,8 +95,9 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
-        # the context's state while no placement is loaded
+        # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
+        self._park_buffer = engine_state.ParkBuffer()
         # the warm all-CPU placement (config.standby) and the placement loading behind the
         # decode (runtime/background_load.py): the job, the LoadFirstFitting it answers, the
         # candidates left after it and the failures so far
@@ -471,10 +472,22 @@ class EngineCore:
             return
         if self._placed is not None and _same_plan(plan, self._placed.plan):
             self._host = self._placed
+            self._reserve_park_buffer()
             return
         self._tickets += 1
         self._host_job = background_load.LoadJob(self._tickets, plan)
         self._start_job(self._host_job)
+
+    def _reserve_park_buffer(self) -> None:
+        """Make the park buffer now, for the largest state this context can hold (every KV
+        cell, every logits row), while nothing waits: a reshard must not allocate it while
+        the game waits for the VRAM. Page-locked where the GPU backend has such memory."""
+        plan, inv = self.plan, self.inventory
+        bound = (inv.kv_bytes(self.config.n_ctx, plan.type_k, plan.type_v)
+                 + self.config.outputs_per_step * inv.arch.n_vocab * 4 + (8 << 20))
+        self._park_buffer.reserve(bound)
+        log.info("park buffer: %d MiB (%s)", self._park_buffer.capacity >> 20,
+                 "page-locked" if self._park_buffer.pinned else "pageable")
 
     def _start_job(self, job: background_load.LoadJob) -> None:
         """Open ``job``'s plan on a loader thread (the job is recorded before the thread
@@ -511,7 +524,8 @@ class EngineCore:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
         t0 = time.perf_counter()
-        self._parked = engine_ops.park(self._placed, list(self._sessions.values()))
+        self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
+                                       self._park_buffer)
         t1 = time.perf_counter()
         if self._placed is not self._host:
             self._placed.close()
@@ -625,6 +639,7 @@ class EngineCore:
             self._host_job = None
             if done.placed is not None:
                 self._host = done.placed
+                self._reserve_park_buffer()
             else:
                 log.warning("the standby CPU placement did not open (%s): a reshard stops the "
                             "replies while the next placement loads", done.error)
@@ -737,6 +752,8 @@ class EngineCore:
             placed.close()
         if host is not None and host is not placed:
             host.close()
+        if self._parked is None:
+            self._park_buffer.close()
 
     def _on_shutdown(self, _command: C.Shutdown) -> None:
         for s in list(self._sessions.values()):

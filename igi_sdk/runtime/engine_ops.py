@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import llama_cpp
 
-from igi_sdk.runtime.engine_state import ParkedState
+from igi_sdk.runtime.engine_state import ParkBuffer, ParkedState
 from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.session import Session
 
@@ -34,10 +34,10 @@ class LoadOutcome:
     state_lost: bool = False
 
 
-def park(placed: Placement, sessions: list[Session]) -> ParkedState:
-    """Park the context's state and free the samplers that point into the vocabulary (the
-    placement stays open); returns the parked state."""
-    parked = placed.park()
+def park(placed: Placement, sessions: list[Session], into: ParkBuffer) -> ParkedState:
+    """Park the context's state in ``into`` and free the samplers that point into the
+    vocabulary (the placement stays open); returns the parked state."""
+    parked = placed.park(into)
     for s in sessions:
         if s.turn and s.turn.chain:  # grammar samplers point into the old vocab
             s.turn.chain.close()

@@ -79,14 +79,14 @@ class Placement:
     def gpu(self) -> Device | None:
         return self.loaded.gpu
 
-    def park(self) -> engine_state.ParkedState:
+    def park(self, into: engine_state.ParkBuffer) -> engine_state.ParkedState:
         """The whole context's state, for :meth:`restore` into the next placement.
 
         The whole context, not one sequence at a time: llama.cpp puts it back cell for cell in
         the same order, so attention sums over the same layout and replies continue bit for
         bit where the arithmetic is the same (per-sequence restores regroup the cells)."""
         threads.expect(threads.ENGINE, "parking a placement's state")
-        return engine_state.ctx_state(self.ctx)
+        return engine_state.ctx_state(self.ctx, into)
 
     def restore(self, parked: engine_state.ParkedState) -> bool:
         """Put parked state back; False if llama.cpp refused it (the cache is then empty)."""
