@@ -24,7 +24,9 @@ def runs_of(paths: list[str], mode: str | None) -> list[tuple[str, dict[str, Any
         data = json.loads(Path(p).read_text())
         for run in data.get("runs") or []:
             if mode is None or run.get("mode") == mode:
-                out.append((f"{Path(p).stem}: {run.get('mode')}", run))
+                args = (run.get("summary") or {}).get("serve_args") or ""
+                how = "serve " + args if args else "as shipped"
+                out.append((f"{run.get('mode')}, {how}", run))
     return out
 
 
@@ -66,7 +68,10 @@ def plot(paths: list[str], out: str, mode: str | None = None) -> int:
         for ph in run.get("phases") or []:
             if ph.get("kind") in ("load", "unloaded"):
                 ax.axvline(ph["t0"], color="gray", ls=":", lw=0.8)
-        ax.set_ylim(bottom=0)
+        # the scale of the game and the model (the budget reads the whole card until the
+        # ballast that makes the pool is in place)
+        peak = max([r[1] for r in game] + [r[cols.index("model")] or 0 for r in rows] + [1])
+        ax.set_ylim(0, 1.35 * peak / GIB)
         ax.set_ylabel("GiB")
         ax.legend(loc="upper right", fontsize=7)
         npcs = s.get("npcs") or {}
@@ -82,7 +87,7 @@ def plot(paths: list[str], out: str, mode: str | None = None) -> int:
                      linelengths=0.8, linewidths=0.6, colors="tab:blue")
         bx.set_yticks(list(range(len(names))), [f"NPC {n}" for n in names])
         bx.set_xlabel("seconds from the menu's start (purple: reshards, red: with failures)")
-        bx.set_title("tokens (a tick each)", fontsize=9)
+        bx.set_title("tokens (a tick each): white is an NPC falling silent", fontsize=9)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     print(f"wrote {out}")
