@@ -13,11 +13,17 @@ from __future__ import annotations
 import itertools
 import logging
 import queue
+import sys
 import threading
 from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Generic, NotRequired, Protocol, TypedDict, TypeVar
+from typing import Generic, Protocol, TypedDict, TypeVar
+
+if sys.version_info >= (3, 11):
+    from typing import NotRequired
+else:  # Python 3.10 (supported): typing has it from 3.11 (pydantic brings typing_extensions)
+    from typing_extensions import NotRequired
 
 from igi_sdk import threads
 

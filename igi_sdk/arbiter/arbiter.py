@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from dataclasses import dataclass
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from igi_sdk import threads
 from igi_sdk.arbiter.ladder import PlanLadder, Rung
@@ -30,6 +30,9 @@ from igi_sdk.arbiter.reshard import LoadResult, ReshardMachine, ReshardOutcome
 from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
 from igi_sdk.errors import CannotFreeError, DeadlineMissedError, IgiError
 from igi_sdk.planner import Plan
+
+if TYPE_CHECKING:  # the engine's outcome type, for the type checker (no llama.cpp at import)
+    from igi_sdk.runtime.engine_ops import LoadOutcome
 
 log = logging.getLogger("igi_sdk.arbiter")
 
@@ -42,8 +45,13 @@ _GIVES_BACK = frozenset({"shrink", "fast_shrink", "yield"})
 class ReshardableEngine(Protocol):
     """What the arbiter needs of the engine (``igi_sdk.runtime.Engine``)."""
 
-    plan: Plan
-    state: str  # "ready" | "moving" | "unavailable" | "closed"
+    @property
+    def plan(self) -> Plan: ...
+
+    @property
+    def state(self) -> str:
+        """"ready" | "moving" | "unavailable" | "closed"."""
+        ...
 
     @property
     def loaded(self) -> bool: ...
@@ -64,7 +72,7 @@ class ReshardableEngine(Protocol):
 
     def release_async(self) -> Future[None]: ...
 
-    def load_first_fitting_async(self, candidates: Sequence[Plan]) -> Future[LoadResult]: ...
+    def load_first_fitting_async(self, candidates: Sequence[Plan]) -> Future[LoadOutcome]: ...
 
     def drop_draft_async(self) -> Future[bool]:
         """Free the speculative draft model, if one is loaded (True: it was)."""

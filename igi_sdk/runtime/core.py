@@ -515,6 +515,7 @@ class EngineCore:
             return _LATER if answered else None
         self._release()
         self.state = "moving" if command.then_load else "unavailable"
+        return None
 
     def _release(self) -> None:
         """Park the context's state and close the placement (engine_ops.park); the standby

@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass, replace
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -169,7 +170,7 @@ class ModelHost:
                 self.arbiter.adopt(waiting)
             else:
                 for res, done in waiting:
-                    self._settle_without_arbiter(lambda err, r=res, d=done: d(r, err))
+                    self._settle_without_arbiter(partial(_tell, done, res))
             assert self.engine is not None
             return {"model": path.name, "memory": self.engine.memory()}
 
@@ -599,3 +600,8 @@ def _image_grid(mmproj: Path, max_tokens: int) -> tuple[int, int]:
     except (OSError, ValueError):
         return 0, 0
     return enc.patch_size * enc.n_merge, min(max_tokens or enc.max_tokens, enc.max_tokens)
+
+
+def _tell(done: ArbiterDone, res: Reservation, err: IgiError | None) -> None:
+    """A reservation a previous arbiter held, ended without one (``partial`` binds it)."""
+    done(res, err)
