@@ -359,12 +359,15 @@ class Arbiter:
 
     def _drop_draft(self) -> None:
         """The draft model only speeds decoding up: it is the first thing to go under VRAM
-        pressure (and comes back with the VRAM: ``_restore_draft``)."""
-        try:
-            if self.engine.drop_draft_async().result():
+        pressure (and comes back with the VRAM: ``_restore_draft``). Not waited for: the engine
+        runs its commands in order, so the draft is gone before the release that follows, and
+        waiting would cost the game a whole decode step (the engine starts the next one
+        between the two commands)."""
+        def told(fut: Future[bool]) -> None:
+            if not fut.cancelled() and fut.exception() is None and fut.result():
                 log.info("dropped the speculative draft model (VRAM pressure)")
-        except IgiError:  # a closed engine: nothing to drop
-            pass
+
+        self.engine.drop_draft_async().add_done_callback(told)
 
     def _restore_draft(self) -> None:
         """VRAM came back (a grow, a recovery onto a GPU rung): load the draft dropped under
