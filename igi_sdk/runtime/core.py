@@ -482,6 +482,8 @@ class EngineCore:
         """Make the park buffer now, for the largest state this context can hold (every KV
         cell, every logits row), while nothing waits: a reshard must not allocate it while
         the game waits for the VRAM. Page-locked where the GPU backend has such memory."""
+        if self._parked is not None:  # a state waits in it (a reshard under way): kept as is
+            return
         plan, inv = self.plan, self.inventory
         bound = (inv.kv_bytes(self.config.n_ctx, plan.type_k, plan.type_v)
                  + self.config.outputs_per_step * inv.arch.n_vocab * 4 + (8 << 20))

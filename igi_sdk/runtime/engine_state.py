@@ -101,7 +101,8 @@ class ParkBuffer:
         return self._pinned is not None
 
     def reserve(self, size: int) -> None:
-        """Make room for ``size`` bytes (ahead of a reshard: making it costs time)."""
+        """Make room for ``size`` bytes (ahead of a reshard: making it costs time). A state
+        parked in it before is gone: call it only while none waits to be restored."""
         if size <= self.capacity:
             return
         self.close()
