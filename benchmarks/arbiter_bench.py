@@ -254,6 +254,21 @@ PERSONAS = [("You are Brom, the village smith. Answer in one or two sentences.",
             ("You are Mira, who keeps the inn. Answer in one or two sentences.", 0)]
 
 
+def follow(c: Client, stream, on_token) -> dict:
+    """Read a chat stream's events to its end, ``on_token(body)`` for each token; returns the
+    ``done`` body (an ``error`` event raises :class:`BridgeError`)."""
+    while stream.done is None:
+        rtype, body = c.next_event(stream.id, stream=True)
+        if rtype == "token":
+            on_token(body)
+        elif rtype == "done":
+            stream.done = body
+        elif rtype == "error":
+            raise BridgeError(body.get("code", "error"), body.get("message", ""),
+                              bool(body.get("retryable")))
+    return stream.done
+
+
 def npc_role(args: argparse.Namespace) -> int:
     """Child process: two NPCs take turns chatting until SIGTERM or ``--chats`` are done.
     One reply at a time, so every decode step holds one sequence and the text does not depend
@@ -281,17 +296,12 @@ def npc_role(args: argparse.Namespace) -> int:
             stream = c.chat(sids[who], f"Traveller {k} asks: what news from the road?",
                             max_tokens=args.max_tokens)
             try:
-                while stream.done is None:
-                    rtype, body = c.next_event(stream.id, stream=True)
-                    if rtype == "token":
-                        row["times"].append(time.time())
-                        row["seq"].append(body["i"])
-                        row["streamed"] += body["text"]
-                    elif rtype == "done":
-                        stream.done = body
-                    elif rtype == "error":
-                        raise BridgeError(body.get("code", "error"), body.get("message", ""),
-                                          bool(body.get("retryable")))
+                def token(body: dict, row: dict = row) -> None:
+                    row["times"].append(time.time())
+                    row["seq"].append(body["i"])
+                    row["streamed"] += body["text"]
+
+                follow(c, stream, token)
                 row["completion_tokens"] = stream.done["usage"]["completion_tokens"]
                 row["finish"] = stream.done.get("finish_reason")
                 row["text"] = stream.done["text"]

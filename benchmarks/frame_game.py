@@ -391,15 +391,8 @@ def npc_role(args: argparse.Namespace) -> int:
                                              sampling={"seed": 100 * n + k})
                     stream = c.chat(sid, f"Traveller {k} asks: what news from the road?",
                                     max_tokens=args.max_tokens)
-                    while stream.done is None:
-                        rtype, body = c.next_event(stream.id, stream=True)
-                        if rtype == "token":
-                            row["times"].append(time.time())
-                        elif rtype == "done":
-                            stream.done = body
-                        elif rtype == "error":
-                            raise BridgeError(body.get("code", "error"), body.get("message", ""),
-                                              bool(body.get("retryable")))
+                    times = row["times"]
+                    ab.follow(c, stream, lambda _body, times=times: times.append(time.time()))
                     row["completion_tokens"] = stream.done["usage"]["completion_tokens"]
                     row["finish"] = stream.done.get("finish_reason")
                 except BridgeError as e:

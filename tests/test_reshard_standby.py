@@ -106,7 +106,8 @@ def test_replies_keep_streaming_while_the_next_placement_loads(npc_model, monkey
 
 def test_a_load_the_game_grows_into_is_given_up(npc_model, monkeypatch) -> None:
     started = threading.Event()
-    _slow_loads(monkeypatch, 30.0, started)
+    load_s = 30.0
+    _slow_loads(monkeypatch, load_s, started)
     inv = read_inventory(npc_model)
     gpu = Plan.attention_on_gpu(inv)
     with Engine(npc_model, Plan.all_cpu(), _cfg(Plan.all_cpu())) as eng:
@@ -118,7 +119,7 @@ def test_a_load_the_game_grows_into_is_given_up(npc_model, monkeypatch) -> None:
         t0 = time.monotonic()
         assert eng.cancel_load()
         out = fut.result(30)
-        assert time.monotonic() - t0 < 5  # cancelled between tensors, not after 30 s
+        assert time.monotonic() - t0 < load_s / 6  # cancelled between tensors, not at its end
         assert out.landed == "all-cpu" and out.failures[0][0] == gpu.name
         assert gen.result(60).completion_tokens == 64  # the reply never noticed
         assert eng.plan.name == "all-cpu"

@@ -513,7 +513,13 @@ class EngineCore:
                 answered.append(True)
                 self._outbox.settle(command.done, None)
 
-            self._to_host(freed)
+            try:
+                self._to_host(freed)
+            except Exception:
+                if not answered:
+                    raise
+                # answered already: the state stays parked, the load that follows lands it
+                log.exception("the sessions did not move onto the standby")
             return _LATER if answered else None
         self._release()
         self.state = "moving" if command.then_load else "unavailable"
