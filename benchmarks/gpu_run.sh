@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
 #   bash benchmarks/gpu_wheels.sh (the SDK's dependencies the image lacks), then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | http |
+#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
 #         vlm | bundle | npcs | shipped | busy | all
 #   (each fits one 10-minute device call)
@@ -242,6 +242,11 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
       --serve-args="$extra" --json "$out/frames-$mode-$npcs-$sb.json" 2>&1 | tee -a "$out/frames.txt"
     tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$mode-$npcs-$sb-sidecar.log" 2>/dev/null
   done
+fi
+if [ "$part" = release ] || [ "$part" = all ]; then
+  # what closing a placement costs, part by part, beside the driver's raw free (release_cost.py)
+  timeout 400 python3 benchmarks/release_cost.py --workdir /tmp/igi-bench --threads 12 \
+    --repeat "${RELEASE_REPEAT:-3}" --json "$out/release-cost.json" 2>&1 | tee "$out/release.txt"
 fi
 if [ "$part" = greedy ] || [ "$part" = all ]; then
   # the greedy game (it never talks to the sidecar; the arbiter sees it through NVML only), then,
