@@ -27,7 +27,7 @@ from igi_sdk import threads
 from igi_sdk.arbiter.ladder import PlanLadder, Rung
 from igi_sdk.arbiter.policy import BudgetPolicy, Decision, PolicyConfig, Reservation
 from igi_sdk.arbiter.reshard import LoadResult, ReshardMachine, ReshardOutcome
-from igi_sdk.arbiter.sources import EngineReportSource, VramReading, VramSource
+from igi_sdk.arbiter.sources import EngineReportSource, NvmlSource, VramReading, VramSource
 from igi_sdk.errors import CannotFreeError, DeadlineMissedError, IgiError
 from igi_sdk.planner import Plan
 
@@ -88,10 +88,15 @@ class EngineSteps:
     thread: it waits while the engine thread runs them)."""
 
     def __init__(self, engine: ReshardableEngine, poll_s: float = 0.025,
-                 between: Callable[[], None] | None = None) -> None:
+                 between: Callable[[], None] | None = None,
+                 while_releasing: Callable[[], None] | None = None,
+                 release_poll_s: float = 0.002) -> None:
         """``poll_s``: how often a load behind the decode is checked; ``between``: run at
-        each check (the arbiter settles reservations meanwhile)."""
+        each check (the arbiter settles reservations meanwhile); ``while_releasing``: run
+        every ``release_poll_s`` while a release is in flight (the arbiter grants what the
+        driver already shows free)."""
         self._engine, self._poll_s, self._between = engine, poll_s, between
+        self._while_releasing, self._release_poll_s = while_releasing, release_poll_s
 
     @property
     def loaded(self) -> bool:
@@ -102,7 +107,16 @@ class EngineSteps:
         return self._engine.standby_ready
 
     def release(self) -> None:
-        self._engine.release_async().result()
+        fut = self._engine.release_async()
+        if self._while_releasing is None:
+            fut.result()
+            return
+        while True:
+            try:
+                fut.result(timeout=self._release_poll_s)
+                return
+            except FutureTimeout:
+                self._while_releasing()
 
     def load_first_fitting(self, plans: Sequence[Plan],
                            give_up: Callable[[], bool] | None = None) -> LoadResult:
@@ -163,6 +177,7 @@ class Arbiter:
         self.frame = 0
         self.decisions: deque[dict[str, Any]] = deque(maxlen=256)
         self.reshards: deque[ReshardRecord] = deque(maxlen=256)
+        self.grants: deque[float] = deque(maxlen=64)  # seconds from reserve to granted
         self.last_budget: int | None = None
         self.unavailable = engine.state == "unavailable"
         self.contended = False  # the last reshard found the game growing
@@ -191,11 +206,11 @@ class Arbiter:
 
     def reserve(self, nbytes: int, deadline_frames: int, on_done: ReservationDone) -> Reservation:
         """Ask for VRAM for the game; ``on_done`` runs (on the arbiter thread) exactly once."""
+        asked = self.clock()
         reading = self._reading()
         with self._lock:
             res = self.policy.reserve(nbytes, deadline_frames, self.frame,
-                                      reading or VramReading(0, 0, 0, "none", self.clock()),
-                                      self.clock())
+                                      reading or VramReading(0, 0, 0, "none", asked), asked)
             self._waiters.append((res, on_done))
         self._wake.set()
         return res
@@ -325,7 +340,8 @@ class Arbiter:
                                  clock=self.clock, current=self.policy.current,
                                  settled=self._settled, loading=loading)
         steps = EngineSteps(self.engine, min(self.period_s, 0.025),
-                            between=lambda: self._settle(self._reading()))
+                            between=lambda: self._settle(self._reading()),
+                            while_releasing=self._grant_what_is_free)
         try:
             out: ReshardOutcome = machine(steps)
         finally:
@@ -378,6 +394,39 @@ class Arbiter:
         except IgiError as e:  # it did not fit after all: decoding goes on without it
             log.warning("could not load the draft model again: %s", e)
 
+    def _grant_what_is_free(self) -> None:
+        """While a placement closes: grant each waiting reservation the driver already shows
+        free. llama.cpp frees a placement's VRAM early in closing it and then spends longer
+        on host memory (unpinning pages, the vocabulary, unmapping the file: 15-45 ms of an
+        8B's close on an H200 host, benchmarks/release_cost.py), so the game hears at the
+        moment the memory is free rather than when the close returns. Only a driver figure
+        can tell (NVML); the other sources see the release once the engine reports it."""
+        if not self._waiters:
+            return
+        figures = [f for s in self.sources if isinstance(s, NvmlSource)
+                   if (f := s.device_free()) is not None]
+        if not figures:
+            return
+        free, now = min(figures), self.clock()
+        with self._lock:
+            self.policy.acknowledge_free(free, now)
+        self._end_acknowledged()
+
+    def _end_acknowledged(self) -> None:
+        with self._lock:
+            done = [(res, cb) for res, cb in self._waiters if res.acknowledged]
+            self._waiters = [(res, cb) for res, cb in self._waiters if not res.acknowledged]
+        for res, cb in done:
+            self._note_grant(res)
+            try:
+                cb(res, None)
+            except Exception:
+                log.exception("reservation callback failed")
+
+    def _note_grant(self, res: Reservation) -> None:
+        if res.asked_at is not None and res.acked_at is not None:
+            self.grants.append(round(res.acked_at - res.asked_at, 4))
+
     def _settle(self, reading: VramReading | None) -> None:
         """End every reservation that can end now: granted, cannot_free or deadline_missed."""
         threads.refuse(threads.ENGINE, "settling reservations")
@@ -404,6 +453,8 @@ class Arbiter:
                     keep.append((res, cb))
             self._waiters = keep
         for res, cb, err in done:
+            if err is None:
+                self._note_grant(res)
             try:
                 cb(res, err)
             except Exception:
@@ -420,6 +471,7 @@ class Arbiter:
             "reshards": len(self.reshards),
             "reshard_seconds": [round(r.seconds, 4) for r in list(self.reshards)[-16:]],
             "pending_reservations": len(self._waiters),
+            "grant_seconds": list(self.grants)[-16:],
             "yielding_gpu": self.policy.yielding(self.clock()),
             "decisions": list(self.decisions)[-8:],
         }

@@ -62,6 +62,7 @@ class Reservation:
     acknowledged: bool = False
     acked_at: float | None = None
     expires_at: float | None = None  # monotonic time after which it is not worth waiting
+    asked_at: float | None = None  # monotonic time it was asked for
 
 
 @dataclass(frozen=True)
@@ -126,7 +127,7 @@ class BudgetPolicy:
 
     def reserve(self, nbytes: int, deadline_frames: int, frame: int,
                 r: VramReading, now: float | None = None) -> Reservation:
-        res = Reservation(nbytes, frame + deadline_frames, frame, r.others)
+        res = Reservation(nbytes, frame + deadline_frames, frame, r.others, asked_at=now)
         if now is not None:
             res.expires_at = now + self.config.reservation_timeout_s
         self.reservations.append(res)
@@ -224,10 +225,7 @@ class BudgetPolicy:
 
     def acknowledge(self, r: VramReading, now: float) -> None:
         """Mark reservations whose VRAM is free now; drop those the game has taken."""
-        free = r.total - r.used
-        for res in self.reservations:
-            if not res.acknowledged and free >= res.nbytes:
-                res.acknowledged, res.acked_at = True, now
+        self.acknowledge_free(r.total - r.used, now)
         # a reservation stops counting once the game has taken the memory (it shows in
         # `others` then) or it was never taken within the hold time
         self.reservations = [
@@ -235,6 +233,12 @@ class BudgetPolicy:
             if not (x.acknowledged and (r.others >= x.others_before + 0.9 * x.nbytes
                                         or now - (x.acked_at or now)
                                         > self.config.reservation_hold_s))]
+
+    def acknowledge_free(self, free: int, now: float) -> None:
+        """Mark reservations that ``free`` bytes on the device cover (the driver's figure)."""
+        for res in self.reservations:
+            if not res.acknowledged and free >= res.nbytes:
+                res.acknowledged, res.acked_at = True, now
 
     def acknowledged(self) -> list[Reservation]:
         return [x for x in self.reservations if x.acknowledged]

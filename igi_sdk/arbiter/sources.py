@@ -102,6 +102,14 @@ class NvmlSource:
             own = (self.own_fallback() if self.own_fallback else 0) + self.context_bytes()
         return VramReading(int(mem.total), int(mem.used), own, "nvml", time.monotonic())
 
+    def device_free(self) -> int | None:
+        """Free bytes on the device now: one cheap driver call (no per-process figures), for
+        watching memory come free while a placement closes."""
+        if self.nv is None:
+            return None
+        mem = self.nv.nvmlDeviceGetMemoryInfo(self.handle)
+        return int(mem.total) - int(mem.used)
+
     def device_memory(self) -> tuple[int, int] | None:
         """The whole device's (total, used) bytes, every process together."""
         if self.nv is None:

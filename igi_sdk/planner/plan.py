@@ -94,9 +94,10 @@ class Plan(BaseModel):
 
     @classmethod
     def all_gpu(cls, inventory: ModelInventory) -> Plan:
-        """Every tensor in VRAM except the token embedding (llama.cpp reads it on the CPU)."""
+        """Every tensor in VRAM except the token embedding (llama.cpp reads it on the CPU;
+        nothing streams from the host, so it stays memory-mapped rather than pinned)."""
         names = tuple(t.name for t in inventory.tensors if t.group != "token_embd")
-        return cls(name="all-gpu", gpu_tensors=names, pinned_host=True)
+        return cls(name="all-gpu", gpu_tensors=names)
 
     @classmethod
     def attention_on_gpu(cls, inventory: ModelInventory, *, with_output: bool = False) -> Plan:

@@ -509,8 +509,12 @@ def peer_plan(inv: ModelInventory, prof: Profile, wl: Workload, budget: int, pee
 def _all_gpu(inv: ModelInventory, ubatch: int, *, output: bool) -> Plan:
     names = tuple(t.name for t in inv.tensors
                   if t.group != "token_embd" and (output or t.group != "output"))
+    # with the output head on the GPU nothing streams from the host (llama.cpp reads the token
+    # embedding's rows on the CPU), so pinning it would only cost: ~0.2 s per load and ~30 ms
+    # per close of an 8B on an H200 host (benchmarks/release_cost.py), the close being what a
+    # game's reserve_vram waits for
     return Plan(name="all-gpu" if output else "all-gpu-no-output", gpu_tensors=names,
-                flash_attn="on", n_ubatch=ubatch, pinned_host=True)
+                flash_attn="on", n_ubatch=ubatch, pinned_host=not output)
 
 
 def minimum_budget(inv: ModelInventory, prof: Profile, wl: Workload) -> int:
