@@ -767,8 +767,12 @@ def cmd_serve(args: argparse.Namespace) -> int:
     server.on_ready = ready
     try:
         if args.http:
-            _start_http(args, server.bound, cfg.launch_token,
-                        cfg.curve_secret_file is not None)
+            try:
+                _start_http(args, server.bound, cfg.launch_token,
+                            cfg.curve_secret_file is not None)
+            except BaseException:  # a face that cannot listen stops the sidecar (exit 2)
+                server.close()
+                raise
         server.serve_forever()
     finally:
         if args.endpoint_file:  # a file naming a sidecar that is gone would mislead

@@ -32,6 +32,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
+from igi_sdk.http.guard import ForeignGuard, Gate
 from igi_sdk.http.json_bound import MAX_VALUES, over_values
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
 
@@ -47,6 +48,9 @@ class HttpConfig:
     api_key: str | None = None  # Bearer key every request must carry (required off loopback)
     timeout_s: float = 120.0
     max_conversations: int = 256
+    # what a request must carry to be read (Host, Origin, JSON bodies: http/guard.py);
+    # None only for an app mounted in-process (tests)
+    gate: Gate | None = None
 
 
 def build_app(cfg: HttpConfig) -> FastAPI:
@@ -61,6 +65,8 @@ def build_app(cfg: HttpConfig) -> FastAPI:
 
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
+    if cfg.gate is not None:
+        app.add_middleware(ForeignGuard, gate=cfg.gate)
     client = inward.get
 
     def authorised(request: Request) -> None:

@@ -17,7 +17,8 @@ _STATUS = {
     # the upstream cluster (serve --upstream): gone or busy after the retries, or refusing
     "upstream_unavailable": 503, "upstream_refused": 502, "timeout": 504,
 }
-_TYPE = {400: "invalid_request_error", 401: "authentication_error", 413: "invalid_request_error",
+_TYPE = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+         413: "invalid_request_error", 415: "invalid_request_error",
          429: "rate_limit_error", 503: "server_error", 499: "cancelled", 500: "server_error",
          502: "server_error", 504: "server_error"}
 RETRY_AFTER_S = 1

@@ -3,13 +3,17 @@ thread and event loop; the face reaches the sidecar through its ZeroMQ endpoint)
 
 from __future__ import annotations
 
+import errno
 import secrets
+import socket
+import sys
 import threading
 
 import uvicorn
 
 from igi_sdk.bridge.server import is_loopback_host
 from igi_sdk.http.app import HttpConfig, build_app
+from igi_sdk.http.guard import Gate
 
 
 def parse_bind(bind: str) -> tuple[str, int]:
@@ -23,13 +27,40 @@ def parse_bind(bind: str) -> tuple[str, int]:
 def start(bind: str, endpoint: str, *, api_key: str | None, token: str | None) -> uvicorn.Server:
     """Serve the face on ``bind`` (loopback, or any address with an API key)."""
     host, port = parse_bind(bind)
-    if not is_loopback_host(host) and not api_key:
+    loopback = is_loopback_host(host)
+    if not loopback and not api_key:
         raise ValueError(f"refusing to serve HTTP on {host}: an address other than loopback "
                          "needs --api-key-file (clients send it as a Bearer token)")
     app = build_app(HttpConfig(endpoint=endpoint, owner=secrets.token_urlsafe(24),
-                               token=token, api_key=api_key))
+                               token=token, api_key=api_key,
+                               gate=Gate.for_bind(host, port, loopback=loopback)))
+    sock = listen(host, port)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, lifespan="off"))
-    thread = threading.Thread(target=server.run, name="igi-http", daemon=True)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="igi-http",
+                              daemon=True)
     thread.start()
     return server
+
+
+def listen(host: str, port: int) -> socket.socket:
+    """The face's listening socket, bound here rather than inside uvicorn's thread: a port
+    another program holds is refused at start (ValueError), like a taken ZeroMQ endpoint,
+    instead of a face that never comes up while mods talk to whoever holds the port."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    if sys.platform == "win32":  # Windows' SO_REUSEADDR would let two listeners share it
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
+    else:  # a restart may bind while the old face's connections linger in TIME_WAIT
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+        sock.listen(128)
+    except OSError as e:
+        sock.close()
+        taken = e.errno in (errno.EADDRINUSE, getattr(errno, "WSAEADDRINUSE", -1))
+        hint = (" (another program is using that port: choose another with --http)"
+                if taken else "")
+        raise ValueError(f"cannot listen on http://{host}:{port}: {e.strerror}{hint}") from None
+    sock.set_inheritable(False)
+    return sock
