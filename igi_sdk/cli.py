@@ -24,6 +24,7 @@ _reexec_with_native_preload = reexec_with_native_preload
 __all__ = ["main", "preload_env"]
 
 if TYPE_CHECKING:
+    from igi_sdk.http.serve import Face
     from igi_sdk.model import ModelInventory
     from igi_sdk.planner import Workload
     from igi_sdk.profile import Profile
@@ -765,16 +766,19 @@ def cmd_serve(args: argparse.Namespace) -> int:
               f"{time.monotonic() - t0:.1f} s)", file=sys.stderr, flush=True)
 
     server.on_ready = ready
+    face = None
     try:
         if args.http:
             try:
-                _start_http(args, server.bound, cfg.launch_token,
-                            cfg.curve_secret_file is not None)
+                face = _start_http(args, server.bound, cfg.launch_token,
+                                   cfg.curve_secret_file is not None)
             except BaseException:  # a face that cannot listen stops the sidecar (exit 2)
                 server.close()
                 raise
         server.serve_forever()
     finally:
+        if face is not None:  # its requests in flight end now, not when they time out
+            face.stop()
         if args.endpoint_file:  # a file naming a sidecar that is gone would mislead
             _remove_endpoint_file(Path(args.endpoint_file), server.bound)
     return 0
@@ -851,7 +855,7 @@ def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
 
 
 def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
-                curve: bool) -> None:
+                curve: bool) -> Face:
     """The OpenAI-compatible face beside the protocol server (``--http HOST:PORT``)."""
     from igi_sdk.http.serve import start
 
@@ -868,11 +872,12 @@ def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
         if len(api_key) < 16:
             raise UsageError("the API key must be at least 16 characters")
     try:
-        start(args.http, endpoint, api_key=api_key, token=token)
+        face = start(args.http, endpoint, api_key=api_key, token=token)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(f"igi-sdk OpenAI-compatible HTTP on http://{args.http}/v1", file=sys.stderr,
           flush=True)
+    return face
 
 
 def _check_model_dir(model_dir: Path, model: str | None, *, inventory: bool = True) -> None:

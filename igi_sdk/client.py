@@ -124,6 +124,7 @@ class Client:
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
         self._keepalive_ids: set[int] = set()  # pings of the lease: their answers are dropped
         self._greeted = False
+        self._closed = False  # closed: every wait ends at once (no thread waits out silence)
         self._last_heard = time.monotonic()
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
@@ -142,6 +143,9 @@ class Client:
         with ``keep_sessions``) and close the socket."""
         goodbye = (P.encode(next(self._ids), "goodbye", {"keep_sessions": self.keep_sessions})
                    if self._greeted else None)
+        with self._arrived:
+            self._closed = True
+            self._arrived.notify_all()
         self._wire.close(goodbye)
 
     def _lease_ping(self) -> bytes | None:
@@ -201,6 +205,8 @@ class Client:
                 q = self._inbox.get(msg_id)
                 if q:
                     return q.popleft()
+                if self._closed:
+                    raise SidecarUnavailable("the client was closed")
                 now = time.monotonic()
                 quiet_until = max(self._last_heard, heard_since) + silence
                 if now > quiet_until:

@@ -53,10 +53,12 @@ class HttpConfig:
     gate: Gate | None = None
 
 
-def build_app(cfg: HttpConfig) -> FastAPI:
+def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
+    """The face's app; ``inward``: its connection to the sidecar, given by whoever must close
+    it when the sidecar stops (``serve.start``)."""
     table = Conversations(cfg.max_conversations)
     lock = asyncio.Lock()
-    inward = _Inward(cfg)
+    inward = inward if inward is not None else Inward(cfg)
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -169,7 +171,7 @@ def build_app(cfg: HttpConfig) -> FastAPI:
     return app
 
 
-class _Inward:
+class Inward:
     """The face's one protocol connection to the sidecar, made again when it is lost."""
 
     def __init__(self, cfg: HttpConfig) -> None:
@@ -441,7 +443,7 @@ def _close_quietly(c: Client, sid: str) -> None:
         pass  # gone already
 
 
-def _finish(turn: _Turn, inward: _Inward) -> dict[str, Any]:
+def _finish(turn: _Turn, inward: Inward) -> dict[str, Any]:
     try:
         return turn.stream.result()
     except BridgeError as e:
@@ -494,7 +496,7 @@ def _pump(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) ->
         loop.call_soon_threadsafe(queue.put_nowait, e)
 
 
-def _first(turn: _Turn, inward: _Inward) -> object:
+def _first(turn: _Turn, inward: Inward) -> object:
     """The reply's first piece, or ``_END`` for a reply without one (a worker thread); the
     rest is read where it is sent on."""
     try:
@@ -509,7 +511,7 @@ def _first(turn: _Turn, inward: _Inward) -> object:
 
 
 async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
-               line: str, request: Request, inward: _Inward,
+               line: str, request: Request, inward: Inward,
                first: object) -> AsyncIterator[bytes]:
     """The reply as server-sent events, from its ``first`` piece on; a client that goes away
     cancels it (checked between pieces too: a server may notice a closed connection only at a

@@ -8,11 +8,12 @@ import secrets
 import socket
 import sys
 import threading
+from dataclasses import dataclass
 
 import uvicorn
 
 from igi_sdk.bridge.server import is_loopback_host
-from igi_sdk.http.app import HttpConfig, build_app
+from igi_sdk.http.app import HttpConfig, Inward, build_app
 from igi_sdk.http.guard import Gate
 
 
@@ -24,23 +25,39 @@ def parse_bind(bind: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
-def start(bind: str, endpoint: str, *, api_key: str | None, token: str | None) -> uvicorn.Server:
+@dataclass(frozen=True)
+class Face:
+    """The running face: :meth:`stop` when the sidecar stops."""
+
+    server: uvicorn.Server
+    inward: Inward
+
+    def stop(self) -> None:
+        """Stop answering and end every request in flight at once: their worker threads
+        wait on the face's connection to the sidecar, which would otherwise hold the
+        process's exit until it timed out (5 s of silence)."""
+        self.server.should_exit = True
+        self.inward.close()
+
+
+def start(bind: str, endpoint: str, *, api_key: str | None, token: str | None) -> Face:
     """Serve the face on ``bind`` (loopback, or any address with an API key)."""
     host, port = parse_bind(bind)
     loopback = is_loopback_host(host)
     if not loopback and not api_key:
         raise ValueError(f"refusing to serve HTTP on {host}: an address other than loopback "
                          "needs --api-key-file (clients send it as a Bearer token)")
-    app = build_app(HttpConfig(endpoint=endpoint, owner=secrets.token_urlsafe(24),
-                               token=token, api_key=api_key,
-                               gate=Gate.for_bind(host, port, loopback=loopback)))
+    cfg = HttpConfig(endpoint=endpoint, owner=secrets.token_urlsafe(24), token=token,
+                     api_key=api_key, gate=Gate.for_bind(host, port, loopback=loopback))
+    inward = Inward(cfg)
+    app = build_app(cfg, inward)
     sock = listen(host, port)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="igi-http",
                               daemon=True)
     thread.start()
-    return server
+    return Face(server, inward)
 
 
 def listen(host: str, port: int) -> socket.socket:
