@@ -24,6 +24,7 @@ _reexec_with_native_preload = reexec_with_native_preload
 __all__ = ["main", "preload_env"]
 
 if TYPE_CHECKING:
+    from igi_sdk.bridge.server import Server
     from igi_sdk.http.serve import Face
     from igi_sdk.model import ModelInventory
     from igi_sdk.planner import Workload
@@ -770,8 +771,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     try:
         if args.http:
             try:
-                face = _start_http(args, server.bound, cfg.launch_token,
-                                   cfg.curve_secret_file is not None)
+                face = _start_http(args, server)
             except BaseException:  # a face that cannot listen stops the sidecar (exit 2)
                 server.close()
                 raise
@@ -854,15 +854,11 @@ def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
         retries=args.upstream_retries, min_local_tps=args.overflow_min_tps)
 
 
-def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
-                curve: bool) -> Face:
-    """The OpenAI-compatible face beside the protocol server (``--http HOST:PORT``)."""
+def _start_http(args: argparse.Namespace, server: Server) -> Face:
+    """The OpenAI-compatible face beside the protocol server (``--http HOST:PORT``), calling
+    its session service in-process (so CurveZMQ keys on the endpoint do not concern it)."""
     from igi_sdk.http.serve import start
 
-    if curve:
-        raise UsageError("--http speaks to the sidecar through its own endpoint, which "
-                         "CurveZMQ keys protect: serve the HTTP face from a sidecar without "
-                         "--curve-secret (the face has --api-key-file for remote clients)")
     api_key = None
     if args.api_key_file:
         try:
@@ -872,7 +868,7 @@ def _start_http(args: argparse.Namespace, endpoint: str, token: str | None,
         if len(api_key) < 16:
             raise UsageError("the API key must be at least 16 characters")
     try:
-        face = start(args.http, endpoint, api_key=api_key, token=token)
+        face = start(args.http, server, api_key=api_key)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(f"igi-sdk OpenAI-compatible HTTP on http://{args.http}/v1", file=sys.stderr,

@@ -19,9 +19,9 @@ import os
 import threading
 import time
 from collections import defaultdict, deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import zmq
 import zmq.asyncio
@@ -93,6 +93,18 @@ def curve_keys(client_secret_file: str | Path, server_public_file: str | Path) -
     return {"public": public, "secret": secret, "server_public": server_public}
 
 
+class Wire(Protocol):
+    """What a client sends through: its socket thread, or an in-process connection."""
+
+    def send(self, frame: bytes) -> None: ...
+
+    def close(self, goodbye: bytes | None) -> None: ...
+
+
+# makes an in-process connection whose received messages go to the given callback
+LocalConnect = Callable[[Callable[[bytes], None]], Wire]
+
+
 class Client:
     """Blocking client. ``timeout`` bounds every wait for the sidecar, in seconds."""
 
@@ -101,13 +113,14 @@ class Client:
                  curve: dict[str, bytes] | None = None, lease_s: float = 15.0,
                  keep_sessions: bool = False, owner: str | None = None,
                  token: str | None = None, instance: str | None = None,
-                 model: str | None = None) -> None:
+                 model: str | None = None, local: LocalConnect | None = None) -> None:
         """``owner``: the owner key this client's sessions belong to (a later client with the
         same key may adopt them; nobody else sees them). ``token``: the sidecar's launch token
         (the value its process got in IGI_SDK_TOKEN), which makes this client the game.
         ``instance`` / ``model``: what the sidecar this client launched answers in hello
         (``serve --instance``, the model's file name); any other sidecar is refused with
-        :class:`WrongSidecar`."""
+        :class:`WrongSidecar`. ``local``: connect in-process instead of through ``endpoint``
+        (``Server.connect_local`` of a sidecar in this process: no socket between them)."""
         self.endpoint, self.timeout = endpoint, timeout
         self.expect_instance, self.expect_model = instance, model
         self._hello_body = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
@@ -126,6 +139,10 @@ class Client:
         self._greeted = False
         self._closed = False  # closed: every wait ends at once (no thread waits out silence)
         self._last_heard = time.monotonic()
+        self._wire: Wire
+        if local is not None:
+            self._wire = local(self._file)
+            return
         ctx = zmq.Context.instance()
         sock = ctx.socket(zmq.DEALER)
         _configure(sock, curve, endpoint)

@@ -74,7 +74,7 @@ def test_a_silent_1_0_client_is_forgotten_after_the_longest_lease(tmp_path, monk
     monkeypatch.setattr(P, "MAX_LEASE_S", 1.0)
     srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'l.sock'}", model_dir=tmp_path,
                               heartbeat_s=0.2), _Stalled())
-    srv.model_name = "stalled.gguf"
+    srv.service.model_name = "stalled.gguf"
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:

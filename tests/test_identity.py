@@ -117,7 +117,7 @@ def test_the_asyncio_client_refuses_another_instance_too(tmp_path) -> None:
 
     srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'a.sock'}", model_dir=tmp_path,
                               instance=INSTANCE), _Stalled())
-    srv.model_name = _Stalled.model_name
+    srv.service.model_name = _Stalled.model_name
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
 

@@ -258,10 +258,10 @@ def test_the_lease_rule_at_the_default_lease(tmp_path) -> None:
     try:
         silent_since = time.monotonic() - 17  # past the default lease
         for ident, minor in ((b"legacy", 0), (b"leased", 1)):
-            server.clients[ident] = Connected(ident, minor=minor, last_seen=silent_since)
+            server.service.clients[ident] = Connected(ident, minor=minor, last_seen=silent_since)
         assert P.Hello(protocol=1).lease_s == 15.0
-        server._heartbeat()
-        assert set(server.clients) == {b"legacy"}
+        server.service.heartbeat()
+        assert set(server.service.clients) == {b"legacy"}
     finally:
         server.close()
 

@@ -14,7 +14,7 @@ import pytest
 from igi_sdk import errors
 from igi_sdk.bridge import contract as C
 from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge import server
+from igi_sdk.bridge import server, service
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = ROOT / "bridge" / "schema"
@@ -139,7 +139,7 @@ def test_every_type_has_a_schema_and_vectors() -> None:
 
 
 def _codes_in_source() -> set[str]:
-    src = inspect.getsource(server) + inspect.getsource(P)
+    src = inspect.getsource(server) + inspect.getsource(service) + inspect.getsource(P)
     found = set(re.findall(r'ProtocolError\(\s*"([a-z_]+)"', src))
     found |= set(re.findall(r'"code":\s*"([a-z_]+)"', src))
     found |= set(re.findall(r'getattr\(err, "code", "([a-z_]+)"\)', src))

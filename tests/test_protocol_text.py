@@ -35,7 +35,7 @@ def serving(tmp_path) -> Iterator[tuple[str, Server]]:
     backend = _Stalled()
     srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'text.sock'}", model_dir=tmp_path,
                               max_sessions=2, max_sessions_per_client=2), backend)
-    srv.model_name = backend.model_name
+    srv.service.model_name = backend.model_name
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv.bound, srv
@@ -138,14 +138,14 @@ def test_only_accepted_requests_keep_a_lease(tmp_path) -> None:
                                  model_dir=tmp_path), _Stalled())
     try:
         long_ago = time.monotonic() - 100
-        server.clients[b"c"] = Connected(b"c", minor=2, last_seen=long_ago)
+        server.service.clients[b"c"] = Connected(b"c", minor=2, last_seen=long_ago)
         for invalid in (b"\xc1", P.encode(2, "summon_dragon"), P.encode(3, "frame", {}),
                         _raw({"v": 2, "id": 4, "type": "ping"}),
                         _raw({"v": 1, "id": 5, "type": "stats", "body": {"x": [0] * 5000}})):
-            server._handle(b"c", invalid)
-            assert server.clients[b"c"].last_seen == long_ago
-        server._handle(b"c", P.encode(6, "close_session", {"session": "nope"}))  # an error,
-        assert server.clients[b"c"].last_seen > long_ago  # but a valid request: it counts
+            server.service.handle(b"c", invalid)
+            assert server.service.clients[b"c"].last_seen == long_ago
+        server.service.handle(b"c", P.encode(6, "close_session", {"session": "nope"}))  # an error,
+        assert server.service.clients[b"c"].last_seen > long_ago  # but a valid request: it counts
     finally:
         server.close()
 
@@ -248,7 +248,7 @@ def test_the_pid_watch_stops_the_sidecar_within_its_poll(tmp_path) -> None:
         t = threading.Thread(target=srv.serve_forever, daemon=True)
         t.start()
         deadline = time.monotonic() + 5
-        while srv._pid_watch is None and time.monotonic() < deadline:
+        while srv.service._pid_watch is None and time.monotonic() < deadline:
             time.sleep(0.01)
         time.sleep(PID_POLL_S * 1.5)  # mid-poll
         game.kill()

@@ -81,7 +81,7 @@ def server(tmp_path) -> Iterator[tuple[str, _Stalled]]:
     backend = _Stalled()
     srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'caps.sock'}", model_dir=tmp_path),
                  backend)
-    srv.model_name = backend.model_name
+    srv.service.model_name = backend.model_name
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     yield srv.bound, backend

@@ -17,7 +17,6 @@ ROOT = Path(__file__).resolve().parents[1]
 
 KNOWN = {
     "igi_sdk/arbiter/sources.py": 1,
-    "igi_sdk/bridge/server.py": 3,
     "igi_sdk/client.py": 2,
     "igi_sdk/guest/dxgi.py": 5,
     "igi_sdk/guest/paths.py": 2,

@@ -26,6 +26,7 @@ class Client:
     lease_s: float = 15.0
     scope: str = ""  # whose sessions it opens (ownership.key_scope / connection_scope)
     game: bool = False  # holds the launch token (or none is set): pacing, PID watch, shutdown
+    local: bool = False  # a peer in the sidecar's process (the HTTP face): no lease
     image_bytes: int = 0  # of its chats that have not ended
     opening: int = 0  # open/restore requests in flight (count against the session cap)
     streams: dict[int, StreamHandle | None] = field(default_factory=dict)  # chat id -> handle

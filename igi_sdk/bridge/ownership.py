@@ -41,6 +41,8 @@ class SessionInfo:
     name: str = ""  # the session's name on the wire
     persona: str = ""
     since: float = field(default_factory=time.monotonic)  # owned or orphaned since
+    used: float = field(default_factory=time.monotonic)  # a reply last started or ended
+    replying: int = 0  # replies running
 
 
 class Sessions:
@@ -93,6 +95,29 @@ class Sessions:
         info = self.by_id.pop(sid, None)
         if info is not None and self.by_name.get((info.scope, info.name)) == sid:
             del self.by_name[(info.scope, info.name)]
+
+    def reply_started(self, sid: str) -> None:
+        info = self.by_id.get(sid)
+        if info is not None:
+            info.replying += 1
+            info.used = time.monotonic()
+
+    def reply_ended(self, sid: str) -> None:
+        info = self.by_id.get(sid)
+        if info is not None:
+            info.replying = max(0, info.replying - 1)
+            info.used = time.monotonic()
+
+    def idle(self, owner: bytes, before: float) -> list[str]:
+        """``owner``'s sessions with no reply running and none since ``before``."""
+        return [sid for sid, info in self.by_id.items()
+                if info.owner == owner and not info.replying and info.used < before]
+
+    def least_recent_idle(self, owners: set[bytes]) -> str | None:
+        """The session of one of ``owners`` with no reply running, used longest ago."""
+        idle = [(info.used, sid) for sid, info in self.by_id.items()
+                if info.owner in owners and not info.replying]
+        return min(idle)[1] if idle else None
 
     def expired(self, ttl_s: float) -> list[str]:
         now = time.monotonic()

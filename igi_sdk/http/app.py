@@ -1,12 +1,14 @@
 """The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
 ``/health``, on FastAPI.
 
-The face speaks the sidecar's own protocol inward: one ZeroMQ client of the sidecar's endpoint
-(with the face's owner key, and the launch token when the sidecar has one) carries every
-request, so the caps, priorities, pacing and typed errors of the protocol server apply
-unchanged and the face only translates. Its sessions are the face's conversations
-(conversations.py); if that connection is lost, a new one adopts them (they wait as orphans
-for the protocol's orphan timeout).
+The face speaks the sidecar's own protocol to its session service (``bridge/service.py``):
+in the sidecar's process (``serve --http``) over an in-process connection
+(``Server.connect_local``, no socket hop), so the caps, priorities, pacing and typed errors of
+the protocol apply unchanged and the face only translates. It is not the game: it never holds
+the launch token, so its conversations have a mod's share of the session slots, and the
+game's own ``open_session`` is never refused for them (the least recently used idle one makes
+way). Its sessions are the face's conversations (conversations.py); one left idle for the
+orphan timeout is closed, and its transcript opens it anew on its next line.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
 from igi_sdk.bridge import protocol as P
-from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
+from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
@@ -51,6 +53,9 @@ class HttpConfig:
     # what a request must carry to be read (Host, Origin, JSON bodies: http/guard.py);
     # None only for an app mounted in-process (tests)
     gate: Gate | None = None
+    # the sidecar in this process (Server.connect_local): the face calls its session service
+    # directly, with no socket between them; None: through ``endpoint``
+    connect: LocalConnect | None = None
 
 
 def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
@@ -184,7 +189,8 @@ class Inward:
             if self._client is None:
                 self._client = Client(self.cfg.endpoint, timeout=self.cfg.timeout_s,
                                       engine="openai-http", keep_sessions=True,
-                                      owner=self.cfg.owner, token=self.cfg.token)
+                                      owner=self.cfg.owner, token=self.cfg.token,
+                                      local=self.cfg.connect)
             return self._client
 
     def lost(self, c: Client) -> None:

@@ -1,5 +1,5 @@
 """Run the HTTP face beside the protocol server, in the sidecar's process (uvicorn on its own
-thread and event loop; the face reaches the sidecar through its ZeroMQ endpoint)."""
+thread and event loop; the face calls the sidecar's session service in-process)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from igi_sdk.bridge.server import is_loopback_host
+from igi_sdk.bridge.server import Server, is_loopback_host
 from igi_sdk.http.app import HttpConfig, Inward, build_app
 from igi_sdk.http.guard import Gate
 
@@ -40,15 +40,17 @@ class Face:
         self.inward.close()
 
 
-def start(bind: str, endpoint: str, *, api_key: str | None, token: str | None) -> Face:
-    """Serve the face on ``bind`` (loopback, or any address with an API key)."""
+def start(bind: str, sidecar: Server, *, api_key: str | None) -> Face:
+    """Serve the face of ``sidecar`` (in this process) on ``bind`` (loopback, or any address
+    with an API key). The face is not the game: it never gets the launch token."""
     host, port = parse_bind(bind)
     loopback = is_loopback_host(host)
     if not loopback and not api_key:
         raise ValueError(f"refusing to serve HTTP on {host}: an address other than loopback "
                          "needs --api-key-file (clients send it as a Bearer token)")
-    cfg = HttpConfig(endpoint=endpoint, owner=secrets.token_urlsafe(24), token=token,
-                     api_key=api_key, gate=Gate.for_bind(host, port, loopback=loopback))
+    cfg = HttpConfig(endpoint=sidecar.bound, owner=secrets.token_urlsafe(24), token=None,
+                     api_key=api_key, gate=Gate.for_bind(host, port, loopback=loopback),
+                     connect=sidecar.connect_local)
     inward = Inward(cfg)
     app = build_app(cfg, inward)
     sock = listen(host, port)

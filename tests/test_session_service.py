@@ -1,0 +1,140 @@
+"""The session service's rules in-process: no socket, a fake model side, a transport that keeps
+what it was given. Who the game is, whose sessions make way for the game's, and the orphan rule
+for a peer that never leaves (the HTTP face)."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.service import ServerConfig, SessionService
+from tests.test_server_caps import _Stalled
+
+TOKEN = "launch-token-of-the-test-game-02"
+
+
+class Kept:
+    """A transport that keeps every frame, by peer."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[bytes, bytes]] = []
+        self.stopped = False
+
+    def send(self, identity: bytes, frame: bytes) -> None:
+        self.sent.append((identity, frame))
+
+    def wake(self) -> None:
+        pass  # the test runs the service's completions itself
+
+    def stop(self) -> None:
+        self.stopped = True
+
+    def figures(self) -> dict[str, int]:
+        return {"flood_cuts": 0}
+
+
+class Peer:
+    """One client of the service, speaking the wire format."""
+
+    def __init__(self, service: SessionService, kept: Kept, identity: bytes, *,
+                 token: str | None = None, local: bool = False) -> None:
+        self.service, self.kept, self.identity, self.local = service, kept, identity, local
+        self.ids = iter(range(1, 10_000))
+        body: dict[str, Any] = {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR}
+        if token is not None:
+            body["token"] = token
+        self.hello = self.call("hello", body)
+
+    def tell(self, msg_type: str, body: dict[str, Any]) -> int:
+        """Send without waiting for an answer (a chat whose reply never ends, say)."""
+        msg_id = next(self.ids)
+        self.service.handle(self.identity, P.encode(msg_id, msg_type, body), local=self.local)
+        self.service.run_completions()
+        return msg_id
+
+    def call(self, msg_type: str, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+        msg_id = self.tell(msg_type, body)
+        for ident, frame in self.kept.sent:
+            rid, rtype, rbody = P.decode_reply(frame)
+            if ident == self.identity and rid == msg_id:
+                return rtype, rbody
+        raise AssertionError(f"{msg_type} was not answered")
+
+
+@pytest.fixture()
+def service(tmp_path: Path) -> tuple[SessionService, Kept]:
+    kept = Kept()
+    svc = SessionService(ServerConfig(endpoint="inproc://unused", model_dir=tmp_path,
+                                      max_sessions=4, launch_token=TOKEN, orphan_ttl_s=60.0),
+                         _Stalled(), kept)  # type: ignore[arg-type]
+    svc.model_name = "stalled.gguf"
+    return svc, kept
+
+
+def test_only_the_launch_token_makes_a_client_the_game(service) -> None:
+    svc, kept = service
+    assert Peer(svc, kept, b"game", token=TOKEN).hello[1]["game"] is True
+    assert Peer(svc, kept, b"mod").hello[1]["game"] is False
+    assert Peer(svc, kept, b"http", local=True).hello[1]["game"] is False
+
+
+def test_the_games_open_session_succeeds_whatever_the_mods_hold(service) -> None:
+    svc, kept = service
+    mods = [Peer(svc, kept, b"mod-a"), Peer(svc, kept, b"http", local=True)]
+    for k, mod in enumerate(mods):  # each holds its share (half the slots): all four taken
+        for j in range(2):
+            assert mod.call("open_session", {"name": f"m{k}{j}", "persona": ""})[0] == "ok"
+    assert mods[0].call("open_session", {"name": "more", "persona": ""})[1]["code"] == \
+        "too_many_sessions"
+    game = Peer(svc, kept, b"game", token=TOKEN)
+    for j in range(4):  # every slot, one after another: the mods' idle sessions make way
+        assert game.call("open_session", {"name": f"npc{j}", "persona": ""})[0] == "ok", j
+    assert len(svc.sessions) == 4 and all(
+        svc.sessions.owner_of(sid) == b"game" for sid in svc.sessions.by_id)
+    # a mod's line to a session that made way is told so, typed (it opens it anew; the model
+    # side refuses that while the game holds every slot: tests/test_http_principal.py)
+    assert mods[0].call("chat", {"session": "m00", "text": "hi"})[1]["code"] == \
+        "unknown_session"
+
+
+def test_a_session_replying_does_not_make_way(service) -> None:
+    svc, kept = service
+    mod = Peer(svc, kept, b"mod")
+    for j in range(2):
+        mod.call("open_session", {"name": f"m{j}", "persona": ""})
+    mod.tell("chat", {"session": "m0", "text": "a long line"})  # never ends (_Stalled)
+    game = Peer(svc, kept, b"game", token=TOKEN)
+    for j in range(3):
+        assert game.call("open_session", {"name": f"npc{j}", "persona": ""})[0] == "ok"
+    left = {svc.sessions.by_id[sid].name for sid in svc.sessions.owned(b"mod")}
+    assert left == {"m0"}  # the idle one went; the one replying stays
+
+
+def test_an_in_process_peer_never_lapses_and_its_idle_sessions_end(service) -> None:
+    svc, kept = service
+    svc.cfg.orphan_ttl_s = 0.05
+    face = Peer(svc, kept, b"http", local=True)
+    for j in range(2):
+        face.call("open_session", {"name": f"c{j}", "persona": ""})
+    face.tell("chat", {"session": "c1", "text": "still answering"})  # never ends
+    svc.clients[b"http"].last_seen -= 3600  # far past any lease
+    time.sleep(0.1)
+    svc.heartbeat()
+    assert b"http" in svc.clients  # still connected
+    names = {svc.sessions.by_id[sid].name for sid in svc.sessions.owned(b"http")}
+    assert names == {"c1"}  # the idle conversation ended; the one replying did not
+    assert not any(ident == b"http" and P.decode_reply(f)[1] == "heartbeat"
+                   for ident, f in kept.sent)
+
+
+def test_a_remote_peer_still_lapses(service) -> None:
+    svc, kept = service
+    mod = Peer(svc, kept, b"mod")
+    mod.call("open_session", {"name": "m", "persona": ""})
+    svc.clients[b"mod"].last_seen -= 3600
+    svc.heartbeat()
+    assert b"mod" not in svc.clients and svc.sessions.orphans()
