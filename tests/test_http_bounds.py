@@ -18,7 +18,7 @@ from igi_sdk.bridge import protocol as P
 from igi_sdk.http import app as face
 from igi_sdk.http.app import HttpConfig, build_app
 from igi_sdk.http.errors import HttpError
-from igi_sdk.http.json_bound import MAX_VALUES, over_values
+from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
 
 URL = "/v1/chat/completions"
 
@@ -171,3 +171,21 @@ def test_bodies_within_the_caps_pass_and_floods_of_values_do_not() -> None:
     backslashes = b'{"a":"' + b"\\\\" * (8 << 20) + b'"' + b",1" * 40_000 + b"}"
     for flood in (numbers, escaped, backslashes):
         assert over_values(flood)
+
+
+def test_floods_of_escapes_are_counted_and_a_long_transcript_is_not_one() -> None:
+    prose = 'He said, "well, then, go on," and she, as ever, did. ' * 600
+    transcript = json.dumps({"messages": [{"role": "user", "content": prose}
+                                          for _ in range(P.MAX_HISTORY_TURNS + 1)]}).encode()
+    assert not over_escapes(transcript)  # ~310k escaped quotes: a legal body
+    for flood in (b'{"a":"' + b"\\u00e9" * (MAX_ESCAPES + 1) + b'"}',
+                  b'{"a":"' + b"\\n" * (MAX_ESCAPES + 1) + b'"}'):
+        assert over_escapes(flood)
+    assert not over_escapes(b'{"a":"' + b"\\n" * MAX_ESCAPES + b'"}')
+
+
+def test_a_flood_of_escapes_is_refused_before_the_parse(http: TestClient) -> None:
+    body = b'{"messages":[{"role":"user","content":"' + b"\\u00e9" * (4 << 20) + b'"}]}'
+    msg = _error(http.post(URL, content=body, headers={"content-type": "application/json"}),
+                 413, "request_too_large")
+    assert "escaped characters" in msg

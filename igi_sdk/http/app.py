@@ -35,7 +35,7 @@ from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, Sideca
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
-from igi_sdk.http.json_bound import MAX_VALUES, over_values
+from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
 
 _DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
@@ -251,6 +251,9 @@ def _parse(body: bytes) -> ChatCompletionRequest:
     if over_values(body):
         raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
                         "JSON values (messages, parts and fields together)")
+    if over_escapes(body):
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
+                        "escaped characters (send its text as UTF-8, not \\u escapes)")
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
