@@ -21,7 +21,7 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.bridge import contract as C
+from bridge import generate as G  # the repository's generator
 from igi_sdk.bridge import protocol as P
 from igi_sdk.bridge.server import PID_POLL_S, Server, ServerConfig
 from tests.test_server_caps import _client, _reply, _Stalled
@@ -218,7 +218,7 @@ def _section(heading: str) -> str:
 def test_vector_ids_are_unique_but_for_variants_of_one_request() -> None:
     """Ids of request vectors: shared only by variants of one request type (the reply vectors
     answer them by id), and every refused vector's answer id is its own (0 aside)."""
-    vecs = C.vectors()
+    vecs = G.vectors()
     by_id: dict[int, set[str]] = {}
     for v in vecs:
         if v.direction == "request" and isinstance(v.message, dict):
