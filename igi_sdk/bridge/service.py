@@ -190,10 +190,10 @@ class SessionService:
     def heartbeat(self) -> None:
         now = time.monotonic()
         for ident, c in list(self.clients.items()):
-            if c.local:  # in this process: no lease, no heartbeat; its idle sessions end
-                self._end_idle(c, now)
-                continue
             silent = now - c.last_seen
+            if c.local:  # in this process: no lease to lapse, but its idle sessions end
+                self._end_idle(c, now)
+                silent = 0.0  # (heartbeats still go to it: its waits count on them)
             # a 1.0 client knows no leases but must not hold slots forever: the longest one
             lease = c.lease_s if c.minor >= 1 else P.MAX_LEASE_S
             if silent > lease:
