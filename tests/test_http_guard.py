@@ -249,3 +249,15 @@ def test_a_page_in_a_real_browser_cannot_drive_the_face(face, tmp_path) -> None:
     assert outcome["rebound-models"] == "error=TypeError", outcome
     # and what the page could not see either: the sidecar never opened a session for it
     assert _sessions(ep) == before
+
+
+def test_the_face_listens_on_a_socket_asyncio_turns_nagle_off_on() -> None:
+    """asyncio sets TCP_NODELAY only on sockets whose proto says TCP; with Nagle on, every
+    reply written in two parts waited for the client's delayed ACK (44 ms a request)."""
+    from igi_sdk.http.serve import listen
+
+    sock = listen("127.0.0.1", _free_port())
+    try:
+        assert sock.proto == socket.IPPROTO_TCP
+    finally:
+        sock.close()

@@ -237,6 +237,8 @@ class Server:
         memory barrier between threads): a socket per thread piled up one per load thread
         and reservation timer, each holding a file descriptor until collected."""
         threads.refuse(threads.ENGINE, "sending a protocol frame")
+        if self.stopping.is_set():  # nobody reads any more: a PUSH without its peer would block
+            return
         with self._push_lock:
             if self._push_sock is None:
                 sock = self.ctx.socket(zmq.PUSH)

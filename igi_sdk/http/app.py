@@ -38,6 +38,7 @@ from igi_sdk.http.guard import ForeignGuard, Gate
 from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
 
+_INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 _DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
                       "data:image/jpg;base64,")
 
@@ -118,8 +119,10 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
         authorised(request)
         body = await _read_capped(request)
         # parsing and base64 decoding take tens of milliseconds for a large image: on a
-        # worker thread, in slices, so the event loop keeps answering other requests
-        req, (system, history, line, images) = await asyncio.to_thread(_read, body)
+        # worker thread, in slices, so the event loop keeps answering other requests; a small
+        # body parses in less time than the hop to a worker thread costs
+        req, (system, history, line, images) = (
+            _read(body) if len(body) <= _INLINE_BODY else await asyncio.to_thread(_read, body))
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
@@ -131,15 +134,16 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
             evicted = table.evictions()
         try:
             for attempt in range(4):
-                opened = False
                 try:
-                    turn = await asyncio.to_thread(_begin, client, req, match, line, images,
-                                                   priority, evicted)
-                    opened = True
-                    # a line the shared context cannot take yet is refused before any token
-                    first = await asyncio.to_thread(_first, turn, inward)
+                    # one worker thread's hop for both: each hop costs a GIL handover
+                    turn, first = await asyncio.to_thread(
+                        _begin_first, client, req, match, line, images, priority, evicted,
+                        inward)
                     break
-                except HttpError as e:
+                except (HttpError, _StartFailed) as failure:
+                    # opened: the line's session was opened and its reply then refused
+                    opened = isinstance(failure, _StartFailed)
+                    e = failure.error if isinstance(failure, _StartFailed) else failure
                     # every session slot is taken, or idle conversations hold the context's
                     # cells this line needs: the least recently used idle conversation gives
                     # them up (its transcript opens anew if it comes back; a mod cannot close
@@ -147,11 +151,11 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
                     room = e.code == "context_full" or (e.code == "too_many_sessions"
                                                         and match.fresh)
                     if not room or attempt == 3:
-                        raise
+                        raise e from None
                     async with lock:
                         victim = table.least_recent_idle(but=match.conversation.session)
                         if victim is None:
-                            raise
+                            raise e from None
                         table.forget(victim)
                     # a session opened for this line is opened again after the room is made
                     evicted = [victim, *([match.conversation.session]
@@ -411,6 +415,26 @@ def _begin(make_client: Any, req: ChatCompletionRequest, match: Match, line: str
         raise HttpError(503, "unavailable", str(e)) from None
     return _Turn(c, stream, conv, int(cached), f"chatcmpl-{uuid.uuid4().hex[:24]}",
                  int(time.time()))
+
+
+class _StartFailed(Exception):
+    """The line failed after its session was opened (the retry must open it again)."""
+
+    def __init__(self, error: HttpError) -> None:
+        super().__init__(error)
+        self.error = error
+
+
+def _begin_first(make_client: Any, req: ChatCompletionRequest, match: Match, line: str,
+                 images: list[bytes], priority: int, evicted: list[str],
+                 inward: Inward) -> tuple[_Turn, object]:
+    """``_begin`` then the reply's first piece (a worker thread): a line the shared context
+    cannot take yet is refused before any token."""
+    turn = _begin(make_client, req, match, line, images, priority, evicted)
+    try:
+        return turn, _first(turn, inward)
+    except HttpError as e:
+        raise _StartFailed(e) from None
 
 
 def _held(listing: list[dict[str, Any]], session: str) -> bool:

@@ -67,7 +67,10 @@ def listen(host: str, port: int) -> socket.socket:
     another program holds is refused at start (ValueError), like a taken ZeroMQ endpoint,
     instead of a face that never comes up while mods talk to whoever holds the port."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named: asyncio turns Nagle off (TCP_NODELAY) only on sockets whose proto
+    # says TCP, and with Nagle on, a reply written in two parts waited for the client's
+    # delayed ACK: 44 ms per request instead of 1.5
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     if sys.platform == "win32":  # Windows' SO_REUSEADDR would let two listeners share it
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_EXCLUSIVEADDRUSE, 1)
     else:  # a restart may bind while the old face's connections linger in TIME_WAIT

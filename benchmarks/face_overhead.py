@@ -1,0 +1,163 @@
+"""What the HTTP face adds to a request, with the model taken out of the measure.
+
+The sidecar's protocol server runs in this process over an *instant* model side (a session
+opens at once; a line answers one token and ``done`` at once, from another thread as the engine
+would), with the HTTP face beside it. The same conversation's one-token line is then sent,
+alternately, through the ZeroMQ face (``igi_sdk.client.Client``) and the HTTP face (the
+official ``openai`` client), and the medians compared: what is left is each face's own cost.
+
+    python benchmarks/face_overhead.py [--rounds 300] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import socket
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from concurrent.futures import Future
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import openai
+
+from igi_sdk.bridge import protocol as P
+from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
+from igi_sdk.bridge.server import Server, ServerConfig
+from igi_sdk.client import Client
+from igi_sdk.events import ReplyDone, ReplyText
+
+
+class _Handle:
+    def cancel(self) -> None:
+        pass
+
+
+@dataclass(frozen=True)
+class _Result:
+    text: str
+    finish_reason: str
+    prompt_tokens: int
+    completion_tokens: int
+    ttft_s: float
+    total_s: float
+
+
+class Instant:
+    """A model side that answers at once: what a face costs is all that is measured."""
+
+    model_name = "instant.gguf"
+
+    def session_slots(self, local_slots: int) -> int:
+        return local_slots
+
+    def load_model(self, path: Path, request: P.LoadModel, draft: Path | None = None,
+                   mmproj: Path | None = None) -> dict[str, Any]:
+        return {"model": path.name}
+
+    def open_session(self, request: P.OpenSession) -> Future[str]:
+        f: Future[str] = Future()
+        f.set_result(request.name or "s")
+        return f
+
+    def close_session(self, session: str) -> Future[None]:
+        f: Future[None] = Future()
+        f.set_result(None)
+        return f
+
+    def chat(self, request: P.Chat, listener: StreamListener) -> Future[StreamHandle]:
+        def answer() -> None:  # the engine's outbox thread, in a sidecar
+            listener(ReplyText(0, "Hi"))
+            listener(ReplyDone(0, _Result("Hi", "stop", 4, 1, 0.001, 0.001)))
+
+        threading.Thread(target=answer, daemon=True).start()
+        f: Future[StreamHandle] = Future()
+        f.set_result(_Handle())
+        return f
+
+    def save_session(self, session: str, path: Path) -> Future[int]:
+        return Future()
+
+    def restore_session(self, path: Path, session: str | None = None) -> Future[str]:
+        return Future()
+
+    def set_priority(self, session: str, priority: int) -> None:
+        pass
+
+    def session_info(self) -> dict[str, dict[str, Any]]:
+        return {}
+
+    def frame(self, client: str, request: P.Frame) -> None:
+        pass
+
+    def reserve_vram(self, request: P.ReserveVram, done: ReservationDone) -> None:
+        pass
+
+    def status(self) -> dict[str, Any]:
+        return {}
+
+    def close(self) -> None:
+        pass
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    from igi_sdk.http.serve import start
+
+    tmp = Path(tempfile.mkdtemp())
+    server = Server(ServerConfig(endpoint=f"ipc://{tmp / 's.sock'}", model_dir=tmp),
+                    Instant())  # type: ignore[arg-type]
+    server.service.model_name = "instant.gguf"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    port = _free_port()
+    start(f"127.0.0.1:{port}", server, api_key=None)
+    base = f"http://127.0.0.1:{port}"
+    while True:
+        try:
+            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.05)
+    zmq_client = Client(server.bound, timeout=30)
+    sid = zmq_client.open_session("", name="npc")
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    line = [{"role": "user", "content": "Hello."}]
+    zmq_s: list[float] = []
+    http_s: list[float] = []
+    for k in range(args.rounds + 20):  # 20 to warm up
+        t0 = time.perf_counter()
+        zmq_client.chat(sid, "Hello.", max_tokens=1).result()
+        t1 = time.perf_counter()
+        api.chat.completions.create(model="x", max_tokens=1, messages=line,
+                                    extra_body={"prompt_cache_key": "npc-http"})
+        t2 = time.perf_counter()
+        if k >= 20:
+            zmq_s.append(t1 - t0)
+            http_s.append(t2 - t1)
+    zmq_client.close()
+    out = {"rounds": args.rounds, "zmq_ms": round(statistics.median(zmq_s) * 1e3, 3),
+           "http_ms": round(statistics.median(http_s) * 1e3, 3)}
+    out["overhead_ms"] = round(out["http_ms"] - out["zmq_ms"], 3)
+    print(json.dumps(out))
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1))
+    sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
