@@ -195,6 +195,9 @@ if [ "$part" = http ] || [ "$part" = all ]; then
   END=${END:-580}
   log="$out/http.txt"; m=/tmp/igi-bench/llama3-8b.gguf
   echo "part http from $SECONDS s" | tee -a "$log"
+  # the face's own cost, the model taken out (an instant model side in-process)
+  timeout 60 python3 benchmarks/face_overhead.py --rounds 300 --json "$out/face-overhead.json" \
+    2>&1 | tee -a "$log"
   # the model is written while llama-server compiles (the disk against the cores)
   ( [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet ) \
     > /tmp/igi-bench/make.txt 2>&1 &
