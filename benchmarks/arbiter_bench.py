@@ -71,10 +71,7 @@ from pathlib import Path
 # runs CuPy, whose CUDA libraries must not meet llama.cpp's in one process)
 os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
 
-try:
-    from igi_sdk.client import BridgeError, Client
-except ImportError:  # before the client moved out of igi_sdk.bridge
-    from igi_sdk.bridge import BridgeError, Client  # type: ignore[attr-defined,no-redef]
+from igi_sdk.client import BridgeError, Client
 
 GB = 10**9
 MIB = 1024**2

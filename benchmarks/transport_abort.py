@@ -35,7 +35,7 @@ from pathlib import Path
 
 import zmq
 
-from igi_sdk.bridge import protocol as P
+from igi_sdk.wire import protocol as P
 
 IMAGE_BYTES = 16 << 20  # the largest image a chat may carry
 

@@ -3,7 +3,7 @@
 * ``schema/<type>.json``: the body of every request type (from ``protocol.REQUESTS``),
   ``envelope.json`` (the ``{v, id, type, body}`` map) and ``replies.json`` (the bodies of
   ``ok`` per request type, ``token``, ``done``, ``error``, ``heartbeat``, and the error codes,
-  from ``igi_sdk/bridge/contract.py``);
+  from ``igi_sdk/wire/contract.py``);
 * ``vectors/<name>.msgpack`` + ``<name>.json``: one message per file and its readable twin,
   with the outcome the sidecar gives each request.
 
@@ -25,8 +25,8 @@ from typing import Any, Literal
 import msgpack
 from pydantic import BaseModel
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.contract import ERROR_CODES, EVENTS, OK_REPLIES
+from igi_sdk.wire import protocol as P
+from igi_sdk.wire.contract import ERROR_CODES, EVENTS, OK_REPLIES
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = ROOT / "bridge" / "schema"
@@ -55,7 +55,7 @@ def request_schema(msg_type: str) -> dict[str, Any]:
     schema = _open_objects(model.model_json_schema())
     schema["$schema"] = JSON_SCHEMA_DIALECT
     schema["$comment"] = (f"body of the '{msg_type}' request; generated from "
-                          f"igi_sdk.bridge.protocol.{model.__name__} by `{REGENERATE}`")
+                          f"igi_sdk.wire.protocol.{model.__name__} by `{REGENERATE}`")
     return schema
 
 
@@ -77,7 +77,7 @@ def envelope_schema() -> dict[str, Any]:
 
     return {
         "$schema": JSON_SCHEMA_DIALECT,
-        "$comment": f"hand-written in igi_sdk/bridge/contract.py; regenerate with `{REGENERATE}`",
+        "$comment": f"hand-written in igi_sdk/wire/contract.py; regenerate with `{REGENERATE}`",
         "title": "Envelope",
         "description": "Every message is one ZeroMQ frame holding one msgpack map. The body of "
                        "a request is described by schema/<type>.json, the body of a reply by "
@@ -103,7 +103,7 @@ def replies_schema() -> dict[str, Any]:
 
     return {
         "$schema": JSON_SCHEMA_DIALECT,
-        "$comment": f"generated from igi_sdk/bridge/contract.py by `{REGENERATE}`",
+        "$comment": f"generated from igi_sdk/wire/contract.py by `{REGENERATE}`",
         "title": "Replies",
         "description": "Bodies of the messages the sidecar sends. 'ok' answers one request and "
                        "its body depends on the request type (ok_by_request; chat is answered "

@@ -24,11 +24,11 @@ _reexec_with_native_preload = reexec_with_native_preload
 __all__ = ["main", "preload_env"]
 
 if TYPE_CHECKING:
-    from igi_sdk.bridge.server import Server
     from igi_sdk.http.serve import Face
     from igi_sdk.model import ModelInventory
     from igi_sdk.planner import Workload
     from igi_sdk.profile import Profile
+    from igi_sdk.serving.server import Server
     from igi_sdk.upstream import UpstreamConfig
 
 DEFAULT_PERSONA = (
@@ -905,7 +905,7 @@ def _check_model_dir(model_dir: Path, model: str | None, *, inventory: bool = Tr
 
 def _check_game(pid: int) -> None:
     """``serve --game-pid PID``: the game must be running (the sidecar exits when it ends)."""
-    from igi_sdk.bridge.game_process import alive
+    from igi_sdk.serving.game_process import alive
 
     if pid <= 0 or not alive(pid):
         raise GameNotRunningError(

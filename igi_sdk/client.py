@@ -27,8 +27,8 @@ import zmq
 import zmq.asyncio
 import zmq.auth
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client_socket import SendFailed, SocketThread
+from igi_sdk.wire import protocol as P
 
 
 class BridgeError(Exception):

@@ -17,9 +17,9 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.server import PID_POLL_S, is_loopback
 from igi_sdk.client import BridgeError, Client, SidecarUnavailable
+from igi_sdk.serving.server import PID_POLL_S, is_loopback
+from igi_sdk.wire import protocol as P
 
 GREEDY = {"temperature": 0.0, "seed": 1}
 

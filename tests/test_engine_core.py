@@ -128,7 +128,7 @@ def test_load_first_fitting_tries_candidates_in_order(engine, monkeypatch) -> No
 
 def test_the_server_sends_through_one_socket_from_any_number_of_threads(tmp_path) -> None:
     """A PUSH socket per sending thread piled up (one per load thread, reservation timer)."""
-    from igi_sdk.bridge.server import Server, ServerConfig
+    from igi_sdk.serving.server import Server, ServerConfig
 
     class NoModel:  # the server never asks it anything here
         model_name = None

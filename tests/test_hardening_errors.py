@@ -12,9 +12,9 @@ import time
 
 import pytest
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.server import Server, ServerConfig
 from igi_sdk.client import BridgeError, Client
+from igi_sdk.serving.server import Server, ServerConfig
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import start_sidecar, stop
 from tests.test_server_caps import _client, _reply, _Stalled
 

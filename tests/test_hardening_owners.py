@@ -12,8 +12,8 @@ import sys
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, Client
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import stop
 
 TOKEN = "launch-token-of-the-test-game-01"

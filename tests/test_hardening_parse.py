@@ -10,7 +10,7 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import start_sidecar, stop
 from tests.test_hardening_server import _next, _raw_session
 

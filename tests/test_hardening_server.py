@@ -13,8 +13,8 @@ import pytest
 import zmq
 
 from igi_sdk.arbiter.pacing import ClientPacing
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import Client
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import start_sidecar, stop
 
 

@@ -18,9 +18,9 @@ import httpx
 import openai
 import pytest
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import Client
 from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
+from igi_sdk.wire import protocol as P
 from tests.images import card, png
 from tests.test_bridge import start_sidecar, stop
 from tests.test_http_face import _free_port, _wait_http

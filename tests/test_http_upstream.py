@@ -20,8 +20,8 @@ import httpx
 import openai
 import pytest
 
-from igi_sdk.bridge.server import Server, ServerConfig
 from igi_sdk.client import BridgeError, Client
+from igi_sdk.serving.server import Server, ServerConfig
 from igi_sdk.sidecar import HostConfig, ModelHost
 from igi_sdk.upstream import UpstreamConfig
 from igi_sdk.upstream.routing import RoutingBackend

@@ -15,9 +15,9 @@ from pathlib import Path
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.cli import ENDPOINT_LINE
 from igi_sdk.client import Client, WrongSidecar
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import stop
 
 INSTANCE = "mygame-4242-1.a_b"
@@ -111,8 +111,8 @@ def test_the_asyncio_client_refuses_another_instance_too(tmp_path) -> None:
     import asyncio
     import threading
 
-    from igi_sdk.bridge.server import Server, ServerConfig
     from igi_sdk.client import AsyncClient
+    from igi_sdk.serving.server import Server, ServerConfig
     from tests.test_server_caps import _Stalled
 
     srv = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'a.sock'}", model_dir=tmp_path,

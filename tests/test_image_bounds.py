@@ -25,7 +25,6 @@ import psutil
 import pytest
 from PIL import Image
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
 from igi_sdk.events import ReplyDone, ReplyText
@@ -40,6 +39,7 @@ from igi_sdk.runtime.image_decode import (
     image_token_cap,
     jpeg_scans,
 )
+from igi_sdk.wire import protocol as P
 from tests.images import card, png
 
 WIRE_GREEDY = {"temperature": 0.0, "repeat_penalty": 1.0}

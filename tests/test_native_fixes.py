@@ -525,9 +525,9 @@ def test_the_sidecar_plans_its_ladder_for_the_npcs_talking_together(
     with host weights pinned (their decode steps stream them) and the threshold asked for
     before the backend starts; 1 (the default) plans as before."""
     from igi_sdk.arbiter.ladder import PlanLadder, Rung
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.sidecar import host as host_mod
     from igi_sdk.tuning.autoplan import Beside
+    from igi_sdk.wire import protocol as P
 
     built: list[Workload] = []
 

@@ -13,8 +13,8 @@ import msgpack
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, Client
+from igi_sdk.wire import protocol as P
 from tests.test_bridge import start_sidecar, stop
 
 GREEDY = {"temperature": 0.0, "seed": 1}
@@ -244,8 +244,8 @@ def test_a_1_0_client_keeps_its_sessions_through_a_silence_that_lapses_a_lease(
 def test_the_lease_rule_at_the_default_lease(tmp_path) -> None:
     """A 1.1 client silent past the default 15 s lease is forgotten (its sessions orphaned);
     a 1.0 client silent as long is kept: it knows no leases (the longest one applies)."""
-    from igi_sdk.bridge.clients import Client as Connected
-    from igi_sdk.bridge.server import Server, ServerConfig
+    from igi_sdk.serving.clients import Client as Connected
+    from igi_sdk.serving.server import Server, ServerConfig
 
     class NoModel:
         model_name = None

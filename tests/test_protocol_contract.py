@@ -13,9 +13,9 @@ import pytest
 
 from bridge import generate as G  # the repository's generator (not in the installed package)
 from igi_sdk import errors
-from igi_sdk.bridge import contract as C
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge import server, service
+from igi_sdk.serving import server, service
+from igi_sdk.wire import contract as C
+from igi_sdk.wire import protocol as P
 
 ROOT = Path(__file__).resolve().parents[1]
 SCHEMA_DIR = ROOT / "bridge" / "schema"
@@ -154,7 +154,7 @@ def test_error_table_lists_every_code_the_sidecar_can_send() -> None:
     in_code = _codes_in_source()
     assert {"hello_required", "busy", "forbidden_path", "model_load_failed"} <= in_code
     assert set(C.ERROR_CODES) == in_code, (
-        "error codes differ from igi_sdk/bridge/contract.py ERROR_CODES: "
+        "error codes differ from igi_sdk/wire/contract.py ERROR_CODES: "
         f"missing {sorted(in_code - set(C.ERROR_CODES))}, "
         f"extra {sorted(set(C.ERROR_CODES) - in_code)}")
     for obj in vars(errors).values():  # the classes' retryable flags agree with the table

@@ -22,8 +22,8 @@ import pytest
 import zmq
 
 from bridge import generate as G  # the repository's generator
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.server import PID_POLL_S, Server, ServerConfig
+from igi_sdk.serving.server import PID_POLL_S, Server, ServerConfig
+from igi_sdk.wire import protocol as P
 from tests.test_server_caps import _client, _reply, _Stalled
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -132,7 +132,7 @@ def test_a_1_0_client_is_told_the_lease_it_is_under(serving) -> None:
 def test_only_accepted_requests_keep_a_lease(tmp_path) -> None:
     """§1.1: a message answered with a validation error does not keep the lease; any request
     that passes validation does, whatever its answer."""
-    from igi_sdk.bridge.clients import Client as Connected
+    from igi_sdk.serving.clients import Client as Connected
 
     server = Server(ServerConfig(endpoint=f"ipc://{tmp_path / 'lease.sock'}",
                                  model_dir=tmp_path), _Stalled())

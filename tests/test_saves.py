@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.errors import DiskFullError, InvalidStateError, SaveFailedError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, snapshot
+from igi_sdk.wire import protocol as P
 
 SLOTS = 3
 GREEDY = SamplingParams(temperature=0.0, repeat_penalty=1.0)

@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 import zmq
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import ReservationDone, StreamListener
-from igi_sdk.bridge.server import Server, ServerConfig
+from igi_sdk.serving.backend import ReservationDone, StreamListener
+from igi_sdk.serving.server import Server, ServerConfig
+from igi_sdk.wire import protocol as P
 
 
 class _Stalled:

@@ -10,8 +10,8 @@ from typing import Any
 
 import pytest
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.service import ServerConfig, SessionService
+from igi_sdk.serving.service import ServerConfig, SessionService
+from igi_sdk.wire import protocol as P
 from tests.test_server_caps import _Stalled
 
 TOKEN = "launch-token-of-the-test-game-02"

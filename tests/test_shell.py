@@ -414,8 +414,8 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
     import shutil
     import statistics
 
-    from igi_sdk.bridge.server import ServerConfig
     from igi_sdk.client import Client
+    from igi_sdk.serving.server import ServerConfig
     from tests.test_bridge import start_sidecar, stop
 
     path, _ = small_model
@@ -500,7 +500,7 @@ class _HeartbeatListener:
     def __init__(self, endpoint: str) -> None:
         import zmq
 
-        from igi_sdk.bridge import protocol as P
+        from igi_sdk.wire import protocol as P
 
         self._stop = threading.Event()
         self.times: list[float] = []
@@ -542,7 +542,7 @@ def test_the_protocol_server_speaks_the_protocol_only() -> None:
     import subprocess
     import sys
 
-    code = ("import json, sys, igi_sdk.bridge.server; "
+    code = ("import json, sys, igi_sdk.serving.server; "
             "print(json.dumps(sorted(m for m in sys.modules "
             "if m == 'llama_cpp' or m.startswith('igi_sdk.'))))")
     env = dict(os.environ, IGI_SDK_CLIENT_ONLY="1")  # nothing native preloaded by igi_sdk
@@ -561,8 +561,8 @@ def test_a_reservation_sent_while_a_model_loads_goes_to_the_new_arbiter(
     is free, and keeps it out of its budget (it does not grow into the memory it promised)."""
     import json
 
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.sidecar.host import HostConfig, ModelHost
+    from igi_sdk.wire import protocol as P
 
     path, _ = small_model
     (tmp_path / "profile.json").write_text(GPU_PROFILE.model_dump_json())

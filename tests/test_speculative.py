@@ -303,8 +303,8 @@ def test_plan_shows_the_draft_decision(priced_pair, tmp_path, capsys) -> None:
 
 
 def test_sidecar_host_loads_the_draft_with_the_model(default_model) -> None:
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.sidecar.host import HostConfig, ModelHost
+    from igi_sdk.wire import protocol as P
 
     host = ModelHost(HostConfig(n_threads=2, arbiter=False, draft_model=default_model,
                                 draft_k=2))
@@ -393,12 +393,12 @@ def test_a_draft_takes_its_vram_from_the_targets_budget(default_model, monkeypat
     """With an explicit budget the target is planned on the one budget path with the draft's
     price beside it (fails before: the target got the whole budget and the draft came on top);
     a budget the draft leaves too little of is a typed error that names the draft."""
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.errors import BudgetTooSmallError
     from igi_sdk.planner import PlanResult
     from igi_sdk.sidecar import host as host_module
     from igi_sdk.sidecar.host import HostConfig, ModelHost
     from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, draft_bytes
+    from igi_sdk.wire import protocol as P
 
     calls: list[tuple[int, Beside]] = []
 

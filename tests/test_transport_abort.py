@@ -21,8 +21,8 @@ import pytest
 import zmq
 
 from benchmarks import transport_abort as T
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.flood import FloodGuard
+from igi_sdk.serving.flood import FloodGuard
+from igi_sdk.wire import protocol as P
 
 
 @pytest.fixture

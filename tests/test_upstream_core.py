@@ -5,13 +5,13 @@ from __future__ import annotations
 
 import pytest
 
-from igi_sdk.bridge.protocol import MAX_HISTORY_TURNS, Sampling
 from igi_sdk.errors import UpstreamUnavailableError
 from igi_sdk.upstream.client import UpstreamClient
 from igi_sdk.upstream.config import UpstreamConfig, api_base
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.sse import data_lines
 from igi_sdk.upstream.transcript import MAX_TRANSCRIPT_CHARS, Transcript
+from igi_sdk.wire.protocol import MAX_HISTORY_TURNS, Sampling
 
 UP = LocalHealth(available=True, on_gpu=True)
 CPU = LocalHealth(available=True, on_gpu=False)

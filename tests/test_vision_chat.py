@@ -401,9 +401,9 @@ def test_the_encoder_stays_by_default_on_the_cpu_and_goes_on_the_gpu(vlm: VLMFil
 
 
 def test_vision_gpu_reaches_the_engine_from_the_command_line(vlm: VLMFiles) -> None:
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.cli import build_parser
     from igi_sdk.sidecar.host import HostConfig, ModelHost
+    from igi_sdk.wire import protocol as P
 
     args = build_parser().parse_args(["serve", "--vision-gpu", "--no-arbiter"])
     assert args.vision_gpu
@@ -421,12 +421,12 @@ def test_vision_gpu_reaches_the_engine_from_the_command_line(vlm: VLMFiles) -> N
 def test_an_encoder_on_the_gpu_takes_its_vram_from_the_budget(vlm: VLMFiles, monkeypatch) -> None:
     """With the encoder on the GPU the LM is planned for what the encoder needs for the largest
     image it takes (fails before: the LM got the whole budget); a token cap shrinks that."""
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.model.mmproj import read_encoder
     from igi_sdk.planner import PlanResult
     from igi_sdk.planner.vision import encoder_vram, flash_attn_for, largest_grid
     from igi_sdk.sidecar import host as host_module
     from igi_sdk.sidecar.host import HostConfig, ModelHost
+    from igi_sdk.wire import protocol as P
 
     budgets: list[int] = []
 
@@ -628,12 +628,12 @@ def test_with_a_budget_a_borrowing_sidecar_plans_both_placements(
     whole budget and, for the encoder, at the budget less the encoder's VRAM, both with host
     weights memory-mapped; set aside, only the second; a budget the encoder leaves too little
     of is a typed error that names it."""
-    from igi_sdk.bridge import protocol as P
     from igi_sdk.errors import BudgetTooSmallError
     from igi_sdk.planner import PlanResult
     from igi_sdk.sidecar import host as host_module
     from igi_sdk.sidecar.host import HostConfig, ModelHost
     from igi_sdk.tuning.autoplan import encoder_bytes
+    from igi_sdk.wire import protocol as P
 
     calls: list[tuple[int, bool]] = []
     floor = 64 << 20

@@ -30,13 +30,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from pydantic import ValidationError
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
 from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
+from igi_sdk.wire import protocol as P
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 _DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",

@@ -10,7 +10,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from igi_sdk.bridge import protocol as P
+from igi_sdk.wire import protocol as P
 
 MAX_MESSAGES = P.MAX_HISTORY_TURNS + 2  # the history, a system prompt and the new line
 MAX_BODY_BYTES = 32 << 20  # what the face reads of a request at most (images included)

@@ -12,9 +12,9 @@ from dataclasses import dataclass
 
 import uvicorn
 
-from igi_sdk.bridge.server import Server, is_loopback_host
 from igi_sdk.http.app import HttpConfig, Inward, build_app
 from igi_sdk.http.guard import Gate
+from igi_sdk.serving.server import Server, is_loopback_host
 
 
 def parse_bind(bind: str) -> tuple[str, int]:

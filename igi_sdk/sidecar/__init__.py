@@ -4,7 +4,7 @@ between that host and an OpenAI-compatible cluster (``upstream``)."""
 
 from __future__ import annotations
 
-from igi_sdk.bridge.server import Server, ServerConfig
+from igi_sdk.serving.server import Server, ServerConfig
 from igi_sdk.sidecar.host import HostConfig, ModelHost
 from igi_sdk.upstream.config import UpstreamConfig
 

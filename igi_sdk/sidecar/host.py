@@ -1,7 +1,7 @@
 """The model side of the sidecar: engine, plan ladder, VRAM sources, arbiter and frame pacer,
 assembled for one loaded model and replaced together when another model loads.
 
-This is the protocol server's :class:`~igi_sdk.bridge.backend.Backend`; every call returns at
+This is the protocol server's :class:`~igi_sdk.serving.backend.Backend`; every call returns at
 once (model work as futures from the engine), except :meth:`ModelHost.load_model`, which the
 server runs on a worker thread.
 """
@@ -33,8 +33,6 @@ from igi_sdk.arbiter.ladder import Rung, arbiter_workload
 from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.arbiter.policy import BudgetPolicy
 from igi_sdk.arbiter.sources import DxgiSource, VramReading
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
     CannotFreeError,
     DeadlineMissedError,
@@ -58,6 +56,7 @@ from igi_sdk.runtime.image_decode import (
 )
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.speculative import SpeculativeConfig
+from igi_sdk.serving.backend import ReservationDone, StreamHandle, StreamListener
 from igi_sdk.tuning import (
     cached_before_backend,
     load_or_measure,
@@ -68,6 +67,7 @@ from igi_sdk.tuning import (
 from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun, half_free
 from igi_sdk.tuning.measure import cached_profile
 from igi_sdk.upstream.policy import LocalHealth
+from igi_sdk.wire import protocol as P
 
 log = logging.getLogger("igi_sdk.sidecar")
 

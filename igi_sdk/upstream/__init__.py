@@ -2,7 +2,7 @@
 llama-server replicas) behind the sidecar's own faces, with session affinity.
 
 ``config`` and ``transcript`` are pure; ``client`` speaks HTTP to the upstream; ``routing`` is the
-:class:`~igi_sdk.bridge.backend.Backend` that sends each line to the local model or the upstream.
+:class:`~igi_sdk.serving.backend.Backend` that sends each line to the local model or the upstream.
 """
 
 from igi_sdk.upstream.config import Policy, UpstreamConfig

@@ -22,8 +22,6 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import Backend, ReservationDone, StreamHandle, StreamListener
 from igi_sdk.errors import (
     EngineUnavailableError,
     IgiError,
@@ -41,10 +39,12 @@ from igi_sdk.events import (
     SessionFigures,
     next_reply_id,
 )
+from igi_sdk.serving.backend import Backend, ReservationDone, StreamHandle, StreamListener
 from igi_sdk.upstream.client import CHARS_PER_TOKEN_CAP, UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import SchemaFormat, UpstreamConfig
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.transcript import Transcript
+from igi_sdk.wire import protocol as P
 
 log = logging.getLogger("igi_sdk.upstream")
 

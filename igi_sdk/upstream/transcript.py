@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal
 
-from igi_sdk.bridge.protocol import MAX_HISTORY_TURNS, Sampling
+from igi_sdk.wire.protocol import MAX_HISTORY_TURNS, Sampling
 
 Role = Literal["user", "assistant"]
 # the most text one routed conversation keeps (the oldest exchanges go first): what a session

@@ -24,8 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import igi_sdk  # noqa: F401
-from igi_sdk.bridge.server import is_loopback
 from igi_sdk.client import BridgeError, Client
+from igi_sdk.serving.server import is_loopback
 
 LINES = ["Hello there!", "What do you sell?", "Any news from the north?", "How much is that?",
          "Goodbye, friend.", "Where is the inn?", "Seen any dragons?", "Tell me a joke.",

@@ -31,15 +31,15 @@ import zmq.auth
 from zmq.auth.thread import ThreadAuthenticator
 
 from igi_sdk import threads
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import Backend
-from igi_sdk.bridge.flood import FloodGuard
-from igi_sdk.bridge.service import PID_POLL_S, ServerConfig, SessionService
+from igi_sdk.serving.backend import Backend
+from igi_sdk.serving.flood import FloodGuard
+from igi_sdk.serving.service import PID_POLL_S, ServerConfig, SessionService
+from igi_sdk.wire import protocol as P
 
 __all__ = ["PID_POLL_S", "LocalWire", "Server", "ServerConfig", "is_loopback",
            "is_loopback_host"]
 
-log = logging.getLogger("igi_sdk.bridge")
+log = logging.getLogger("igi_sdk.serving")
 
 _EVENTS = "inproc://igi-events"
 _LOCAL = b"\x00local:"  # identities of in-process peers (a ZeroMQ routing id never has it)

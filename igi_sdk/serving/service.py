@@ -31,12 +31,12 @@ from typing import Protocol, TypeVar
 
 from pydantic import ValidationError
 
-from igi_sdk.bridge import contract as C
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import Backend, ChatResult
-from igi_sdk.bridge.clients import Client, ImageBytes, make_room, slot_cap
-from igi_sdk.bridge.game_process import alive, is_ancestor
-from igi_sdk.bridge.ownership import (
+from igi_sdk.errors import IgiError, coded_error, save_io_error
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
+from igi_sdk.serving.backend import Backend, ChatResult
+from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap
+from igi_sdk.serving.game_process import alive, is_ancestor
+from igi_sdk.serving.ownership import (
     RESUME_KEEP_S,
     Sessions,
     StreamLog,
@@ -45,10 +45,10 @@ from igi_sdk.bridge.ownership import (
     key_scope,
     prune_logs,
 )
-from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
+from igi_sdk.wire import contract as C
+from igi_sdk.wire import protocol as P
 
-log = logging.getLogger("igi_sdk.bridge")
+log = logging.getLogger("igi_sdk.serving")
 
 _T = TypeVar("_T")
 _SESSION_SUFFIX = ".igisession"

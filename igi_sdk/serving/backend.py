@@ -9,8 +9,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import Any, Protocol
 
-from igi_sdk.bridge import protocol as P
 from igi_sdk.events import ReplyEvent, ReplyResult, SessionFigures
+from igi_sdk.wire import protocol as P
 
 # a finished reply's figures, as the model side reports them
 ChatResult = ReplyResult

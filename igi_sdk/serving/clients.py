@@ -12,9 +12,9 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from igi_sdk.bridge import protocol as P
-from igi_sdk.bridge.backend import StreamHandle
-from igi_sdk.bridge.ownership import StreamLog
+from igi_sdk.serving.backend import StreamHandle
+from igi_sdk.serving.ownership import StreamLog
+from igi_sdk.wire import protocol as P
 
 
 @dataclass

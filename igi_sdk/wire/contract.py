@@ -15,7 +15,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from igi_sdk.bridge import protocol as P
+from igi_sdk.wire import protocol as P
 
 # --- reply bodies ---------------------------------------------------------------------------------
 # Known request fields are strictly typed; replies may grow fields in a compatible (minor)
