@@ -142,3 +142,20 @@ def test_without_a_driver_figure_the_grant_waits_for_the_close(ladder) -> None:
     threading.Timer(0.2, engine.close_may_end.set).start()
     arb.tick()
     assert heard == [True]
+
+
+def test_memory_taken_between_readings_ends_the_wait_for_the_next(ladder) -> None:
+    """A game that grabs its memory at once is read at once, not at the next period."""
+    top, cpu = ladder.rungs[-1], ladder.cpu
+    device = Device(total=top.vram + 4 * GIB, own=top.vram)
+    engine = ClosingEngine(top, cpu, device)
+    arb = Arbiter(engine, ladder, [NvmlSource(0, nvml_lib=device, context_bytes=lambda: 0)],
+                  period_s=30.0)  # type: ignore[arg-type]
+    waited = threading.Event()
+    waiter = threading.Thread(target=lambda: (arb._wait_for_change(), waited.set()))
+    waiter.start()
+    assert not waited.wait(0.2)  # nothing moves: it waits for the period
+    with device.lock:
+        device.game += 2 * GIB  # the game's level load, in one allocation
+    assert waited.wait(5.0)  # seen within a few watch intervals, long before the 30 s period
+    waiter.join()
