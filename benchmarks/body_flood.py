@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+# only the sidecar's faces and clients here: llama.cpp's native libraries stay unmapped (as in
+# the other client-side benchmarks; the model side, where there is one, is its own process)
+os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
+
 import httpx
 
 from igi_sdk.client import Client

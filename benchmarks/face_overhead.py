@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import statistics
 import sys
@@ -24,6 +25,10 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+# only the sidecar's faces and clients here: llama.cpp's native libraries stay unmapped (as in
+# the other client-side benchmarks; the model side, where there is one, is its own process)
+os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
 
 import httpx
 
