@@ -23,7 +23,6 @@ KNOWN = {
     "igi_sdk/http/app.py": 1,
     "igi_sdk/model/default.py": 1,
     "igi_sdk/planner/planner.py": 1,
-    "igi_sdk/runtime/engine.py": 4,
     "igi_sdk/runtime/generation.py": 1,
     "igi_sdk/runtime/ggml_bench.py": 1,
     "igi_sdk/runtime/image_decode.py": 1,

@@ -376,7 +376,7 @@ class Engine:
     def restore_async(self, data: bytes, *, session_id: str | None = None) -> Future[str]:
         # the bytes are verified (length, checksum) on the I/O thread before the engine sees them
         return futures.chain(self._on_io(lambda: snapshot.unpack(data)), lambda unpacked:
-                             self._submit(C.Restore(*unpacked, session_id)))
+                             self._submit(C.Restore(unpacked[0], unpacked[1], session_id)))
 
     def restore(self, data: bytes, *, session_id: str | None = None) -> str:
         """Recreate a session from :meth:`snapshot` bytes; returns its id. Damaged, truncated
@@ -399,7 +399,7 @@ class Engine:
                            session_id: str | None = None) -> Future[str]:
         p = Path(path)
         return futures.chain(self._on_io(lambda: engine_state.read_save(p)), lambda unpacked:
-                             self._submit(C.Restore(*unpacked, session_id)))
+                             self._submit(C.Restore(unpacked[0], unpacked[1], session_id)))
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
         return _wait(self.load_session_async(path, session_id=session_id))
