@@ -678,6 +678,10 @@ def cmd_serve(args: argparse.Namespace) -> int:
     from igi_sdk.guest.paths import sidecar_log_file
 
     run_behind_the_game()  # first: on Linux, threads created later inherit the niceness
+    # the engine's step loop, the serving thread and the HTTP face share one GIL: a thread
+    # that waits for it waits up to this long for a busy one to let go (5 ms by default, which
+    # made every decode step of an NPC wait behind a face reading large bodies)
+    sys.setswitchinterval(0.0005)
     configure_logging(Path(args.log_file) if args.log_file else sidecar_log_file())
     adapt = args.threads == 0  # the count then follows the host while running
     if args.threads == 0 and not os.environ.get("IGI_SDK_THREADS"):
