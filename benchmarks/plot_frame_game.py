@@ -10,6 +10,7 @@ titled with its starved frames, longest allocation wait and NPCs' longest silenc
 from __future__ import annotations
 
 import argparse
+import gzip
 import json
 import sys
 from pathlib import Path
@@ -21,7 +22,8 @@ GIB = 1024**3
 def runs_of(paths: list[str], mode: str | None) -> list[tuple[str, dict[str, Any]]]:
     out = []
     for p in paths:
-        data = json.loads(Path(p).read_text())
+        raw = Path(p).read_bytes()
+        data = json.loads(gzip.decompress(raw) if p.endswith(".gz") else raw)
         for run in data.get("runs") or []:
             if mode is None or run.get("mode") == mode:
                 args = (run.get("summary") or {}).get("serve_args") or ""
