@@ -57,8 +57,13 @@ def _phase(endpoint: str, base: str, tokens: int, senders: int) -> dict[str, Any
     def flood(body: bytes) -> None:
         http = httpx.Client(timeout=120)
         while not stop.is_set():
-            r = http.post(f"{base}/v1/chat/completions", content=body,
-                          headers={"Content-Type": "application/json"})
+            try:
+                r = http.post(f"{base}/v1/chat/completions", content=body,
+                              headers={"Content-Type": "application/json"})
+            except httpx.HTTPError:
+                if stop.is_set():
+                    return  # the sidecar stops at the end of the run, mid-post
+                raise
             posted.append(r.status_code)
 
     if senders:
