@@ -41,7 +41,10 @@ Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 class Message(Loose):
     role: Literal["system", "developer", "user", "assistant"]
-    content: Text | Annotated[list[Part], Field(max_length=P.MAX_IMAGES + 16)] | None = None
+    # left to right: pydantic's default ("smart") union validated a failing list again in
+    # other modes, ~100 ms holding the GIL for one oversized image where one pass takes 17
+    content: Annotated[Text | Annotated[list[Part], Field(max_length=P.MAX_IMAGES + 16)] | None,
+                       Field(union_mode="left_to_right")] = None
 
     def text(self) -> str:
         if self.content is None:
