@@ -1,7 +1,7 @@
 """The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
 ``/health``, on FastAPI.
 
-The face speaks the sidecar's own protocol to its session service (``bridge/service.py``):
+The face speaks the sidecar's own protocol to its session service (``serving/service.py``):
 in the sidecar's process (``serve --http``) over an in-process connection
 (``Server.connect_local``, no socket hop), so the caps, priorities, pacing and typed errors of
 the protocol apply unchanged and the face only translates. It is not the game: it never holds

@@ -1,6 +1,6 @@
 """The sidecar's ZeroMQ face: a ROUTER that carries the protocol to a :class:`SessionService`.
 
-The rules live in the service (``bridge/service.py``); this is the transport: it binds the
+The rules live in the service (``serving/service.py``); this is the transport: it binds the
 endpoint (loopback, or CurveZMQ), reads messages, drops floods (``bridge/flood.py``) and hands
 each message to the service, and it delivers what the service sends. One thread serves both:
 the socket is polled together with an ``inproc`` PULL socket through which other threads wake

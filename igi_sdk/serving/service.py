@@ -6,7 +6,7 @@ for ``resume_stream``, saves, ``reserve_vram``, ``frame``, ``stats``, ``shutdown
 game-PID watch. It knows no sockets: a request comes in as the bytes of one protocol message
 from a peer (an opaque identity), and everything it answers goes out through its
 :class:`Transport` (``send(identity, frame)``) in the same wire format, so both faces speak the
-contract its golden vectors pin. The ZeroMQ face (``bridge/server.py``) is one transport; the
+contract its golden vectors pin. The ZeroMQ face (``serving/server.py``) is one transport; the
 HTTP face's in-process connection (``Server.connect_local``) is another, with no socket hop.
 
 One thread owns the service (the ZeroMQ face's serving thread): ``handle``, ``heartbeat`` and
