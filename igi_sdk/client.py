@@ -103,6 +103,8 @@ class Wire(Protocol):
 
 # makes an in-process connection whose received messages go to the given callback
 LocalConnect = Callable[[Callable[[bytes], None]], Wire]
+# what Client.follow hands a request's events to: (type, body)
+EventSink = Callable[[str, dict[str, Any]], None]
 
 
 class Client:
@@ -136,6 +138,8 @@ class Client:
         self._arrived = threading.Condition()
         self._inbox: dict[int, deque[tuple[str, dict[str, Any]]]] = defaultdict(deque)
         self._keepalive_ids: set[int] = set()  # pings of the lease: their answers are dropped
+        # requests whose events go to a callback as they are filed, not to the inbox (follow)
+        self._followers: dict[int, EventSink] = {}
         self._greeted = False
         self._closed = False  # closed: every wait ends at once (no thread waits out silence)
         self._last_heard = time.monotonic()
@@ -163,6 +167,10 @@ class Client:
         with self._arrived:
             self._closed = True
             self._arrived.notify_all()
+            followers, self._followers = self._followers, {}
+            for sink in followers.values():  # whoever follows a reply hears that it ended
+                sink("error", {"code": "engine_closed", "message": "the client was closed",
+                               "retryable": True})
         self._wire.close(goodbye)
 
     def _lease_ping(self) -> bytes | None:
@@ -185,6 +193,12 @@ class Client:
             self._keepalive_ids.discard(rid)
             return
         with self._arrived:
+            sink = self._followers.get(rid)
+            if sink is not None:  # in the lock: events reach it in the order they came
+                if rtype in ("done", "error"):
+                    del self._followers[rid]
+                sink(rtype, body)
+                return
             self._inbox[rid].append((rtype, body))
             self._arrived.notify_all()
 
@@ -234,6 +248,32 @@ class Client:
                                          f"answered within {limit:g} s")
                 until = quiet_until if stream else min(quiet_until, deadline)
                 self._arrived.wait(max(0.001, until - now))
+
+    def silent_for(self) -> float:
+        """Seconds since the sidecar last sent this client anything (heartbeats included)."""
+        return time.monotonic() - self._last_heard
+
+    @property
+    def silence_limit_s(self) -> float:
+        """The silence after which a wait counts the sidecar as gone (see next_event)."""
+        return max(3.0, min(self.timeout, 5.0))
+
+    def follow(self, msg_id: int, sink: EventSink) -> None:
+        """From now on, hand request ``msg_id``'s events to ``sink`` as they are filed (the
+        ones already waiting first), until its ``done`` or ``error``: a reader that waits on
+        an event loop needs no thread to wait for them. ``sink`` runs on whichever thread
+        files the event, in this client's lock: it must only hand the event on."""
+        with self._arrived:
+            waiting = self._inbox.pop(msg_id, deque())
+            for rtype, body in waiting:
+                sink(rtype, body)
+                if rtype in ("done", "error"):
+                    return
+            if self._closed:
+                sink("error", {"code": "engine_closed", "message": "the client was closed",
+                               "retryable": True})
+                return
+            self._followers[msg_id] = sink
 
     def drain(self, seconds: float = 0.1) -> None:
         """Wait ``seconds``: whatever the sidecar sends meanwhile is filed in the inbox (the

@@ -171,7 +171,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            done = await asyncio.to_thread(_finish, turn, inward)
+            done = await _finished(turn, inward, first)
         finally:
             match.conversation.busy = False
         table.answered(match.conversation, line, done["text"])
@@ -473,14 +473,13 @@ def _close_quietly(c: Client, sid: str) -> None:
         pass  # gone already
 
 
-def _finish(turn: _Turn, inward: Inward) -> dict[str, Any]:
-    try:
-        return turn.stream.result()
-    except BridgeError as e:
-        raise from_code(e.code, e.message) from None
-    except SidecarUnavailable as e:
-        inward.lost(turn.client)
-        raise HttpError(503, "unavailable", str(e)) from None
+async def _finished(turn: _Turn, inward: Inward, first: object) -> dict[str, Any]:
+    """The reply's ``done`` body, awaited on the event loop (no worker thread waits for it)."""
+    async for piece in _pieces(turn, inward, first):
+        if isinstance(piece, HttpError):
+            raise piece
+    assert turn.stream.done is not None
+    return turn.stream.done
 
 
 def _usage(turn: _Turn, done: dict[str, Any]) -> dict[str, Any]:
@@ -515,15 +514,59 @@ def _chunk(turn: _Turn, req: ChatCompletionRequest, delta: dict[str, str],
 _END = object()
 
 
-def _pump(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
-    """Read the reply's pieces on a thread of its own and hand each to the event loop: one
-    wake-up per piece, not a thread-pool task per piece."""
-    try:
-        for piece in turn.stream:
-            loop.call_soon_threadsafe(queue.put_nowait, piece)
-        loop.call_soon_threadsafe(queue.put_nowait, _END)
-    except (BridgeError, SidecarUnavailable) as e:
-        loop.call_soon_threadsafe(queue.put_nowait, e)
+def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+    """Hand the reply's events to the event loop as the sidecar sends them: the client calls
+    the sink on the thread that files them (the sidecar's serving thread, for the face's
+    in-process connection), one wake-up of the loop per event and no thread waiting."""
+    stream = turn.stream
+
+    def hand_on(item: object) -> None:
+        try:
+            loop.call_soon_threadsafe(queue.put_nowait, item)
+        except RuntimeError:  # the face's loop has stopped: nobody reads this reply now
+            pass
+
+    def sink(rtype: str, body: dict[str, Any]) -> None:
+        if rtype == "token":
+            stream.pieces.append(body["text"])
+            hand_on(body["text"])
+        elif rtype == "done":
+            stream.done = body
+            hand_on(_END)
+        elif rtype == "error":
+            hand_on(BridgeError(body.get("code", "error"), body.get("message", ""),
+                                bool(body.get("retryable"))))
+
+    if stream.done is not None:  # ended with its first piece
+        queue.put_nowait(_END)
+    else:
+        turn.client.follow(stream.id, sink)
+
+
+async def _pieces(turn: _Turn, inward: Inward, first: object) -> AsyncIterator[object]:
+    """The reply's text pieces after ``first``, then its end: a piece is a str, or the
+    HttpError the reply ended with (the last). A sidecar silent past the client's limit is
+    gone (503), as a waiting client would count it."""
+    if first is _END:
+        return
+    queue: asyncio.Queue = asyncio.Queue()
+    _follow(turn, asyncio.get_running_loop(), queue)
+    limit = turn.client.silence_limit_s
+    while True:
+        try:
+            piece = await asyncio.wait_for(queue.get(), timeout=1.0)
+        except TimeoutError:
+            if turn.client.silent_for() > limit:
+                inward.lost(turn.client)
+                yield HttpError(503, "unavailable", "no answer from the sidecar")
+                return
+            continue
+        if piece is _END:
+            return
+        if isinstance(piece, BridgeError):
+            yield from_code(piece.code, piece.message)
+            return
+        yield piece
 
 
 def _first(turn: _Turn, inward: Inward) -> object:
@@ -546,27 +589,17 @@ async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
     """The reply as server-sent events, from its ``first`` piece on; a client that goes away
     cancels it (checked between pieces too: a server may notice a closed connection only at a
     later write)."""
-    queue: asyncio.Queue = asyncio.Queue()
-    threading.Thread(target=_pump, args=(turn, asyncio.get_running_loop(), queue),
-                     name="igi-http-stream", daemon=True).start()
     finished = False
     try:
         yield _chunk(turn, req, {"role": "assistant", "content": ""})
         if isinstance(first, str):
             yield _chunk(turn, req, {"content": first})
         n = 0
-        while True:
-            piece = await queue.get()
-            if piece is _END:
-                break
-            if isinstance(piece, SidecarUnavailable):
-                inward.lost(turn.client)
-                piece = HttpError(503, "unavailable", str(piece))
-            if isinstance(piece, BridgeError):
-                piece = from_code(piece.code, piece.message)
+        async for piece in _pieces(turn, inward, first):
             if isinstance(piece, HttpError):
                 yield b"data: " + json.dumps(piece.body()).encode() + b"\n\n"
                 return
+            assert isinstance(piece, str)
             n += 1
             if n % 8 == 0 and await request.is_disconnected():
                 return  # the finally below cancels the reply
