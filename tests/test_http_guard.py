@@ -261,3 +261,36 @@ def test_the_face_listens_on_a_socket_asyncio_turns_nagle_off_on() -> None:
         assert sock.proto == socket.IPPROTO_TCP
     finally:
         sock.close()
+
+
+def test_one_large_body_at_a_time(face) -> None:
+    """A second large body while one is being read is refused 429 at once (not queued): a
+    flood of large bodies cannot hold the sidecar's GIL more than one at a time."""
+    base, _ep, _port = face
+    url = f"{base}/v1/chat/completions"
+    junk = (b'{"model":"x","pad":"' + b"a" * (3 << 20)
+            + b'","messages":[{"role":"user","content":"hi"}]}')
+    started = threading.Event()
+
+    def slow() -> Iterator[bytes]:  # sent without a length, a slice at a time
+        yield junk[: 2 << 20]
+        started.set()
+        time.sleep(1.5)
+        yield junk[2 << 20:]
+
+    first: list[int] = []
+    sender = threading.Thread(target=lambda: first.append(httpx.post(
+        url, content=slow(), headers={"Content-Type": "application/json"}, timeout=60)
+        .status_code))
+    sender.start()
+    assert started.wait(30)
+    time.sleep(0.3)  # its first 2 MiB are read: it holds the large-body slot
+    second = httpx.post(url, content=junk, headers={"Content-Type": "application/json"},
+                        timeout=60)
+    assert second.status_code == 429 and second.json()["error"]["code"] == "busy"
+    assert "retry-after" in second.headers
+    sender.join(60)
+    assert first and first[0] != 429  # the first was read and answered
+    third = httpx.post(url, content=junk, headers={"Content-Type": "application/json"},
+                       timeout=60)
+    assert third.status_code != 429  # and the slot is free again

@@ -64,6 +64,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
     it when the sidecar stops (``serve.start``)."""
     table = Conversations(cfg.max_conversations)
     lock = asyncio.Lock()
+    large_bodies = _LargeBodies()
     inward = inward if inward is not None else Inward(cfg)
 
     @asynccontextmanager
@@ -117,12 +118,17 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         authorised(request)
-        body = await _read_capped(request)
-        # parsing and base64 decoding take tens of milliseconds for a large image: on a
-        # worker thread, in slices, so the event loop keeps answering other requests; a small
-        # body parses in less time than the hop to a worker thread costs
-        req, (system, history, line, images) = (
-            _read(body) if len(body) <= _INLINE_BODY else await asyncio.to_thread(_read, body))
+        slot = _LargeBodySlot(large_bodies)
+        try:
+            body = await _read_capped(request, slot)
+            # parsing and base64 decoding take tens of milliseconds for a large image: on a
+            # worker thread, in slices, so the event loop keeps answering other requests; a
+            # small body parses in less time than the hop to a worker thread costs
+            req, (system, history, line, images) = (
+                _read(body) if len(body) <= _INLINE_BODY
+                else await asyncio.to_thread(_read, body))
+        finally:
+            slot.release()
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
@@ -230,16 +236,57 @@ def _stats(client: Any) -> dict[str, Any]:
         raise from_code(e.code, e.message) from None
 
 
-async def _read_capped(request: Request) -> bytes:
-    """The body, refused with 413 past MAX_BODY_BYTES before it is all read."""
+# A body past this many bytes is large: one at a time is read and parsed (_LargeBodies)
+LARGE_BODY = 1 << 20
+
+
+class _LargeBodies:
+    """At most one large body is read and parsed at a time, face-wide; another is refused
+    429 (retry after a second) rather than queued. Reading and parsing a body of tens of MiB
+    holds the GIL in long stretches that the engine's step loop waits behind (an H200 host's
+    NPC decoded at 0.29-0.53x its speed beside two senders of such bodies); one in flight
+    bounds what a flood of them can take. The event loop's thread only: no lock."""
+
+    def __init__(self) -> None:
+        self.busy = False
+
+
+class _LargeBodySlot:
+    """One request's claim on :class:`_LargeBodies`, taken once its body is known large."""
+
+    def __init__(self, bodies: _LargeBodies) -> None:
+        self.bodies, self.held = bodies, False
+
+    def take(self) -> None:
+        if self.held:
+            return
+        if self.bodies.busy:
+            raise HttpError(429, "busy", "another large request body is being read; send "
+                            "this one again in a moment")
+        self.bodies.busy = self.held = True
+
+    def release(self) -> None:
+        if self.held:
+            self.bodies.busy = self.held = False
+
+
+async def _read_capped(request: Request, slot: _LargeBodySlot) -> bytes:
+    """The body, refused with 413 past MAX_BODY_BYTES before it is all read; a large one
+    takes ``slot`` first (429 while another large body is in flight)."""
     declared = request.headers.get("content-length")
-    if declared is not None and declared.isdigit() and int(declared) > MAX_BODY_BYTES:
-        raise HttpError(413, "request_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+    if declared is not None and declared.isdigit():
+        if int(declared) > MAX_BODY_BYTES:
+            raise HttpError(413, "request_too_large",
+                            f"the body is over {MAX_BODY_BYTES} bytes")
+        if int(declared) > LARGE_BODY:
+            slot.take()
     parts, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
         if size > MAX_BODY_BYTES:
             raise HttpError(413, "request_too_large", f"the body is over {MAX_BODY_BYTES} bytes")
+        if size > LARGE_BODY:  # a body sent without its length
+            slot.take()
         parts.append(chunk)
     return b"".join(parts)
 
