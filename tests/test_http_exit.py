@@ -4,7 +4,6 @@ worker threads no longer wait out the face's 5 s of silence)."""
 from __future__ import annotations
 
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -14,15 +13,11 @@ from pathlib import Path
 import httpx
 
 from tests.test_bridge import stop
+from tests.test_http_face import _free_port, _wait_http
 
 LINE = {"model": "smol", "max_tokens": 1500,
         "messages": [{"role": "user", "content": "Tell a very long story about a dragon."}]}
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def _exit_after_game_dies(model_dir: Path, tmp_path: Path, in_flight: int) -> float:
@@ -37,13 +32,7 @@ def _exit_after_game_dies(model_dir: Path, tmp_path: Path, in_flight: int) -> fl
          "smol.gguf", "--threads", "2", "--ctx", "2048", "--game-pid", str(game.pid),
          "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        deadline = time.monotonic() + 90
-        while time.monotonic() < deadline:
-            try:
-                if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(0.1)
+        _wait_http(base, 90)
         streaming = threading.Event()
 
         def streamed() -> None:

@@ -22,6 +22,7 @@ import pytest
 from igi_sdk.client import Client
 from igi_sdk.http.guard import Gate, refusal
 from tests.test_bridge import start_sidecar, stop
+from tests.test_http_face import _free_port, _wait_http
 
 GATE = Gate.for_bind("127.0.0.1", 8080, loopback=True)
 JSON_POST = {"host": ["127.0.0.1:8080"], "content-type": ["application/json"]}
@@ -75,11 +76,6 @@ def test_beyond_loopback_any_host_but_still_no_page() -> None:
 # --- the real sidecar -------------------------------------------------------------------------
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
 
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str, int]]:
@@ -92,13 +88,7 @@ def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str, int]]:
     probe = Client(ep, timeout=60)
     probe.wait_ready(60)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    _wait_http(base, 60)
     yield base, ep, port
     probe.close()
     stop(proc)

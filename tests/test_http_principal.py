@@ -6,25 +6,18 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import subprocess
 import sys
-import time
 
-import httpx
 import openai
 import pytest
 
 from igi_sdk.client import Client
 from tests.test_bridge import stop
+from tests.test_http_face import _free_port, _wait_http
 
 TOKEN = "launch-token-of-the-test-game-03"
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture()
@@ -38,13 +31,7 @@ def sidecar(tmp_path, default_model):
          "--max-sessions", "4", "--http", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            time.sleep(0.1)
+    _wait_http(base, 90)
     yield endpoint, base
     stop(proc)
 

@@ -429,11 +429,10 @@ class Arbiter:
         can tell (NVML); the other sources see the release once the engine reports it."""
         if not self._waiters:
             return
-        figures = [f for s in self.sources if isinstance(s, NvmlSource)
-                   if (f := s.device_free()) is not None]
-        if not figures:
+        free = self._device_free()
+        if free is None:
             return
-        free, now = min(figures), self.clock()
+        now = self.clock()
         with self._lock:
             self.policy.acknowledge_free(free, now)
         self._end_acknowledged()
