@@ -14,7 +14,7 @@ def _main() -> int:
     os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
     from igi_sdk.bundle import frozen
 
-    if frozen.run_image_worker(sys.argv):
+    if frozen.run_image_worker(sys.argv) or frozen.run_body_worker(sys.argv):
         return 0
     frozen.boot(client_only)
     from igi_sdk.cli import main

@@ -14,7 +14,7 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 
-from igi_sdk.http import app as face
+from igi_sdk.http import parse as face
 from igi_sdk.http.app import HttpConfig, build_app
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values

@@ -20,7 +20,6 @@ KNOWN = {
     "igi_sdk/client.py": 2,
     "igi_sdk/guest/dxgi.py": 5,
     "igi_sdk/guest/paths.py": 2,
-    "igi_sdk/http/app.py": 1,
     "igi_sdk/model/default.py": 1,
     "igi_sdk/planner/planner.py": 1,
     "igi_sdk/runtime/generation.py": 1,

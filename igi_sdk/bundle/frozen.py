@@ -120,6 +120,24 @@ def run_image_worker(argv: list[str]) -> bool:
     return True
 
 
+# the HTTP face's body parsing process (igi_sdk.http._body_worker.MODULE), named here without
+# importing the face: the bundle's entry runs this check before anything else is loaded
+BODY_WORKER_MODULE = "igi_sdk.http._body_worker"
+
+
+def run_body_worker(argv: list[str]) -> bool:
+    """``EXE -m igi_sdk.http._body_worker BYTES``: the HTTP face's body parsing process
+    (started as ``sys.executable -m MODULE``, as from an installed package). False: not such a
+    call."""
+    if len(argv) < 3 or argv[1] != "-m" or argv[2] != BODY_WORKER_MODULE:
+        return False
+    import runpy
+
+    sys.argv = [argv[2], *argv[3:]]
+    runpy.run_module(BODY_WORKER_MODULE, run_name="__main__", alter_sys=True)
+    return True
+
+
 def boot(client_only: str | None) -> None:
     """The bundle's start, before llama.cpp is loaded (the entry script imported this package
     with IGI_SDK_CLIENT_ONLY=1 so that it was not): put the user's IGI_SDK_CLIENT_ONLY back,

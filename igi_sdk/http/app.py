@@ -14,7 +14,6 @@ orphan timeout is closed, and its transcript opens it anew on its next line.
 from __future__ import annotations
 
 import asyncio
-import binascii
 import hmac
 import json
 import threading
@@ -28,19 +27,17 @@ from typing import Any
 import anyio
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
-from pydantic import ValidationError
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
+from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
-from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
-from igi_sdk.http.schema import MAX_BODY_BYTES, ChatCompletionRequest
+from igi_sdk.http.parse import Parsed, read
+from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
 from igi_sdk.wire import protocol as P
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
-_DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
-                      "data:image/jpg;base64,")
 
 
 @dataclass(frozen=True)
@@ -59,18 +56,22 @@ class HttpConfig:
     connect: LocalConnect | None = None
 
 
-def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
-    """The face's app; ``inward``: its connection to the sidecar, given by whoever must close
-    it when the sidecar stops (``serve.start``)."""
+def build_app(cfg: HttpConfig, inward: Inward | None = None,
+              bodies: BodyParser | None = None) -> FastAPI:
+    """The face's app; ``inward``: its connection to the sidecar, and ``bodies``: its parser
+    of large bodies, given by whoever must close them when the sidecar stops
+    (``serve.start``)."""
     table = Conversations(cfg.max_conversations)
     lock = asyncio.Lock()
     large_bodies = _LargeBodies()
     inward = inward if inward is not None else Inward(cfg)
+    body_parser = bodies if bodies is not None else BodyParser()
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
         yield
         inward.close()  # its sessions are kept, to be adopted by the next connection
+        body_parser.close()
 
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
@@ -120,15 +121,17 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None) -> FastAPI:
         authorised(request)
         slot = _LargeBodySlot(large_bodies)
         try:
-            body = await _read_capped(request, slot)
-            # parsing and base64 decoding take tens of milliseconds for a large image: on a
-            # worker thread, in slices, so the event loop keeps answering other requests; a
-            # small body parses in less time than the hop to a worker thread costs
-            req, (system, history, line, images) = (
-                _read(body) if len(body) <= _INLINE_BODY
-                else await asyncio.to_thread(_read, body))
+            chunks, size = await _read_capped(request, slot)
+            if size <= _INLINE_BODY:  # it parses in less time than a hop to a thread costs
+                parsed = read(b"".join(chunks))
+            elif not slot.held:  # a millisecond or two: a worker thread, the loop runs on
+                parsed = await asyncio.to_thread(_read_joined, chunks)
+            else:  # the parse process: a native parse there holds no GIL of this one
+                parsed = await asyncio.to_thread(body_parser.parse, chunks, size)
         finally:
             slot.release()
+        req, system, history, line, images = (parsed.options, parsed.system, parsed.history,
+                                              parsed.line, parsed.images)
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
@@ -270,9 +273,14 @@ class _LargeBodySlot:
             self.bodies.busy = self.held = False
 
 
-async def _read_capped(request: Request, slot: _LargeBodySlot) -> bytes:
-    """The body, refused with 413 past MAX_BODY_BYTES before it is all read; a large one
-    takes ``slot`` first (429 while another large body is in flight)."""
+def _read_joined(chunks: list[bytes]) -> Parsed:
+    return read(b"".join(chunks))
+
+
+async def _read_capped(request: Request, slot: _LargeBodySlot) -> tuple[list[bytes], int]:
+    """The body's chunks and size, refused with 413 past MAX_BODY_BYTES before it is all
+    read; a large one takes ``slot`` first (429 while another large body is in flight). Not
+    joined here: joining tens of MiB is one copy that holds the GIL."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit():
         if int(declared) > MAX_BODY_BYTES:
@@ -288,121 +296,7 @@ async def _read_capped(request: Request, slot: _LargeBodySlot) -> bytes:
         if size > LARGE_BODY:  # a body sent without its length
             slot.take()
         parts.append(chunk)
-    return b"".join(parts)
-
-
-def _read(body: bytes) -> tuple[ChatCompletionRequest, tuple[str, list[Turn], str, list[bytes]]]:
-    """The request and its parts (a worker thread)."""
-    req = _parse(body)
-    return req, _split(req)
-
-
-def _parse(body: bytes) -> ChatCompletionRequest:
-    # pydantic parses in one call that holds the GIL, for as long as the body has values
-    if over_values(body):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
-                        "JSON values (messages, parts and fields together)")
-    if over_escapes(body):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
-                        "escaped characters (send its text as UTF-8, not \\u escapes)")
-    try:
-        # pydantic's JSON reader refuses nesting past its own recursion limit (a 400 here),
-        # so the body is not scanned for nesting first: that walk held the GIL for seconds
-        # on a body with a large image. It reads the bytes (checking UTF-8 as it goes): a
-        # decode to str first was one more GIL-long call over the whole body
-        req = ChatCompletionRequest.model_validate_json(body)
-    except ValidationError as e:
-        first = e.errors()[0]
-        where = ".".join(str(x) for x in first.get("loc", ()))
-        raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
-    if req.n != 1:
-        raise HttpError(400, "invalid_argument", "n must be 1: one reply per request")
-    fmt = req.response_format
-    schema = fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None
-    if schema is not None and P.nesting(schema, P.MAX_NESTING) > P.MAX_NESTING:
-        raise HttpError(400, "invalid_body", "response_format.json_schema.schema nests more "
-                        f"than {P.MAX_NESTING} objects/arrays deep")
-    return req
-
-
-def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes]]:
-    """(system prompt, earlier turns, the new line, its images)."""
-    msgs = list(req.messages)
-    system_parts = []
-    while msgs and msgs[0].role in ("system", "developer"):
-        system_parts.append(msgs.pop(0).text())
-    if not msgs or msgs[-1].role != "user":
-        raise HttpError(400, "invalid_argument", "the last message must be the user's line")
-    turns: list[Turn] = []
-    for m in msgs[:-1]:
-        if m.role not in ("user", "assistant"):
-            raise HttpError(400, "invalid_argument", "system messages go first")
-        if m.image_urls():
-            raise HttpError(400, "invalid_argument", "images are read with the newest line only")
-        turns.append((m.role, m.text()))
-    system, last = "\n\n".join(system_parts), msgs[-1]
-    # a transcript opens a session in one protocol message (its history)
-    _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
-    images = _images(last.image_urls())
-    schema = _schema_size(req)
-    _fits(len(last.text().encode()) + sum(map(len, images)) + schema, "the line with its images")
-    return system, turns, last.text(), images
-
-
-# what one protocol message holds beside its texts and images: the envelope and options
-_ROOM = 64 << 10
-
-
-def _fits(size: int, what: str) -> None:
-    """Refuse what the sidecar's socket would drop unanswered (MAX_MESSAGE_BYTES)."""
-    if size > P.MAX_MESSAGE_BYTES - _ROOM:
-        raise HttpError(413, "request_too_large", f"{what} is over the "
-                        f"{P.MAX_MESSAGE_BYTES - _ROOM} bytes one request to the sidecar holds")
-
-
-def _schema_size(req: ChatCompletionRequest) -> int:
-    fmt = req.response_format
-    if fmt is None or fmt.json_schema is None or fmt.json_schema.schema_ is None:
-        return 0
-    return len(json.dumps(fmt.json_schema.schema_).encode())
-
-
-def _images(urls: list[str]) -> list[bytes]:
-    """The line's data URLs decoded, once their count and size are known to fit."""
-    if len(urls) > P.MAX_IMAGES:
-        raise HttpError(400, "invalid_image", f"a line carries at most {P.MAX_IMAGES} images")
-    payloads = []
-    for url in urls:
-        if not url.startswith(_DATA_URL_PREFIXES):
-            raise HttpError(400, "invalid_image", "images must be PNG or JPEG data URLs "
-                            "(data:image/png;base64,...): the sidecar fetches nothing")
-        payloads.append(url[url.index(",") + 1:])
-    # checked on the encoded length, before anything is decoded: base64 is 4 chars a 3 bytes
-    if sum(len(p) * 3 // 4 for p in payloads) > P.MAX_IMAGE_BYTES:
-        raise HttpError(413, "request_too_large", f"a line's images together are over "
-                        f"{P.MAX_IMAGE_BYTES} bytes")
-    return [_decode(p) for p in payloads]
-
-
-_SLICE = 1 << 20  # base64 characters decoded at a time (a multiple of 4)
-
-
-def _decode(b64: str) -> bytes:
-    """Strict base64 (no padding inside, nothing outside the alphabet), a slice at a time:
-    the decoder holds the GIL, and between slices the event loop's thread runs."""
-    out = []
-    try:
-        for i in range(0, len(b64), _SLICE):
-            part = b64[i:i + _SLICE]
-            if i + _SLICE < len(b64) and part.endswith("="):
-                raise binascii.Error("padding inside the data")
-            out.append(binascii.a2b_base64(part, strict_mode=True))
-    except (binascii.Error, ValueError):  # ValueError: characters outside ASCII
-        raise HttpError(400, "invalid_image", "the image's base64 does not decode") from None
-    data = b"".join(out)
-    if not data:
-        raise HttpError(400, "invalid_image", "the image is empty")
-    return data
+    return parts, size
 
 
 def _priority(header: str | None) -> int:
@@ -417,7 +311,7 @@ def _priority(header: str | None) -> int:
     return value
 
 
-def _begin(make_client: Any, req: ChatCompletionRequest, match: Match, line: str,
+def _begin(make_client: Any, req: ChatOptions, match: Match, line: str,
            images: list[bytes], priority: int, evicted: list[str]) -> _Turn:
     """Open the conversation's session if it is new and start the line (a worker thread)."""
     c: Client = make_client()
@@ -469,7 +363,7 @@ class _StartFailed(Exception):
         self.error = error
 
 
-def _begin_first(make_client: Any, req: ChatCompletionRequest, match: Match, line: str,
+def _begin_first(make_client: Any, req: ChatOptions, match: Match, line: str,
                  images: list[bytes], priority: int, evicted: list[str],
                  inward: Inward) -> tuple[_Turn, object]:
     """``_begin`` then the reply's first piece (a worker thread): a line the shared context
@@ -486,7 +380,7 @@ def _held(listing: list[dict[str, Any]], session: str) -> bool:
     return any(s["session"] == session and s["owner"] == "you" for s in listing)
 
 
-def _open(c: Client, req: ChatCompletionRequest, conv: Conversation, history: list[Turn],
+def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
           priority: int) -> None:
     sampling: dict[str, Any] = {}
     if req.temperature is not None:
@@ -541,7 +435,7 @@ def _finish_reason(done: dict[str, Any]) -> str:
     return "length" if done.get("finish_reason") == "length" else "stop"
 
 
-def _completion(turn: _Turn, req: ChatCompletionRequest, done: dict[str, Any]
+def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any]
                 ) -> dict[str, Any]:
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": req.model or "igi-sdk",
@@ -550,7 +444,7 @@ def _completion(turn: _Turn, req: ChatCompletionRequest, done: dict[str, Any]
             "usage": _usage(turn, done)}
 
 
-def _chunk(turn: _Turn, req: ChatCompletionRequest, delta: dict[str, str],
+def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, str],
            finish: str | None = None) -> bytes:
     body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
             "model": req.model or "igi-sdk",
@@ -630,7 +524,7 @@ def _first(turn: _Turn, inward: Inward) -> object:
         raise HttpError(503, "unavailable", str(e)) from None
 
 
-async def _sse(turn: _Turn, req: ChatCompletionRequest, table: Conversations,
+async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                line: str, request: Request, inward: Inward,
                first: object) -> AsyncIterator[bytes]:
     """The reply as server-sent events, from its ``first`` piece on; a client that goes away

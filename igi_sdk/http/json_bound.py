@@ -25,7 +25,7 @@ _RUN = 64  # backslashes looked at per step
 _SLICE = 1 << 20  # bytes counted per call: the GIL changes hands between calls
 
 
-def _separators(body: bytes, start: int, end: int) -> int:
+def _separators(body: bytes | bytearray, start: int, end: int) -> int:
     return sum(body.count(c, i, min(i + _SLICE, end))
                for i in range(start, end, _SLICE) for c in _SEPARATORS)
 
@@ -38,7 +38,7 @@ def _separators(body: bytes, start: int, end: int) -> int:
 MAX_ESCAPES = 1 << 19
 
 
-def over_escapes(body: bytes, limit: int = MAX_ESCAPES) -> bool:
+def over_escapes(body: bytes | bytearray, limit: int = MAX_ESCAPES) -> bool:
     """Whether ``body`` holds more than ``limit`` backslashes (an upper bound on its escaped
     characters), counted a slice at a time so that the GIL changes hands between calls."""
     found = 0
@@ -49,7 +49,7 @@ def over_escapes(body: bytes, limit: int = MAX_ESCAPES) -> bool:
     return False
 
 
-def over_values(body: bytes, limit: int = MAX_VALUES, max_steps: int = MAX_STEPS) -> bool:
+def over_values(body: bytes | bytearray, limit: int = MAX_VALUES, max_steps: int = MAX_STEPS) -> bool:
     """Whether ``body`` holds more than ``limit`` JSON values (True also when it cannot be
     told within ``max_steps``, which no body within the schema's caps needs)."""
     if _separators(body, 0, len(body)) <= limit:

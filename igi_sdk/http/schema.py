@@ -73,9 +73,12 @@ class ResponseFormat(Loose):
     json_schema: JsonSchemaFormat | None = None
 
 
-class ChatCompletionRequest(Loose):
+class ChatOptions(Loose):
+    """Everything a request says besides its messages: what the face needs once the
+    transcript is split off (a large body is parsed in another process, and only this, the
+    texts and the images come back)."""
+
     model: Annotated[str, Field(max_length=256)] = ""
-    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
     stream: bool = False
     stream_options: StreamOptions | None = None
     max_tokens: int | None = Field(None, ge=1, le=P.MAX_TOKENS)
@@ -97,3 +100,12 @@ class ChatCompletionRequest(Loose):
         if self.stop is None:
             return []
         return [self.stop] if isinstance(self.stop, str) else list(self.stop)
+
+
+class ChatCompletionRequest(ChatOptions):
+    messages: Annotated[list[Message], Field(min_length=1, max_length=MAX_MESSAGES)]
+
+    def options(self) -> ChatOptions:
+        """The request without its messages (the objects shared, nothing validated again)."""
+        return ChatOptions.model_construct(
+            **{name: getattr(self, name) for name in ChatOptions.model_fields})

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import uvicorn
 
 from igi_sdk.http.app import HttpConfig, Inward, build_app
+from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.guard import Gate
 from igi_sdk.serving.server import Server, is_loopback_host
 
@@ -31,6 +32,7 @@ class Face:
 
     server: uvicorn.Server
     inward: Inward
+    bodies: BodyParser
 
     def stop(self) -> None:
         """Stop answering and end every request in flight at once: their worker threads
@@ -38,6 +40,7 @@ class Face:
         process's exit until it timed out (5 s of silence)."""
         self.server.should_exit = True
         self.inward.close()
+        self.bodies.close()
 
 
 def start(bind: str, sidecar: Server, *, api_key: str | None) -> Face:
@@ -51,15 +54,15 @@ def start(bind: str, sidecar: Server, *, api_key: str | None) -> Face:
     cfg = HttpConfig(endpoint=sidecar.bound, owner=secrets.token_urlsafe(24), token=None,
                      api_key=api_key, gate=Gate.for_bind(host, port, loopback=loopback),
                      connect=sidecar.connect_local)
-    inward = Inward(cfg)
-    app = build_app(cfg, inward)
+    inward, bodies = Inward(cfg), BodyParser()
+    app = build_app(cfg, inward, bodies)
     sock = listen(host, port)
     server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning",
                                            access_log=False, lifespan="off"))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="igi-http",
                               daemon=True)
     thread.start()
-    return Face(server, inward)
+    return Face(server, inward, bodies)
 
 
 def listen(host: str, port: int) -> socket.socket:

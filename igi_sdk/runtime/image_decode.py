@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import logging
 import re
-import subprocess
 import sys
 import threading
 import time
@@ -32,12 +31,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Generic, TypeVar
 
-import psutil
-
 from igi_sdk.errors import GenerationCancelled, InvalidImageError, VisionUnavailableError
 from igi_sdk.events import ReplyDone, ReplyFailed, ReplyListener
 from igi_sdk.runtime import _image_worker as wire
 from igi_sdk.runtime.generation import Generation, GenerationResult
+from igi_sdk.worker_process import CpuTimeCap, WorkerGone, WorkerProcess
 
 log = logging.getLogger("igi_sdk.runtime")
 
@@ -219,141 +217,20 @@ def fit_pixels(image: Decoded, budget: ImageBudget | None = None,
 # --- the worker ----------------------------------------------------------------------------------
 
 
-class _WorkerGone(Exception):
-    """The worker ended (killed, or it crashed) before it answered."""
-
-
-# how often the time cap reads the worker's CPU time, and the wall time, as a multiple of the
-# cap, after which a decode ends even if the worker got no CPU (a host busy for a minute)
-_WATCH_S = 0.02
-_WALL_TIMES = 12
-
-
-class _TimeCap:
-    """Kills ``worker`` ("timeout") once the decode has used ``cpu_s`` of CPU time.
-
-    CPU time, not wall time: the worker runs at a lower priority than the game (nice 10,
-    BELOW_NORMAL on Windows), so a game that keeps every core busy stretches a decode's wall
-    time tenfold and more without making the image any more expensive; a wall cap refused an
-    8K screenshot that decodes in 0.14 s on an idle core. What a decode costs is its CPU time,
-    and that is what an image bomb runs up."""
-
-    def __init__(self, worker: _Worker, cpu_s: float) -> None:
-        self._worker, self._cpu_s = worker, cpu_s
-        self._stop = threading.Event()
-        self._lock = threading.Lock()  # no kill once cancel() returned: the worker is reused
-        try:
-            self._proc = psutil.Process(worker.proc.pid)
-            self._start = _cpu_s(self._proc)
-        except psutil.Error:  # it ended already: the decode finds that out itself
-            return
-        threading.Thread(target=self._watch, name="igi-image-time-cap", daemon=True).start()
-
-    def cancel(self) -> None:
-        with self._lock:
-            self._stop.set()
-
-    def _watch(self) -> None:
-        wall_end = time.monotonic() + _WALL_TIMES * self._cpu_s
-        while not self._stop.wait(_WATCH_S):
-            try:
-                used = _cpu_s(self._proc) - self._start
-            except psutil.Error:
-                return  # the worker ended (its decode sees that)
-            if used >= self._cpu_s or time.monotonic() >= wall_end:
-                with self._lock:
-                    if not self._stop.is_set():
-                        self._worker.kill("timeout")
-                return
-
-
-def _cpu_s(proc: psutil.Process) -> float:
-    times = proc.cpu_times()
-    return float(times.user + times.system)
-
-
-class _Worker:
-    """One decoding process; ``kill`` may come from any thread (a time cap, a cancel)."""
+class _Worker(WorkerProcess):
+    """One decoding process (Pillow loaded, one image at a time)."""
 
     def __init__(self, memory_bytes: int) -> None:
-        flags = 0
-        if sys.platform == "win32":  # no console window; decoding gives way to the game
-            flags = subprocess.CREATE_NO_WINDOW | subprocess.BELOW_NORMAL_PRIORITY_CLASS
-        self.proc = subprocess.Popen(
-            [sys.executable, "-I", str(_WORKER), str(memory_bytes)],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            bufsize=0, creationflags=flags)
-        self.killed_for: str | None = None
-        self.ready = False
-
-    def wait_ready(self) -> None:
-        """Wait until the worker has loaded Pillow (at once for a warm one)."""
-        if self.ready:
-            return
-        timer = threading.Timer(_START_S, self.kill, ("start",))
-        timer.daemon = True
-        timer.start()
-        try:
-            if self._read(1) != wire.READY:
-                self.kill("start")
-                raise _WorkerGone
-        finally:
-            timer.cancel()
-        self.ready = True
-
-    @property
-    def alive(self) -> bool:
-        return self.killed_for is None and self.proc.poll() is None
-
-    def kill(self, why: str) -> None:
-        if self.killed_for is None:
-            self.killed_for = why
-        try:
-            self.proc.kill()
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.kill("closed")
-        for pipe in (self.proc.stdin, self.proc.stdout):
-            try:
-                if pipe is not None:
-                    pipe.close()
-            except OSError:
-                pass
-        try:
-            self.proc.wait(5)
-        except subprocess.TimeoutExpired:
-            log.warning("image decoding process %d did not end", self.proc.pid)
+        super().__init__([sys.executable, "-I", str(_WORKER), str(memory_bytes)])
 
     def run(self, head: bytes, data: bytes, max_payload: int) -> tuple[int, int, int, bytes]:
-        """(status, width, height, payload) of one request; _WorkerGone if it ended."""
-        assert self.proc.stdin is not None and self.proc.stdout is not None
-        try:
-            self.proc.stdin.write(head)
-            self.proc.stdin.write(data)
-            self.proc.stdin.flush()
-        except OSError as e:
-            raise _WorkerGone from e
-        reply = self._read(wire.REPLY.size)
-        status, width, height, n = wire.REPLY.unpack(reply)
+        """(status, width, height, payload) of one request; WorkerGone if it ended."""
+        self.send(head, data)
+        status, width, height, n = wire.REPLY.unpack(self.read_exact(wire.REPLY.size))
         if n > max_payload:  # never allocate what a child says: it may be the broken one
             self.kill("protocol")
-            raise _WorkerGone
-        return status, width, height, self._read(n)
-
-    def _read(self, n: int) -> bytes:
-        assert self.proc.stdout is not None
-        buf = bytearray()
-        while len(buf) < n:
-            try:
-                piece = self.proc.stdout.read(n - len(buf))
-            except OSError as e:
-                raise _WorkerGone from e
-            if not piece:
-                raise _WorkerGone
-            buf += piece
-        return bytes(buf)
+            raise WorkerGone
+        return status, width, height, self.read_exact(n)
 
 
 class DecodeCancel:
@@ -441,16 +318,16 @@ class ImageDecoder:
             cancel._attach(None)
         try:
             worker = self._take()
-            cap: _TimeCap | None = None
+            cap: CpuTimeCap | None = None
             try:
                 cancel._attach(worker)
-                worker.wait_ready()
-                cap = _TimeCap(worker, lim.time_s)
+                worker.wait_ready(wire.READY, _START_S)
+                cap = CpuTimeCap(worker, lim.time_s)
                 head = wire.REQUEST.pack(lim.max_side, lim.max_pixels, budget.max_tokens,
                                          budget.tile, len(data))
                 status, width, height, payload = worker.run(
                     head, data, max(_MESSAGE_MAX, lim.max_pixels * 3))
-            except _WorkerGone:
+            except WorkerGone:
                 raise self._gone(worker) from None
             finally:
                 if cap is not None:

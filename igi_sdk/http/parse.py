@@ -1,0 +1,151 @@
+"""A Chat Completions body read into what the face acts on (:class:`Parsed`), every bound checked
+before the parse that would cost more: no sockets, no sidecar, no event loop. Run in the face's
+process for a small body and in its body parsing process for a large one
+(http/body_parser.py)."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import json
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from igi_sdk.http.conversations import Turn
+from igi_sdk.http.errors import HttpError
+from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
+from igi_sdk.http.schema import ChatCompletionRequest, ChatOptions
+from igi_sdk.wire import protocol as P
+
+DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
+                     "data:image/jpg;base64,")
+
+
+@dataclass(frozen=True)
+class Parsed:
+    """A request body read: its options, the system prompt, the earlier turns, the new line
+    and that line's images (decoded from base64)."""
+
+    options: ChatOptions
+    system: str
+    history: list[Turn]
+    line: str
+    images: list[bytes]
+
+
+def read(body: bytes | bytearray) -> Parsed:
+    """The request in ``body``, every bound checked; HttpError when it is refused."""
+    req = _parse(body)
+    system, history, line, images = _split(req)
+    return Parsed(req.options(), system, history, line, images)
+
+
+def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
+    # pydantic parses in one call that holds the GIL, for as long as the body has values
+    if over_values(body):
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
+                        "JSON values (messages, parts and fields together)")
+    if over_escapes(body):
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
+                        "escaped characters (send its text as UTF-8, not \\u escapes)")
+    try:
+        # pydantic's JSON reader refuses nesting past its own recursion limit (a 400 here),
+        # so the body is not scanned for nesting first: that walk held the GIL for seconds
+        # on a body with a large image. It reads the bytes (checking UTF-8 as it goes): a
+        # decode to str first was one more GIL-long call over the whole body
+        req = ChatCompletionRequest.model_validate_json(body)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(x) for x in first.get("loc", ()))
+        raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
+    if req.n != 1:
+        raise HttpError(400, "invalid_argument", "n must be 1: one reply per request")
+    fmt = req.response_format
+    schema = fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None
+    if schema is not None and P.nesting(schema, P.MAX_NESTING) > P.MAX_NESTING:
+        raise HttpError(400, "invalid_body", "response_format.json_schema.schema nests more "
+                        f"than {P.MAX_NESTING} objects/arrays deep")
+    return req
+
+
+def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes]]:
+    """(system prompt, earlier turns, the new line, its images)."""
+    msgs = list(req.messages)
+    system_parts = []
+    while msgs and msgs[0].role in ("system", "developer"):
+        system_parts.append(msgs.pop(0).text())
+    if not msgs or msgs[-1].role != "user":
+        raise HttpError(400, "invalid_argument", "the last message must be the user's line")
+    turns: list[Turn] = []
+    for m in msgs[:-1]:
+        if m.role not in ("user", "assistant"):
+            raise HttpError(400, "invalid_argument", "system messages go first")
+        if m.image_urls():
+            raise HttpError(400, "invalid_argument", "images are read with the newest line only")
+        turns.append((m.role, m.text()))
+    system, last = "\n\n".join(system_parts), msgs[-1]
+    # a transcript opens a session in one protocol message (its history)
+    _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+    images = _images(last.image_urls())
+    schema = _schema_size(req)
+    _fits(len(last.text().encode()) + sum(map(len, images)) + schema, "the line with its images")
+    return system, turns, last.text(), images
+
+
+# what one protocol message holds beside its texts and images: the envelope and options
+_ROOM = 64 << 10
+
+
+def _fits(size: int, what: str) -> None:
+    """Refuse what the sidecar's socket would drop unanswered (MAX_MESSAGE_BYTES)."""
+    if size > P.MAX_MESSAGE_BYTES - _ROOM:
+        raise HttpError(413, "request_too_large", f"{what} is over the "
+                        f"{P.MAX_MESSAGE_BYTES - _ROOM} bytes one request to the sidecar holds")
+
+
+def _schema_size(req: ChatCompletionRequest) -> int:
+    fmt = req.response_format
+    if fmt is None or fmt.json_schema is None or fmt.json_schema.schema_ is None:
+        return 0
+    return len(json.dumps(fmt.json_schema.schema_).encode())
+
+
+def _images(urls: list[str]) -> list[bytes]:
+    """The line's data URLs decoded, once their count and size are known to fit."""
+    if len(urls) > P.MAX_IMAGES:
+        raise HttpError(400, "invalid_image", f"a line carries at most {P.MAX_IMAGES} images")
+    payloads = []
+    for url in urls:
+        if not url.startswith(DATA_URL_PREFIXES):
+            raise HttpError(400, "invalid_image", "images must be PNG or JPEG data URLs "
+                            "(data:image/png;base64,...): the sidecar fetches nothing")
+        payloads.append(url[url.index(",") + 1:])
+    # checked on the encoded length, before anything is decoded: base64 is 4 chars a 3 bytes
+    if sum(len(p) * 3 // 4 for p in payloads) > P.MAX_IMAGE_BYTES:
+        raise HttpError(413, "request_too_large", f"a line's images together are over "
+                        f"{P.MAX_IMAGE_BYTES} bytes")
+    return [_decode(p) for p in payloads]
+
+
+_SLICE = 1 << 20  # base64 characters decoded at a time (a multiple of 4)
+
+
+def _decode(b64: str) -> bytes:
+    """Strict base64 (no padding inside, nothing outside the alphabet), a slice at a time:
+    the decoder holds the GIL, and between slices the event loop's thread runs."""
+    out = []
+    try:
+        for i in range(0, len(b64), _SLICE):
+            part = b64[i:i + _SLICE]
+            if i + _SLICE < len(b64) and part.endswith("="):
+                raise binascii.Error("padding inside the data")
+            # validate: nothing outside the alphabet, padding only at the end (a2b_base64's
+            # strict_mode says the same, from Python 3.11 on)
+            out.append(base64.b64decode(part, validate=True))
+    except (binascii.Error, ValueError):  # ValueError: characters outside ASCII
+        raise HttpError(400, "invalid_image", "the image's base64 does not decode") from None
+    data = b"".join(out)
+    if not data:
+        raise HttpError(400, "invalid_image", "the image is empty")
+    return data
