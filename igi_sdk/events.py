@@ -41,6 +41,7 @@ class ReplyResult(Protocol):
     completion_tokens: int
     ttft_s: float
     total_s: float
+    cached_tokens: int
 
 
 @dataclass(frozen=True)

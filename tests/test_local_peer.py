@@ -10,10 +10,13 @@ from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any
 
+import msgpack
 import pytest
+from fastapi.testclient import TestClient
 
 from igi_sdk.client import Client
 from igi_sdk.events import ReplyDone, ReplyText
+from igi_sdk.http.app import HttpConfig, build_app
 from igi_sdk.serving.backend import StreamListener
 from igi_sdk.serving.server import Server, ServerConfig
 from igi_sdk.wire import protocol as P
@@ -28,6 +31,7 @@ class _Result:
     completion_tokens: int
     ttft_s: float
     total_s: float
+    cached_tokens: int = 0
 
 
 class _Talking(_Stalled):
@@ -104,3 +108,37 @@ def test_closing_the_client_ends_a_followed_reply(server) -> None:
     c.follow(12345, lambda rtype, body: heard.append(body.get("code", rtype)))
     c.close()
     assert heard == ["engine_closed"]
+
+
+class _Counting:
+    """A local connection that notes the type of every request it sends."""
+
+    def __init__(self, wire: Any, sent: list[str]) -> None:
+        self.wire, self.sent = wire, sent
+
+    def send(self, frame: bytes) -> None:
+        self.sent.append(msgpack.unpackb(frame)["type"])
+        self.wire.send(frame)
+
+    def close(self, goodbye: bytes | None) -> None:
+        self.wire.close(goodbye)
+
+
+def test_a_line_of_a_held_conversation_is_one_request_to_the_service(server) -> None:
+    sent: list[str] = []
+    cfg = HttpConfig(endpoint=server.bound, owner="o" * 32,
+                     connect=lambda on_frame: _Counting(server.connect_local(on_frame), sent))
+    http = TestClient(build_app(cfg))
+    messages: list[dict[str, str]] = [{"role": "system", "content": "You are Brom."}]
+    per_line = []
+    for line in ("Hello.", "What do you sell?", "Thanks."):
+        messages.append({"role": "user", "content": line})
+        before = len(sent)
+        r = http.post("/v1/chat/completions", json={"messages": messages, "user": "brom"})
+        assert r.status_code == 200, r.text
+        messages.append({"role": "assistant",
+                         "content": r.json()["choices"][0]["message"]["content"]})
+        per_line.append([t for t in sent[before:] if t != "hello"])
+    assert per_line[0] == ["open_session", "chat"]
+    # the conversation's session is asked for the line, not looked up first
+    assert per_line[1:] == [["chat"], ["chat"]]

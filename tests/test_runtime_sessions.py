@@ -51,9 +51,12 @@ def test_streamed_reply_is_real_text(engine) -> None:
     assert sum(c.isalpha() for c in res.text) > 10  # words, not noise
     assert res.prompt_tokens > 10 and 0 < res.completion_tokens <= 40
     assert res.finish_reason in ("stop", "length")
+    assert res.cached_tokens == 0  # a new session's cache holds nothing
+    held = engine.session_info()[sid]["tokens"]
     # a second turn continues the same conversation (the KV cache is reused, not re-read)
     res2 = _reply(engine, sid, "And breakfast?", max_tokens=20)
     assert res2.prompt_tokens < res.prompt_tokens + res.completion_tokens
+    assert res2.cached_tokens == held > res.prompt_tokens  # what the cache held, told
     engine.close_session(sid)
 
 

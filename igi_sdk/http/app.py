@@ -19,10 +19,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import anyio
 from fastapi import FastAPI, Request
@@ -227,7 +227,6 @@ class _Turn:
     client: Client
     stream: ChatStream
     conversation: Conversation
-    cached: int  # KV cells the session held before the line
     id: str
     created: int
 
@@ -319,21 +318,10 @@ def _begin(make_client: Any, req: ChatOptions, match: Match, line: str,
     try:
         for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
             _close_quietly(c, sid)
-        listing: list[dict[str, Any]] = []
         if match.fresh:
             _open(c, req, conv, list(match.history), priority)
-        elif not _held(listing := c.list_sessions()["sessions"], conv.session):
-            try:  # the connection was made again: its sessions wait as orphans
-                c.adopt_session(conv.session)
-            except BridgeError as e:
-                if e.code != "unknown_session":
-                    raise
-                # it ended while idle (the orphan timeout): the transcript opens anew
-                _open(c, req, conv, conv.turns, priority)
-        if priority and not match.fresh:
-            c.set_priority(conv.session, priority)
-        # what the session's cache held before the line (a new session holds nothing yet)
-        cached = next((s["tokens"] for s in listing if s["session"] == conv.session), 0)
+        elif priority:
+            _held(c, req, conv, priority, lambda: c.set_priority(conv.session, priority))
         options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
                                    "stop": req.stops()}
         fmt = req.response_format
@@ -346,13 +334,13 @@ def _begin(make_client: Any, req: ChatOptions, match: Match, line: str,
             options["json_schema"] = fmt.json_schema.schema_
         if images:
             options["images"] = images
-        stream = c.chat(conv.session, line, **options)
+        stream = (c.chat(conv.session, line, **options) if match.fresh else
+                  _held(c, req, conv, priority, lambda: c.chat(conv.session, line, **options)))
     except BridgeError as e:
         raise from_code(e.code, e.message) from None
     except SidecarUnavailable as e:
         raise HttpError(503, "unavailable", str(e)) from None
-    return _Turn(c, stream, conv, int(cached), f"chatcmpl-{uuid.uuid4().hex[:24]}",
-                 int(time.time()))
+    return _Turn(c, stream, conv, f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()))
 
 
 class _StartFailed(Exception):
@@ -375,9 +363,27 @@ def _begin_first(make_client: Any, req: ChatOptions, match: Match, line: str,
         raise _StartFailed(e) from None
 
 
-def _held(listing: list[dict[str, Any]], session: str) -> bool:
-    """Whether the face's connection holds ``session`` (``listing``: its list_sessions)."""
-    return any(s["session"] == session and s["owner"] == "you" for s in listing)
+_T = TypeVar("_T")
+
+
+def _held(c: Client, req: ChatOptions, conv: Conversation, priority: int,
+          call: Callable[[], _T]) -> _T:
+    """``call`` on the conversation's session, which the face's connection holds almost always
+    (asked first, not checked: one round trip to the service fewer per line). Where it does
+    not: a session of an earlier connection waits as an orphan and is adopted; one that ended
+    while idle (the orphan timeout) opens anew from the transcript."""
+    try:
+        return call()
+    except BridgeError as e:
+        if e.code != "unknown_session":
+            raise
+    try:
+        c.adopt_session(conv.session)
+    except BridgeError as e:
+        if e.code != "unknown_session":
+            raise
+        _open(c, req, conv, conv.turns, priority)
+    return call()
 
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
@@ -423,12 +429,15 @@ async def _finished(turn: _Turn, inward: Inward, first: object) -> dict[str, Any
     return turn.stream.done
 
 
-def _usage(turn: _Turn, done: dict[str, Any]) -> dict[str, Any]:
+def _usage(done: dict[str, Any]) -> dict[str, Any]:
     usage = done.get("usage", {})
     new, out = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"prompt_tokens": turn.cached + new, "completion_tokens": out,
-            "total_tokens": turn.cached + new + out,
-            "prompt_tokens_details": {"cached_tokens": turn.cached}}
+    # the tokens the session's cache held and the line reused: read by OpenAI's clients as
+    # part of the prompt (prompt_tokens_details.cached_tokens)
+    cached = int(usage.get("cached_tokens", 0))
+    return {"prompt_tokens": cached + new, "completion_tokens": out,
+            "total_tokens": cached + new + out,
+            "prompt_tokens_details": {"cached_tokens": cached}}
 
 
 def _finish_reason(done: dict[str, Any]) -> str:
@@ -441,7 +450,7 @@ def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any]
             "model": req.model or "igi-sdk",
             "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
                          "finish_reason": _finish_reason(done), "logprobs": None}],
-            "usage": _usage(turn, done)}
+            "usage": _usage(done)}
 
 
 def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, str],
@@ -550,7 +559,7 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         if req.stream_options is not None and req.stream_options.include_usage:
             usage = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
                      "model": req.model or "igi-sdk", "choices": [],
-                     "usage": _usage(turn, done)}
+                     "usage": _usage(done)}
             yield b"data: " + json.dumps(usage).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
         table.answered(turn.conversation, line, done.get("text", ""))

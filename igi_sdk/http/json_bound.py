@@ -49,7 +49,8 @@ def over_escapes(body: bytes | bytearray, limit: int = MAX_ESCAPES) -> bool:
     return False
 
 
-def over_values(body: bytes | bytearray, limit: int = MAX_VALUES, max_steps: int = MAX_STEPS) -> bool:
+def over_values(body: bytes | bytearray, limit: int = MAX_VALUES,
+                max_steps: int = MAX_STEPS) -> bool:
     """Whether ``body`` holds more than ``limit`` JSON values (True also when it cannot be
     told within ``max_steps``, which no body within the schema's caps needs)."""
     if _separators(body, 0, len(body)) <= limit:

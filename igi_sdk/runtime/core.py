@@ -870,7 +870,7 @@ class EngineCore:
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
-                start_pending=list(s.pending), order=self._turn_counter + 1,
+                cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
                 ignore_eos=ignore_eos, images=pending,
             )
             turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves

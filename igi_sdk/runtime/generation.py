@@ -21,6 +21,7 @@ class GenerationResult:
     completion_tokens: int
     ttft_s: float  # request accepted -> first token sampled
     total_s: float
+    cached_tokens: int = 0  # KV cells of the session the turn reused (prompt_tokens excludes them)
 
     @property
     def decode_tps(self) -> float:

@@ -138,4 +138,5 @@ def settle(t: Turn, reason: str, error: BaseException | None, visible_end: int |
         completion_tokens=len(t.generated),
         ttft_s=(t.t_first or now) - t.t0,
         total_s=now - t.t0,
+        cached_tokens=t.cached_cells,
     ))

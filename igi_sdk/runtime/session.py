@@ -114,6 +114,7 @@ class Turn:
     emitted: int = 0
     decoder: Any = field(default_factory=lambda: codecs.getincrementaldecoder("utf-8")("replace"))
     start_tokens: int = 0
+    cached_cells: int = 0  # KV cells the session held that this line reuses (not read again)
     start_pending: list[int] = field(default_factory=list)
     order: int = 0
     ignore_eos: bool = False

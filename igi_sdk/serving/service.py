@@ -849,7 +849,8 @@ def _ok(msg_id: int, reply: C.Answer, ignored: tuple[str, ...], msg_type: str = 
 def _done(r: ChatResult) -> C.Done:
     return C.Done(text=r.text, finish_reason=r.finish_reason,
                   usage=C.Usage(prompt_tokens=r.prompt_tokens,
-                                completion_tokens=r.completion_tokens),
+                                completion_tokens=r.completion_tokens,
+                                cached_tokens=r.cached_tokens),
                   timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s))
 
 

@@ -41,7 +41,7 @@ class UpstreamReply:
 
     text: str
     finish_reason: str  # "stop", "length", "cancelled"
-    prompt_tokens: int
+    prompt_tokens: int  # read for this line: the upstream's count less what it had cached
     completion_tokens: int
     ttft_s: float
     total_s: float
@@ -252,7 +252,8 @@ class UpstreamClient:
                     "line is rolled back") from None
         total = time.monotonic() - t0
         prompt, completion, cached = _usage(usage)
-        return UpstreamReply("".join(pieces), finish, prompt, completion or len(pieces),
+        cached = min(cached, prompt)  # OpenAI counts the cached tokens in prompt_tokens
+        return UpstreamReply("".join(pieces), finish, prompt - cached, completion or len(pieces),
                              ttft if started else total, total, cached, base, attempt)
 
 

@@ -225,6 +225,9 @@ class Token(Reply):
 class Usage(Reply):
     prompt_tokens: int = Field(description="tokens fed for this turn (template included)")
     completion_tokens: int = Field(description="tokens sampled for this reply")
+    cached_tokens: int = Field(0, description="1.2: tokens of the conversation already in "
+                               "the session's cache, reused for this turn and not in "
+                               "prompt_tokens")
 
 
 class Timings(Reply):
