@@ -3,7 +3,7 @@
 #   copy ../shared/gpu (pruned llama-cpp-python sdist + build-cuda-cmake.sh + wheels) to .gpu/,
 #   bash benchmarks/gpu_wheels.sh (the SDK's dependencies the image lacks), then
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
-#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http |
+#   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
 #         vlm | bundle | npcs | shipped | busy | all
 #   (each fits one 10-minute device call)
@@ -227,6 +227,22 @@ if [ "$part" = http ] || [ "$part" = all ]; then
     echo "only $left s left: the bench did not run" | tee -a "$log"
   fi
   echo "part http done at $SECONDS s" | tee -a "$log"
+fi
+if [ "$part" = flood ] || [ "$part" = all ]; then
+  # the HTTP face under a flood of large bodies (body_flood.py: an NPC's decode through the
+  # ZeroMQ face and a ping every 10 ms, alone and beside two senders of 24-30 MiB bodies), the
+  # synthetic 8B under a 4 GiB cap, FLOOD_RUNS times; the face's own cost first
+  log="$out/flood.txt"; m=/tmp/igi-bench/llama3-8b.gguf
+  timeout 60 python3 benchmarks/face_overhead.py --rounds 300 --json "$out/face-overhead.json" \
+    2>&1 | tee -a "$log"
+  [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet \
+    2>&1 | tee -a "$log"
+  prof=benchmarks/results/h200-profile-16t-v6b.json
+  for k in $(seq 1 "${FLOOD_RUNS:-2}"); do
+    timeout -k 10 200 python3 benchmarks/body_flood.py --model-dir /tmp/igi-bench \
+      --model llama3-8b.gguf --threads 12 --json "$out/body-flood-$k.json" \
+      -- --profile "$prof" --vram 4GiB 2>&1 | tee -a "$log"
+  done
 fi
 if [ "$part" = frames ] || [ "$part" = all ]; then
   # the frame game (benchmarks/frame_game.py): a 60 Hz game loading and unloading 6 GiB levels
