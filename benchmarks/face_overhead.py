@@ -52,6 +52,7 @@ class _Result:
     completion_tokens: int
     ttft_s: float
     total_s: float
+    cached_tokens: int = 0
 
 
 class Instant:
