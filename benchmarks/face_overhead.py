@@ -2,10 +2,13 @@
 
 The sidecar's protocol server runs in this process over an *instant* model side (a session
 opens at once; a line answers one token and ``done`` at once, from another thread as the engine
-would), with the HTTP face beside it. The same conversation's one-token line is then sent,
-alternately, through the ZeroMQ face (``igi_sdk.client.Client``) and the HTTP face (a kept-alive
-``httpx`` client, and the official ``openai`` client where it is installed), and the medians
-compared: what is left is each face's own cost.
+would), with the HTTP face beside it. An NPC's conversation goes on, line after line, alternately
+through the ZeroMQ face (``igi_sdk.client.Client``: one session, a ``chat`` per line) and the HTTP
+face (a kept-alive ``httpx`` client, and the official ``openai`` client where it is installed:
+the whole transcript each time, as an OpenAI client sends it), and the medians compared: what
+is left is each face's own cost. Every ``--block`` lines each face starts a new conversation
+(ZeroMQ: ``open_session``, then the line); those first lines are reported apart
+(``*_open_ms``).
 
     python benchmarks/face_overhead.py [--rounds 300] [--json out.json]
 """
@@ -121,6 +124,8 @@ def _free_port() -> int:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
+    ap.add_argument("--block", type=int, default=25,
+                    help="lines of a conversation before each face starts a new one")
     ap.add_argument("--json")
     args = ap.parse_args()
     from igi_sdk.http.serve import start
@@ -140,37 +145,51 @@ def main() -> None:
         except httpx.HTTPError:
             time.sleep(0.05)
     zmq_client = Client(server.bound, timeout=30)
-    sid = zmq_client.open_session("", name="npc")
     http = httpx.Client(timeout=30)
-    body = {"model": "x", "max_tokens": 1, "prompt_cache_key": "npc-http",
-            "messages": [{"role": "user", "content": "Hello."}]}
     try:
         import openai
 
         api: Any = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
     except ImportError:
         api = None
-    rows: dict[str, list[float]] = {"zmq": [], "http": [], "openai": []}
+    rows: dict[str, list[float]] = {name: [] for name in (
+        "zmq", "http", "openai", "zmq_open", "http_open", "openai_open")}
+    line = {"role": "user", "content": "Hello."}
+    sid, msgs, key = "", [line], ""
     for k in range(args.rounds + 20):  # 20 to warm up
+        new = k % args.block == 0
         t0 = time.perf_counter()
+        if new:
+            if sid:
+                zmq_client.close_session(sid)
+            t0 = time.perf_counter()
+            sid = zmq_client.open_session("", name=f"npc-{k}")
         zmq_client.chat(sid, "Hello.", max_tokens=1).result()
         t1 = time.perf_counter()
-        http.post(f"{base}/v1/chat/completions", json=body).raise_for_status()
+        if new:
+            msgs, key = [line], f"npc-{k}"
+        http.post(f"{base}/v1/chat/completions", json={
+            "model": "x", "max_tokens": 1, "prompt_cache_key": f"http-{key}",
+            "messages": msgs}).raise_for_status()
         t2 = time.perf_counter()
         if api is not None:
-            api.chat.completions.create(model="x", max_tokens=1, messages=body["messages"],
-                                        extra_body={"prompt_cache_key": "npc-openai"})
+            api.chat.completions.create(model="x", max_tokens=1, messages=msgs,
+                                        extra_body={"prompt_cache_key": f"openai-{key}"})
         t3 = time.perf_counter()
+        msgs = [*msgs, {"role": "assistant", "content": "Hi"}, line]
         if k >= 20:
-            rows["zmq"].append(t1 - t0)
-            rows["http"].append(t2 - t1)
+            suffix = "_open" if new else ""
+            rows["zmq" + suffix].append(t1 - t0)
+            rows["http" + suffix].append(t2 - t1)
             if api is not None:
-                rows["openai"].append(t3 - t2)
+                rows["openai" + suffix].append(t3 - t2)
     zmq_client.close()
     out: dict[str, Any] = {"rounds": args.rounds}
     for name, xs in rows.items():
         out[f"{name}_ms"] = round(statistics.median(xs) * 1e3, 3) if xs else None
     out["overhead_ms"] = round(out["http_ms"] - out["zmq_ms"], 3)
+    if out["http_open_ms"] is not None and out["zmq_open_ms"] is not None:
+        out["open_overhead_ms"] = round(out["http_open_ms"] - out["zmq_open_ms"], 3)
     print(json.dumps(out))
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1))

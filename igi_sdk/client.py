@@ -249,6 +249,12 @@ class Client:
                 until = quiet_until if stream else min(quiet_until, deadline)
                 self._arrived.wait(max(0.001, until - now))
 
+    @property
+    def greeted(self) -> bool:
+        """Whether this client has said hello (a request waits for one first; a chat is then
+        sent without waiting for anything)."""
+        return self._greeted
+
     def silent_for(self) -> float:
         """Seconds since the sidecar last sent this client anything (heartbeats included)."""
         return time.monotonic() - self._last_heard

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import openai
 import pytest
@@ -21,14 +22,16 @@ TOKEN = "launch-token-of-the-test-game-03"
 
 
 @pytest.fixture()
-def sidecar(tmp_path, default_model):
+def sidecar(tmp_path, default_model, request):
     shutil.copy(default_model, tmp_path / "smol.gguf")
     endpoint, port = f"ipc://{tmp_path / 's.sock'}", _free_port()
     env = {**os.environ, "IGI_SDK_TOKEN": TOKEN}
+    orphan_ttl = getattr(request, "param", 300.0)
     proc = subprocess.Popen(
         [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
          str(tmp_path), "--model", "smol.gguf", "--ctx", "2048", "--threads", "2",
-         "--max-sessions", "4", "--http", f"127.0.0.1:{port}"],
+         "--max-sessions", "4", "--orphan-ttl", str(orphan_ttl),
+         "--http", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
     _wait_http(base, 90)
@@ -63,3 +66,27 @@ def test_the_game_opens_its_sessions_whatever_the_mods_hold(sidecar) -> None:
         assert _line(api, "mod-late") is not None  # and served again once one is free
     finally:
         game.close()
+
+
+@pytest.mark.parametrize("sidecar", [1.0], indirect=True)
+def test_a_conversation_closed_while_idle_goes_on_from_its_transcript(sidecar) -> None:
+    _, base = sidecar
+    api = openai.OpenAI(base_url=f"{base}/v1", api_key="none", max_retries=0)
+    messages = [{"role": "user", "content": "Hello there."}]
+    first = _line(api, "brom")
+    again = api.chat.completions.create(
+        model="smol", max_tokens=2, extra_body={"prompt_cache_key": "brom"},
+        messages=[*messages, {"role": "assistant", "content": first},
+                  {"role": "user", "content": "And then?"}])
+    assert again.usage.prompt_tokens_details.cached_tokens > 0  # its session held it
+    time.sleep(3.0)  # idle past the orphan timeout: the sidecar closes its session
+    later = api.chat.completions.create(
+        model="smol", max_tokens=2, extra_body={"prompt_cache_key": "brom"},
+        messages=[*messages, {"role": "assistant", "content": first},
+                  {"role": "user", "content": "And then?"},
+                  {"role": "assistant", "content": again.choices[0].message.content},
+                  {"role": "user", "content": "Goodbye."}])
+    assert later.choices[0].message.content is not None
+    # opened anew from the transcript: nothing of it was cached
+    assert later.usage.prompt_tokens_details.cached_tokens == 0
+    assert later.usage.prompt_tokens > again.usage.prompt_tokens

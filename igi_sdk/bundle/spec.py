@@ -17,7 +17,7 @@ from igi_sdk.errors import UsageError
 HIDDEN_IMPORTS = (
     "igi_sdk", "llama_cpp", "llama_cpp.mtmd_cpp", "zmq", "msgpack", "pydantic", "numpy", "gguf",
     "llguidance", "PIL.Image", "PIL.PngImagePlugin", "PIL.JpegImagePlugin", "pynvml",
-    "fastapi", "uvicorn", "httpx", "psutil",
+    "fastapi", "uvicorn", "httpx", "psutil", "httptools", "uvloop",
 )
 # packages whose every module is collected (the SDK imports its own lazily, inside functions)
 SUBMODULE_PACKAGES = ("igi_sdk", "uvicorn", "llguidance")

@@ -19,10 +19,10 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any
 
 import anyio
 from fastapi import FastAPI, Request
@@ -144,10 +144,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         try:
             for attempt in range(4):
                 try:
-                    # one worker thread's hop for both: each hop costs a GIL handover
-                    turn, first = await asyncio.to_thread(
-                        _begin_first, client, req, match, line, images, priority, evicted,
-                        inward)
+                    turn, first = await _start(client(), req, match, line, images, priority,
+                                               evicted, inward)
                     break
                 except (HttpError, _StartFailed) as failure:
                     # opened: the line's session was opened and its reply then refused
@@ -229,6 +227,8 @@ class _Turn:
     conversation: Conversation
     id: str
     created: int
+    # the reply's events, handed to the event loop as the sidecar sends them (_follow)
+    queue: asyncio.Queue[object]
 
 
 def _stats(client: Any) -> dict[str, Any]:
@@ -310,37 +310,100 @@ def _priority(header: str | None) -> int:
     return value
 
 
-def _begin(make_client: Any, req: ChatOptions, match: Match, line: str,
-           images: list[bytes], priority: int, evicted: list[str]) -> _Turn:
-    """Open the conversation's session if it is new and start the line (a worker thread)."""
-    c: Client = make_client()
+async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: list[bytes],
+                 priority: int, evicted: list[str], inward: Inward) -> tuple[_Turn, object]:
+    """Send the line and await the reply's first piece (a line the shared context cannot take
+    yet is refused before any token). A line of a conversation whose session the face holds
+    is one request that never waits (``chat``), sent from the event loop: no worker thread.
+    The requests a line may need first (closing sessions, opening or regaining its own,
+    setting its priority) wait for their answers, on a worker thread."""
+    options = _line_options(req, images)
+    conv = match.conversation
+    if match.fresh or evicted or match.replaced or priority or not c.greeted:
+        await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
+    turn = _send(c, conv, line, options)
+    try:
+        return turn, await _next_piece(turn, inward)
+    except HttpError as e:
+        if e.code != "unknown_session" or match.fresh:
+            raise _StartFailed(e) from None
+    # the session is not the connection's: an earlier connection's orphan, or closed while
+    # idle (the orphan timeout, or the game took its slot); asked first, not looked up before
+    # every line: one request to the service fewer per line
+    await asyncio.to_thread(_prepare, c, req, match, priority, [], True)
+    turn = _send(c, conv, line, options)
+    try:
+        return turn, await _next_piece(turn, inward)
+    except HttpError as e:
+        raise _StartFailed(e) from None
+
+
+def _line_options(req: ChatOptions, images: list[bytes]) -> dict[str, Any]:
+    """The ``chat`` options of the request's line."""
+    options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
+                               "stop": req.stops()}
+    fmt = req.response_format
+    if fmt is not None and fmt.type == "json_object":
+        options["json_schema"] = {"type": "object"}
+    elif fmt is not None and fmt.type == "json_schema":
+        if fmt.json_schema is None or fmt.json_schema.schema_ is None:
+            raise HttpError(400, "invalid_argument", "response_format.json_schema.schema "
+                            "is required")
+        options["json_schema"] = fmt.json_schema.schema_
+    if images:
+        options["images"] = images
+    return options
+
+
+def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: list[str],
+             regain: bool) -> None:
+    """What the line needs before it is sent (a worker thread: each request waits for its
+    answer): sessions given up closed; the conversation's session opened (new), or ``regain``:
+    adopted (an earlier connection's orphan) or opened anew from its transcript (closed while
+    idle); its priority set."""
     conv = match.conversation
     try:
+        if not c.greeted:
+            c.hello()
         for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
             _close_quietly(c, sid)
         if match.fresh:
             _open(c, req, conv, list(match.history), priority)
-        elif priority:
-            _held(c, req, conv, priority, lambda: c.set_priority(conv.session, priority))
-        options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
-                                   "stop": req.stops()}
-        fmt = req.response_format
-        if fmt is not None and fmt.type == "json_object":
-            options["json_schema"] = {"type": "object"}
-        elif fmt is not None and fmt.type == "json_schema":
-            if fmt.json_schema is None or fmt.json_schema.schema_ is None:
-                raise HttpError(400, "invalid_argument", "response_format.json_schema.schema "
-                                "is required")
-            options["json_schema"] = fmt.json_schema.schema_
-        if images:
-            options["images"] = images
-        stream = (c.chat(conv.session, line, **options) if match.fresh else
-                  _held(c, req, conv, priority, lambda: c.chat(conv.session, line, **options)))
+        elif regain:
+            _regain(c, req, conv, priority)
+        if priority and not match.fresh:
+            try:
+                c.set_priority(conv.session, priority)
+            except BridgeError as e:
+                if e.code != "unknown_session" or regain:
+                    raise
+                _regain(c, req, conv, priority)
+                c.set_priority(conv.session, priority)
     except BridgeError as e:
         raise from_code(e.code, e.message) from None
     except SidecarUnavailable as e:
         raise HttpError(503, "unavailable", str(e)) from None
-    return _Turn(c, stream, conv, f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()))
+
+
+def _regain(c: Client, req: ChatOptions, conv: Conversation, priority: int) -> None:
+    try:
+        c.adopt_session(conv.session)
+    except BridgeError as e:
+        if e.code != "unknown_session":
+            raise
+        _open(c, req, conv, conv.turns, priority)
+
+
+def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> _Turn:
+    """Send the line (never waits: the client has said hello) and follow its reply."""
+    try:
+        stream = c.chat(conv.session, line, **options)
+    except SidecarUnavailable as e:
+        raise HttpError(503, "unavailable", str(e)) from None
+    turn = _Turn(c, stream, conv, f"chatcmpl-{uuid.uuid4().hex[:24]}", int(time.time()),
+                 asyncio.Queue())
+    _follow(turn, asyncio.get_running_loop())
+    return turn
 
 
 class _StartFailed(Exception):
@@ -349,41 +412,6 @@ class _StartFailed(Exception):
     def __init__(self, error: HttpError) -> None:
         super().__init__(error)
         self.error = error
-
-
-def _begin_first(make_client: Any, req: ChatOptions, match: Match, line: str,
-                 images: list[bytes], priority: int, evicted: list[str],
-                 inward: Inward) -> tuple[_Turn, object]:
-    """``_begin`` then the reply's first piece (a worker thread): a line the shared context
-    cannot take yet is refused before any token."""
-    turn = _begin(make_client, req, match, line, images, priority, evicted)
-    try:
-        return turn, _first(turn, inward)
-    except HttpError as e:
-        raise _StartFailed(e) from None
-
-
-_T = TypeVar("_T")
-
-
-def _held(c: Client, req: ChatOptions, conv: Conversation, priority: int,
-          call: Callable[[], _T]) -> _T:
-    """``call`` on the conversation's session, which the face's connection holds almost always
-    (asked first, not checked: one round trip to the service fewer per line). Where it does
-    not: a session of an earlier connection waits as an orphan and is adopted; one that ended
-    while idle (the orphan timeout) opens anew from the transcript."""
-    try:
-        return call()
-    except BridgeError as e:
-        if e.code != "unknown_session":
-            raise
-    try:
-        c.adopt_session(conv.session)
-    except BridgeError as e:
-        if e.code != "unknown_session":
-            raise
-        _open(c, req, conv, conv.turns, priority)
-    return call()
 
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
@@ -464,11 +492,11 @@ def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, str],
 _END = object()
 
 
-def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) -> None:
+def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
     """Hand the reply's events to the event loop as the sidecar sends them: the client calls
     the sink on the thread that files them (the sidecar's serving thread, for the face's
     in-process connection), one wake-up of the loop per event and no thread waiting."""
-    stream = turn.stream
+    stream, queue = turn.stream, turn.queue
 
     def hand_on(item: object) -> None:
         try:
@@ -487,50 +515,44 @@ def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop, queue: asyncio.Queue) 
             hand_on(BridgeError(body.get("code", "error"), body.get("message", ""),
                                 bool(body.get("retryable"))))
 
-    if stream.done is not None:  # ended with its first piece
-        queue.put_nowait(_END)
-    else:
-        turn.client.follow(stream.id, sink)
+    turn.client.follow(stream.id, sink)
+
+
+async def _next_piece(turn: _Turn, inward: Inward) -> object:
+    """The reply's next text piece, or ``_END``; HttpError for the error it ended with. A
+    sidecar silent past the client's limit is gone (503), as a waiting client would count
+    it."""
+    queue, limit = turn.queue, turn.client.silence_limit_s
+    while True:
+        if not queue.empty():  # no timer for a piece already there
+            piece = queue.get_nowait()
+        else:
+            try:
+                piece = await asyncio.wait_for(queue.get(), timeout=1.0)
+            except TimeoutError:
+                if turn.client.silent_for() > limit:
+                    inward.lost(turn.client)
+                    raise HttpError(503, "unavailable", "no answer from the sidecar") from None
+                continue
+        if isinstance(piece, BridgeError):
+            raise from_code(piece.code, piece.message)
+        return piece
 
 
 async def _pieces(turn: _Turn, inward: Inward, first: object) -> AsyncIterator[object]:
     """The reply's text pieces after ``first``, then its end: a piece is a str, or the
-    HttpError the reply ended with (the last). A sidecar silent past the client's limit is
-    gone (503), as a waiting client would count it."""
+    HttpError the reply ended with (the last)."""
     if first is _END:
         return
-    queue: asyncio.Queue = asyncio.Queue()
-    _follow(turn, asyncio.get_running_loop(), queue)
-    limit = turn.client.silence_limit_s
     while True:
         try:
-            piece = await asyncio.wait_for(queue.get(), timeout=1.0)
-        except TimeoutError:
-            if turn.client.silent_for() > limit:
-                inward.lost(turn.client)
-                yield HttpError(503, "unavailable", "no answer from the sidecar")
-                return
-            continue
+            piece = await _next_piece(turn, inward)
+        except HttpError as e:
+            yield e
+            return
         if piece is _END:
             return
-        if isinstance(piece, BridgeError):
-            yield from_code(piece.code, piece.message)
-            return
         yield piece
-
-
-def _first(turn: _Turn, inward: Inward) -> object:
-    """The reply's first piece, or ``_END`` for a reply without one (a worker thread); the
-    rest is read where it is sent on."""
-    try:
-        for piece in turn.stream:
-            return piece
-        return _END
-    except BridgeError as e:
-        raise from_code(e.code, e.message) from None
-    except SidecarUnavailable as e:
-        inward.lost(turn.client)
-        raise HttpError(503, "unavailable", str(e)) from None
 
 
 async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,

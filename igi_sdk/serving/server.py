@@ -68,6 +68,9 @@ class Server:
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._flood = FloodGuard()  # the ROUTER has no receive limit (see _bind)
         self._push_lock = threading.Lock()
+        # a wake sent and not yet taken by the serving thread: another adds nothing (it runs
+        # every queued completion when it takes one), and each costs a send under the lock
+        self._wake_pending = False
         self._push_sock: zmq.Socket | None = None
         self._auth: ThreadAuthenticator | None = None
         # in-process peers: identity -> the sink of what the service sends them
@@ -207,6 +210,9 @@ class Server:
                 if frame == b"stop":
                     self.stopping.set()
                 elif frame == b"wake":
+                    # cleared before the queue is read: whatever is queued after this is read
+                    # now, or wakes the thread again
+                    self._wake_pending = False
                     self.service.run_completions()
                 continue
             self.send(identity, frame)
@@ -222,6 +228,10 @@ class Server:
             self.router.send_multipart([identity, frame])
 
     def wake(self) -> None:
+        """(Any thread, after queueing a completion.) One wake in flight at a time."""
+        if self._wake_pending:
+            return
+        self._wake_pending = True
         self._push(b"", b"wake")
 
     def stop(self) -> None:

@@ -95,7 +95,8 @@ class Transport(Protocol):
         ...
 
     def wake(self) -> None:
-        """Have the service's thread call ``run_completions`` soon (any thread)."""
+        """Have the service's thread call ``run_completions`` soon (any thread, after it queued
+        a completion: a wake may stand for every completion queued before it is taken)."""
         ...
 
     def stop(self) -> None:
