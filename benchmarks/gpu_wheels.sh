@@ -8,7 +8,7 @@
 set -euo pipefail
 py=${1:-.venv/bin/python}
 dest=.gpu/wheels-extra
-pkgs=(llguidance fastapi opentelemetry-api starlette uvicorn platformdirs annotated-doc pynvml)
+pkgs=(llguidance fastapi opentelemetry-api starlette uvicorn httptools uvloop platformdirs annotated-doc pynvml)
 pins=()
 for p in "${pkgs[@]}"; do
   v=$("$py" -c "import importlib.metadata as m, sys; print(m.version(sys.argv[1]))" "$p")
