@@ -1,16 +1,17 @@
 """What the HTTP face adds to a request, with the model taken out of the measure.
 
-The sidecar's protocol server runs in this process over an *instant* model side (a session
-opens at once; a line answers one token and ``done`` at once, from another thread as the engine
-would), with the HTTP face beside it. An NPC's conversation goes on, line after line, alternately
-through the ZeroMQ face (``igi_sdk.client.Client``: one session, a ``chat`` per line) and the HTTP
-face (a kept-alive ``httpx`` client, and the official ``openai`` client where it is installed:
-the whole transcript each time, as an OpenAI client sends it), and the medians compared: what
-is left is each face's own cost. Every ``--block`` lines each face starts a new conversation
-(ZeroMQ: ``open_session``, then the line); those first lines are reported apart
-(``*_open_ms``).
+The sidecar's protocol server runs in a process of its own (as ``serve`` runs it: the same GIL
+switch interval) over an *instant* model side (a session opens at once; a line answers one token
+and ``done`` at once, from another thread as the engine would), with the HTTP face beside it;
+the clients run in this process, as a game's and a mod's run in theirs. An NPC's conversation
+goes on, line after line, alternately through the ZeroMQ face (``igi_sdk.client.Client``: one
+session, a ``chat`` per line) and the HTTP face (a kept-alive ``httpx`` client, and the official
+``openai`` client where it is installed: the whole transcript each time, as an OpenAI client
+sends it), and the medians compared: what is left is each face's own cost. Every ``--block``
+lines each face starts a new conversation (ZeroMQ: ``open_session``, then the line); those
+first lines are reported apart (``*_open_ms``).
 
-    python benchmarks/face_overhead.py [--rounds 300] [--json out.json]
+    python benchmarks/face_overhead.py [--rounds 300] [--block 25] [--json out.json]
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import json
 import os
 import socket
 import statistics
+import subprocess
 import sys
 import tempfile
 import threading
@@ -121,30 +123,54 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
+def serve(endpoint: str, port: int) -> None:
+    """The sidecar's side (a child process): until its stdin closes."""
+    from igi_sdk.http.serve import start
+
+    sys.setswitchinterval(0.0005)  # as `igi-sdk serve` sets it
+    tmp = Path(tempfile.mkdtemp())
+    server = Server(ServerConfig(endpoint=endpoint, model_dir=tmp),
+                    Instant())  # type: ignore[arg-type]
+    server.service.model_name = "instant.gguf"
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    start(f"127.0.0.1:{port}", server, api_key=None)
+    sys.stdin.read()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=300)
     ap.add_argument("--block", type=int, default=25,
                     help="lines of a conversation before each face starts a new one")
     ap.add_argument("--json")
+    ap.add_argument("--serve", nargs=2, metavar=("ENDPOINT", "PORT"), help=argparse.SUPPRESS)
     args = ap.parse_args()
-    from igi_sdk.http.serve import start
-
+    if args.serve:
+        serve(args.serve[0], int(args.serve[1]))
+        return
     tmp = Path(tempfile.mkdtemp())
-    server = Server(ServerConfig(endpoint=f"ipc://{tmp / 's.sock'}", model_dir=tmp),
-                    Instant())  # type: ignore[arg-type]
-    server.service.model_name = "instant.gguf"
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    port = _free_port()
-    start(f"127.0.0.1:{port}", server, api_key=None)
-    base = f"http://127.0.0.1:{port}"
+    endpoint, port = f"ipc://{tmp / 's.sock'}", _free_port()
+    side = subprocess.Popen([sys.executable, __file__, "--serve", endpoint, str(port)],
+                            stdin=subprocess.PIPE)
+    try:
+        measure(args, endpoint, f"http://127.0.0.1:{port}")
+    finally:
+        assert side.stdin is not None
+        side.stdin.close()
+        side.wait(10)
+
+
+def measure(args: argparse.Namespace, endpoint: str, base: str) -> None:
+    deadline = time.monotonic() + 60
     while True:
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                 break
         except httpx.HTTPError:
+            if time.monotonic() > deadline:
+                raise
             time.sleep(0.05)
-    zmq_client = Client(server.bound, timeout=30)
+    zmq_client = Client(endpoint, timeout=30)
     http = httpx.Client(timeout=30)
     try:
         import openai
