@@ -22,6 +22,7 @@ from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.parse import Parsed, read
 from igi_sdk.http.schema import ChatCompletionRequest
+from igi_sdk.wire import protocol as P
 
 
 @pytest.fixture(scope="module")
@@ -138,3 +139,13 @@ def test_the_bundle_runs_the_child_as_an_installed_package_does() -> None:
     assert out[:1] == wire.READY
     status, _, images_size = wire.REPLY.unpack(out[1:1 + wire.REPLY.size])
     assert status == wire.OK and images_size == len(read(body).images[0])
+
+
+def test_a_refused_part_is_named_not_the_string_its_content_is_not() -> None:
+    url = "data:image/png;base64," + "A" * ((P.MAX_IMAGE_BYTES * 4) // 3 + 100)
+    body = json.dumps({"messages": [{"role": "user", "content": [
+        {"type": "image_url", "image_url": {"url": url}}]}]}).encode()
+    with pytest.raises(HttpError) as e:
+        read(body)
+    assert e.value.status == 400
+    assert "image_url.url" in e.value.message and "at most" in e.value.message

@@ -56,7 +56,10 @@ def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
         # decode to str first was one more GIL-long call over the whole body
         req = ChatCompletionRequest.model_validate_json(body)
     except ValidationError as e:
-        first = e.errors()[0]
+        # the deepest error says the most: a content that is neither a string nor a valid
+        # list of parts fails both, and "should be a valid string" hid "the image's URL is too
+        # long" (the first error of the first field, in its union's order)
+        first = max(e.errors(include_url=False), key=lambda err: len(err.get("loc", ())))
         where = ".".join(str(x) for x in first.get("loc", ()))
         raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
     if req.n != 1:
