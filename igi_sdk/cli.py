@@ -665,6 +665,7 @@ def _more_descriptors() -> None:
 def cmd_serve(args: argparse.Namespace) -> int:
     import logging
 
+    from igi_sdk.serving import endpoint_file
     from igi_sdk.sidecar import HostConfig, ServerConfig, build_server
 
     if not 0.0 <= args.reading_tps < float("inf"):  # NaN fails it too
@@ -750,7 +751,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
     # second, so whoever reads the line finds the file too)
     if args.endpoint_file:
         try:
-            _write_endpoint_file(Path(args.endpoint_file), server.bound)
+            endpoint_file.write(Path(args.endpoint_file), server.bound)
         except OSError as e:
             server.close()
             raise UsageError(f"cannot write --endpoint-file {args.endpoint_file}: "
@@ -784,7 +785,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         if face is not None:  # its requests in flight end now, not when they time out
             face.stop()
         if args.endpoint_file:  # a file naming a sidecar that is gone would mislead
-            _remove_endpoint_file(Path(args.endpoint_file), server.bound)
+            endpoint_file.remove(Path(args.endpoint_file), server.bound)
     return 0
 
 
@@ -820,25 +821,6 @@ def _instance(value: str | None) -> str | None:
         return value
     raise UsageError(f"--instance {value!r}: 1 to 64 characters of A-Z, a-z, 0-9, '_', '.' "
                      "and '-' (an id for this launch, e.g. the game's name, PID and a counter)")
-
-
-def _write_endpoint_file(path: Path, endpoint: str) -> None:
-    """The endpoint as one line, atomically: a reader sees no file or the whole line."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(endpoint + "\n", encoding="utf-8")
-        os.replace(tmp, path)
-    except OSError:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
-def _remove_endpoint_file(path: Path, endpoint: str) -> None:
-    try:  # only our own line: a newer sidecar may have written its endpoint there since
-        if path.read_text(encoding="utf-8").strip() == endpoint:
-            path.unlink()
-    except OSError:
-        pass
 
 
 def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
