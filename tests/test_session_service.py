@@ -138,3 +138,38 @@ def test_a_remote_peer_still_lapses(service) -> None:
     svc.clients[b"mod"].last_seen -= 3600
     svc.heartbeat()
     assert b"mod" not in svc.clients and svc.sessions.orphans()
+
+
+def test_a_frozen_sidecar_does_not_count_its_freeze_as_the_clients_silence(
+        service, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc, kept = service
+    game = Peer(svc, kept, b"game", token=TOKEN)
+    game.call("open_session", {"name": "npc", "persona": ""})
+    now = [time.monotonic()]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    svc.heartbeat()
+    now[0] += 20.0  # stopped for 20 s (SIGSTOP, a debugger): no beat ran meanwhile
+    svc.heartbeat()
+    assert b"game" in svc.clients  # a fresh lease on waking, not hello_required
+    rtype, listing = game.call("list_sessions", {})
+    assert rtype == "ok" and [s["session"] for s in listing["sessions"]] == ["npc"]
+    # beating again, a client that stays silent past its lease still lapses
+    for _ in range(int(svc.clients[b"game"].lease_s) + 2):
+        now[0] += 1.0
+        svc.heartbeat()
+    assert b"game" not in svc.clients
+
+
+def test_a_client_silent_while_its_reply_runs_keeps_its_lease(
+        service, monkeypatch: pytest.MonkeyPatch) -> None:
+    svc, kept = service
+    mod = Peer(svc, kept, b"mod")
+    mod.call("open_session", {"name": "m", "persona": ""})
+    mod.tell("chat", {"session": "m", "text": "a very long story"})  # never ends (_Stalled)
+    lease = svc.clients[b"mod"].lease_s
+    now = [time.monotonic()]
+    monkeypatch.setattr(time, "monotonic", lambda: now[0])
+    for _ in range(int(3 * lease) + 1):  # three leases of silence, beating every second
+        now[0] += 1.0
+        svc.heartbeat()
+    assert b"mod" in svc.clients and svc.clients[b"mod"].streams

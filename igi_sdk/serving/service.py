@@ -123,6 +123,7 @@ class SessionService:
         self._ignored: tuple[str, ...] = ()  # unknown fields of the request being handled
         self.stopping = threading.Event()
         self.requests = 0  # frames received, valid or not
+        self._last_beat: float | None = None  # when heartbeat() last ran (monotonic)
         self.errors = 0  # error replies sent (stream errors not counted)
         self.started = time.time()
         self.last_frame: P.Frame | None = None
@@ -190,7 +191,18 @@ class SessionService:
 
     def heartbeat(self) -> None:
         now = time.monotonic()
+        # the sidecar was frozen (SIGSTOP, a debugger, a swap storm) if its own beats stopped:
+        # that time is its silence, not the clients', so every lease starts again now. A
+        # monotonic clock runs on while a process is stopped, and a 20 s stop cost every client
+        # with a 15 s lease its sessions (hello_required).
+        frozen = (self._last_beat is not None
+                  and now - self._last_beat > max(3 * self.cfg.heartbeat_s, 2.0))
+        self._last_beat = now
         for ident, c in list(self.clients.items()):
+            if frozen or c.streams:
+                # a client waiting for its own reply is alive, sending or not (a plugin may
+                # say nothing while it reads a long reply): its lease counts from the end
+                c.last_seen = max(c.last_seen, now)
             silent = now - c.last_seen
             if c.local:  # in this process: no lease to lapse, but its idle sessions end
                 self._end_idle(c, now)
