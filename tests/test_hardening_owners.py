@@ -42,7 +42,8 @@ def tiny_dir(tmp_path_factory, tiny_llama):
 @pytest.fixture(scope="module")
 def sidecar(tiny_dir, tmp_path_factory):
     endpoint = f"ipc://{tmp_path_factory.mktemp('own') / 's.sock'}"
-    proc = _start(tiny_dir, endpoint, "--max-clients", "6")
+    proc = _start(tiny_dir, endpoint, "--max-clients", "6", "--save-dir",
+                  str(tiny_dir / "sessions"))
     Client(endpoint, timeout=60, token=TOKEN).wait_ready(60)
     yield endpoint
     stop(proc)
@@ -190,3 +191,35 @@ def test_the_client_table_is_capped_and_idle_clients_make_room(tiny_dir, tmp_pat
         for s in socks:
             s.close(0)
         stop(proc)
+
+
+def test_saves_belong_to_their_owner_as_sessions_do(sidecar, tiny_dir) -> None:
+    game = Client(sidecar, timeout=60, token=TOKEN)
+    stranger = Client(sidecar, timeout=60, owner=OWNER_B)
+    try:
+        sid = game.open_session("You are Brom. The password is PINECONE.", name="brom")
+        game.chat(sid, "What is the password?", max_tokens=2).result()
+        game.save_session(sid, "slot1-brom")
+        games_file = tiny_dir / "sessions" / "slot1-brom.igisession"
+        before = games_file.read_bytes()
+        # a stranger can neither restore the game's save nor tell it exists: the same answer
+        # as for a name nobody used, and no hint of a name differing in case
+        taken = _fails("unknown_save", stranger.restore_session, "slot1-brom", "x")
+        never = _fails("unknown_save", stranger.restore_session, "never-saved", "y")
+        assert taken.message.replace("slot1-brom", "N") == never.message.replace(
+            "never-saved", "N")
+        assert "slot1-brom" not in _fails("unknown_save", stranger.restore_session,
+                                          "SLOT1-BROM", "z").message
+        # its save of the same name is its own: the game's file is untouched
+        own = stranger.open_session("You are a thief.", name="thief")
+        stranger.chat(own, "Hello.", max_tokens=2).result()
+        stranger.save_session(own, "slot1-brom")
+        assert games_file.read_bytes() == before
+        assert stranger.restore_session("slot1-brom", "thief-again") == "thief-again"
+        assert game.restore_session("slot1-brom", "brom-again") == "brom-again"
+        for c, name in ((game, "brom"), (game, "brom-again"), (stranger, "thief"),
+                        (stranger, "thief-again")):
+            c.close_session(name)
+    finally:
+        game.close()
+        stranger.close()

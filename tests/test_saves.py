@@ -523,3 +523,31 @@ def test_wire_damaged_saves_answer_invalid_state_and_leak_no_slot(wire) -> None:
     for s in sids:
         client.close_session(s)
     client.close_session(client.restore_session("good"))
+
+
+@pytest.mark.skipif(not LINUX, reason="FIFOs, /dev/zero and sparse files as planted on Linux")
+def test_wire_planted_saves_are_refused_unread_and_hold_up_nothing(wire) -> None:
+    import psutil
+
+    client, _, saves, proc = wire
+    saves.mkdir(exist_ok=True)
+    os.mkfifo(saves / "fifo.igisession")
+    (saves / "zero.igisession").symlink_to("/dev/zero")
+    (saves / "random.igisession").symlink_to("/dev/urandom")
+    with open(saves / "huge.igisession", "wb") as f:
+        f.truncate(3 << 30)  # 3 GiB, sparse: no disk used
+    rss = psutil.Process(proc.pid).memory_info().rss
+    for name in ("fifo", "zero", "random", "huge"):
+        e = _bridge_error(client.restore_session, name)
+        assert e.code == "invalid_state", e
+        assert "refused" in e.message
+    # nothing was read: the sidecar did not grow by a planted file's size
+    assert psutil.Process(proc.pid).memory_info().rss - rss < 256 << 20
+    # the I/O thread is free (a FIFO blocked it, and every save with it), and grammars never
+    # wait behind it
+    sid = client.open_session(NPC, sampling={"temperature": 0.0})
+    reply = client.chat(sid, "What do you sell?", max_tokens=8,
+                        json_schema={"type": "object"}).result()
+    assert reply["text"].startswith("{")
+    assert client.save_session(sid, "after-planted")["bytes"] > 0
+    client.close_session(sid)

@@ -86,6 +86,9 @@ class Engine:
         self._outbox = outbox or Outbox()
         self._own_outbox = outbox is None
         self._io = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-io")
+        # grammars are prepared on a thread of their own: behind a save's file work (a slow
+        # disk, a large save) every chat with a grammar or JSON schema waited
+        self._grammars = ThreadPoolExecutor(1, thread_name_prefix="igi-engine-grammar")
         # priorities asked for and not yet applied by the engine thread, by session (the
         # session object too: a name closed and opened again is another session)
         self._asked_priority: dict[str, tuple[object, int]] = {}
@@ -97,6 +100,7 @@ class Engine:
             self._core.start()  # re-raises a load failure here, in the caller's thread
         except BaseException:
             self._io.shutdown(wait=False)
+            self._grammars.shutdown(wait=False)
             if self._own_outbox:
                 self._outbox.close()
             raise
@@ -342,11 +346,11 @@ class Engine:
         if grammar is None and json_schema is None:
             return start(None)
         # Checking (and converting) a grammar takes up to tens of ms within sampling.py's
-        # limits: done on the I/O worker, it holds up neither the caller (the sidecar's socket
-        # thread) nor the decode loop that every NPC shares. A chat with a grammar may thus
-        # start after commands sent after it. A chat the caller gave up on (cancelled) has the
-        # reply it started stopped.
-        return futures.prepared(self._io, partial(prepare_grammar, grammar, json_schema),
+        # limits: done on its own worker, it holds up neither the caller (the sidecar's socket
+        # thread) nor the decode loop that every NPC shares, nor waits behind file work. A chat
+        # with a grammar may thus start after commands sent after it. A chat the caller gave
+        # up on (cancelled) has the reply it started stopped.
+        return futures.prepared(self._grammars, partial(prepare_grammar, grammar, json_schema),
                                 start, lambda g: g.cancel())
 
     def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
@@ -398,7 +402,8 @@ class Engine:
     def load_session_async(self, path: str | Path, *,
                            session_id: str | None = None) -> Future[str]:
         p = Path(path)
-        return futures.chain(self._on_io(lambda: engine_state.read_save(p)), lambda unpacked:
+        limit = engine_state.max_save_bytes(self.inventory, self.config.n_ctx)
+        return futures.chain(self._on_io(lambda: engine_state.read_save(p, limit)), lambda unpacked:
                              self._submit(C.Restore(unpacked[0], unpacked[1], session_id)))
 
     def load_session(self, path: str | Path, *, session_id: str | None = None) -> str:
@@ -443,6 +448,7 @@ class Engine:
                 pass
             self._core.join(timeout=30)
         self._io.shutdown(wait=False)
+        self._grammars.shutdown(wait=False)
         if self._own_outbox:
             self._outbox.close()
 

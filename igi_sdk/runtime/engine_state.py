@@ -11,6 +11,8 @@ from __future__ import annotations
 import ctypes
 import errno
 import mmap
+import os
+import stat
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -229,16 +231,73 @@ def fields(meta: dict[str, Any], n_vocab: int) -> Saved:
                  integer("priority", 0), image_cells, n_images)
 
 
-def read_save(p: Path) -> tuple[dict[str, Any], memoryview]:
+# what a save's header may take beside its KV bytes: the conversation's text, its tokens and
+# the last 4096 history entries (a JSON header), with room to spare
+SAVE_HEADER_BYTES = 64 << 20
+
+
+def max_save_bytes(inventory: ModelInventory, n_ctx: int) -> int:
+    """The largest save a session of this model and context can write: the whole context's KV
+    at 32-bit precision (no KV format is larger) and a header. A file past it was not written
+    by a session here, and is refused before a byte of it is read."""
+    return inventory.kv_bytes(n_ctx, "f32", "f32", swa_full=True) + SAVE_HEADER_BYTES + n_ctx * 64
+
+
+def read_save(p: Path, max_bytes: int) -> tuple[dict[str, Any], memoryview]:
     """A session save file, read and verified (I/O thread); a missing one is
-    :class:`InvalidStateError`, other OS failures are typed by :func:`snapshot.io_error`."""
+    :class:`InvalidStateError`, other OS failures are typed by :func:`snapshot.io_error`.
+
+    Only a regular file is read (not a link, a FIFO or a device: a FIFO blocked this thread,
+    and with it every save, forever; ``/dev/zero`` grew the sidecar past 3 GiB), and only once
+    its size is known to be at most ``max_bytes``."""
+    flags = (os.O_RDONLY | getattr(os, "O_BINARY", 0) | getattr(os, "O_NOFOLLOW", 0)
+             | getattr(os, "O_NONBLOCK", 0))
     try:
-        data = p.read_bytes()
+        fd = os.open(p, flags)
     except (FileNotFoundError, NotADirectoryError):
         raise InvalidStateError(f"no session save '{p.name}'") from None
     except OSError as e:
         if e.errno == errno.ENAMETOOLONG:
             raise InvalidStateError(f"no session save '{p.name[:64]}...' (the name is "
                                     "too long for the file system)") from None
+        if e.errno == errno.ELOOP:  # O_NOFOLLOW: a link where a save should be
+            raise InvalidStateError(f"the session save '{p.name}' is a link, not a file "
+                                    "this sidecar wrote: refused") from None
         raise snapshot.io_error(e, p.name, "read") from None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise InvalidStateError(f"the session save '{p.name}' is not a regular file: "
+                                    "refused")
+        if st.st_size > max_bytes:
+            raise InvalidStateError(
+                f"the session save '{p.name}' is {st.st_size} bytes, more than any session of "
+                f"this model and context can save ({max_bytes}): refused")
+        data = _read_at_most(fd, st.st_size, p.name)
+    except OSError as e:
+        raise snapshot.io_error(e, p.name, "read") from None
+    finally:
+        os.close(fd)
     return snapshot.unpack(data)
+
+
+def _read_at_most(fd: int, size: int, label: str) -> bytearray:
+    """``size`` bytes of ``fd`` (a file that grew or shrank since its size was read is
+    refused: it is being written by someone else)."""
+    buf = bytearray(size)
+    view, got = memoryview(buf), 0
+    while got < size:
+        n = os.readv(fd, [view[got:]]) if hasattr(os, "readv") else _read_into(fd, view[got:])
+        if n <= 0:
+            break
+        got += n
+    if got != size or os.read(fd, 1):
+        raise InvalidStateError(f"the session save '{label}' changed while it was read: "
+                                "refused")
+    return buf
+
+
+def _read_into(fd: int, view: memoryview) -> int:
+    chunk = os.read(fd, min(len(view), 1 << 24))
+    view[:len(chunk)] = chunk
+    return len(chunk)

@@ -68,7 +68,7 @@ def pack(meta: dict[str, Any] | bytes, kv: bytes | memoryview) -> bytes:
     return b"".join(parts(meta if isinstance(meta, bytes) else header(meta), kv))
 
 
-def unpack(data: bytes | memoryview) -> tuple[dict[str, Any], memoryview]:
+def unpack(data: bytes | bytearray | memoryview) -> tuple[dict[str, Any], memoryview]:
     """(header, llama.cpp state) of a snapshot; :class:`InvalidStateError` unless it is whole."""
     view = memoryview(data).cast("B")
     if len(view) < 8 or bytes(view[:7]) != MAGIC:

@@ -52,6 +52,8 @@ log = logging.getLogger("igi_sdk.serving")
 
 _T = TypeVar("_T")
 _SESSION_SUFFIX = ".igisession"
+# under the save folder: the saves of clients other than the game, a folder per owner scope
+_OWNERS_DIR = "owners"
 PID_POLL_S = 0.25  # how often the game-PID watch looks (PROTOCOL.md §10)
 MAX_RESTORES_WAITING = 16  # per save name: restores queued behind its save in flight
 
@@ -134,7 +136,7 @@ class SessionService:
         # work that finished on another thread, to be finished here (the service's thread)
         self._completions: queue.SimpleQueue[Callable[[], None]] = queue.SimpleQueue()
         self._pid_watch: int | None = None
-        # saves being written: lower-case name -> (name, how many)
+        # saves being written: _save_key(folder, name) -> (name, how many)
         self._saving: dict[str, tuple[str, int]] = {}
         # restores of a name whose save is still being written, run when the saves end (so a
         # save, then a restore of it, works even from another connection)
@@ -604,13 +606,21 @@ class SessionService:
         self._answer(c.identity, msg_id, self.backend.close_session(sid), "close_session",
                      closed)
 
-    def _find_save(self, name: str) -> tuple[bool, str | None]:
-        """Whether save ``name`` exists (exactly), and the name of a save that differs from it
-        only in case (one file on Windows and macOS: such names are refused everywhere)."""
+    def _saves_of(self, c: Client) -> Path:
+        """Where ``c``'s saves are: the game's in the save folder itself; another client's
+        under its owner key's scope (a connection's own, without one). A save belongs to its
+        owner as a session does: no other owner can restore, overwrite or even find it (a mod
+        restored the game's save by guessing its name and read what the NPC was told)."""
+        return self.save_dir if c.game else self.save_dir / _OWNERS_DIR / c.scope
+
+    def _find_save(self, folder: Path, name: str) -> tuple[bool, str | None]:
+        """Whether save ``name`` exists in ``folder`` (exactly), and the name of a save there
+        that differs from it only in case (one file on Windows and macOS: such names are
+        refused everywhere)."""
         wanted = (name + _SESSION_SUFFIX).lower()
         exact, other = False, None
         try:
-            with os.scandir(self.save_dir) as it:
+            with os.scandir(folder) as it:
                 for entry in it:
                     if entry.name.lower() == wanted:
                         if entry.name == name + _SESSION_SUFFIX:
@@ -626,12 +636,13 @@ class SessionService:
     def _on_save_session(self, c: Client, msg_id: int, body: P.SaveSession) -> None:
         self._need_model()
         sid = self._owned(c, body.session)
+        folder = self._saves_of(c)
         try:
-            self.save_dir.mkdir(parents=True, exist_ok=True)
+            folder.mkdir(parents=True, exist_ok=True)
         except OSError as e:
             raise save_io_error(e, body.name) from None
-        _, other = self._find_save(body.name)
-        key = body.name.lower()
+        _, other = self._find_save(folder, body.name)
+        key = _save_key(folder, body.name)
         pending = self._saving.get(key)
         if other is None and pending and pending[0] != body.name:
             other = pending[0]
@@ -652,7 +663,7 @@ class SessionService:
             ended()
             return C.SaveSessionOk(name=body.name, bytes=int(n))
 
-        path = self.save_dir / (body.name + _SESSION_SUFFIX)
+        path = folder / (body.name + _SESSION_SUFFIX)
         fut = self.backend.save_session(sid, path)
         # counted until the save ends (it ends on this thread, so not before this line)
         self._saving[key] = (body.name, pending[1] + 1 if pending else 1)
@@ -660,7 +671,8 @@ class SessionService:
 
     def _on_restore_session(self, c: Client, msg_id: int, body: P.RestoreSession) -> None:
         self._need_model()
-        key = body.name.lower()
+        folder = self._saves_of(c)
+        key = _save_key(folder, body.name)
         if key in self._saving:  # read what the save in flight writes, once it is written
             waiting = self._after_saves.setdefault(key, [])
             if len(waiting) >= MAX_RESTORES_WAITING:
@@ -677,11 +689,11 @@ class SessionService:
             return
         self._name_free(c, body.session)
         self._session_room(c)
-        exact, other = self._find_save(body.name)
+        exact, other = self._find_save(folder, body.name)
         if not exact:
             hint = f" (names are case-sensitive: there is '{other}')" if other else ""
             raise P.ProtocolError("unknown_save", f"no saved session '{body.name}'{hint}")
-        path = self.save_dir / (body.name + _SESSION_SUFFIX)
+        path = folder / (body.name + _SESSION_SUFFIX)
         sid = engine_id(c.scope, body.session) if body.session is not None else None
         self._answer_session(c, msg_id, self.backend.restore_session(path, sid),
                              "restore_session", body.session)
@@ -880,3 +892,9 @@ def _typed(e: object, msg_type: str) -> P.ProtocolError:
     log.error("request %s failed: %r", msg_type, e,
               exc_info=e if isinstance(e, BaseException) else None)
     return P.ProtocolError("internal", f"internal error: {e}")
+
+
+def _save_key(folder: Path, name: str) -> str:
+    """A save's key among the saves in flight: its folder and its name without case (one file
+    on Windows and macOS)."""
+    return f"{folder}{os.sep}{name.lower()}"
