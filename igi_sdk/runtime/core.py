@@ -840,6 +840,9 @@ class EngineCore:
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
         messages = [*s.messages, {"role": "user", "content": content}]
+        # bounded before the template and the tokenizer run over it (both on this thread: a
+        # 7.9 MB history held every NPC for 15 s before it was refused)
+        replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data
         parts = vocab.prompt_parts(messages, add_assistant=True)
         full = "".join(text for text, _ in parts)

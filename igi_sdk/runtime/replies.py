@@ -19,6 +19,25 @@ from igi_sdk.runtime.session import Turn
 from igi_sdk.runtime.text import Vocab, stop_scan
 
 
+def check_text_fits(vocab: Vocab, messages: list[dict[str, str]], committed: str, held: int,
+                    share: ContextShare) -> None:
+    """Refuse a conversation whose text cannot fit the session's share of the context, before
+    any template or tokenizer reads it (PromptTooLongError). No token spells more bytes than
+    the vocabulary's longest piece, so the text not yet in the cache needs at least its bytes
+    over that many tokens. Cheap: a count of bytes, and the vocabulary read once for its
+    longest piece, only for a text that could be too long."""
+    total = sum(len(m["content"].encode("utf-8")) for m in messages)
+    new = total - len(committed.encode("utf-8"))  # the cache's text (markup too) is not new
+    if new + held <= share.most:  # a token holds one byte at least: it may fit
+        return
+    fewest = -(-new // vocab.longest_piece())
+    if held + fewest > share.most:
+        raise PromptTooLongError(
+            f"this conversation's text not yet read is {new} bytes: at least {fewest} tokens, "
+            f"and it already holds {held}; one session may hold at most {share.most} of the "
+            "context's cells. Send a shorter history or line, or open a new session")
+
+
 def check_prompt(config: EngineConfig, n_prompt: int, base: int, pending: list[Any],
                  share: ContextShare, others: list[int]) -> None:
     """A line of ``n_prompt`` KV cells after ``base`` must fit the session's share of the

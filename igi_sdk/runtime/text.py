@@ -37,6 +37,7 @@ class Vocab:
         # and the native call)
         self._pieces: dict[int, bytes] = {}
         self._eog: dict[int, bool] = {}
+        self._longest: int | None = None
 
     def tokenize(self, text: str, *, add_special: bool, parse_special: bool = True) -> list[int]:
         data = text.encode("utf-8")
@@ -140,6 +141,17 @@ class Vocab:
             buf = ctypes.create_string_buffer(-n)
             n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, -n, 0, False)
         return buf.raw[:n]
+
+    def longest_piece(self) -> int:
+        """The most bytes one token spells (read once: ~0.1 s for 49k tokens)."""
+        if self._longest is None:
+            buf = ctypes.create_string_buffer(256)
+            most = 1
+            for token in range(self.n_tokens):
+                n = llama_cpp.llama_token_to_piece(self.vocab, token, buf, len(buf), 0, False)
+                most = max(most, -n if n < 0 else n)  # < 0: longer than buf, -n its length
+            self._longest = most
+        return self._longest
 
     def detokenize(self, tokens: list[int]) -> str:
         return b"".join(self.piece(t) for t in tokens).decode("utf-8", "replace")
