@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import socket
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -56,24 +57,51 @@ class UpstreamCall:
 
     def __init__(self) -> None:
         self.cancelled = threading.Event()
+        self.expired = threading.Event()  # the line ran past its deadline
         self._lock = threading.Lock()
         self._response: httpx.Response | None = None
 
     def cancel(self) -> None:
         self.cancelled.set()
+        self._close()
+
+    def expire(self) -> None:
+        """(A timer's thread.) The line's deadline passed: what it reads ends now."""
+        self.expired.set()
+        self._close()
+
+    @property
+    def ended(self) -> bool:
+        return self.cancelled.is_set() or self.expired.is_set()
+
+    def _close(self) -> None:
         with self._lock:
             resp = self._response
         if resp is not None:
+            _shut(resp)
             try:
-                resp.close()  # wakes a read blocked on the socket
+                resp.close()
             except Exception:  # noqa: BLE001 - closing a response being read may race
                 pass
 
     def _reading(self, resp: httpx.Response | None) -> None:
         with self._lock:
             self._response = resp
-        if resp is not None and self.cancelled.is_set():
+        if resp is not None and self.ended:
             resp.close()
+
+
+def _shut(resp: httpx.Response) -> None:
+    """Shut the response's socket down: that wakes a read blocked on it in another thread
+    (closing the response does not: a server that sent part of a reply and then nothing held
+    the line until the silence timeout)."""
+    stream = resp.extensions.get("network_stream")
+    sock = stream.get_extra_info("socket") if stream is not None else None
+    if isinstance(sock, socket.socket):
+        try:
+            sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
 
 
 class _Retry(Exception):
@@ -119,6 +147,16 @@ class UpstreamClient:
         """Stream one chat completion for session ``key``; ``on_text`` hears each piece.
         Tries again on 429/502/503/504 and lost connections (the next replica for those) until
         the first piece; a reply broken off after it ends with UpstreamUnavailableError."""
+        deadline = threading.Timer(self.cfg.line_timeout_s, call.expire)
+        deadline.daemon = True
+        deadline.start()
+        try:
+            return self._stream(key, body, on_text, call, max_chars)
+        finally:
+            deadline.cancel()
+
+    def _stream(self, key: str, body: dict[str, object], on_text: Callable[[str], None],
+                call: UpstreamCall, max_chars: int) -> UpstreamReply:
         order = self.replicas_for(key)
         t0 = time.monotonic()
         at, delay, why = 0, self.cfg.backoff_s, "no try was made"
@@ -126,6 +164,7 @@ class UpstreamClient:
             if call.cancelled.is_set():
                 return UpstreamReply("", "cancelled", 0, 0, 0.0, time.monotonic() - t0, 0,
                                      order[at], attempt - 1)
+            self._check_deadline(call)
             base = order[at]
             try:
                 return self._try(base, key, body, on_text, call, max_chars, t0, attempt)
@@ -148,10 +187,17 @@ class UpstreamClient:
         raise UpstreamUnavailableError(
             f"the upstream did not answer after {self.cfg.retries + 1} tries ({why})")
 
+    def _check_deadline(self, call: UpstreamCall) -> None:
+        if call.expired.is_set():
+            raise UpstreamUnavailableError(
+                f"the upstream did not finish the line within {self.cfg.line_timeout_s:g} s "
+                "(its deadline, every try included)")
+
     def _try(self, base: str, key: str, body: dict[str, object], on_text: Callable[[str], None],
              call: UpstreamCall, max_chars: int, t0: float, attempt: int) -> UpstreamReply:
         try:
-            model = self._model(base)
+            model = self._model(base, call)
+            self._check_deadline(call)
             request = self._http.build_request(
                 "POST", f"{base}/chat/completions", headers=self._headers(key),
                 content=json.dumps({"model": model, **body}).encode())
@@ -162,7 +208,10 @@ class UpstreamClient:
         try:
             if resp.status_code != 200:
                 self._refusal(resp, base)
-            reply = self._read(resp, base, on_text, call, max_chars, t0, attempt)
+            _identity_encoded(resp, base)
+            max_tokens = body.get("max_tokens")
+            reply = self._read(resp, base, on_text, call, max_chars, t0, attempt,
+                               max_tokens if isinstance(max_tokens, int) else None)
         finally:
             call._reading(None)
             resp.close()
@@ -171,23 +220,40 @@ class UpstreamClient:
         return reply
 
     def _headers(self, key: str) -> dict[str, str]:
+        # identity: a compressed stream is work the sidecar did not ask for (a gzip stream of
+        # empty chunks kept a thread inflating for minutes)
         h = {"content-type": "application/json", "accept": "text/event-stream",
-             self.cfg.affinity_header: key}
+             "accept-encoding": "identity", self.cfg.affinity_header: key}
         if self.cfg.api_key:
             h["authorization"] = f"Bearer {self.cfg.api_key}"
         return h
 
-    def _model(self, base: str) -> str:
+    def _model(self, base: str, call: UpstreamCall) -> str:
         if self.cfg.model:
             return self.cfg.model
         with self._lock:
             known = self._models.get(base)
         if known:
             return known
-        resp = self._http.get(f"{base}/models", headers=self._headers("models"))
-        if resp.status_code != 200:
-            self._refusal(resp, base)
-        listing = _bounded_json(resp.content)
+        # read as a reply is: the line's cancel and deadline end it, and at most a bounded body
+        # of it is held (a 600 MB model list grew the sidecar by 1.2 GB)
+        resp = self._http.send(self._http.build_request(
+            "GET", f"{base}/models", headers=self._headers("models")), stream=True)
+        call._reading(resp)
+        try:
+            if resp.status_code != 200:
+                self._refusal(resp, base)
+            _identity_encoded(resp, base)
+            raw = _read_bounded(resp, "model list")
+        except (httpx.TransportError, httpx.StreamError):
+            self._check_deadline(call)
+            if call.cancelled.is_set():
+                raise UpstreamUnavailableError("the line was cancelled") from None
+            raise
+        finally:
+            call._reading(None)
+            resp.close()
+        listing = _bounded_json(raw)
         try:
             name = str(listing["data"][0]["id"])
         except (KeyError, IndexError, TypeError):
@@ -214,7 +280,8 @@ class UpstreamClient:
                                    f"{message}")
 
     def _read(self, resp: httpx.Response, base: str, on_text: Callable[[str], None],
-              call: UpstreamCall, max_chars: int, t0: float, attempt: int) -> UpstreamReply:
+              call: UpstreamCall, max_chars: int, t0: float, attempt: int,
+              max_tokens: int | None) -> UpstreamReply:
         pieces: list[str] = []
         size, finish, usage, ttft = 0, "stop", None, 0.0
         started = False
@@ -223,6 +290,7 @@ class UpstreamClient:
                 if call.cancelled.is_set():
                     finish = "cancelled"
                     break
+                self._check_deadline(call)
                 err = chunk.get("error") if isinstance(chunk, dict) else None
                 if err is not None:
                     raise UpstreamUnavailableError(
@@ -239,9 +307,15 @@ class UpstreamClient:
                         break
                     pieces.append(text)
                     on_text(text)
+                    # a piece is a token as OpenAI servers stream them: the line's max_tokens
+                    # holds even against a server that ignores it
+                    if max_tokens is not None and len(pieces) >= max_tokens:
+                        finish = "length"
+                        break
                 if reason:
                     finish = "length" if reason == "length" else "stop"
-        except httpx.TransportError as e:
+        except (httpx.TransportError, httpx.StreamError) as e:
+            self._check_deadline(call)
             if call.cancelled.is_set():
                 finish = "cancelled"
             elif not started:
@@ -257,19 +331,32 @@ class UpstreamClient:
                              ttft if started else total, total, cached, base, attempt)
 
 
+def _identity_encoded(resp: httpx.Response, base: str) -> None:
+    coding = resp.headers.get("content-encoding", "identity").strip().lower()
+    if coding not in ("", "identity"):
+        raise UpstreamUnavailableError(
+            f"the upstream ({base}) answered {coding}-encoded, which the sidecar did not ask "
+            "for (it asks for identity)")
+
+
+def _read_bounded(resp: httpx.Response, what: str) -> bytes:
+    raw = bytearray()
+    for part in resp.iter_raw():
+        raw += part
+        if len(raw) > MAX_BODY_BYTES:
+            raise UpstreamUnavailableError(f"the upstream's {what} is over {MAX_BODY_BYTES} "
+                                           "bytes")
+    return bytes(raw)
+
+
 def _chunks(resp: httpx.Response) -> Iterator[Json]:
     """The JSON chunks of a streamed answer, or the one body of an answer that was not
     streamed (a server may ignore ``stream``)."""
     kind = resp.headers.get("content-type", "")
     if "text/event-stream" not in kind:
-        raw = b""
-        for part in resp.iter_bytes():
-            raw += part
-            if len(raw) > MAX_BODY_BYTES:
-                raise UpstreamUnavailableError("the upstream's answer is too large")
-        yield _as_stream_chunk(_bounded_json(raw))
+        yield _as_stream_chunk(_bounded_json(_read_bounded(resp, "answer")))
         return
-    for data in data_lines(resp.iter_bytes(), MAX_EVENT_BYTES):
+    for data in data_lines(resp.iter_raw(), MAX_EVENT_BYTES):
         if data.strip() == b"[DONE]":
             return
         if not data.strip():

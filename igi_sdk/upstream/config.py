@@ -27,6 +27,9 @@ class UpstreamConfig:
     affinity_header: str = "x-session-id"
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0  # the longest silence between two chunks of a reply
+    # the longest one line may take, every try included: a server that drips a byte at a time,
+    # or sends keep-alives without end, resets the silence timer forever
+    line_timeout_s: float = 600.0
     retries: int = 3  # more tries after the first, for 429/502/503/504 and lost connections
     backoff_s: float = 0.25  # the first pause; it doubles, or follows Retry-After
     max_backoff_s: float = 4.0
@@ -41,7 +44,7 @@ class UpstreamConfig:
         if self.policy not in POLICIES:
             raise ValueError(f"upstream policy must be one of {', '.join(POLICIES)}")
         if (self.retries < 0 or self.max_streams < 1 or self.backoff_s < 0
-                or self.remote_sessions < 0):
+                or self.remote_sessions < 0 or self.line_timeout_s <= 0):
             raise ValueError("upstream retries, back-off and stream cap must be positive")
         if not self.affinity_header or not self.affinity_header.isascii() or any(
                 c in self.affinity_header for c in " :\r\n"):

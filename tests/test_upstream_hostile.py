@@ -1,0 +1,154 @@
+"""A hostile upstream (``serve --upstream``) on loopback: a drip, keep-alives without end, a
+model list too large to hold, a server that ignores ``max_tokens``, a compressed stream of
+nothing. Each line ends typed within its deadline, holding a bounded amount, and a cancel ends
+even the model list."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import threading
+import time
+import zlib
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+import pytest
+
+from igi_sdk.errors import UpstreamUnavailableError
+from igi_sdk.upstream.client import MAX_BODY_BYTES, UpstreamCall, UpstreamClient
+from igi_sdk.upstream.config import UpstreamConfig
+
+MODE: dict[str, str] = {"models": "ok", "chat": "ok"}
+STOP = threading.Event()
+
+
+def _chunk(text: str) -> bytes:
+    body = {"choices": [{"delta": {"content": text}, "finish_reason": None}]}
+    return b"data: " + json.dumps(body).encode() + b"\n\n"
+
+
+class Hostile(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+    def _stream(self, parts: Iterator[bytes], encoding: str | None = None) -> None:
+        self.send_response(200)
+        self.send_header("content-type", "text/event-stream")
+        if encoding:
+            self.send_header("content-encoding", encoding)
+        self.send_header("transfer-encoding", "chunked")
+        self.end_headers()
+        try:
+            for part in parts:
+                if STOP.is_set():
+                    return
+                self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
+                self.wfile.flush()
+        except OSError:
+            return  # the sidecar hung up: what the test wants
+
+    def do_GET(self) -> None:
+        mode = MODE["models"]
+        if mode == "drip":
+            self._stream(iter(lambda: (time.sleep(0.05), b" ")[1], None))
+        elif mode == "huge":
+            self._stream(b"x" * (1 << 20) for _ in range(64))  # 64 MiB of a "model list"
+        else:
+            body = json.dumps({"data": [{"id": "m"}]}).encode()
+            self.send_response(200)
+            self.send_header("content-type", "application/json")
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    def do_POST(self) -> None:
+        self.rfile.read(int(self.headers.get("content-length", 0)))
+        mode = MODE["chat"]
+        if mode == "drip":  # a byte a second would do; a byte every 50 ms is the same attack
+            first = _chunk("Hi")
+            self._stream(iter([first, *[b":" for _ in range(10_000)]]))
+        elif mode == "keepalive":
+            self._stream(iter(lambda: (time.sleep(0.02), b": ping\n\n")[1], None))
+        elif mode == "ignores_max_tokens":
+            self._stream(_chunk("tok ") for _ in range(4096))
+        elif mode == "gzip_nothing":
+            z = zlib.compressobj(9, zlib.DEFLATED, 31)
+            head = z.compress(b"") + z.flush(zlib.Z_SYNC_FLUSH)
+            self._stream(iter([head, *(z.flush(zlib.Z_SYNC_FLUSH) for _ in range(200_000))]),
+                         encoding="gzip")
+        else:
+            self._stream(iter([_chunk("Hello."), b"data: [DONE]\n\n"]))
+
+
+@pytest.fixture(scope="module")
+def hostile() -> Iterator[str]:
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Hostile)
+    server.daemon_threads = True
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    STOP.set()
+    server.shutdown()
+
+
+@pytest.fixture(autouse=True)
+def _modes() -> Iterator[None]:
+    yield
+    MODE.update(models="ok", chat="ok")
+
+
+def _client(base: str, **kw: float) -> UpstreamClient:
+    return UpstreamClient(UpstreamConfig(urls=(base,), retries=0, read_timeout_s=30.0,
+                                         **kw))  # type: ignore[arg-type]
+
+
+def _line(client: UpstreamClient, call: UpstreamCall | None = None, max_tokens: int = 64):
+    return client.stream("k", {"messages": [{"role": "user", "content": "Hi"}],
+                               "max_tokens": max_tokens, "stream": True},
+                         lambda _t: None, call or UpstreamCall(), max_chars=1 << 20)
+
+
+@pytest.mark.parametrize("mode", ["drip", "keepalive"])
+def test_a_line_that_never_ends_ends_at_its_deadline(hostile: str, mode: str) -> None:
+    MODE["chat"] = mode
+    client = _client(hostile, line_timeout_s=1.0)
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamUnavailableError) as e:
+        _line(client)
+    assert "deadline" in str(e.value) or "within" in str(e.value)
+    assert time.monotonic() - t0 < 20  # ended by the deadline, not by the server
+
+
+def test_a_model_list_is_bounded_and_a_dripping_one_is_cancelled(hostile: str) -> None:
+    MODE["models"] = "huge"
+    with pytest.raises(UpstreamUnavailableError) as e:
+        _line(_client(hostile))
+    assert str(MAX_BODY_BYTES) in str(e.value)
+    MODE["models"] = "drip"
+    call = UpstreamCall()
+    threading.Timer(0.5, call.cancel).start()
+    t0 = time.monotonic()
+    with pytest.raises(UpstreamUnavailableError):
+        _line(_client(hostile), call)
+    assert time.monotonic() - t0 < 20  # the cancel ended it, not the drip
+
+
+def test_max_tokens_holds_against_a_server_that_ignores_it(hostile: str) -> None:
+    MODE["chat"] = "ignores_max_tokens"
+    reply = _line(_client(hostile), max_tokens=64)
+    assert reply.completion_tokens <= 64 and reply.finish_reason == "length"
+    assert reply.text == "tok " * 64
+
+
+def test_a_compressed_answer_is_refused_not_inflated(hostile: str) -> None:
+    MODE["chat"] = "gzip_nothing"
+    with pytest.raises(UpstreamUnavailableError) as e:
+        _line(_client(hostile))
+    assert "gzip" in str(e.value)
+    assert gzip  # (the stream is built with zlib's gzip framing)
+
+
+def test_a_plain_upstream_still_answers(hostile: str) -> None:
+    assert _line(_client(hostile)).text == "Hello."
