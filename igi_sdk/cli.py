@@ -836,6 +836,7 @@ def _upstream(args: argparse.Namespace) -> UpstreamConfig | None:
         urls=tuple(args.upstream), policy=args.upstream_policy,
         api_key=os.environ.get(args.upstream_key_env) or None, model=args.upstream_model,
         affinity_header=args.upstream_affinity_header, read_timeout_s=args.upstream_timeout,
+        line_timeout_s=args.upstream_line_timeout,
         schema_format=args.upstream_schema_format,
         retries=args.upstream_retries, min_local_tps=args.overflow_min_tps)
 
@@ -1108,6 +1109,9 @@ def build_parser() -> argparse.ArgumentParser:
                          "(llama-cpp-python's server)")
     up.add_argument("--upstream-timeout", type=float, default=120.0, metavar="S",
                     help="the longest silence within a reply before it is given up")
+    up.add_argument("--upstream-line-timeout", type=float, default=600.0, metavar="S",
+                    help="the longest one line may take upstream, every try included (a "
+                    "server that drips or sends keep-alives forever never falls silent)")
     up.add_argument("--upstream-retries", type=int, default=3,
                     help="more tries on 429/502/503/504 and lost connections, with back-off")
     up.add_argument("--overflow-min-tps", type=float, default=0.0, metavar="TPS",
