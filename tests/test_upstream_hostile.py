@@ -7,20 +7,28 @@ from __future__ import annotations
 
 import gzip
 import json
+import shutil
+import subprocess
+import sys
 import threading
 import time
 import zlib
 from collections.abc import Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
 
+import httpx
 import pytest
 
 from igi_sdk.errors import UpstreamUnavailableError
 from igi_sdk.upstream.client import MAX_BODY_BYTES, UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import UpstreamConfig
+from tests.test_bridge import stop
+from tests.test_http_face import _free_port, _wait_http
 
 MODE: dict[str, str] = {"models": "ok", "chat": "ok"}
 STOP = threading.Event()
+HUNG_UP = threading.Event()  # a streamed answer's reader went away
 
 
 def _chunk(text: str) -> bytes:
@@ -48,7 +56,7 @@ class Hostile(BaseHTTPRequestHandler):
                 self.wfile.write(f"{len(part):x}\r\n".encode() + part + b"\r\n")
                 self.wfile.flush()
         except OSError:
-            return  # the sidecar hung up: what the test wants
+            HUNG_UP.set()  # the sidecar hung up: what the test wants
 
     def do_GET(self) -> None:
         mode = MODE["models"]
@@ -152,3 +160,40 @@ def test_a_compressed_answer_is_refused_not_inflated(hostile: str) -> None:
 
 def test_a_plain_upstream_still_answers(hostile: str) -> None:
     assert _line(_client(hostile)).text == "Hello."
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_an_http_client_that_leaves_ends_its_silent_upstream_line(
+        hostile: str, tiny_llama: Path, tmp_path: Path, stream: bool) -> None:
+    """Over the HTTP face, a client that disconnects while the upstream sends nothing (only
+    keep-alives) ends the upstream call at once, not at the line's deadline."""
+    shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
+    port = _free_port()
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+         f"ipc://{tmp_path / 's.sock'}", "--model-dir", str(tmp_path), "--model", "tiny.gguf",
+         "--ctx", "1024", "--threads", "1", "--no-arbiter", "--http", f"127.0.0.1:{port}",
+         "--upstream", hostile, "--upstream-policy", "remote", "--upstream-model", "m",
+         "--upstream-retries", "0"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        _wait_http(base, 60)
+        MODE["chat"] = "keepalive"
+        HUNG_UP.clear()
+        body = {"model": "m", "max_tokens": 8, "stream": stream,
+                "messages": [{"role": "user", "content": "Hello?"}]}
+        with httpx.Client(timeout=httpx.Timeout(1.0)) as http:
+            try:
+                with http.stream("POST", f"{base}/v1/chat/completions", json=body) as r:
+                    for _ in r.iter_bytes():
+                        break  # the role chunk (streamed); then the client is gone
+            except httpx.ReadTimeout:
+                pass  # not streamed: nothing comes before the reply's end, and it gives up
+        assert HUNG_UP.wait(30), "the upstream call outlived its client"
+        MODE["chat"] = "ok"
+        r = httpx.post(f"{base}/v1/chat/completions", timeout=60, json={
+            "model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "Hi"}]})
+        assert r.status_code == 200 and r.json()["choices"][0]["message"]["content"] == "Hello."
+    finally:
+        stop(proc)

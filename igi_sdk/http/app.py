@@ -19,7 +19,7 @@ import json
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
@@ -145,7 +145,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             for attempt in range(4):
                 try:
                     turn, first = await _start(client(), req, match, line, images, priority,
-                                               evicted, inward)
+                                               evicted, inward, request.is_disconnected)
                     break
                 except (HttpError, _StartFailed) as failure:
                     # opened: the line's session was opened and its reply then refused
@@ -167,6 +167,13 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                     # a session opened for this line is opened again after the room is made
                     evicted = [victim, *([match.conversation.session]
                                          if match.fresh and opened else [])]
+        except _ClientGone:
+            # gone before the reply's first piece (a silent upstream, a long prompt): the
+            # reply stops, and its session closes
+            match.conversation.busy = False
+            table.forget(match.conversation.session)
+            await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
+            raise HttpError(499, "cancelled", "the client went away") from None
         except BaseException:
             match.conversation.busy = False
             if match.fresh:  # a session opened for a line that failed: not kept
@@ -178,7 +185,13 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
         try:
-            done = await _finished(turn, inward, first)
+            done = await _finished(turn, inward, first, request.is_disconnected)
+        except _ClientGone:
+            # nobody reads this reply: it stops, and its session closes (the transcript is no
+            # longer the client's)
+            table.forget(match.conversation.session)
+            await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
+            raise HttpError(499, "cancelled", "the client went away") from None
         finally:
             match.conversation.busy = False
         table.answered(match.conversation, line, done["text"])
@@ -311,7 +324,8 @@ def _priority(header: str | None) -> int:
 
 
 async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: list[bytes],
-                 priority: int, evicted: list[str], inward: Inward) -> tuple[_Turn, object]:
+                 priority: int, evicted: list[str], inward: Inward,
+                 gone: Gone) -> tuple[_Turn, object]:
     """Send the line and await the reply's first piece (a line the shared context cannot take
     yet is refused before any token). A line of a conversation whose session the face holds
     is one request that never waits (``chat``), sent from the event loop: no worker thread.
@@ -323,7 +337,7 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
         await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
     turn = _send(c, conv, line, options)
     try:
-        return turn, await _next_piece(turn, inward)
+        return turn, await _next_piece(turn, inward, gone)
     except HttpError as e:
         if e.code != "unknown_session" or match.fresh:
             raise _StartFailed(e) from None
@@ -333,7 +347,7 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     await asyncio.to_thread(_prepare, c, req, match, priority, [], True)
     turn = _send(c, conv, line, options)
     try:
-        return turn, await _next_piece(turn, inward)
+        return turn, await _next_piece(turn, inward, gone)
     except HttpError as e:
         raise _StartFailed(e) from None
 
@@ -448,9 +462,17 @@ def _close_quietly(c: Client, sid: str) -> None:
         pass  # gone already
 
 
-async def _finished(turn: _Turn, inward: Inward, first: object) -> dict[str, Any]:
-    """The reply's ``done`` body, awaited on the event loop (no worker thread waits for it)."""
-    async for piece in _pieces(turn, inward, first):
+class _ClientGone(Exception):
+    """The HTTP client disconnected while its reply was awaited."""
+
+
+Gone = Callable[[], Awaitable[bool]]
+
+
+async def _finished(turn: _Turn, inward: Inward, first: object, gone: Gone) -> dict[str, Any]:
+    """The reply's ``done`` body, awaited on the event loop (no worker thread waits for it);
+    _ClientGone if the client disconnects first."""
+    async for piece in _pieces(turn, inward, first, gone):
         if isinstance(piece, HttpError):
             raise piece
     assert turn.stream.done is not None
@@ -518,10 +540,11 @@ def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
     turn.client.follow(stream.id, sink)
 
 
-async def _next_piece(turn: _Turn, inward: Inward) -> object:
+async def _next_piece(turn: _Turn, inward: Inward, gone: Gone | None = None) -> object:
     """The reply's next text piece, or ``_END``; HttpError for the error it ended with. A
     sidecar silent past the client's limit is gone (503), as a waiting client would count
-    it."""
+    it. ``gone``: asked each second without a piece (a reply that sends nothing for a while,
+    an upstream's say, is not left running for a client that has left): _ClientGone."""
     queue, limit = turn.queue, turn.client.silence_limit_s
     while True:
         if not queue.empty():  # no timer for a piece already there
@@ -530,6 +553,8 @@ async def _next_piece(turn: _Turn, inward: Inward) -> object:
             try:
                 piece = await asyncio.wait_for(queue.get(), timeout=1.0)
             except TimeoutError:
+                if gone is not None and await gone():
+                    raise _ClientGone from None
                 if turn.client.silent_for() > limit:
                     inward.lost(turn.client)
                     raise HttpError(503, "unavailable", "no answer from the sidecar") from None
@@ -539,14 +564,15 @@ async def _next_piece(turn: _Turn, inward: Inward) -> object:
         return piece
 
 
-async def _pieces(turn: _Turn, inward: Inward, first: object) -> AsyncIterator[object]:
+async def _pieces(turn: _Turn, inward: Inward, first: object,
+                  gone: Gone) -> AsyncIterator[object]:
     """The reply's text pieces after ``first``, then its end: a piece is a str, or the
-    HttpError the reply ended with (the last)."""
+    HttpError the reply ended with (the last). _ClientGone when the client has left."""
     if first is _END:
         return
     while True:
         try:
-            piece = await _next_piece(turn, inward)
+            piece = await _next_piece(turn, inward, gone)
         except HttpError as e:
             yield e
             return
@@ -567,7 +593,14 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         if isinstance(first, str):
             yield _chunk(turn, req, {"content": first})
         n = 0
-        async for piece in _pieces(turn, inward, first):
+        pieces = _pieces(turn, inward, first, request.is_disconnected)
+        while True:
+            try:
+                piece = await anext(pieces)
+            except (StopAsyncIteration, _ClientGone) as end:
+                if isinstance(end, _ClientGone):
+                    return  # the finally below cancels the reply
+                break
             if isinstance(piece, HttpError):
                 yield b"data: " + json.dumps(piece.body()).encode() + b"\n\n"
                 return
