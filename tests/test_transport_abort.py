@@ -177,3 +177,47 @@ def test_a_flood_of_the_largest_messages_is_cut_and_memory_stays_bounded(sidecar
     assert body["flood_cuts"] >= 1, body
     assert peak - rss0 < 1 << 30, f"the sidecar grew {(peak - rss0) >> 20} MiB under the flood"
     assert proc.poll() is None
+
+
+def test_a_flooder_the_loop_cannot_keep_up_with_is_cut_though_under_the_caps() -> None:
+    """A peer whose messages cost the loop more than their share is read at less than the
+    per-second caps while libzmq queues the rest (cut after 108 s, the sidecar 43-196 MiB
+    larger): a socket left behind after every batch for the backlog time has its busiest peer
+    of the window cut, and only that peer."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+    guard = FloodGuard(per_second=10**6, bytes_per_second=10**12)  # the caps never trip
+    flooder = T.dealer(ctx, endpoint, routing_id=b"flooder")
+    game = T.dealer(ctx, endpoint, routing_id=b"game")
+    try:
+        for _ in range(20_000):
+            flooder.send(bytes(100))
+        for _ in range(5):
+            game.send(b"frame")
+        seen: dict[bytes, int] = {}
+        t_end = time.monotonic() + 30
+        while not guard.cut and time.monotonic() < t_end:
+            for _ in range(256):  # a batch, as the sidecar's loop reads it
+                if not router.poll(2_000):
+                    break
+                ident, frame = router.recv_multipart(copy=False)
+                if guard.admit(ident.bytes, frame):
+                    seen[ident.bytes] = seen.get(ident.bytes, 0) + 1
+            time.sleep(0.05)  # a slow loop: each batch costs it more than the flood's pace
+            guard.drained(emptied=not router.poll(0))
+        assert guard.cut == 1, seen
+        assert seen.get(b"game") == 5  # the game's frames were all read
+        # what the flooder had queued is dropped, not read: the loop catches up at once
+        rest = 0
+        while router.poll(500):
+            ident, frame = router.recv_multipart(copy=False)
+            rest += guard.admit(ident.bytes, frame)
+        assert rest == 0
+    finally:
+        flooder.close(0)
+        game.close(0)
+        router.close(0)
+        ctx.term()

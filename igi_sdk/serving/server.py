@@ -62,6 +62,10 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+# requests read from the socket before the loop polls again
+_BATCH = 256
+
+
 class Server:
     def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.cfg = config
@@ -172,6 +176,8 @@ class Server:
                     self._drain_events()
                 if self.router in ready:
                     self._drain_requests()
+                else:  # nothing waits: the loop is not behind
+                    self._flood.drained(emptied=True)
                 if time.monotonic() >= next_beat:
                     self.service.heartbeat()
                     next_beat = time.monotonic() + self.cfg.heartbeat_s
@@ -186,10 +192,13 @@ class Server:
             self._auth.stop()
 
     def _drain_requests(self) -> None:
-        while True:
+        """Up to a batch of requests, then back to the poll: the service's completions, local
+        peers and heartbeats take turns with a socket that never empties (a flood)."""
+        for _ in range(_BATCH):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
+                self._flood.drained(emptied=True)
                 return
             if len(frames) != 2:
                 continue  # not a DEALER peer speaking one frame per message: nothing to answer
@@ -200,6 +209,8 @@ class Server:
                 self.service.handle(identity, frame)
             except Exception:  # the socket thread serves everyone: keep it
                 log.exception("handling a request failed")
+        self._flood.drained(emptied=False)
+
     def _drain_events(self) -> None:
         while True:
             try:
