@@ -365,11 +365,11 @@ def vectors() -> list[Vector]:
         _rep("event_token_2", 5, "token", {"text": ", traveller.", "i": 2}, ""),
         _rep("event_done", 5, "done", {
             "text": "Swords, traveller.", "finish_reason": "stop",
-            "usage": {"prompt_tokens": 41, "completion_tokens": 5},
+            "usage": {"prompt_tokens": 41, "completion_tokens": 5, "cached_tokens": 0},
             "timings": {"ttft_s": 0.042, "total_s": 0.118}}, "the text is the tokens joined"),
         _rep("event_done_cancelled", 5, "done", {
             "text": "Swords", "finish_reason": "cancelled",
-            "usage": {"prompt_tokens": 41, "completion_tokens": 2},
+            "usage": {"prompt_tokens": 41, "completion_tokens": 2, "cached_tokens": 0},
             "timings": {"ttft_s": 0.042, "total_s": 0.07}},
              "a cancelled stream still ends with done"),
         _rep("reply_ok_cancel", 6, "ok", {"cancelled": True}, ""),
