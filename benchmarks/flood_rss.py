@@ -1,0 +1,122 @@
+"""One local flooder against the sidecar's ZeroMQ face: how much the sidecar grows, how soon the
+flooder is cut, and what another client's ping sees meanwhile.
+
+``igi-sdk serve`` on a model; a DEALER sends one kind of message as fast as it can for
+``--seconds`` (``ping``: answered ``hello_required``, cheap; ``persona``: an ``open_session``
+with a 32 000-character persona, refused but parsed whole, dear), reconnecting when cut; a
+second client pings every 10 ms. Reported: the sidecar's RSS growth at its peak (psutil, read
+every 20 ms), ``flood_cuts`` and when the first came, and the ping's p50/p99/max.
+
+    python benchmarks/flood_rss.py --model-dir DIR --model M.gguf [--kind ping|persona]
+        [--seconds 10] [--json out.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
+
+import psutil
+import zmq
+
+from igi_sdk.client import Client
+from igi_sdk.wire import protocol as P
+
+
+def _message(kind: str) -> bytes:
+    if kind == "ping":
+        return P.encode(1, "ping", {})
+    return P.encode(1, "open_session", {"persona": "é" * P.MAX_TEXT_CHARS, "name": "x"})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model-dir", required=True)
+    ap.add_argument("--model", required=True)
+    ap.add_argument("--kind", choices=("ping", "persona"), default="ping")
+    ap.add_argument("--seconds", type=float, default=10.0)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    endpoint = f"ipc://{Path(tempfile.mkdtemp()) / 's.sock'}"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
+         args.model_dir, "--model", args.model, "--threads", "1", "--no-arbiter"],
+        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    watcher = Client(endpoint, timeout=60)
+    try:
+        watcher.wait_ready(120)
+        side = psutil.Process(proc.pid)
+        rss0 = side.memory_info().rss
+        stop = threading.Event()
+        peak = [rss0]
+        pings: list[float] = []
+
+        def watch() -> None:
+            while not stop.is_set():
+                peak[0] = max(peak[0], side.memory_info().rss)
+                time.sleep(0.02)
+
+        def ping() -> None:
+            c = Client(endpoint, timeout=30)
+            while not stop.is_set():
+                t0 = time.perf_counter()
+                c.request("ping")
+                pings.append(time.perf_counter() - t0)
+                time.sleep(0.01)
+            c.close()
+
+        threads = [threading.Thread(target=f, daemon=True) for f in (watch, ping)]
+        for t in threads:
+            t.start()
+        time.sleep(0.5)
+        ctx = zmq.Context()
+        flooder = ctx.socket(zmq.DEALER)
+        flooder.setsockopt(zmq.LINGER, 0)
+        flooder.setsockopt(zmq.SNDHWM, 0)
+        flooder.connect(endpoint)
+        message, sent, t0 = _message(args.kind), 0, time.monotonic()
+        first_cut: float | None = None
+        asked = t0
+        while time.monotonic() - t0 < args.seconds:
+            for _ in range(100):
+                flooder.send(message, copy=False)
+            sent += 100
+            if first_cut is None and time.monotonic() - asked > 0.1:
+                asked = time.monotonic()
+                if watcher.stats()["flood_cuts"] > 0:
+                    first_cut = asked - t0
+        flooder.close(0)
+        time.sleep(1.0)
+        stop.set()
+        for t in threads:
+            t.join(5)
+        cuts = watcher.stats()["flood_cuts"]
+        pings.sort()
+        out: dict[str, Any] = {
+            "kind": args.kind, "seconds": args.seconds, "sent": sent,
+            "rss_growth_mib": round((peak[0] - rss0) / 2**20, 1), "flood_cuts": cuts,
+            "first_cut_s": None if first_cut is None else round(first_cut, 2),
+            "ping_ms": {"p50": round(pings[len(pings) // 2] * 1e3, 2),
+                        "p99": round(pings[int(len(pings) * 0.99)] * 1e3, 2),
+                        "max": round(pings[-1] * 1e3, 2), "n": len(pings)}}
+        print(json.dumps(out))
+        if args.json:
+            Path(args.json).write_text(json.dumps(out, indent=1))
+    finally:
+        watcher.close()
+        proc.terminate()
+        proc.wait(30)
+
+
+if __name__ == "__main__":
+    main()
