@@ -212,3 +212,33 @@ def test_hostile_schemas_get_invalid_grammar_and_the_sidecar_keeps_serving(tiny_
         s.close(0)
     finally:
         stop(proc)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="SIGSTOP/SIGCONT are POSIX")
+def test_a_sidecar_stopped_longer_than_a_lease_forgets_nobody(tiny_dir, tmp_path) -> None:
+    """The sidecar stopped (SIGSTOP: a debugger, a laptop asleep) for longer than a client's
+    lease counts that time as its own silence, not the client's: a client that sent nothing
+    while it was stopped (it had nothing to say) carries on without a new hello."""
+    import signal
+
+    endpoint = f"ipc://{tmp_path / 'stop.sock'}"
+    proc = start_sidecar(tiny_dir, endpoint, "--model", "tiny.gguf", "--no-arbiter")
+    try:
+        Client(endpoint, timeout=60).wait_ready(60)
+        s = _raw(endpoint)  # a plugin that sends no lease pings of its own
+        s.send(P.encode(1, "hello", {"protocol": P.PROTOCOL_VERSION, "minor": P.PROTOCOL_MINOR,
+                                     "lease_s": 3}))
+        assert _next(s)[1] == "ok"
+        s.send(P.encode(2, "open_session", {"system_prompt": "npc", "name": "npc"}))
+        assert _next(s)[1] == "ok"
+        proc.send_signal(signal.SIGSTOP)
+        time.sleep(6.0)  # two leases
+        proc.send_signal(signal.SIGCONT)
+        time.sleep(1.5)  # the sidecar wakes and beats before the client speaks again
+        s.send(P.encode(3, "list_sessions", {}))
+        rid, rtype, body = _next(s)
+        assert (rid, rtype) == (3, "ok"), body  # not hello_required
+        assert [x["session"] for x in body["sessions"]] == ["npc"]
+        s.close(0)
+    finally:
+        stop(proc)
