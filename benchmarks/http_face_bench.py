@@ -246,6 +246,7 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
             return end - t0, (first or end) - t0, rate
 
         def faces(end: float) -> None:
+            nonlocal chat
             for k in range(args.rounds):
                 if time.monotonic() > end:
                     return
@@ -256,6 +257,11 @@ def ours(args: argparse.Namespace, run: Run) -> int | None:
                     say(f"  one-token turns {k + 1}/{args.rounds}: zmq "
                         f"{_med(rows['zmq_turn_s']) * 1000:.2f} ms, http "
                         f"{_med(rows['http_turn_s']) * 1000:.2f} ms (medians)")
+            # the long replies in new conversations on both faces: the one-token turns filled
+            # the first ones' share of the context (context_full after four long rounds)
+            zc.close_session(state["sid"])
+            state["sid"] = zc.open_session(NPC, sampling={"temperature": 0})
+            chat = Chat(http, f"{base}/chat/completions", NPC, {"prompt_cache_key": "bench-long"})
             for k in range(args.long_rounds):
                 if time.monotonic() > end:
                     return
