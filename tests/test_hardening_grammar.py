@@ -263,7 +263,7 @@ def test_engine_stack_covers_any_grammar_within_the_size_limit(default_model) ->
     assert proc.stdout.count("\n") == 2
 
 
-def test_conversion_runs_on_the_io_worker_not_the_caller(engine, monkeypatch) -> None:
+def test_conversion_runs_on_the_grammar_worker_not_the_caller(engine, monkeypatch) -> None:
     from igi_sdk.runtime import engine as engine_module
 
     seen: list[str] = []
@@ -288,7 +288,8 @@ def test_conversion_runs_on_the_io_worker_not_the_caller(engine, monkeypatch) ->
             engine.chat(sid, "Price?", grammar="root ::= " + "(" * 5000)
     finally:
         engine.close_session(sid)
-    assert seen and all(name.startswith("igi-engine-io") for name in seen)
+    # its own worker: neither the caller's thread nor the one that reads and writes saves
+    assert seen and all(name.startswith("igi-engine-grammar") for name in seen)
 
 
 # --- defect 2: player text is data, never control tokens --------------------------------------
