@@ -257,10 +257,11 @@ LARGE_BODY = 1 << 20
 
 class _LargeBodies:
     """At most one large body is read and parsed at a time, face-wide; another is refused
-    429 (retry after a second) rather than queued. Reading and parsing a body of tens of MiB
-    holds the GIL in long stretches that the engine's step loop waits behind (an H200 host's
-    NPC decoded at 0.29-0.53x its speed beside two senders of such bodies); one in flight
-    bounds what a flood of them can take. The event loop's thread only: no lock."""
+    429 (retry after a second) rather than queued. The parse is the body parser's one child's
+    (body_parser.py), which takes a body at a time; reading tens of MiB still costs this
+    process's event loop, and one in flight bounds what a flood of them can take (an H200
+    host's NPC decoded at 0.29x its speed beside two senders of such bodies, each read and
+    parsed here). The event loop's thread only: no lock."""
 
     def __init__(self) -> None:
         self.busy = False
