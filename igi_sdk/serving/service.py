@@ -125,7 +125,9 @@ class SessionService:
         self._ignored: tuple[str, ...] = ()  # unknown fields of the request being handled
         self.stopping = threading.Event()
         self.requests = 0  # frames received, valid or not
-        self._last_beat: float | None = None  # when heartbeat() last ran (monotonic)
+        # when heartbeat() last ran (monotonic); from the start, so that a stop before the first
+        # beat is seen too (a first beat long after a slow start only renews every lease)
+        self._last_beat = time.monotonic()
         self.errors = 0  # error replies sent (stream errors not counted)
         self.started = time.time()
         self.last_frame: P.Frame | None = None
@@ -197,8 +199,7 @@ class SessionService:
         # that time is its silence, not the clients', so every lease starts again now. A
         # monotonic clock runs on while a process is stopped, and a 20 s stop cost every client
         # with a 15 s lease its sessions (hello_required).
-        frozen = (self._last_beat is not None
-                  and now - self._last_beat > max(3 * self.cfg.heartbeat_s, 2.0))
+        frozen = now - self._last_beat > max(3 * self.cfg.heartbeat_s, 2.0)
         self._last_beat = now
         for ident, c in list(self.clients.items()):
             if frozen or c.streams:
