@@ -31,6 +31,7 @@ from typing import Any
 os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
 
 import httpx
+from ping_watch import PingWatch
 
 from igi_sdk.client import Client
 
@@ -71,18 +72,7 @@ def _phase(endpoint: str, base: str, tokens: int, senders: int) -> dict[str, Any
         for k in range(senders):
             threading.Thread(target=flood, args=(bodies[k % len(bodies)],), daemon=True).start()
         time.sleep(1.0)  # the flood is on before the NPC speaks
-    pings: list[float] = []
-
-    def ping() -> None:
-        c = Client(endpoint, timeout=30)
-        while not stop.is_set():
-            t0 = time.perf_counter()
-            c.request("ping")
-            pings.append(time.perf_counter() - t0)
-            time.sleep(0.01)
-        c.close()
-
-    pinger = threading.Thread(target=ping, daemon=True)
+    pinger = PingWatch(endpoint)
     pinger.start()
     npc = Client(endpoint, timeout=120)
     sid = npc.open_session("You are a storyteller.", sampling={"temperature": 0.0, "seed": 1})
@@ -99,14 +89,11 @@ def _phase(endpoint: str, base: str, tokens: int, senders: int) -> dict[str, Any
     npc.close_session(sid)
     npc.close()
     stop.set()
-    pinger.join(5)
-    pings.sort()
+    pinger.stop()
     decode = (n - 1) / (end - first) if first is not None and n > 1 else 0.0
     return {"tokens": n, "decode_tok_s": round(decode, 2),
             "ttft_s": round((first or end) - t0, 3),
-            "ping_ms": {"p50": round(pings[len(pings) // 2] * 1e3, 2),
-                        "p99": round(pings[int(len(pings) * 0.99)] * 1e3, 2),
-                        "max": round(pings[-1] * 1e3, 2), "n": len(pings)},
+            "ping_ms": pinger.summary(),
             "bodies_posted": len(posted), "statuses": sorted(set(posted))}
 
 

@@ -28,6 +28,7 @@ os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
 
 import psutil
 import zmq
+from ping_watch import PingWatch
 
 from igi_sdk.client import Client
 from igi_sdk.wire import protocol as P
@@ -80,25 +81,16 @@ def main() -> None:
         rss0 = side.memory_info().rss
         stop = threading.Event()
         peak = [rss0]
-        pings: list[float] = []
 
         def watch() -> None:
             while not stop.is_set():
                 peak[0] = max(peak[0], side.memory_info().rss)
                 time.sleep(0.02)
 
-        def ping() -> None:
-            c = Client(endpoint, timeout=30)
-            while not stop.is_set():
-                t0 = time.perf_counter()
-                c.request("ping")
-                pings.append(time.perf_counter() - t0)
-                time.sleep(0.01)
-            c.close()
-
-        threads = [threading.Thread(target=f, daemon=True) for f in (watch, ping)]
-        for t in threads:
-            t.start()
+        watcher_thread = threading.Thread(target=watch, daemon=True)
+        watcher_thread.start()
+        pinger = PingWatch(endpoint)
+        pinger.start()
         time.sleep(0.5)
         # the flooder in a process of its own: in this one, its sending loop held the GIL and
         # the pinger got a few dozen pings out in ten seconds
@@ -113,17 +105,14 @@ def main() -> None:
         sent = int((flooder.stdout.read() if flooder.stdout else "0").strip() or 0)
         time.sleep(1.0)
         stop.set()
-        for t in threads:
-            t.join(5)
+        pinger.stop()
+        watcher_thread.join(5)
         cuts = watcher.stats()["flood_cuts"]
-        pings.sort()
         out: dict[str, Any] = {
             "kind": args.kind, "seconds": args.seconds, "sent": sent,
             "rss_growth_mib": round((peak[0] - rss0) / 2**20, 1), "flood_cuts": cuts,
             "first_cut_s": None if first_cut is None else round(first_cut, 2),
-            "ping_ms": {"p50": round(pings[len(pings) // 2] * 1e3, 2),
-                        "p99": round(pings[int(len(pings) * 0.99)] * 1e3, 2),
-                        "max": round(pings[-1] * 1e3, 2), "n": len(pings)}}
+            "ping_ms": pinger.summary()}
         print(json.dumps(out))
         if args.json:
             Path(args.json).write_text(json.dumps(out, indent=1))

@@ -106,6 +106,7 @@ def serve_hostile() -> tuple[ThreadingHTTPServer, str]:
 def main() -> None:
     os.environ["IGI_SDK_CLIENT_ONLY"] = "1"
     import psutil
+    from ping_watch import PingWatch  # a sibling script: run as benchmarks/hostile_upstream.py
 
     from igi_sdk.client import BridgeError, Client
 
@@ -131,19 +132,7 @@ def main() -> None:
         rss0 = peak = side.memory_info().rss
         for mode in CHAT_MODES:
             MODE["chat"] = mode
-            pings: list[float] = []
-            stop = threading.Event()
-
-            def ping(pings: list[float], stop: threading.Event) -> None:
-                p = Client(endpoint, timeout=30)
-                while not stop.is_set():
-                    t = time.perf_counter()
-                    p.request("ping")
-                    pings.append(time.perf_counter() - t)
-                    time.sleep(0.01)
-                p.close()
-
-            pinger = threading.Thread(target=ping, args=(pings, stop), daemon=True)
+            pinger = PingWatch(endpoint)
             pinger.start()
             sid = c.open_session("You are a scribe.")
             t0 = time.perf_counter()
@@ -154,15 +143,11 @@ def main() -> None:
                 answer = e.code
             took = time.perf_counter() - t0
             peak = max(peak, side.memory_info().rss)
-            stop.set()
-            pinger.join(5)
+            pinger.stop()
             c.close_session(sid)
-            pings.sort()
             out["modes"][mode] = {
                 "answer": answer, "ended_s": round(took, 2),
-                "ping_ms": {"p50": round(pings[len(pings) // 2] * 1e3, 2),
-                            "p99": round(pings[int(len(pings) * 0.99)] * 1e3, 2),
-                            "max": round(pings[-1] * 1e3, 2), "n": len(pings)}}
+                "ping_ms": pinger.summary()}
             print(mode, json.dumps(out["modes"][mode]), flush=True)
         out["rss_growth_mib"] = round((peak - rss0) / 2**20, 1)
     finally:
