@@ -78,6 +78,8 @@ def _decode(data: bytes, max_side: int, max_pixels: int, max_tokens: int,
 
 
 def _limit(memory_bytes: int) -> None:
+    # igi_sdk.worker_process.lower_priority's cap, written again here: this script runs without
+    # the package (see the module's docstring), so it cannot import it
     try:
         import resource  # POSIX only: elsewhere the wall-time cap is what bounds a decode
     except ImportError:
