@@ -1,13 +1,21 @@
 // A minimal stand-in for the Unreal Engine declarations the plugin's Unreal layer uses, so that
-// layer can be type-checked (-fsyntax-only) where no engine is installed. Signatures follow UE
-// 5.3; bodies are empty. Reflection macros expand to nothing. TCHAR is char16_t, as on Windows
-// (wchar_t there), so narrow strings passed where FString/TCHAR is expected fail to compile.
+// layer can be type-checked (-fsyntax-only) where no engine is installed, and linked and run
+// (tests/cpp/test_unreal_layer.cpp) with UEStubRuntime.cpp. Signatures follow UE 5.3. What the
+// layer's logic depends on behaves as the engine's does, on POSIX: strings and Printf, arrays
+// and maps, shared and weak pointers (a weak pointer to a destroyed UObject reads null), dynamic
+// multicast delegates, the core ticker (ticked by the test), processes, files, paths, GUIDs, the
+// game instance's subsystems and the world. The sockets part has declarations only (the layer's
+// tests use the core's BSD sockets). Reflection macros expand to nothing. TCHAR is char16_t, as
+// on Windows (wchar_t there), so narrow strings passed where FString/TCHAR is expected fail to
+// compile.
 #pragma once
 
 #include <cstdint>
+#include <cstdio>
 #include <functional>
 #include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <type_traits>
 #include <utility>
@@ -53,10 +61,31 @@ struct FMath {
     template <typename T> static T Clamp(T v, T lo, T hi) { return v < lo ? lo : (hi < v ? hi : v); }
 };
 
+struct FStubFormatArg {
+    char kind = 'i';  // 's' string, 'i' signed, 'u' unsigned, 'f' floating
+    std::u16string s;
+    long long i = 0;
+    unsigned long long u = 0;
+    double f = 0;
+};
+inline FStubFormatArg StubFormatArg(const char16_t* v) { FStubFormatArg a; a.kind = 's'; a.s = v ? v : u"(null)"; return a; }
+template <typename T>
+inline typename std::enable_if<std::is_integral<T>::value || std::is_enum<T>::value, FStubFormatArg>::type StubFormatArg(T v) {
+    FStubFormatArg a;
+    if (std::is_signed<T>::value) { a.kind = 'i'; a.i = static_cast<long long>(v); }
+    else { a.kind = 'u'; a.u = static_cast<unsigned long long>(v); }
+    return a;
+}
+inline FStubFormatArg StubFormatArg(double v) { FStubFormatArg a; a.kind = 'f'; a.f = v; return a; }
+inline FStubFormatArg StubFormatArg(float v) { return StubFormatArg(static_cast<double>(v)); }
+std::u16string StubFormat(const char16_t* fmt, const std::vector<FStubFormatArg>& args);  // UEStubRuntime.cpp
+
 class FString {
 public:
     FString() = default;
     FString(const TCHAR* s) : s_(s ? s : u"") {}
+    explicit FString(std::u16string s) : s_(std::move(s)) {}
+    const std::u16string& StubText() const { return s_; }
     const TCHAR* operator*() const { return s_.c_str(); }
     int32 Len() const { return static_cast<int32>(s_.size()); }
     bool IsEmpty() const { return s_.empty(); }
@@ -74,9 +103,18 @@ public:
     bool operator<(const FString& o) const { return s_ < o.s_; }
     bool StartsWith(const TCHAR* p) const { return s_.rfind(p, 0) == 0; }
     bool EndsWith(const TCHAR* p) const { std::u16string q(p); return s_.size() >= q.size() && s_.compare(s_.size() - q.size(), q.size(), q) == 0; }
-    void TrimStartAndEndInline() {}
-    FString Left(int32 n) const { FString r; r.s_ = s_.substr(0, static_cast<size_t>(n)); return r; }
-    template <typename... A> static FString Printf(const TCHAR* fmt, A&&...) { return FString(fmt); }
+    bool Contains(const TCHAR* p) const { return s_.find(p) != std::u16string::npos; }
+    void TrimStartAndEndInline() {
+        auto space = [](char16_t c) { return c == u' ' || c == u'\t' || c == u'\r' || c == u'\n'; };
+        while (!s_.empty() && space(s_.back())) s_.pop_back();
+        size_t b = 0;
+        while (b < s_.size() && space(s_[b])) ++b;
+        s_.erase(0, b);
+    }
+    FString Left(int32 n) const { FString r; r.s_ = s_.substr(0, n < 0 ? 0 : static_cast<size_t>(n)); return r; }
+    template <typename... A> static FString Printf(const TCHAR* fmt, A&&... a) {
+        return FString(StubFormat(fmt, std::vector<FStubFormatArg>{StubFormatArg(a)...}));
+    }
 
 private:
     std::u16string s_;
@@ -109,8 +147,19 @@ public:
     int32 Add(const T& v) { v_.push_back(v); return Num() - 1; }
     int32 Add(T&& v) { v_.push_back(std::move(v)); return Num() - 1; }
     int32 Num() const { return static_cast<int32>(v_.size()); }
+    bool IsEmpty() const { return v_.empty(); }
     void Empty() { v_.clear(); }
+    T* GetData() { return v_.data(); }
+    const T* GetData() const { return v_.data(); }
+    bool Contains(const T& v) const { for (const T& x : v_) if (x == v) return true; return false; }
+    int32 Remove(const T& v) {
+        int32 n = 0;
+        for (size_t i = v_.size(); i-- > 0;) if (v_[i] == v) { v_.erase(v_.begin() + static_cast<long>(i)); ++n; }
+        return n;
+    }
+    void RemoveAt(int32 i) { v_.erase(v_.begin() + i); }
     T& operator[](int32 i) { return v_[i]; }
+    const T& operator[](int32 i) const { return v_[i]; }
     T* begin() { return v_.data(); }
     T* end() { return v_.data() + v_.size(); }
     const T* begin() const { return v_.data(); }
@@ -130,6 +179,7 @@ public:
     bool Contains(const K& k) const { return m_.count(k) != 0; }
     void Empty() { m_.clear(); }
     int32 Num() const { return static_cast<int32>(m_.size()); }
+    int32 GenerateKeyArray(TArray<K>& out) const { out.Empty(); for (const auto& kv : m_) out.Add(kv.first); return out.Num(); }
 
 private:
     std::map<K, V> m_;
@@ -168,16 +218,25 @@ TSharedRef<T> MakeShared(A&&... a) { return TSharedRef<T>(std::make_shared<T>(st
 // ---- logging --------------------------------------------------------------------------------
 struct FLogCategoryStub {};
 #define DEFINE_LOG_CATEGORY_STATIC(Name, Verbosity, Compile) static FLogCategoryStub Name;
-template <typename... A> inline void UeLogStub(const FLogCategoryStub&, const TCHAR*, A&&...) {}
+void StubLog(const FString& Line);  // UEStubRuntime.cpp: stderr when IGI_UE_LOG is set
+template <typename... A> inline void UeLogStub(const FLogCategoryStub&, const TCHAR* Format, A&&... a) {
+    StubLog(FString::Printf(Format, std::forward<A>(a)...));
+}
 #define UE_LOG(Category, Verbosity, Format, ...) UeLogStub(Category, Format, ##__VA_ARGS__)
 
 // ---- UObject --------------------------------------------------------------------------------
 class UWorld;
 class UGameInstance;
 
+// every live UObject: a weak pointer to one that was deleted reads null, as after GC in UE
+std::set<const void*>& StubLiveObjects();  // UEStubRuntime.cpp
+
 class UObject {
 public:
-    virtual ~UObject() = default;
+    UObject() { StubLiveObjects().insert(this); }
+    UObject(const UObject&) = delete;
+    UObject& operator=(const UObject&) = delete;
+    virtual ~UObject() { StubLiveObjects().erase(this); }
     virtual UWorld* GetWorld() const { return nullptr; }
 };
 
@@ -189,8 +248,8 @@ class TWeakObjectPtr {
 public:
     TWeakObjectPtr() = default;
     TWeakObjectPtr(T* p) : p_(p) {}
-    T* Get() const { return p_; }
-    bool IsValid() const { return p_ != nullptr; }
+    T* Get() const { return p_ != nullptr && StubLiveObjects().count(static_cast<const void*>(p_)) ? p_ : nullptr; }
+    bool IsValid() const { return Get() != nullptr; }
 
 private:
     T* p_ = nullptr;
@@ -201,9 +260,39 @@ private:
 template <typename... A>
 class TDynamicMulticastStub {
 public:
-    void Broadcast(A... args) const { (void)sizeof...(args); }
-    template <typename U> void AddDynamicImpl(U*, void (U::*)(A...)) {}
-    template <typename U> void RemoveDynamicImpl(U*, void (U::*)(A...)) {}
+    // calls every bound function whose object is alive, in the order bound; a handler may bind
+    // or unbind (the list is copied first)
+    void Broadcast(A... args) const {
+        std::vector<Binding> now = bound_;
+        for (const Binding& b : now) {
+            if (StubLiveObjects().count(b.object) && IsBound(b.object, b.key)) b.call(args...);
+        }
+    }
+    template <typename U> void AddDynamicImpl(U* o, void (U::*f)(A...)) {
+        if (IsBound(o, Key(f))) return;
+        bound_.push_back(Binding{o, Key(f), [o, f](A... a) { (o->*f)(a...); }});
+    }
+    template <typename U> void RemoveDynamicImpl(U* o, void (U::*f)(A...)) {
+        const std::string k = Key(f);
+        for (size_t i = 0; i < bound_.size(); ++i) {
+            if (bound_[i].object == o && bound_[i].key == k) { bound_.erase(bound_.begin() + static_cast<long>(i)); return; }
+        }
+    }
+    int32 StubNumBound() const { return static_cast<int32>(bound_.size()); }
+    void Clear() { bound_.clear(); }
+
+private:
+    struct Binding {
+        const void* object;
+        std::string key;
+        std::function<void(A...)> call;
+    };
+    template <typename F> static std::string Key(F f) { return std::string(reinterpret_cast<const char*>(&f), sizeof f); }
+    bool IsBound(const void* o, const std::string& k) const {
+        for (const Binding& b : bound_) if (b.object == o && b.key == k) return true;
+        return false;
+    }
+    std::vector<Binding> bound_;
 };
 #define AddDynamic(Object, Function) AddDynamicImpl(Object, Function)
 #define RemoveDynamic(Object, Function) RemoveDynamicImpl(Object, Function)
@@ -225,23 +314,48 @@ public:
 class UGameInstanceSubsystem : public USubsystem {
 public:
     typedef UGameInstanceSubsystem Super;
-    UGameInstance* GetGameInstance() const { return nullptr; }
+    UGameInstance* GetGameInstance() const { return StubGameInstance; }
+    UGameInstance* StubGameInstance = nullptr;  // the outer: set by UGameInstance::StubAddSubsystem
 };
+
+// true: the process runs as a dedicated server (tests set it)
+extern bool GStubIsDedicatedServer;
+inline bool IsRunningDedicatedServer() { return GStubIsDedicatedServer; }
+
+template <typename T> const void* StubTypeKey() { static const char key = 0; return &key; }
 
 class UGameInstance : public UObject {
 public:
-    template <typename T> T* GetSubsystem() const { return nullptr; }
+    ~UGameInstance() override { for (auto& kv : subsystems_) delete kv.second; }
+    // no RTTI: subsystems are found by a per-type key
+    template <typename T> T* GetSubsystem() const {
+        auto it = subsystems_.find(StubTypeKey<T>());
+        return it == subsystems_.end() ? nullptr : static_cast<T*>(it->second);
+    }
+    bool IsDedicatedServerInstance() const { return bStubDedicatedServerInstance; }
+    // creates the subsystem as the engine does before Initialize (the test then sets its config)
+    template <typename T> T* StubAddSubsystem() {
+        T* s = new T();
+        s->StubGameInstance = this;
+        subsystems_[StubTypeKey<T>()] = s;
+        return s;
+    }
+    bool bStubDedicatedServerInstance = false;
+
+private:
+    std::map<const void*, USubsystem*> subsystems_;
 };
 
 class UWorld : public UObject {
 public:
-    UGameInstance* GetGameInstance() const { return nullptr; }
+    UGameInstance* GetGameInstance() const { return StubGameInstance; }
+    UGameInstance* StubGameInstance = nullptr;
 };
 
 enum class EGetWorldErrorMode { ReturnNull, LogAndReturnNull, Assert };
 class UEngine {
 public:
-    UWorld* GetWorldFromContextObject(const UObject*, EGetWorldErrorMode) const { return nullptr; }
+    UWorld* GetWorldFromContextObject(const UObject* o, EGetWorldErrorMode) const { return o ? o->GetWorld() : nullptr; }
 };
 extern UEngine* GEngine;
 
@@ -252,6 +366,8 @@ public:
     typedef UActorComponent Super;
     virtual void BeginPlay() {}
     virtual void EndPlay(const EEndPlayReason::Type) {}
+    UWorld* GetWorld() const override { return StubWorld; }
+    UWorld* StubWorld = nullptr;  // the world of its actor
 };
 
 class UBlueprintAsyncActionBase : public UObject {
@@ -267,25 +383,51 @@ class USaveGame : public UObject {};
 // ---- ticker ---------------------------------------------------------------------------------
 class FTickerDelegate {
 public:
-    template <typename U> static FTickerDelegate CreateUObject(U*, bool (U::*)(float)) { return FTickerDelegate(); }
+    template <typename U> static FTickerDelegate CreateUObject(U* o, bool (U::*f)(float)) {
+        FTickerDelegate d;
+        d.call = [o, f](float dt) { return (o->*f)(dt); };
+        return d;
+    }
+    template <typename F> static FTickerDelegate CreateLambda(F f) { FTickerDelegate d; d.call = std::move(f); return d; }
+    std::function<bool(float)> call;
 };
+// The core ticker: the test's loop calls Tick once per frame, as the engine's main loop does.
 class FTSTicker {
 public:
-    struct FDelegateHandle {};
+    struct FDelegateHandle { uint64 id = 0; };
     static FTSTicker& GetCoreTicker() { static FTSTicker t; return t; }
-    FDelegateHandle AddTicker(const FTickerDelegate&, float) { return FDelegateHandle(); }
-    void RemoveTicker(FDelegateHandle) {}
+    FDelegateHandle AddTicker(const FTickerDelegate& d, float) { FDelegateHandle h; h.id = ++next_; tickers_[h.id] = d.call; return h; }
+    void RemoveTicker(FDelegateHandle h) { tickers_.erase(h.id); }
+    void Tick(float dt) {
+        std::vector<uint64> ids;
+        for (const auto& kv : tickers_) ids.push_back(kv.first);
+        for (uint64 id : ids) {
+            auto it = tickers_.find(id);
+            if (it == tickers_.end()) continue;  // removed by an earlier one this frame
+            std::function<bool(float)> f = it->second;
+            if (!f(dt)) tickers_.erase(id);
+        }
+    }
+    int32 StubNumTickers() const { return static_cast<int32>(tickers_.size()); }
+
+private:
+    uint64 next_ = 0;
+    std::map<uint64, std::function<bool(float)>> tickers_;
 };
 
 // ---- platform -------------------------------------------------------------------------------
 struct FProcHandle {
-    bool IsValid() const { return false; }
+    bool IsValid() const { return Pid > 0; }
+    int Pid = 0;
 };
 struct FPlatformProcess {
     static FProcHandle CreateProc(const TCHAR* URL, const TCHAR* Parms, bool bLaunchDetached, bool bLaunchHidden,
                                   bool bLaunchReallyHidden, uint32* OutProcessID, int32 PriorityModifier,
                                   const TCHAR* OptionalWorkingDirectory, void* PipeWriteChild, void* PipeReadChild = nullptr);
     static bool IsProcRunning(FProcHandle& ProcessHandle);
+    static bool GetProcReturnCode(FProcHandle& ProcHandle, int32* ReturnCode);
+    static void TerminateProc(FProcHandle& ProcessHandle, bool KillTree = false);
+    static void CloseProc(FProcHandle& ProcessHandle);
     static uint32 GetCurrentProcessId();
 };
 struct FPlatformMisc {
@@ -304,9 +446,19 @@ struct FPaths {
     static FString ProjectSavedDir();
     static FString GetPath(const FString& InPath);
     static bool FileExists(const FString& InPath);
+    static bool IsRelative(const FString& InPath);
     static FString ConvertRelativePathToFull(const FString& InPath);
-    template <typename... A> static FString Combine(A&&...) { return FString(); }
+    template <typename... A> static FString Combine(const A&... parts) {
+        FString out;
+        for (const FString& p : {FString(parts)...}) {
+            if (p.IsEmpty()) continue;
+            if (!out.IsEmpty() && !out.EndsWith(TEXT("/")) && !p.StartsWith(TEXT("/"))) out += TEXT("/");
+            out += p;
+        }
+        return out;
+    }
 };
+extern FString GStubProjectDir;  // FPaths::ProjectDir(), ending in '/'; tests set it
 struct FFileHelper {
     static bool LoadFileToString(FString& Result, const TCHAR* Filename);
     static bool SaveStringToFile(const FString& String, const TCHAR* Filename);
@@ -315,12 +467,14 @@ class IFileManager {
 public:
     static IFileManager& Get();
     bool MakeDirectory(const TCHAR* Path, bool Tree = false);
+    bool Delete(const TCHAR* Filename, bool RequireExists = false, bool EvenReadOnly = false, bool Quiet = false);
     int64 FileSize(const TCHAR* Filename);  // -1 when there is no such file
 };
 enum class EGuidFormats { Digits, DigitsWithHyphens };
 struct FGuid {
     static FGuid NewGuid();
     FString ToString(EGuidFormats Format) const;
+    uint64 A = 0, B = 0;
 };
 struct FTimespan {
     static FTimespan FromMilliseconds(double Milliseconds);
@@ -330,6 +484,8 @@ struct FTimespan {
 class IModuleInterface {
 public:
     virtual ~IModuleInterface() = default;
+    virtual void StartupModule() {}
+    virtual void ShutdownModule() {}
 };
 class FDefaultModuleImpl : public IModuleInterface {};
 #define IMPLEMENT_MODULE(Class, Name) static Class Name##ModuleInstance;

@@ -16,6 +16,14 @@ namespace
 		Error.Message = Message;
 		return Error;
 	}
+
+	UIgiSdkSubsystem* SdkOf(UObject* Context)
+	{
+		UWorld* World = (Context != nullptr && GEngine != nullptr)
+			? GEngine->GetWorldFromContextObject(Context, EGetWorldErrorMode::ReturnNull) : nullptr;
+		UGameInstance* GameInstance = World ? World->GetGameInstance() : nullptr;
+		return GameInstance ? GameInstance->GetSubsystem<UIgiSdkSubsystem>() : nullptr;
+	}
 }
 
 // ---- NPC Say --------------------------------------------------------------------------------
@@ -30,6 +38,14 @@ UIgiSayAsyncAction* UIgiSayAsyncAction::NpcSay(UIgiNpcDialogueComponent* Npc, co
 		// kept alive by the game instance until the reply ends
 		Action->RegisterWithGameInstance(Npc);
 	}
+	return Action;
+}
+
+UIgiSayAsyncAction* UIgiSayAsyncAction::NpcSayWithOptions(UIgiNpcDialogueComponent* Npc, const FString& Line, const FIgiChatOptions& Options)
+{
+	UIgiSayAsyncAction* Action = NpcSay(Npc, Line);
+	Action->Options = Options;
+	Action->bHasOptions = true;
 	return Action;
 }
 
@@ -68,7 +84,53 @@ void UIgiSayAsyncAction::Activate()
 			Self->SetReadyToDestroy();
 		}
 	};
-	Target->Say(Line, MoveTemp(Callbacks));
+	if (bHasOptions)
+	{
+		Target->Say(Line, Options, MoveTemp(Callbacks));
+	}
+	else
+	{
+		Target->Say(Line, MoveTemp(Callbacks));
+	}
+}
+
+// ---- Begin Level Load -----------------------------------------------------------------------
+
+UIgiBeginLevelLoadAsyncAction* UIgiBeginLevelLoadAsyncAction::BeginLevelLoad(UObject* WorldContextObject, int64 Bytes, int32 DeadlineFrames)
+{
+	UIgiBeginLevelLoadAsyncAction* Action = NewObject<UIgiBeginLevelLoadAsyncAction>();
+	Action->WorldContext = WorldContextObject;
+	Action->Bytes = Bytes;
+	Action->DeadlineFrames = DeadlineFrames;
+	if (WorldContextObject != nullptr)
+	{
+		Action->RegisterWithGameInstance(WorldContextObject);
+	}
+	return Action;
+}
+
+void UIgiBeginLevelLoadAsyncAction::Activate()
+{
+	UIgiSdkSubsystem* Sdk = SdkOf(WorldContext.Get());
+	if (Sdk == nullptr)
+	{
+		// no sidecar to ask: the level loads now
+		FIgiLevelLoadResult Result;
+		Result.Outcome = EIgiLevelLoadOutcome::NoSidecar;
+		Result.Error = MakeError(TEXT("unavailable"), TEXT("no igi-sdk subsystem in this world"));
+		OnReady.Broadcast(Result);
+		SetReadyToDestroy();
+		return;
+	}
+	TWeakObjectPtr<UIgiBeginLevelLoadAsyncAction> WeakThis(this);
+	Sdk->BeginLevelLoad(Bytes, DeadlineFrames, [WeakThis](const FIgiLevelLoadResult& Result)
+	{
+		if (UIgiBeginLevelLoadAsyncAction* Self = WeakThis.Get())
+		{
+			Self->OnReady.Broadcast(Result);
+			Self->SetReadyToDestroy();
+		}
+	});
 }
 
 // ---- Reserve VRAM ---------------------------------------------------------------------------
@@ -88,11 +150,7 @@ UIgiReserveVramAsyncAction* UIgiReserveVramAsyncAction::ReserveVram(UObject* Wor
 
 void UIgiReserveVramAsyncAction::Activate()
 {
-	UObject* Context = WorldContext.Get();
-	UWorld* World = (Context != nullptr && GEngine != nullptr)
-		? GEngine->GetWorldFromContextObject(Context, EGetWorldErrorMode::ReturnNull) : nullptr;
-	UGameInstance* GameInstance = World ? World->GetGameInstance() : nullptr;
-	UIgiSdkSubsystem* Sdk = GameInstance ? GameInstance->GetSubsystem<UIgiSdkSubsystem>() : nullptr;
+	UIgiSdkSubsystem* Sdk = SdkOf(WorldContext.Get());
 	if (Sdk == nullptr)
 	{
 		OnError.Broadcast(MakeError(TEXT("unavailable"), TEXT("no igi-sdk subsystem in this world")));

@@ -5,6 +5,20 @@
 #include "IgiSaveGame.h"
 #include "IgiSdkSubsystem.h"
 
+namespace
+{
+	constexpr int32 MaxHistory = 256;  // open_session's history holds at most 256 turns
+
+	FIgiError MakeError(const TCHAR* Code, const TCHAR* Message, bool bRetryable = false)
+	{
+		FIgiError Error;
+		Error.Code = Code;
+		Error.Message = Message;
+		Error.bRetryable = bRetryable;
+		return Error;
+	}
+}
+
 UIgiSdkSubsystem* UIgiNpcDialogueComponent::Sdk() const
 {
 	const UWorld* World = GetWorld();
@@ -12,9 +26,18 @@ UIgiSdkSubsystem* UIgiNpcDialogueComponent::Sdk() const
 	return GameInstance ? GameInstance->GetSubsystem<UIgiSdkSubsystem>() : nullptr;
 }
 
+bool UIgiNpcDialogueComponent::IsStale() const
+{
+	// a session of a sidecar that has since died: its id means nothing to the new one
+	const UIgiSdkSubsystem* Subsystem = Sdk();
+	return Subsystem != nullptr && !Session.IsEmpty()
+		&& (Subsystem->IsSidecarRestarting() || SessionGeneration != Subsystem->GetSidecarGeneration());
+}
+
 void UIgiNpcDialogueComponent::BeginPlay()
 {
 	Super::BeginPlay();
+	bEndedPlay = false;
 	if (UIgiSdkSubsystem* Subsystem = Sdk())
 	{
 		Subsystem->OnConnectionChanged.AddDynamic(this, &UIgiNpcDialogueComponent::HandleConnectionChanged);
@@ -27,11 +50,23 @@ void UIgiNpcDialogueComponent::BeginPlay()
 
 void UIgiNpcDialogueComponent::EndPlay(const EEndPlayReason::Type Reason)
 {
+	bEndedPlay = true;
 	if (UIgiSdkSubsystem* Subsystem = Sdk())
 	{
 		Subsystem->OnConnectionChanged.RemoveDynamic(this, &UIgiNpcDialogueComponent::HandleConnectionChanged);
 		CancelReply();
 		Subsystem->Forget(CurrentChat);
+		if (!bKeepSessionOnEndPlay && !Session.IsEmpty() && !IsStale())
+		{
+			// its slot goes back to the model: 8 NPCs that came and went leave 8 slots free
+			Subsystem->CloseSession(Session, FIgiCallbacks());
+		}
+	}
+	CurrentChat = 0;
+	if (!bKeepSessionOnEndPlay)
+	{
+		Session.Empty();
+		Transcript.Empty();
 	}
 	WhenOpen.Empty();
 	WhenOpenFails.Empty();
@@ -40,16 +75,24 @@ void UIgiNpcDialogueComponent::EndPlay(const EEndPlayReason::Type Reason)
 
 void UIgiNpcDialogueComponent::HandleConnectionChanged(EIgiConnectionState State)
 {
-	if (State == EIgiConnectionState::Ready && Session.IsEmpty())
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	if (State == EIgiConnectionState::Ready && Subsystem != nullptr)
 	{
-		OpenSession();
+		if (IsStale())
+		{
+			// the sidecar was started again: this NPC's conversation comes back in a new session
+			Session.Empty();
+			bRecovering = true;
+		}
+		if (Session.IsEmpty() && !bOpening)
+		{
+			OpenSession();
+		}
 	}
 	else if (State == EIgiConnectionState::Refused)
 	{
-		FIgiError Error;
-		Error.Code = TEXT("unavailable");
-		Error.Message = TEXT("the sidecar cannot be used");
-		FailQueued(Error);
+		FailQueued(Subsystem != nullptr && !Subsystem->LastError.Code.IsEmpty()
+			? Subsystem->LastError : MakeError(TEXT("unavailable"), TEXT("the sidecar cannot be used")));
 	}
 }
 
@@ -60,25 +103,59 @@ void UIgiNpcDialogueComponent::OpenSession()
 	{
 		return;
 	}
-	bOpening = true;
-	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
-	FIgiCallbacks Callbacks;
-	Callbacks.OnOk = [WeakThis](const igi::MsgValue& Body)
+	if (bRecovering && !bTranscriptComplete && !RecoverySave.IsEmpty())
 	{
-		UIgiNpcDialogueComponent* Self = WeakThis.Get();
-		if (Self == nullptr)
+		RestoreForRecovery();
+		return;
+	}
+	bOpening = true;
+	igi::MsgValue Body = igi::MsgValue::Map();
+	Body.Set("system_prompt", igi::MsgValue::Str(IgiUnreal::ToUtf8(SystemPrompt)));
+	if (!SessionName.IsEmpty())
+	{
+		Body.Set("name", igi::MsgValue::Str(IgiUnreal::ToUtf8(SessionName)));
+	}
+	Body.Set("priority", igi::MsgValue::Int(FMath::Clamp(Priority, -100, 100)));
+	igi::MsgValue SamplingMap = UIgiSdkSubsystem::SamplingBody(Sampling);
+	if (SamplingMap.Size() > 0)
+	{
+		Body.Set("sampling", MoveTemp(SamplingMap));
+	}
+	if (Transcript.Num() > 0)
+	{
+		// the turns this component kept: the model reads them with the next line
+		igi::MsgValue History = igi::MsgValue::Array();
+		for (const FTurn& Turn : Transcript)
 		{
+			igi::MsgValue Item = igi::MsgValue::Map();
+			Item.Set("role", igi::MsgValue::Str(Turn.bPlayer ? "user" : "assistant"));
+			Item.Set("content", igi::MsgValue::Str(IgiUnreal::ToUtf8(Turn.Text)));
+			History.Push(MoveTemp(Item));
+		}
+		Body.Set("history", MoveTemp(History));
+	}
+	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
+	TWeakObjectPtr<UIgiSdkSubsystem> WeakSdk(Subsystem);
+	FIgiCallbacks Callbacks;
+	Callbacks.OnOk = [WeakThis, WeakSdk](const igi::MsgValue& Answer)
+	{
+		const FString Id = IgiUnreal::FromUtf8(Answer.GetString("session"));
+		UIgiNpcDialogueComponent* Self = WeakThis.Get();
+		if (Self == nullptr || (Self->bEndedPlay && !Self->bKeepSessionOnEndPlay))
+		{
+			// it left the world while its session opened: nobody will talk to it
+			if (UIgiSdkSubsystem* Subsystem = WeakSdk.Get())
+			{
+				Subsystem->CloseSession(Id, FIgiCallbacks());
+			}
+			if (Self != nullptr)
+			{
+				Self->bOpening = false;
+			}
 			return;
 		}
 		Self->bOpening = false;
-		Self->Session = IgiUnreal::FromUtf8(Body.GetString("session"));
-		TArray<TFunction<void()>> Work = MoveTemp(Self->WhenOpen);
-		Self->WhenOpen.Empty();
-		Self->WhenOpenFails.Empty();
-		for (TFunction<void()>& Item : Work)
-		{
-			Item();
-		}
+		Self->UseSession(Id, Self->bRecovering);
 	};
 	Callbacks.OnError = [WeakThis](const FIgiError& Error)
 	{
@@ -88,40 +165,95 @@ void UIgiNpcDialogueComponent::OpenSession()
 			return;
 		}
 		Self->bOpening = false;
-		UIgiSdkSubsystem* Subsystem = Self->Sdk();
-		if (Error.Code == TEXT("session_exists") && Subsystem != nullptr)
+		if (Error.Code == TEXT("session_exists") && !Self->bEndedPlay)
 		{
-			// left by an earlier run with this owner key: take it over, the conversation goes on
-			igi::MsgValue Body = igi::MsgValue::Map();
-			Body.Set("session", igi::MsgValue::Str(IgiUnreal::ToUtf8(Self->SessionName)));
-			FIgiCallbacks Adopt;
-			Adopt.OnOk = [WeakThis](const igi::MsgValue& Answer)
-			{
-				if (UIgiNpcDialogueComponent* Again = WeakThis.Get())
-				{
-					Again->Session = IgiUnreal::FromUtf8(Answer.GetString("session"));
-					TArray<TFunction<void()>> Work = MoveTemp(Again->WhenOpen);
-					Again->WhenOpen.Empty();
-					Again->WhenOpenFails.Empty();
-					for (TFunction<void()>& Item : Work)
-					{
-						Item();
-					}
-				}
-			};
-			Adopt.OnError = [WeakThis](const FIgiError& AdoptError)
-			{
-				if (UIgiNpcDialogueComponent* Again = WeakThis.Get())
-				{
-					Again->FailQueued(AdoptError);
-				}
-			};
-			Subsystem->Send("adopt_session", MoveTemp(Body), MoveTemp(Adopt));
+			// left by an earlier run with this owner key, or kept at EndPlay: take it over
+			Self->Adopt();
 			return;
 		}
 		Self->FailQueued(Error);
 	};
-	Subsystem->OpenSession(SystemPrompt, SessionName, Priority, MoveTemp(Callbacks));
+	Subsystem->Send("open_session", MoveTemp(Body), MoveTemp(Callbacks));
+}
+
+void UIgiNpcDialogueComponent::Adopt()
+{
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	if (Subsystem == nullptr)
+	{
+		return;
+	}
+	bOpening = true;
+	igi::MsgValue Body = igi::MsgValue::Map();
+	Body.Set("session", igi::MsgValue::Str(IgiUnreal::ToUtf8(SessionName)));
+	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
+	FIgiCallbacks Callbacks;
+	Callbacks.OnOk = [WeakThis](const igi::MsgValue& Answer)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->bOpening = false;
+			// the sidecar holds the conversation: what this component kept is not needed
+			Self->UseSession(IgiUnreal::FromUtf8(Answer.GetString("session")), false);
+		}
+	};
+	Callbacks.OnError = [WeakThis](const FIgiError& Error)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->bOpening = false;
+			Self->FailQueued(Error);
+		}
+	};
+	Subsystem->Send("adopt_session", MoveTemp(Body), MoveTemp(Callbacks));
+}
+
+void UIgiNpcDialogueComponent::RestoreForRecovery()
+{
+	// the conversation came from a save: bring that back (turns said since are not in it)
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	bOpening = true;
+	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
+	FIgiCallbacks Callbacks;
+	Callbacks.OnOk = [WeakThis](const igi::MsgValue& Answer)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->bOpening = false;
+			Self->UseSession(IgiUnreal::FromUtf8(Answer.GetString("session")), true);
+		}
+	};
+	Callbacks.OnError = [WeakThis](const FIgiError&)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			// the save is gone: open the NPC with the turns it has
+			Self->bOpening = false;
+			Self->RecoverySave.Empty();
+			Self->OpenSession();
+		}
+	};
+	Subsystem->RestoreSession(RecoverySave, SessionName, MoveTemp(Callbacks));
+}
+
+void UIgiNpcDialogueComponent::UseSession(const FString& Id, bool bRecovered)
+{
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	Session = Id;
+	SessionGeneration = Subsystem != nullptr ? Subsystem->GetSidecarGeneration() : 0;
+	bRecovering = false;
+	if (bRecovered)
+	{
+		++Recoveries;
+		OnRecovered.Broadcast();
+	}
+	TArray<TFunction<void()>> Work = MoveTemp(WhenOpen);
+	WhenOpen.Empty();
+	WhenOpenFails.Empty();
+	for (TFunction<void()>& Item : Work)
+	{
+		Item();
+	}
 }
 
 void UIgiNpcDialogueComponent::FailQueued(const FIgiError& Error)
@@ -136,21 +268,56 @@ void UIgiNpcDialogueComponent::FailQueued(const FIgiError& Error)
 	OnError.Broadcast(Error);
 }
 
-void UIgiNpcDialogueComponent::RunWhenOpen(TFunction<void()> Work)
+void UIgiNpcDialogueComponent::RunWhenOpen(TFunction<void()> Work, TFunction<void(const FIgiError&)> Fail)
 {
-	if (!Session.IsEmpty())
+	if (!Session.IsEmpty() && !IsStale())
 	{
 		Work();
 		return;
 	}
 	WhenOpen.Add(MoveTemp(Work));
-	if (Sdk() != nullptr && Sdk()->GetConnectionState() == EIgiConnectionState::Ready)
+	WhenOpenFails.Add(MoveTemp(Fail));
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	if (Subsystem != nullptr && Subsystem->GetConnectionState() == EIgiConnectionState::Ready && !bOpening)
 	{
+		if (IsStale())
+		{
+			Session.Empty();
+			bRecovering = true;
+		}
 		OpenSession();
+	}
+	// otherwise it opens when the sidecar is ready (HandleConnectionChanged), or the line fails
+	// when the sidecar cannot be used
+}
+
+void UIgiNpcDialogueComponent::Remember(const FString& Line, const FString& Reply)
+{
+	const int32 Keep = FMath::Clamp(RecoveryTurns, 0, MaxHistory);
+	FTurn Player;
+	Player.bPlayer = true;
+	Player.Text = Line;
+	Transcript.Add(MoveTemp(Player));
+	FTurn Npc;
+	Npc.Text = Reply;
+	Transcript.Add(MoveTemp(Npc));
+	while (Transcript.Num() > Keep)
+	{
+		Transcript.RemoveAt(0);
+	}
+	// a history starts with the player's turn
+	while (Transcript.Num() > 0 && !Transcript[0].bPlayer)
+	{
+		Transcript.RemoveAt(0);
 	}
 }
 
 void UIgiNpcDialogueComponent::Say(const FString& Line)
+{
+	SayWithOptions(Line, ChatOptions);
+}
+
+void UIgiNpcDialogueComponent::SayWithOptions(const FString& Line, const FIgiChatOptions& Options)
 {
 	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
 	FIgiCallbacks Callbacks;
@@ -175,45 +342,96 @@ void UIgiNpcDialogueComponent::Say(const FString& Line)
 			Self->OnError.Broadcast(Error);
 		}
 	};
-	Say(Line, MoveTemp(Callbacks));
+	Say(Line, Options, MoveTemp(Callbacks));
 }
 
 uint64 UIgiNpcDialogueComponent::Say(const FString& Line, FIgiCallbacks Callbacks)
 {
-	UIgiSdkSubsystem* Subsystem = Sdk();
-	if (Subsystem == nullptr)
+	return Say(Line, ChatOptions, MoveTemp(Callbacks));
+}
+
+uint64 UIgiNpcDialogueComponent::Say(const FString& Line, const FIgiChatOptions& Options, FIgiCallbacks Callbacks)
+{
+	if (Sdk() == nullptr)
 	{
 		if (Callbacks.OnError)
 		{
-			FIgiError Error;
-			Error.Code = TEXT("unavailable");
-			Error.Message = TEXT("no igi-sdk subsystem in this world");
-			Callbacks.OnError(Error);
+			Callbacks.OnError(MakeError(TEXT("unavailable"), TEXT("no igi-sdk subsystem in this world")));
 		}
 		return 0;
 	}
-	if (Session.IsEmpty())
+	return SendLine(Line, Options, MakeShared<FIgiCallbacks>(MoveTemp(Callbacks)), false);
+}
+
+uint64 UIgiNpcDialogueComponent::SendLine(const FString& Line, const FIgiChatOptions& Options, TSharedRef<FIgiCallbacks> Shared, bool bRetried)
+{
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	if (Subsystem == nullptr)
 	{
-		// said before the session opened: sent once it is
-		TSharedRef<FIgiCallbacks> Shared = MakeShared<FIgiCallbacks>(MoveTemp(Callbacks));
-		TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
-		WhenOpenFails.Add([Shared](const FIgiError& Error)
+		return 0;
+	}
+	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
+	if (Session.IsEmpty() || IsStale())
+	{
+		// said before the session opened (or while its sidecar restarts): sent once it is
+		RunWhenOpen([WeakThis, Line, Options, Shared, bRetried]()
+		{
+			if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+			{
+				Self->SendLine(Line, Options, Shared, bRetried);
+			}
+		},
+		[Shared](const FIgiError& Error)
 		{
 			if (Shared->OnError)
 			{
 				Shared->OnError(Error);
 			}
 		});
-		RunWhenOpen([WeakThis, Line, Shared]()
-		{
-			if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
-			{
-				Self->Say(Line, MoveTemp(Shared.Get()));
-			}
-		});
 		return 0;
 	}
-	CurrentChat = Subsystem->Chat(Session, Line, MaxTokens, MoveTemp(Callbacks));
+	FIgiCallbacks Callbacks;
+	Callbacks.OnToken = Shared->OnToken;
+	Callbacks.OnDoneBody = Shared->OnDoneBody;
+	Callbacks.OnDone = [WeakThis, Line, Shared](const FString& Text, const FString& FinishReason)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->CurrentChat = 0;
+			// a reply cancelled before its first token is undone in the session too
+			if (!(FinishReason == TEXT("cancelled") && Text.IsEmpty()))
+			{
+				Self->Remember(Line, Text);
+			}
+		}
+		if (Shared->OnDone)
+		{
+			Shared->OnDone(Text, FinishReason);
+		}
+	};
+	const FString Asked = Session;
+	Callbacks.OnError = [WeakThis, Line, Options, Shared, bRetried, Asked](const FIgiError& Error)
+	{
+		UIgiNpcDialogueComponent* Self = WeakThis.Get();
+		if (Self != nullptr)
+		{
+			Self->CurrentChat = 0;
+			if (Error.Code == TEXT("unknown_session") && !bRetried && !Self->bEndedPlay && Self->Session == Asked)
+			{
+				// the sidecar lost the session (restarted under a developer's own endpoint, or
+				// closed it for the game's): open it again with the turns kept, then say it again
+				Self->Session.Empty();
+				Self->bRecovering = true;
+				Self->SendLine(Line, Options, Shared, true);
+				return;
+			}
+		}
+		if (Shared->OnError)
+		{
+			Shared->OnError(Error);
+		}
+	};
+	CurrentChat = Subsystem->Chat(Session, Line, Options, MaxTokens, MoveTemp(Callbacks));
 	return CurrentChat;
 }
 
@@ -230,7 +448,7 @@ void UIgiNpcDialogueComponent::SetPriority(int32 NewPriority)
 	Priority = FMath::Clamp(NewPriority, -100, 100);
 	if (UIgiSdkSubsystem* Subsystem = Sdk())
 	{
-		if (!Session.IsEmpty())
+		if (!Session.IsEmpty() && !IsStale())
 		{
 			Subsystem->SetPriority(Session, Priority);
 		}
@@ -240,19 +458,18 @@ void UIgiNpcDialogueComponent::SetPriority(int32 NewPriority)
 void UIgiNpcDialogueComponent::SaveToSaveGame(UIgiSaveGame* SaveGame, const FString& SlotName, FIgiCallbacks Callbacks)
 {
 	UIgiSdkSubsystem* Subsystem = Sdk();
-	if (SaveGame == nullptr || Subsystem == nullptr || Session.IsEmpty())
+	if (SaveGame == nullptr || Subsystem == nullptr || Session.IsEmpty() || IsStale())
 	{
 		if (Callbacks.OnError)
 		{
-			FIgiError Error;
-			Error.Code = TEXT("invalid_state");
-			Error.Message = TEXT("no save game, or the NPC has no open session");
-			Callbacks.OnError(Error);
+			Callbacks.OnError(MakeError(TEXT("invalid_state"), TEXT("no save game, or the NPC has no open session")));
 		}
 		return;
 	}
+	// the NPC's stable name keys it in the save game (its session may be the restore pair's)
+	const FString Key = SessionName.IsEmpty() ? Session : SessionName;
 	// save names are [A-Za-z0-9_.-]: anything else in the slot name becomes '_'
-	FString SaveName = SlotName + TEXT(".") + Session;
+	FString SaveName = SlotName + TEXT(".") + Key;
 	for (int32 Index = 0; Index < SaveName.Len(); ++Index)
 	{
 		const TCHAR C = SaveName[Index];
@@ -264,7 +481,6 @@ void UIgiNpcDialogueComponent::SaveToSaveGame(UIgiSaveGame* SaveGame, const FStr
 	}
 	SaveName = SaveName.Left(128);
 	TWeakObjectPtr<UIgiSaveGame> WeakSave(SaveGame);
-	const FString Key = Session;
 	TFunction<void(const igi::MsgValue&)> Then = MoveTemp(Callbacks.OnOk);
 	Callbacks.OnOk = [WeakSave, Key, SaveName, Then](const igi::MsgValue& Body)
 	{
@@ -288,52 +504,86 @@ void UIgiNpcDialogueComponent::RestoreFromSaveGame(UIgiSaveGame* SaveGame, FIgiC
 	{
 		if (Callbacks.OnError)
 		{
-			FIgiError Error;
-			Error.Code = TEXT("unknown_save");
-			Error.Message = TEXT("the save game holds no conversation of this NPC");
-			Callbacks.OnError(Error);
+			Callbacks.OnError(MakeError(TEXT("unknown_save"), TEXT("the save game holds no conversation of this NPC")));
 		}
 		return;
 	}
-	// the live session goes first: the restored one takes its name
-	const FString Name = *SaveName;
-	const FString Target = SessionName.IsEmpty() ? Session : SessionName;
+	// Restored into the other name of a pair (SessionName / SessionName.b), beside the live
+	// session, which is closed only once the restore succeeded: a failed restore (no such save,
+	// another model, a damaged file) leaves the conversation as it was.
+	FString Target;
+	if (!SessionName.IsEmpty())
+	{
+		const FString Alternate = SessionName.Left(126) + TEXT(".b");
+		Target = Session == SessionName ? Alternate : SessionName;
+	}
+	CancelReply();
+	Restore(*SaveName, Target, MakeShared<FIgiCallbacks>(MoveTemp(Callbacks)), false);
+}
+
+void UIgiNpcDialogueComponent::Restore(const FString& Name, const FString& Target, TSharedRef<FIgiCallbacks> Shared, bool bRetried)
+{
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	if (Subsystem == nullptr)
+	{
+		return;
+	}
 	TWeakObjectPtr<UIgiNpcDialogueComponent> WeakThis(this);
-	TSharedRef<FIgiCallbacks> Shared = MakeShared<FIgiCallbacks>(MoveTemp(Callbacks));
-	FIgiCallbacks Closed;
-	auto Restore = [WeakThis, Name, Target, Shared](const igi::MsgValue&)
+	FIgiCallbacks Restored;
+	Restored.OnOk = [WeakThis, Name, Shared](const igi::MsgValue& Body)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			const FString Previous = Self->Session;
+			const bool bPreviousLive = !Previous.IsEmpty() && !Self->IsStale();
+			const FString Id = IgiUnreal::FromUtf8(Body.GetString("session"));
+			UIgiSdkSubsystem* Sdk = Self->Sdk();
+			if (bPreviousLive && Previous != Id && Sdk != nullptr)
+			{
+				Sdk->CloseSession(Previous, FIgiCallbacks());
+			}
+			// the turns kept so far are not the restored conversation's
+			Self->Transcript.Empty();
+			Self->bTranscriptComplete = false;
+			Self->RecoverySave = Name;
+			Self->UseSession(Id, false);
+		}
+		if (Shared->OnOk)
+		{
+			Shared->OnOk(Body);
+		}
+	};
+	Restored.OnError = [WeakThis, Name, Target, Shared, bRetried](const FIgiError& Error)
 	{
 		UIgiNpcDialogueComponent* Self = WeakThis.Get();
 		UIgiSdkSubsystem* Sdk = Self ? Self->Sdk() : nullptr;
-		if (Sdk == nullptr)
+		if (Error.Code == TEXT("session_exists") && !bRetried && Sdk != nullptr && !Target.IsEmpty() && Self->Session != Target)
 		{
+			// the pair's other name left open (a restore before the game crashed): this owner's,
+			// not the live one; close it and restore once more
+			FIgiCallbacks Closed;
+			Closed.OnOk = [WeakThis, Name, Target, Shared](const igi::MsgValue&)
+			{
+				if (UIgiNpcDialogueComponent* Again = WeakThis.Get())
+				{
+					Again->Restore(Name, Target, Shared, true);
+				}
+			};
+			Closed.OnError = [Shared, Error](const FIgiError&)
+			{
+				if (Shared->OnError)
+				{
+					Shared->OnError(Error);
+				}
+			};
+			Sdk->CloseSession(Target, MoveTemp(Closed));
 			return;
 		}
-		FIgiCallbacks Restored;
-		Restored.OnOk = [WeakThis, Shared](const igi::MsgValue& Body)
+		// the live session was never touched
+		if (Shared->OnError)
 		{
-			if (UIgiNpcDialogueComponent* Again = WeakThis.Get())
-			{
-				Again->Session = IgiUnreal::FromUtf8(Body.GetString("session"));
-			}
-			if (Shared->OnOk)
-			{
-				Shared->OnOk(Body);
-			}
-		};
-		Restored.OnError = Shared->OnError;
-		Self->Session.Empty();
-		Sdk->RestoreSession(Name, Target, MoveTemp(Restored));
+			Shared->OnError(Error);
+		}
 	};
-	Closed.OnOk = Restore;
-	Closed.OnError = [Restore](const FIgiError&) { Restore(igi::MsgValue::Map()); };  // none was open
-	if (Session.IsEmpty())
-	{
-		Restore(igi::MsgValue::Map());
-	}
-	else
-	{
-		CancelReply();
-		Subsystem->CloseSession(Session, MoveTemp(Closed));
-	}
+	Subsystem->RestoreSession(Name, Target, MoveTemp(Restored));
 }

@@ -4,30 +4,25 @@
 #include "HAL/FileManager.h"
 #include "HAL/PlatformMisc.h"
 #include "HAL/PlatformProcess.h"
-#include "IgiUnrealSocket.h"
+#include "IgiSidecarHost.h"
 #include "Misc/App.h"
 #include "Misc/FileHelper.h"
 #include "Misc/Guid.h"
 #include "Misc/Paths.h"
 
+// 0: the core's own BSD sockets instead of FSocket (the layer built without the engine's socket
+// subsystem, as its tests do)
+#ifndef IGI_SDK_ENGINE_SOCKETS
+#define IGI_SDK_ENGINE_SOCKETS 1
+#endif
+#if IGI_SDK_ENGINE_SOCKETS
+#include "IgiUnrealSocket.h"
+#endif
+
 DEFINE_LOG_CATEGORY_STATIC(LogIgiSdk, Log, All);
 
 namespace
 {
-	// The sidecar this process started. It outlives a game instance (the next PIE session
-	// reuses it) and ends with this process, which it watches (--game-pid).
-	struct FIgiSidecarProcess
-	{
-		FProcHandle Handle;
-		FString Endpoint;
-		FString Instance;
-		FString Token;
-		FString EndpointFile;
-	};
-	FIgiSidecarProcess GSidecar;
-
-	constexpr double EndpointWaitSeconds = 120.0;  // the sidecar binds before it loads its model
-
 	EIgiConnectionState ToState(igi::ConnectionState State)
 	{
 		switch (State)
@@ -42,25 +37,46 @@ namespace
 
 	FString NewSecret()
 	{
-		// 64 hex digits: a launch token / owner key of [A-Za-z0-9]
+		// 64 hex digits: an owner key of [A-Za-z0-9]
 		return FGuid::NewGuid().ToString(EGuidFormats::Digits) + FGuid::NewGuid().ToString(EGuidFormats::Digits);
+	}
+
+	FIgiError MakeError(const TCHAR* Code, const FString& Message, bool bRetryable)
+	{
+		FIgiError Error;
+		Error.Code = Code;
+		Error.Message = Message;
+		Error.bRetryable = bRetryable;
+		return Error;
 	}
 }
 
 void UIgiSdkSubsystem::Initialize(FSubsystemCollectionBase& Collection)
 {
 	Super::Initialize(Collection);
+	const UGameInstance* GameInstance = GetGameInstance();
+	const bool bDedicated = IsRunningDedicatedServer() || (GameInstance != nullptr && GameInstance->IsDedicatedServerInstance());
+	if (bDedicated && !bStartOnDedicatedServer)
+	{
+		// a server has no player to talk to its NPCs: no sidecar, no client (bStartOnDedicatedServer)
+		LastError = MakeError(TEXT("disabled_on_server"), TEXT("no igi-sdk sidecar on a dedicated server (bStartOnDedicatedServer)"), false);
+		UE_LOG(LogIgiSdk, Log, TEXT("%s"), *LastError.Message);
+		return;
+	}
 	igi::ClientOptions Options;
 	Options.engine = "unreal";
 	Options.client_name = IgiUnreal::ToUtf8(FApp::GetProjectName());
 	Options.game_pid = static_cast<int64_t>(FPlatformProcess::GetCurrentProcessId());
 	Options.lease_s = LeaseSeconds;
-	Options.owner_key = IgiUnreal::ToUtf8(LoadOrCreateOwnerKey());
+#if IGI_SDK_ENGINE_SOCKETS
 	Options.socket_factory = []() { return std::unique_ptr<igi::ISocket>(new FIgiUnrealSocket()); };
+#endif
+	FString OwnerKey = LoadOrCreateOwnerKey();
 
 	if (!Endpoint.IsEmpty())
 	{
 		// a sidecar someone else started: whatever answers there, without an instance check
+		Options.owner_key = IgiUnreal::ToUtf8(OwnerKey);
 		Options.endpoint = IgiUnreal::ToUtf8(Endpoint);
 		Options.launch_token = IgiUnreal::ToUtf8(FPlatformMisc::GetEnvironmentVariable(TEXT("IGI_SDK_TOKEN")));
 		Client.reset(new igi::Client(Options));
@@ -68,22 +84,42 @@ void UIgiSdkSubsystem::Initialize(FSubsystemCollectionBase& Collection)
 	}
 	else
 	{
-		const bool bReuse = GSidecar.Handle.IsValid() && FPlatformProcess::IsProcRunning(GSidecar.Handle) && !GSidecar.Endpoint.IsEmpty();
-		if (!bReuse && !LaunchSidecar())
+		FIgiSidecarSettings Settings;
+		Settings.Executable = FPaths::IsRelative(SidecarExecutable)
+			? FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), SidecarExecutable))
+			: SidecarExecutable;
+		if (!ModelDir.IsEmpty())
 		{
-			return;
+			const FString Dir = FPaths::IsRelative(ModelDir) ? FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), ModelDir)) : ModelDir;
+			Settings.Arguments += FString::Printf(TEXT(" --model-dir \"%s\""), *Dir);
 		}
-		Options.launch_token = IgiUnreal::ToUtf8(GSidecar.Token);
-		Options.expected_instance = IgiUnreal::ToUtf8(GSidecar.Instance);
+		if (!Model.IsEmpty())
+		{
+			Settings.Arguments += FString::Printf(TEXT(" --model \"%s\""), *Model);
+		}
+		if (!ExtraArguments.IsEmpty())
+		{
+			Settings.Arguments += TEXT(" ");
+			Settings.Arguments += ExtraArguments;
+		}
+		Settings.RestartMinSeconds = RestartMinSeconds;
+		Settings.RestartMaxSeconds = RestartMaxSeconds;
+		Settings.MaxRestarts = bRestartOnCrash ? FMath::Max(0, MaxRestarts) : 0;
+		FIgiSidecarHost& Host = FIgiSidecarHost::Get();
+		HostSlot = Host.AddUser(Settings);
+		if (HostSlot > 1)
+		{
+			// PIE's other players: a scope of their own, so the same NPC in two worlds is two
+			// conversations (the first player keeps the plain key: a game's leftovers are its)
+			OwnerKey = OwnerKey.Left(120) + FString::Printf(TEXT("-p%d"), HostSlot);
+		}
+		Options.owner_key = IgiUnreal::ToUtf8(OwnerKey);
+		// every game instance of this process is the game: the sidecar's one launch token
+		Options.launch_token = IgiUnreal::ToUtf8(Host.GetToken());
 		Client.reset(new igi::Client(Options));
+		SeenDeaths = Host.GetDeaths();
 		// requests queue in the client until the sidecar reports its endpoint
-		bWaitingForEndpoint = GSidecar.Endpoint.IsEmpty();
-		WaitingSince = FPlatformTime::Seconds();
-		if (!bWaitingForEndpoint)
-		{
-			Client->SetEndpoint(IgiUnreal::ToUtf8(GSidecar.Endpoint), Options.expected_instance);
-			bStarted = Client->Start();
-		}
+		FollowHost();
 	}
 	TickHandle = FTSTicker::GetCoreTicker().AddTicker(FTickerDelegate::CreateUObject(this, &UIgiSdkSubsystem::Tick), 0.0f);
 }
@@ -98,85 +134,89 @@ void UIgiSdkSubsystem::Deinitialize()
 		Client->Stop();
 		Client.reset();
 	}
+	if (HostSlot != 0)
+	{
+		FIgiSidecarHost::Get().RemoveUser(HostSlot);
+		HostSlot = 0;
+	}
 	Pending.Empty();
+	LevelLoads.Empty();
 	Super::Deinitialize();
 }
 
-bool UIgiSdkSubsystem::LaunchSidecar()
+void UIgiSdkSubsystem::FollowHost()
 {
-	const FString Exe = FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), SidecarExecutable));
-	FString Path = Exe;
-#if PLATFORM_WINDOWS
-	if (!Path.EndsWith(TEXT(".exe")))
+	FIgiSidecarHost& Host = FIgiSidecarHost::Get();
+	Host.Tick();
+	if (Host.GetDeaths() != SeenDeaths)
 	{
-		Path += TEXT(".exe");
+		// nothing sent to that process will be answered: end every request now, typed, instead
+		// of after the client's silence limit
+		SeenDeaths = Host.GetDeaths();
+		bSidecarDown = true;
+		FailPending(MakeError(TEXT("unavailable"), TEXT("the igi-sdk sidecar exited; it is being started again"), true));
+		BroadcastState(EIgiConnectionState::Unavailable);
 	}
-#endif
-	if (!FPaths::FileExists(Path))
+	if (Host.GetState() == EIgiSidecarState::Running && Host.GetGeneration() != SeenGeneration)
 	{
-		LastError.Code = TEXT("sidecar_missing");
-		LastError.Message = FString::Printf(TEXT("no igi-sdk sidecar at %s (SidecarExecutable)"), *Path);
-		UE_LOG(LogIgiSdk, Error, TEXT("%s"), *LastError.Message);
-		return false;
-	}
-	GSidecar.Instance = FGuid::NewGuid().ToString(EGuidFormats::Digits);
-	GSidecar.Token = NewSecret();
-	GSidecar.Endpoint.Empty();
-	GSidecar.EndpointFile = FPaths::Combine(FPaths::ProjectSavedDir(), TEXT("IgiSdk"), GSidecar.Instance + TEXT(".endpoint"));
-	IFileManager::Get().MakeDirectory(*FPaths::GetPath(GSidecar.EndpointFile), true);
-	// a free port per launch: the sidecar binds port 0 and writes the port it got
-	FString Args = FString::Printf(TEXT("serve --game-pid %u --endpoint tcp://127.0.0.1:0 --endpoint-file \"%s\" --instance %s"),
-		FPlatformProcess::GetCurrentProcessId(), *GSidecar.EndpointFile, *GSidecar.Instance);
-	if (!ModelDir.IsEmpty())
-	{
-		Args += FString::Printf(TEXT(" --model-dir \"%s\""), *FPaths::ConvertRelativePathToFull(FPaths::Combine(FPaths::ProjectDir(), ModelDir)));
-	}
-	if (!Model.IsEmpty())
-	{
-		Args += FString::Printf(TEXT(" --model \"%s\""), *Model);
-	}
-	// the launch token goes by environment only (a command line is readable by other processes)
-	FPlatformMisc::SetEnvironmentVar(TEXT("IGI_SDK_TOKEN"), *GSidecar.Token);
-	uint32 Pid = 0;
-	GSidecar.Handle = FPlatformProcess::CreateProc(*Path, *Args, false, true, true, &Pid, 0, nullptr, nullptr);
-	FPlatformMisc::SetEnvironmentVar(TEXT("IGI_SDK_TOKEN"), TEXT(""));
-	if (!GSidecar.Handle.IsValid())
-	{
-		LastError.Code = TEXT("sidecar_start_failed");
-		LastError.Message = FString::Printf(TEXT("could not start %s"), *Path);
-		UE_LOG(LogIgiSdk, Error, TEXT("%s"), *LastError.Message);
-		return false;
-	}
-	UE_LOG(LogIgiSdk, Log, TEXT("started the igi-sdk sidecar (pid %u, instance %s)"), Pid, *GSidecar.Instance);
-	return true;
-}
-
-void UIgiSdkSubsystem::PollEndpointFile()
-{
-	FString Text;
-	// one short line: a longer file is not the sidecar's, and is not read
-	const int64 Size = IFileManager::Get().FileSize(*GSidecar.EndpointFile);
-	if (Size > 0 && Size <= 256 && FFileHelper::LoadFileToString(Text, *GSidecar.EndpointFile))
-	{
-		Text.TrimStartAndEndInline();
-		// written atomically by the sidecar: a whole endpoint or nothing
-		if (Text.StartsWith(TEXT("tcp://")))
+		// a new sidecar (the first, or one started after a crash): its port and instance
+		SeenGeneration = Host.GetGeneration();
+		Client->SetEndpoint(IgiUnreal::ToUtf8(Host.GetEndpoint()), IgiUnreal::ToUtf8(Host.GetInstance()));
+		if (!bStarted)
 		{
-			GSidecar.Endpoint = Text;
-			bWaitingForEndpoint = false;
-			Client->SetEndpoint(IgiUnreal::ToUtf8(Text), IgiUnreal::ToUtf8(GSidecar.Instance));
-			bStarted = Client->Start();
-			return;
+			std::string Why;
+			bStarted = Client->Start(&Why);
+			if (!bStarted)
+			{
+				LastError = MakeError(TEXT("sidecar_start_failed"), IgiUnreal::FromUtf8(Why), false);
+			}
 		}
 	}
-	if (!FPlatformProcess::IsProcRunning(GSidecar.Handle) || FPlatformTime::Seconds() - WaitingSince > EndpointWaitSeconds)
+	if (Host.GetState() == EIgiSidecarState::Failed)
 	{
-		bWaitingForEndpoint = false;
-		LastError.Code = TEXT("sidecar_start_failed");
-		LastError.Message = TEXT("the igi-sdk sidecar exited or never reported its endpoint");
-		UE_LOG(LogIgiSdk, Error, TEXT("%s"), *LastError.Message);
-		OnConnectionChanged.Broadcast(EIgiConnectionState::Refused);
+		if (!bReportedFailure)
+		{
+			bReportedFailure = true;
+			LastError = Host.GetLastError();
+			FailPending(LastError);
+			BroadcastState(EIgiConnectionState::Refused);
+		}
 	}
+	else
+	{
+		bReportedFailure = false;
+	}
+}
+
+void UIgiSdkSubsystem::FailPending(const FIgiError& Error)
+{
+	// a callback may send new requests: only those pending now fail
+	TArray<uint64> Ids;
+	Pending.GenerateKeyArray(Ids);
+	for (const uint64 Id : Ids)
+	{
+		const TSharedPtr<FIgiCallbacks>* Found = Pending.Find(Id);
+		if (Found == nullptr)
+		{
+			continue;
+		}
+		const TSharedPtr<FIgiCallbacks> Callbacks = *Found;
+		Pending.Remove(Id);  // whatever that sidecar's client still reports for it is dropped
+		if (Callbacks->OnError)
+		{
+			Callbacks->OnError(Error);
+		}
+	}
+}
+
+void UIgiSdkSubsystem::BroadcastState(EIgiConnectionState State)
+{
+	if (State == LastBroadcast && State != EIgiConnectionState::Ready)
+	{
+		return;
+	}
+	LastBroadcast = State;
+	OnConnectionChanged.Broadcast(State);
 }
 
 bool UIgiSdkSubsystem::Tick(float DeltaSeconds)
@@ -185,24 +225,24 @@ bool UIgiSdkSubsystem::Tick(float DeltaSeconds)
 	{
 		return true;
 	}
-	if (bWaitingForEndpoint)
+	if (HostSlot != 0)
 	{
-		PollEndpointFile();
+		FollowHost();
 	}
-	if (!bStarted)
+	if (bStarted)
 	{
-		return true;
+		if (bReportFrames)
+		{
+			Client->ReportFrame(FrameNumber++, DeltaSeconds * 1000.0, TargetFrameTimeMs, QueryVramUsedBytes(), -1,
+				GameBusyThreads, GameCpuShare);
+		}
+		Client->Poll(Events);
+		for (igi::Event& Event : Events)
+		{
+			Dispatch(Event);
+		}
 	}
-	if (bReportFrames)
-	{
-		Client->ReportFrame(FrameNumber++, DeltaSeconds * 1000.0, TargetFrameTimeMs, QueryVramUsedBytes(), -1,
-			GameBusyThreads, GameCpuShare);
-	}
-	Client->Poll(Events);
-	for (igi::Event& Event : Events)
-	{
-		Dispatch(Event);
-	}
+	TickLevelLoads();
 	return true;
 }
 
@@ -210,12 +250,35 @@ void UIgiSdkSubsystem::Dispatch(igi::Event& Event)
 {
 	if (Event.kind == igi::EventKind::State)
 	{
+		const EIgiConnectionState State = ToState(Event.state);
 		if (Event.state == igi::ConnectionState::Refused)
 		{
 			LastError = IgiUnreal::ToError(Event.error);
 			UE_LOG(LogIgiSdk, Warning, TEXT("sidecar refused: %s"), *LastError.Message);
 		}
-		OnConnectionChanged.Broadcast(ToState(Event.state));
+		if (State == EIgiConnectionState::Ready)
+		{
+			if (HostSlot != 0)
+			{
+				ConnectedGeneration = SeenGeneration;
+			}
+			else
+			{
+				// a sidecar of one's own: a new instance id is a new sidecar
+				const std::string Instance = Client->Info().instance;
+				if (ConnectedGeneration == 0 || Instance != ConnectedInstance)
+				{
+					++ConnectedGeneration;
+					ConnectedInstance = Instance;
+				}
+			}
+			bSidecarDown = false;
+		}
+		else if (bSidecarDown)
+		{
+			return;  // Unavailable was said when it died; the client's own view of it follows
+		}
+		BroadcastState(State);
 		return;
 	}
 	const TSharedPtr<FIgiCallbacks>* Found = Pending.Find(Event.id);
@@ -234,27 +297,34 @@ void UIgiSdkSubsystem::Dispatch(igi::Event& Event)
 		}
 		return;  // the stream goes on
 	case igi::EventKind::Done:
+		Pending.Remove(Event.id);  // terminal (before the callbacks: they may send again)
+		if (Callbacks->OnDoneBody)
+		{
+			Callbacks->OnDoneBody(Event.body);
+		}
 		if (Callbacks->OnDone)
 		{
 			Callbacks->OnDone(IgiUnreal::FromUtf8(Event.text), IgiUnreal::FromUtf8(Event.finish_reason));
 		}
-		break;
+		return;
 	case igi::EventKind::Ok:
+		Pending.Remove(Event.id);
 		if (Callbacks->OnOk)
 		{
 			Callbacks->OnOk(Event.body);
 		}
-		break;
+		return;
 	case igi::EventKind::Error:
+		Pending.Remove(Event.id);
 		if (Callbacks->OnError)
 		{
 			Callbacks->OnError(IgiUnreal::ToError(Event.error));
 		}
-		break;
+		return;
 	default:
-		break;
+		Pending.Remove(Event.id);
+		return;
 	}
-	Pending.Remove(Event.id);  // terminal
 }
 
 uint64 UIgiSdkSubsystem::Send(const char* Type, igi::MsgValue Body, FIgiCallbacks Callbacks)
@@ -263,13 +333,80 @@ uint64 UIgiSdkSubsystem::Send(const char* Type, igi::MsgValue Body, FIgiCallback
 	{
 		if (Callbacks.OnError)
 		{
-			Callbacks.OnError(LastError);
+			Callbacks.OnError(LastError.Code.IsEmpty() ? MakeError(TEXT("unavailable"), TEXT("no igi-sdk sidecar"), false) : LastError);
 		}
 		return 0;
 	}
 	const uint64 Id = Client->Request(Type, MoveTemp(Body));
 	Pending.Add(Id, MakeShared<FIgiCallbacks>(MoveTemp(Callbacks)));
 	return Id;
+}
+
+igi::MsgValue UIgiSdkSubsystem::SamplingBody(const FIgiSampling& Sampling)
+{
+	igi::MsgValue Body = igi::MsgValue::Map();
+	if (Sampling.Temperature >= 0.f)
+	{
+		Body.Set("temperature", igi::MsgValue::Float(Sampling.Temperature));
+	}
+	if (Sampling.TopP >= 0.f)
+	{
+		Body.Set("top_p", igi::MsgValue::Float(Sampling.TopP));
+	}
+	if (Sampling.TopK >= 0)
+	{
+		Body.Set("top_k", igi::MsgValue::Int(Sampling.TopK));
+	}
+	if (Sampling.MinP >= 0.f)
+	{
+		Body.Set("min_p", igi::MsgValue::Float(Sampling.MinP));
+	}
+	if (Sampling.RepeatPenalty >= 0.f)
+	{
+		Body.Set("repeat_penalty", igi::MsgValue::Float(Sampling.RepeatPenalty));
+	}
+	if (Sampling.Seed >= 0)
+	{
+		Body.Set("seed", igi::MsgValue::Int(Sampling.Seed));
+	}
+	return Body;
+}
+
+igi::MsgValue UIgiSdkSubsystem::ChatExtra(const FIgiChatOptions& Options)
+{
+	// out-of-range values are sent as given: the sidecar answers invalid_body, typed, naming them
+	igi::MsgValue Extra = igi::MsgValue::Map();
+	if (Options.Stop.Num() > 0)
+	{
+		igi::MsgValue Stop = igi::MsgValue::Array();
+		for (const FString& Item : Options.Stop)
+		{
+			Stop.Push(igi::MsgValue::Str(IgiUnreal::ToUtf8(Item)));
+		}
+		Extra.Set("stop", MoveTemp(Stop));
+	}
+	if (!Options.Grammar.IsEmpty())
+	{
+		Extra.Set("grammar", igi::MsgValue::Str(IgiUnreal::ToUtf8(Options.Grammar)));
+	}
+	if (!Options.JsonSchema.IsEmpty())
+	{
+		// the protocol takes the schema as JSON text too
+		Extra.Set("json_schema", igi::MsgValue::Str(IgiUnreal::ToUtf8(Options.JsonSchema)));
+	}
+	if (Options.Images.Num() > 0)
+	{
+		igi::MsgValue Images = igi::MsgValue::Array();
+		for (const FIgiImage& Image : Options.Images)
+		{
+			igi::MsgValue Item = igi::MsgValue::Map();
+			// the file's bytes as msgpack bin: the sidecar decodes PNG/JPEG itself
+			Item.Set("data", igi::MsgValue::Bin(std::string(reinterpret_cast<const char*>(Image.Data.GetData()), static_cast<size_t>(Image.Data.Num()))));
+			Images.Push(MoveTemp(Item));
+		}
+		Extra.Set("images", MoveTemp(Images));
+	}
+	return Extra;
 }
 
 uint64 UIgiSdkSubsystem::OpenSession(const FString& SystemPrompt, const FString& Name, int32 Priority, FIgiCallbacks Callbacks)
@@ -286,11 +423,17 @@ uint64 UIgiSdkSubsystem::OpenSession(const FString& SystemPrompt, const FString&
 
 uint64 UIgiSdkSubsystem::Chat(const FString& Session, const FString& Text, int32 MaxTokens, FIgiCallbacks Callbacks)
 {
+	return Chat(Session, Text, FIgiChatOptions(), MaxTokens, MoveTemp(Callbacks));
+}
+
+uint64 UIgiSdkSubsystem::Chat(const FString& Session, const FString& Text, const FIgiChatOptions& Options, int32 DefaultMaxTokens, FIgiCallbacks Callbacks)
+{
 	if (!Client)
 	{
 		return Send("chat", igi::MsgValue::Map(), MoveTemp(Callbacks));
 	}
-	const uint64 Id = Client->Chat(IgiUnreal::ToUtf8(Session), IgiUnreal::ToUtf8(Text), FMath::Clamp(MaxTokens, 1, 4096));
+	const int32 MaxTokens = Options.MaxTokens > 0 ? Options.MaxTokens : DefaultMaxTokens;
+	const uint64 Id = Client->Chat(IgiUnreal::ToUtf8(Session), IgiUnreal::ToUtf8(Text), FMath::Clamp(MaxTokens, 1, 4096), ChatExtra(Options));
 	Pending.Add(Id, MakeShared<FIgiCallbacks>(MoveTemp(Callbacks)));
 	return Id;
 }
@@ -337,6 +480,89 @@ uint64 UIgiSdkSubsystem::ReserveVram(int64 Bytes, int32 DeadlineFrames, FIgiCall
 	return Send("reserve_vram", MoveTemp(Body), MoveTemp(Callbacks));
 }
 
+void UIgiSdkSubsystem::BeginLevelLoad(int64 Bytes, int32 DeadlineFrames, TFunction<void(const FIgiLevelLoadResult&)> Then)
+{
+	if (!Client || GetConnectionState() != EIgiConnectionState::Ready)
+	{
+		// nobody to make room: the level loads now
+		FIgiLevelLoadResult Result;
+		Result.Outcome = EIgiLevelLoadOutcome::NoSidecar;
+		Result.Error = LastError.Code.IsEmpty() ? MakeError(TEXT("unavailable"), TEXT("the igi-sdk sidecar is not connected"), true) : LastError;
+		if (Then)
+		{
+			Then(Result);
+		}
+		return;
+	}
+	const int32 Frames = FMath::Clamp(DeadlineFrames, 1, 100000);
+	TWeakObjectPtr<UIgiSdkSubsystem> WeakThis(this);
+	TSharedRef<uint64> IdBox = MakeShared<uint64>(0);
+	FIgiCallbacks Callbacks;
+	Callbacks.OnOk = [WeakThis, IdBox](const igi::MsgValue&)
+	{
+		if (UIgiSdkSubsystem* Self = WeakThis.Get())
+		{
+			Self->FinishLevelLoad(*IdBox, EIgiLevelLoadOutcome::Granted, FIgiError());
+		}
+	};
+	Callbacks.OnError = [WeakThis, IdBox](const FIgiError& Error)
+	{
+		if (UIgiSdkSubsystem* Self = WeakThis.Get())
+		{
+			const EIgiLevelLoadOutcome Outcome = Error.Code == TEXT("deadline_missed") ? EIgiLevelLoadOutcome::DeadlinePassed
+				: Error.Code == TEXT("unavailable") ? EIgiLevelLoadOutcome::NoSidecar : EIgiLevelLoadOutcome::Refused;
+			Self->FinishLevelLoad(*IdBox, Outcome, Error);
+		}
+	};
+	FLevelLoad Load;
+	Load.Id = ReserveVram(Bytes, Frames, MoveTemp(Callbacks));
+	*IdBox = Load.Id;
+	Load.FramesLeft = Frames;
+	Load.Then = MakeShared<TFunction<void(const FIgiLevelLoadResult&)>>(MoveTemp(Then));
+	LevelLoads.Add(MoveTemp(Load));
+}
+
+void UIgiSdkSubsystem::TickLevelLoads()
+{
+	TArray<uint64> Expired;
+	for (FLevelLoad& Load : LevelLoads)
+	{
+		++Load.FramesWaited;
+		if (--Load.FramesLeft <= 0)
+		{
+			Expired.Add(Load.Id);
+		}
+	}
+	for (const uint64 Id : Expired)
+	{
+		FinishLevelLoad(Id, EIgiLevelLoadOutcome::DeadlinePassed,
+			MakeError(TEXT("deadline_missed"), TEXT("the VRAM was not granted within the frame deadline"), true));
+	}
+}
+
+void UIgiSdkSubsystem::FinishLevelLoad(uint64 Id, EIgiLevelLoadOutcome Outcome, const FIgiError& Error)
+{
+	for (int32 Index = 0; Index < LevelLoads.Num(); ++Index)
+	{
+		if (LevelLoads[Index].Id != Id)
+		{
+			continue;
+		}
+		const FLevelLoad Load = LevelLoads[Index];
+		LevelLoads.RemoveAt(Index);
+		Forget(Id);  // a late grant is dropped: the game has moved on
+		FIgiLevelLoadResult Result;
+		Result.Outcome = Outcome;
+		Result.Error = Error;
+		Result.FramesWaited = Load.FramesWaited;
+		if (Load.Then.IsValid() && *Load.Then)
+		{
+			(*Load.Then)(Result);
+		}
+		return;
+	}
+}
+
 void UIgiSdkSubsystem::Forget(uint64 Id)
 {
 	Pending.Remove(Id);
@@ -359,7 +585,24 @@ void UIgiSdkSubsystem::SetGameCpuUse(int32 BusyThreads, float CpuShare)
 
 EIgiConnectionState UIgiSdkSubsystem::GetConnectionState() const
 {
-	return Client ? ToState(Client->State()) : EIgiConnectionState::Refused;
+	if (!Client)
+	{
+		return HostSlot == 0 && LastError.Code == TEXT("disabled_on_server") ? EIgiConnectionState::Closed : EIgiConnectionState::Refused;
+	}
+	if (HostSlot != 0 && FIgiSidecarHost::Get().GetState() == EIgiSidecarState::Failed)
+	{
+		return EIgiConnectionState::Refused;
+	}
+	if (bSidecarDown)
+	{
+		return EIgiConnectionState::Unavailable;
+	}
+	return ToState(Client->State());
+}
+
+int32 UIgiSdkSubsystem::GetSidecarRestarts() const
+{
+	return HostSlot != 0 ? FIgiSidecarHost::Get().GetRestarts() : 0;
 }
 
 FString UIgiSdkSubsystem::GetModelName() const

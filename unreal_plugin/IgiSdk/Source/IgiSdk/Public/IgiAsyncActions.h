@@ -1,6 +1,9 @@
 // Blueprint async nodes. "NPC Say" fires its On Token pin once per token as the reply streams,
-// then On Done or On Error exactly once. "Reserve VRAM" waits (up to 5 s) until the sidecar has
-// made room before a level load. "Save NPC" / "Restore NPC" keep conversations with a save game.
+// then On Done or On Error exactly once; "NPC Say With Options" takes the line's stop strings,
+// grammar or JSON schema, images and token limit. "Begin Level Load" is the call before loading
+// a level: its Ready pin fires once, when the sidecar has made room or when the frame deadline
+// has passed (the result says which). "Reserve VRAM" is the bare request. "Save NPC" /
+// "Restore NPC" keep conversations with a save game.
 #pragma once
 
 #include "CoreMinimal.h"
@@ -29,11 +32,38 @@ public:
 	UFUNCTION(BlueprintCallable, Category = "igi-sdk", meta = (BlueprintInternalUseOnly = "true", DisplayName = "NPC Say"))
 	static UIgiSayAsyncAction* NpcSay(UIgiNpcDialogueComponent* Npc, const FString& Line);
 
+	UFUNCTION(BlueprintCallable, Category = "igi-sdk", meta = (BlueprintInternalUseOnly = "true", DisplayName = "NPC Say With Options"))
+	static UIgiSayAsyncAction* NpcSayWithOptions(UIgiNpcDialogueComponent* Npc, const FString& Line, const FIgiChatOptions& Options);
+
 	virtual void Activate() override;
 
 private:
 	TWeakObjectPtr<UIgiNpcDialogueComponent> Npc;
 	FString Line;
+	FIgiChatOptions Options;
+	bool bHasOptions = false;
+};
+
+UCLASS()
+class IGISDK_API UIgiBeginLevelLoadAsyncAction : public UBlueprintAsyncActionBase
+{
+	GENERATED_BODY()
+
+public:
+	// load the level now: granted, deadline passed, refused or no sidecar (Result.Outcome)
+	UPROPERTY(BlueprintAssignable)
+	FIgiLevelLoadSignature OnReady;
+
+	// Bytes: the VRAM the level will allocate; DeadlineFrames: the most game frames to wait
+	UFUNCTION(BlueprintCallable, Category = "igi-sdk", meta = (BlueprintInternalUseOnly = "true", WorldContext = "WorldContextObject", DisplayName = "Begin Level Load"))
+	static UIgiBeginLevelLoadAsyncAction* BeginLevelLoad(UObject* WorldContextObject, int64 Bytes, int32 DeadlineFrames = 30);
+
+	virtual void Activate() override;
+
+private:
+	TWeakObjectPtr<UObject> WorldContext;
+	int64 Bytes = 0;
+	int32 DeadlineFrames = 0;
 };
 
 UCLASS()

@@ -43,6 +43,108 @@ DECLARE_DYNAMIC_MULTICAST_DELEGATE_OneParam(FIgiErrorSignature, const FIgiError&
 DECLARE_DYNAMIC_MULTICAST_DELEGATE_OneParam(FIgiConnectionSignature, EIgiConnectionState, State);
 DECLARE_DYNAMIC_MULTICAST_DELEGATE(FIgiSignal);
 
+// How the NPC's replies are sampled (open_session's `sampling`; applies from the session's next
+// opening). A negative value leaves the sidecar's default.
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiSampling
+{
+	GENERATED_BODY()
+
+	// 0..5 (0: greedy); default 0.7
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	float Temperature = -1.f;
+
+	// (0, 1]; default 0.95
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	float TopP = -1.f;
+
+	// 0..100000 (0: off); default 40
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	int32 TopK = -1;
+
+	// 0..1; default 0.05
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	float MinP = -1.f;
+
+	// 0.5..3; default 1.1
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	float RepeatPenalty = -1.f;
+
+	// 0..2^32-1; default 0
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	int64 Seed = -1;
+};
+
+// An image the NPC sees with a line: the bytes of a PNG or JPEG file (16 MiB at most; the model
+// needs its vision projector, else the line fails with vision_unavailable).
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiImage
+{
+	GENERATED_BODY()
+
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	TArray<uint8> Data;
+};
+
+// One line's options (chat's fields). Empty ones are not sent.
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiChatOptions
+{
+	GENERATED_BODY()
+
+	// 1..4096; 0: the component's MaxTokens
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	int32 MaxTokens = 0;
+
+	// at most 8 strings of 1..64 characters; a match ends the reply (finish reason stop_string)
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	TArray<FString> Stop;
+
+	// a GBNF grammar (root rule `root`); at most one of Grammar and JsonSchema
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk", meta = (MultiLine = true))
+	FString Grammar;
+
+	// a JSON Schema, as JSON text: the reply is JSON that follows it
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk", meta = (MultiLine = true))
+	FString JsonSchema;
+
+	// at most 4; each goes before the text, or where the text holds <__media__>
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	TArray<FIgiImage> Images;
+};
+
+UENUM(BlueprintType)
+enum class EIgiLevelLoadOutcome : uint8
+{
+	// the VRAM asked for is free: load now
+	Granted,
+	// no grant within the frame deadline (or the sidecar's 5 s): load anyway, the model yields as it can
+	DeadlinePassed,
+	// the sidecar refused (cannot_free, forbidden, ...): Error says why; load anyway
+	Refused,
+	// no sidecar to ask (a dedicated server, not started, or down): load
+	NoSidecar
+};
+
+// The answer to BeginLevelLoad: the game loads its level whatever it is; it says why now.
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiLevelLoadResult
+{
+	GENERATED_BODY()
+
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	EIgiLevelLoadOutcome Outcome = EIgiLevelLoadOutcome::NoSidecar;
+
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	FIgiError Error;
+
+	// game frames from the call to this answer
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	int32 FramesWaited = 0;
+};
+
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_OneParam(FIgiLevelLoadSignature, const FIgiLevelLoadResult&, Result);
+
 // What a C++ caller hears about one request (all optional). Called on the game thread, from the
 // subsystem's tick. A chat gets OnToken per token, then exactly one of OnDone / OnError; any
 // other request exactly one of OnOk / OnError.
@@ -50,6 +152,8 @@ struct FIgiCallbacks
 {
 	TFunction<void(const FString& Token)> OnToken;
 	TFunction<void(const FString& Text, const FString& FinishReason)> OnDone;
+	// a chat's whole `done` body (usage, timings), just before OnDone
+	TFunction<void(const igi::MsgValue& Body)> OnDoneBody;
 	TFunction<void(const igi::MsgValue& Body)> OnOk;
 	TFunction<void(const FIgiError& Error)> OnError;
 };
