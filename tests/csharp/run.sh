@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # The Unity package's C# suite: compiles the engine-agnostic core (Unity's C# subset: mcs
 # -langversion:7.2, warnings as errors), type-checks the Unity layer against a UnityEngine stub
-# when there is one, and runs the NUnit tests against the real sidecar (they start it themselves).
-# Prints "N passed, N failed"; exits 1 on any failure or when no test ran.
+# when there is one, checks each player platform's build of it (platform_checks.py), and runs the
+# NUnit tests against the real sidecar (they start it themselves).
+# Prints "N passed, N failed" (the NUnit tests and the platform checks together); exits 1 on any failure or when no test ran.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -13,6 +14,8 @@ build=$(mktemp -d "$root/build/csharp.XXXXXX")
 keep_build() { echo "build and logs kept in $build"; }
 
 flags=(-langversion:7.2 -warnaserror+ -nologo)
+platform_passed=0
+platform_failed=0
 nunit_dll=$(ls /usr/lib/cli/nunit.framework-2.6.*/nunit.framework.dll 2>/dev/null | head -1)
 [ -n "$nunit_dll" ] || nunit_dll=$(find /usr/lib -name nunit.framework.dll 2>/dev/null | head -1)
 [ -n "$nunit_dll" ] || { echo "nunit.framework.dll not found (apt-get install libnunit-framework2.6.3-cil)"; exit 1; }
@@ -49,6 +52,13 @@ if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]
     mcs "${flags[@]}" -define:ENABLE_IL2CPP -define:DEVELOPMENT_BUILD -define:UNITY_2023_1_OR_NEWER -target:library \
         -out:"$build/Igi.Sdk.Unity.il2cpp.dll" tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
         || { echo "Unity layer (IL2CPP defines): type check failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
+    # each player platform's build: "__Internal" only where the player links libc statically
+    # (a source check), the Windows, macOS, Linux, iOS and WebGL compiles, their P/Invokes read
+    # back from the assemblies; counted with the tests below
+    python3 tests/csharp/platform_checks.py "$build/platforms" > "$build/platforms.log" 2>&1
+    grep -v '^ok: ' "$build/platforms.log"
+    read -r platform_passed platform_failed < <(sed -n 's/^platform checks: \([0-9]*\) passed, \([0-9]*\) failed$/\1 \2/p' "$build/platforms.log")
+    [ -n "${platform_failed:-}" ] || { platform_passed=0; platform_failed=1; tail -20 "$build/platforms.log"; }
     # the Unity layer's own NUnit tests (components driven by hand against real sidecars)
     unity_tests=()
     while IFS= read -r -d '' f; do unity_tests+=("$f"); done < <(find tests/csharp/unity -name '*.cs' -print0 2>/dev/null | sort -z)
@@ -104,12 +114,15 @@ print(passed, failed, ignored)
 PY
 )
 read -r passed failed ignored <<<"$result"
-if [ "$passed" -eq 0 ] && [ "$failed" -eq 0 ]; then
+ran=$((passed + failed))
+if [ "$ran" -eq 0 ]; then
     tail -40 "$build/nunit.log"
 fi
+passed=$((passed + platform_passed))
+failed=$((failed + platform_failed))
 [ "$ignored" -gt 0 ] && echo "$ignored not run (ignored)"
 echo "$passed passed, $failed failed"
-if [ "$failed" -eq 0 ] && [ "$passed" -gt 0 ] && [ "$nunit" -eq 0 ]; then
+if [ "$failed" -eq 0 ] && [ "$ran" -gt 0 ] && [ "$nunit" -eq 0 ]; then
     [ -n "${IGI_CSHARP_KEEP:-}" ] && keep_build || rm -rf "$build"
     exit 0
 fi
