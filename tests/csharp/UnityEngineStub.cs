@@ -30,6 +30,18 @@ namespace UnityEngine
 
     public class MonoBehaviour : Behaviour
     {
+        // outside Unity nothing runs coroutines: the smoke program and tests drive Update by hand
+        public Coroutine StartCoroutine(IEnumerator routine) { return null; }
+    }
+
+    public class YieldInstruction { }
+
+    public sealed class Coroutine : YieldInstruction { }
+
+    public class AsyncOperation : YieldInstruction
+    {
+        public bool isDone { get { return true; } }
+        public float progress { get { return 1f; } }
     }
 
     public sealed class GameObject : Object
@@ -163,6 +175,16 @@ namespace UnityEngine.Events
     public class UnityEvent<T0, T1> : UnityEventBase
     {
         public void Invoke(T0 arg0, T1 arg1) { }
+    }
+}
+
+namespace UnityEngine.SceneManagement
+{
+    public enum LoadSceneMode { Single, Additive }
+
+    public static class SceneManager
+    {
+        public static AsyncOperation LoadSceneAsync(string sceneName, LoadSceneMode mode) { return new AsyncOperation(); }
     }
 }
 

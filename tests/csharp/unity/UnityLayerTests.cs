@@ -107,16 +107,19 @@ namespace Igi.Sdk.UnityTests
             if (Path.DirectorySeparatorChar == '\\') Assert.Ignore("the POSIX path (this machine runs the Windows one nowhere)");
         }
 
-        [TearDown]
-        public void DefaultLibrary() { ProcessWatch.UseInternal = false; }
-
-        // both ways to reach libc: Mono's "libc" (Editor, Mono players) and "__Internal" (IL2CPP)
-        [TestCase(false)]
-        [TestCase(true)]
-        [Timeout(20000)]
-        public void AChildIsAliveUntilKilledThenDead(bool internalLibc)
+        [Test]
+        public void ThisBuildAsksLibcByName()
         {
-            ProcessWatch.UseInternal = internalLibc;
+            // the package's tests compile without Unity's platform defines: the OS is told apart
+            // at run time and the C library is named (never "__Internal", which IL2CPP links
+            // statically and only iOS-family players have)
+            Assert.AreEqual("libc", ProcessWatch.Library);
+        }
+
+        [Test]
+        [Timeout(20000)]
+        public void AChildIsAliveUntilKilledThenDead()
+        {
             using (var child = Child("exec sleep 30"))
             using (var watch = new ProcessWatch(child.Id))
             {
@@ -130,12 +133,10 @@ namespace Igi.Sdk.UnityTests
             }
         }
 
-        [TestCase(false)]
-        [TestCase(true)]
+        [Test]
         [Timeout(20000)]
-        public void AProcessThatIsNotOurChildIsWatchedByKill(bool internalLibc)
+        public void AProcessThatIsNotOurChildIsWatchedByKill()
         {
-            ProcessWatch.UseInternal = internalLibc;
             // sh starts sleep in the background and waits for it: sleep is sh's child, not ours
             using (var shell = Child("sleep 30 & echo $!; wait"))
             {
@@ -276,7 +277,7 @@ namespace Igi.Sdk.UnityTests
             return port;
         }
 
-        int StartForeignSidecar(string instance)
+        int StartForeignSidecar(string instance, string token = null)
         {
             int port = FreePort();
             var info = new ProcessStartInfo(Environment.GetEnvironmentVariable("IGI_SDK_EXE"),
@@ -284,6 +285,7 @@ namespace Igi.Sdk.UnityTests
                 "\" --instance " + instance + " --game-pid " + Process.GetCurrentProcess().Id)
             { UseShellExecute = false, RedirectStandardOutput = true, RedirectStandardError = true, CreateNoWindow = true };
             info.EnvironmentVariables.Remove("IGI_SDK_TOKEN");
+            if (token != null) info.EnvironmentVariables["IGI_SDK_TOKEN"] = token; // another program's sidecar: this game is its guest
             var p = Process.Start(info);
             foreign.Add(p);
             // its one stdout line says it is bound
@@ -334,6 +336,112 @@ namespace Igi.Sdk.UnityTests
             Assert.IsTrue(reloadedSidecar.IsGame, "still the game (the token survived the reload)");
             string log = File.ReadAllText(reloadedSidecar.LogPath);
             Assert.AreEqual(1, log.Split(new[] { "---- " }, StringSplitOptions.None).Length - 1, "one sidecar started:\n" + log);
+        }
+
+        void Updates(int n)
+        {
+            for (int i = 0; i < n; i++)
+            {
+                foreach (var c in live.ToArray()) Engine.Call(c, "Update");
+                Thread.Sleep(5);
+            }
+        }
+
+        static void Signal(int pid, string signal)
+        {
+            using (var kill = Process.Start("kill", "-" + signal + " " + pid)) kill.WaitForExit();
+        }
+
+        [Test]
+        [Timeout(60000)]
+        public void BeginLevelLoadIsGrantedAtOnceByASidecarThatHoldsNoVram()
+        {
+            var sidecar = NewSidecar(); // no model: it holds no VRAM, on a GPU machine or not
+            var early = sidecar.BeginLevelLoad(1L << 30);
+            Assert.IsTrue(early.IsDone, "before the sidecar is connected: ended at once");
+            Assert.AreEqual(IgiError.Unavailable, early.ErrorCode);
+            Assert.IsTrue(Engine.Frames(live, () => sidecar.IsReady, 40), "ready: " + sidecar.State + " " + sidecar.LastError);
+            Assert.IsTrue(sidecar.IsGame);
+
+            const long level = 3L << 30;
+            var load = sidecar.BeginLevelLoad(level, 30);
+            Assert.IsFalse(load.IsDone, "answered through Update's pump, on the main thread");
+            int frames = 0;
+            while (!load.IsDone && frames < 31) { Updates(1); frames++; }
+            Console.WriteLine("measured: BeginLevelLoad on a sidecar without VRAM: " + load + " after " + frames + " frames");
+            Assert.IsTrue(load.Granted, load.ToString());
+            Assert.IsNull(load.ErrorCode);
+            Assert.IsTrue(load.GetAwaiter().GetResult(), "await gives the same answer");
+            Assert.IsTrue(load.Task.Result);
+            Assert.IsFalse(load.keepWaiting, "a coroutine's yield ends");
+
+            // the sidecar recorded it with the frames the game gave it
+            var stats = sidecar.Client.Stats();
+            Assert.IsTrue(Engine.Frames(live, () => stats.IsDone, 10), "stats");
+            var recorded = MsgValue.GetList(stats.Result, "reservations");
+            Assert.IsNotNull(recorded, "stats.reservations");
+            var last = (Dictionary<string, object>)recorded[recorded.Count - 1];
+            Assert.AreEqual(level, MsgValue.GetLong(last, "bytes"));
+            Assert.AreEqual(30L, MsgValue.GetLong(last, "deadline_frames"));
+        }
+
+        [Test]
+        [Timeout(60000)]
+        public void ALevelLoadStopsWaitingWhenItsFramesRunOut()
+        {
+            var sidecar = NewSidecar();
+            Assert.IsTrue(Engine.Frames(live, () => sidecar.IsReady, 40), "ready: " + sidecar.State + " " + sidecar.LastError);
+            int pid = sidecar.SidecarPid;
+            Assert.Greater(pid, 0);
+            Signal(pid, "STOP"); // a sidecar that cannot answer in time
+            try
+            {
+                var load = sidecar.BeginLevelLoad(1L << 30, 3);
+                Updates(2);
+                Assert.IsFalse(load.IsDone, "two of its three frames");
+                Updates(1);
+                Assert.IsTrue(load.IsDone, "ended at its third frame");
+                Assert.IsFalse(load.Granted);
+                Assert.AreEqual(VramReservation.DeadlineMissed, load.ErrorCode, load.ToString());
+                Assert.IsFalse(load.Task.Result);
+            }
+            finally
+            {
+                Signal(pid, "CONT");
+            }
+            // the late answer changes nothing, and the next level load is granted
+            var next = sidecar.BeginLevelLoad(1L << 20);
+            Assert.IsTrue(Engine.Frames(live, () => next.IsDone, 20), "answered after SIGCONT");
+            Assert.IsTrue(next.Granted, next.ToString());
+        }
+
+        [Test]
+        [Timeout(60000)]
+        public void AGuestsLevelLoadIsForbidden()
+        {
+            // a sidecar another program started with its own launch token: this game is a guest
+            int port = StartForeignSidecar("launcher-9", token: "someone-elses-token");
+            string file = Path.Combine(data, "endpoint.txt");
+            File.WriteAllText(file, "tcp://127.0.0.1:" + port + "\n");
+            var sidecar = NewSidecar();
+            sidecar.Launch = false;
+            sidecar.EndpointFile = file;
+            sidecar.InstanceId = "launcher-9";
+            Assert.IsTrue(Engine.Frames(live, () => sidecar.IsReady, 30), "connected: " + sidecar.State + " " + sidecar.LastError);
+            Assert.IsFalse(sidecar.IsGame, "a guest");
+            var load = sidecar.BeginLevelLoad(1L << 30);
+            Assert.IsTrue(Engine.Frames(live, () => load.IsDone, 20), "answered");
+            Assert.IsFalse(load.Granted);
+            Assert.AreEqual(IgiError.Forbidden, load.ErrorCode, load.ToString());
+        }
+
+        [Test]
+        public void BeginLevelLoadRefusesWhatTheProtocolCannotCarry()
+        {
+            var sidecar = NewSidecar();
+            Assert.Throws<ArgumentOutOfRangeException>(() => sidecar.BeginLevelLoad(-1));
+            Assert.Throws<ArgumentOutOfRangeException>(() => sidecar.BeginLevelLoad(1, -1));
+            Assert.Throws<ArgumentOutOfRangeException>(() => sidecar.BeginLevelLoad(1, 100001));
         }
 
         [Test]

@@ -97,6 +97,7 @@ namespace Igi.Sdk.Unity
         [NonSerialized] float _endpointDeadline;
         [NonSerialized] float _nextFileCheckAt;
         [NonSerialized] bool _startedHere;
+        [NonSerialized] int _updates;          // this component's Update calls: BeginLevelLoad's frame clock
 
         /// <summary>The sidecar of this game (null before one is created).</summary>
         public static IgiSidecar Instance { get { return _instance; } }
@@ -227,7 +228,9 @@ namespace Igi.Sdk.Unity
                 case SidecarState.Launching: AfterLaunch(now); break;
                 case SidecarState.Restarting: if (now >= _restartAt) Begin(); break;
             }
+            _updates++;
             if (_client != null) _client.Pump(); // callbacks (and ConnectionChanged) run here
+            if (_reservations.Count > 0) EndLateReservations();
             WatchProcess(now);
             WatchConnecting(now);
             PingWhileReady(now);
@@ -259,10 +262,40 @@ namespace Igi.Sdk.Unity
 
         // ---- VRAM -------------------------------------------------------------------------------
 
+        /// <summary>How many of the game's frames <see cref="BeginLevelLoad"/> waits by default
+        /// (half a second at 60 fps; a GPU sidecar grants in one or two).</summary>
+        public const int DefaultLevelLoadFrames = 30;
+        const int MaxDeadlineFrames = 100000; // reserve_vram's deadline_frames (PROTOCOL.md)
+
+        /// <summary>
+        /// The call to make before a level (or any large set of assets) loads: asks the sidecar
+        /// to free <paramref name="bytes"/> of VRAM (<c>reserve_vram</c>; the model moves to a
+        /// smaller placement or the CPU) and waits at most <paramref name="deadlineFrames"/> of
+        /// the game's frames for the answer. <c>yield return</c> it in a coroutine or
+        /// <c>await</c> it, then load: it always ends, on the main thread, with
+        /// <see cref="VramReservation.Granted"/> (the memory is free now), or with
+        /// <see cref="VramReservation.ErrorCode"/> <c>cannot_free</c>, <c>deadline_missed</c>
+        /// (the frames ran out first: load anyway, the sidecar goes on freeing), <c>forbidden</c>
+        /// (this game is a guest of the sidecar) or <c>unavailable</c> (no sidecar connected).
+        /// A sidecar without a GPU holds no VRAM and grants at once.
+        /// </summary>
+        public VramReservation BeginLevelLoad(long bytes, int deadlineFrames = DefaultLevelLoadFrames)
+        {
+            if (bytes < 0) throw new ArgumentOutOfRangeException("bytes", "a reservation is 0 bytes or more");
+            if (deadlineFrames < 0 || deadlineFrames > MaxDeadlineFrames)
+                throw new ArgumentOutOfRangeException("deadlineFrames", "0.." + MaxDeadlineFrames + " frames");
+            var reservation = ReserveVramCoroutine(bytes, deadlineFrames);
+            // counted in this component's Update (not Time.frameCount): it is what pumps the
+            // answers, so a deadline of N frames gives the answer N chances to arrive
+            if (!reservation.IsDone) reservation.EndsAtUpdate = _updates + deadlineFrames;
+            return reservation;
+        }
+
         /// <summary>
         /// Asks the sidecar to free <paramref name="bytes"/> of VRAM before a level load (protocol
         /// 1.2: only the game may, see <see cref="IsGame"/>; others are refused <c>forbidden</c>). The task
         /// completes on the main thread within about 5 s: true once that much is free.
+        /// <see cref="BeginLevelLoad"/> is the same with a bound in frames.
         /// </summary>
         public Task<bool> ReserveVram(long bytes, int deadlineFrames = 2)
         {
@@ -272,7 +305,7 @@ namespace Igi.Sdk.Unity
         /// <summary>The same for coroutines: <c>yield return</c> it, then read <see cref="VramReservation.Granted"/>.</summary>
         public VramReservation ReserveVramCoroutine(long bytes, int deadlineFrames = 2)
         {
-            var reservation = new VramReservation(bytes);
+            var reservation = new VramReservation(bytes, deadlineFrames);
             if (!IsReady)
             {
                 reservation.Refuse(IgiError.Unavailable, "no sidecar is connected (" + _state + ")");
@@ -283,10 +316,23 @@ namespace Igi.Sdk.Unity
             {
                 _reservations.Remove(reservation);
                 if (request.Succeeded && request.GetBool("granted", true)) reservation.Grant();
-                else if (request.Succeeded) reservation.Refuse("not_granted", "the sidecar did not grant the reservation");
+                else if (request.Succeeded) reservation.Refuse(VramReservation.NotGranted, "the sidecar did not grant the reservation");
                 else reservation.Refuse(request.Error.Code, request.Error.Message);
             });
             return reservation;
+        }
+
+        // after this frame's Pump: level loads whose frames ran out stop waiting (no allocation)
+        void EndLateReservations()
+        {
+            for (int i = _reservations.Count - 1; i >= 0; i--)
+            {
+                var reservation = _reservations[i];
+                if (reservation.EndsAtUpdate < 0 || _updates < reservation.EndsAtUpdate) continue;
+                _reservations.RemoveAt(i);
+                reservation.Refuse(VramReservation.DeadlineMissed, "not granted within " + reservation.DeadlineFrames +
+                    " frames; the sidecar goes on freeing it (ask again, or load now)");
+            }
         }
     }
 }

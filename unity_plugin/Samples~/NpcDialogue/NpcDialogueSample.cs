@@ -1,6 +1,8 @@
 using System;
+using System.Collections;
 using Igi.Sdk.Unity;
 using UnityEngine;
+using UnityEngine.SceneManagement;
 
 namespace Igi.Sdk.Samples
 {
@@ -8,7 +10,8 @@ namespace Igi.Sdk.Samples
     /// The NPC Dialogue sample: add this to an empty GameObject in an empty scene and press Play.
     /// It builds the scene at runtime (an IgiSidecar, a VramReporter, the NPC Brom) and draws an
     /// OnGUI panel: Brom's reply streaming in, a field for the player's line, Say, Cancel,
-    /// Save, Restore and a "facing Brom" toggle. No UI package needed.
+    /// Save, Restore and a "facing Brom" toggle, and Load Level: the level-load hook
+    /// (<see cref="IgiSidecar.BeginLevelLoad"/>) before a scene loads. No UI package needed.
     /// </summary>
     [AddComponentMenu("Igi SDK/Samples/NPC Dialogue Sample")]
     public sealed class NpcDialogueSample : MonoBehaviour
@@ -21,12 +24,17 @@ namespace Igi.Sdk.Samples
         [SerializeField] string modelDir = "";
         [SerializeField] string model = "";
         [SerializeField] int port = IgiSidecar.DefaultPort;
+        [Tooltip("The scene Load Level loads additively (it must be in Build Settings). Empty: only the VRAM is reserved.")]
+        [SerializeField] string levelScene = "";
+        [Tooltip("The VRAM the level will allocate, asked of the sidecar before it loads.")]
+        [SerializeField] int levelVramMiB = 1024;
 
         IgiSidecar _sidecar;
         NpcDialogue _brom;
         string _playerLine = "Greetings, smith! What can you offer me?";
         string _log = "";
         string _status = "";
+        bool _loading;
 
         void Awake()
         {
@@ -78,6 +86,23 @@ namespace Igi.Sdk.Samples
             if (restored) { _status = "restored " + SaveName; _log += "(conversation restored from " + SaveName + ")\n"; }
         }
 
+        // The level-load hook: ask the sidecar for the level's VRAM, wait a few frames at most,
+        // then load whatever the answer (a level that loads anyway just shares the GPU for a while)
+        IEnumerator LoadLevel()
+        {
+            _loading = true;
+            _status = "reserving " + levelVramMiB + " MiB of VRAM for the level…";
+            VramReservation vram = _sidecar.BeginLevelLoad((long)levelVramMiB << 20);
+            yield return vram;  // at most IgiSidecar.DefaultLevelLoadFrames frames
+            _status = vram.Granted ? "VRAM free for the level" : "loading anyway (" + vram.ErrorCode + ")";
+            if (!string.IsNullOrEmpty(levelScene))
+            {
+                yield return SceneManager.LoadSceneAsync(levelScene, LoadSceneMode.Additive);
+                _status += "; " + levelScene + " loaded";
+            }
+            _loading = false;
+        }
+
         void OnGUI()
         {
             // the same controls in every OnGUI pass of a frame (IMGUI lays out, then paints):
@@ -100,6 +125,7 @@ namespace Igi.Sdk.Samples
             if (GUILayout.Button("Save", GUILayout.Width(70))) Save();
             if (GUILayout.Button("Restore", GUILayout.Width(70))) Restore();
             _brom.FacingPlayer = GUILayout.Toggle(_brom.FacingPlayer, "Facing Brom (priority)");
+            if (GUILayout.Button("Load Level", GUILayout.Width(100)) && !_loading) StartCoroutine(LoadLevel());
             GUILayout.EndHorizontal();
             GUILayout.EndArea();
         }
