@@ -136,89 +136,99 @@ namespace Igi.Sdk.Tests
         }
 
         [Test]
-        [Timeout(60000)]
+        [Timeout(90000)]
         public void SixtyFpsLoopNeverStallsWhileAChatStreams()
         {
             var client = Own(Pumping.Connect(Sidecar.Shared.Endpoint));
+            // the baseline, in the same frames: a second client of the same sidecar with nothing
+            // streaming, given the same calls. A shared machine's hiccups (other processes on
+            // the cores, the sidecar decoding beside us) land on both alike; what streaming
+            // itself costs the game's thread lands on the first only.
+            var control = Own(Pumping.Connect(Sidecar.Shared.Endpoint));
             string session = Pumping.Ok(client, client.OpenSession(new SessionOptions { Persona = "Brom" })).Session;
             // warm-up: the first calls compile the code paths (IL2CPP builds compile ahead of time)
             Pumping.Ok(client, client.Chat(session, "Hi.", new ChatOptions { MaxTokens = 4 }), 60);
             Pumping.Ok(client, client.Frame(0, 16.6));
+            Pumping.Ok(control, control.Frame(0, 16.6));
             // start from a collected heap, as a game does after loading a level: a collection
             // owed to garbage from earlier tests is not this loop's stall
             GC.Collect();
             GC.WaitForPendingFinalizers();
 
             const double frameMs = 1000.0 / 60;
-            var work = new Stopwatch();
-            // the baseline, in this run: the same calls with nothing streaming (a shared CI
-            // machine's own hiccups show in both)
-            double idleOwnMaxMs = 0;
-            for (int i = 0; i < 60; i++)
-            {
-                long idleWaitBefore = RunQueueWaitNs();
-                work.Restart();
-                client.Pump();
-                client.Frame(i + 1, frameMs);
-                work.Stop();
-                double idleMs = work.Elapsed.TotalMilliseconds;
-                long idleWaitedNs = RunQueueWaitNs() - idleWaitBefore;
-                idleOwnMaxMs = Math.Max(idleOwnMaxMs, idleMs - Math.Min(idleMs, Math.Max(0, idleWaitedNs) / 1e6));
-                Thread.Sleep((int)frameMs);
-            }
-
             int tokens = 0;
             var stream = client.Chat(session, "Tell me a long story about your forge.", new ChatOptions { MaxTokens = 300 })
                 .OnToken(piece => tokens++);
             var frameClock = Stopwatch.StartNew();
-            double maxMs = 0, maxOwnMs = 0, totalMs = 0;
-            int frames = 60, preempted = 0;
+            var streaming = new List<double>();
+            var idle = new List<double>();
             var slow = new List<string>();
-            var ownTimes = new List<double>();
+            int frames = 0, preempted = 0;
+            double wallMax = 0;
             while (!stream.IsDone && frameClock.Elapsed.TotalSeconds < 40)
             {
-                int gcBefore = GC.CollectionCount(0);
-                long waitBefore = RunQueueWaitNs();
-                work.Restart();
-                client.Pump();
-                client.Frame(frames + 1, frameMs);
-                work.Stop();
-                long waitedNs = RunQueueWaitNs() - waitBefore;
-                double ms = work.Elapsed.TotalMilliseconds;
-                // time this thread sat ready on the run queue while other processes had the
-                // cores is the machine's doing, not a stall of the client
-                double ownMs = ms - Math.Min(ms, Math.Max(0, waitedNs) / 1e6);
-                if (ms > 0.5)
-                {
-                    slow.Add(string.Format("frame {0}: {1:F3} ms wall, {2:F3} ms waiting for a core, gc {3}",
-                        frames, ms, waitedNs / 1e6, GC.CollectionCount(0) - gcBefore));
-                }
-                if (ownMs < ms - 0.05) preempted++;
-                ownTimes.Add(ownMs);  // the wall time where the kernel does not say
-                maxMs = Math.Max(maxMs, ms);
-                maxOwnMs = Math.Max(maxOwnMs, ownMs);
-                totalMs += ms;
                 frames++;
+                // alternate which client goes first: neither is always the one after a switch
+                double wallMs, waitedMs, ownIdle;
+                if ((frames & 1) == 0)
+                {
+                    streaming.Add(OneFrame(client, frames, out wallMs, out waitedMs));
+                    idle.Add(ownIdle = OneFrame(control, frames, out _, out _));
+                }
+                else
+                {
+                    idle.Add(ownIdle = OneFrame(control, frames, out _, out _));
+                    streaming.Add(OneFrame(client, frames, out wallMs, out waitedMs));
+                }
+                double ownMs = streaming[streaming.Count - 1];
+                if (ownMs < wallMs - 0.05) preempted++;
+                wallMax = Math.Max(wallMax, wallMs);
+                if (wallMs > 0.5)
+                    slow.Add(string.Format("frame {0}: {1:F3} ms wall, {2:F3} ms waiting for a core; the idle client {3:F3} ms",
+                        frames, wallMs, waitedMs, ownIdle));
                 // the rest of the frame is the game's (rendering); wait for the next tick
-                double next = (frames - 60) * frameMs - frameClock.Elapsed.TotalMilliseconds;
+                double next = frames * frameMs - frameClock.Elapsed.TotalMilliseconds;
                 if (next > 0) Thread.Sleep((int)Math.Ceiling(next));
             }
             Assert.IsTrue(stream.Succeeded, stream.ToString());
             Assert.Greater(tokens, 20);
-            int streamed = frames - 60;
-            Console.WriteLine("measured: max frame stall {0:F3} ms wall ({1:F3} ms without time preempted by other processes, " +
-                "{2} frames preempted), mean {3:F4} ms over {4} frames ({5} tokens); idle baseline {6:F3} ms",
-                maxMs, maxOwnMs, preempted, totalMs / streamed, streamed, tokens, idleOwnMaxMs);
+            double p99 = Percentile(streaming, 0.99), idleP99 = Percentile(idle, 0.99);
+            double median = Percentile(streaming, 0.5), idleMedian = Percentile(idle, 0.5);
+            Console.WriteLine("measured: Pump()+Frame() while a chat streams: median {0:F3} ms, p99 {1:F3} ms, max {2:F3} ms " +
+                "(without time preempted by other processes; {3:F3} ms wall, {4} frames preempted); the idle client in the same " +
+                "frames: median {5:F3} ms, p99 {6:F3} ms; {7} frames, {8} tokens",
+                median, p99, streaming.Max(), wallMax, preempted, idleMedian, idleP99, frames, tokens);
             foreach (var line in slow) Console.WriteLine("measured: slow " + line);
-            // a millisecond of a 16.7 ms frame, or three times what the same calls cost with
-            // nothing streaming in this run, whichever is more. Counted, not the one worst frame:
-            // a client that stalls on tokens is slow on every token (hundreds of frames here),
-            // while a shared 2-core machine gives a lone frame a page fault or a late core
-            // (one frame of 2.4 ms against a 1 ms bound failed a run that was otherwise clean)
-            double bound = Math.Max(1.0, 3 * idleOwnMaxMs);
-            int over = ownTimes.Count(t => t >= bound);
-            Assert.LessOrEqual(over, Math.Max(2, streamed / 100),
-                over + " of " + streamed + " frames took Pump()+Frame() " + bound + " ms or more of their own (the most: " + maxOwnMs + " ms)");
+            // relative to the idle client of the same frames, never to a fixed figure: a client
+            // that stalls on tokens is slow on every token (hundreds of frames here) and moves
+            // its p99 far past the idle one's; the 1% above p99 is left to the machine (a page
+            // fault, a late core), and 0.5 ms of slack keeps sub-millisecond noise from counting
+            double bound = 3 * idleP99 + 0.5;
+            Assert.LessOrEqual(p99, bound, "p99 of Pump()+Frame() while streaming (" + p99.ToString("F3") +
+                " ms) against 3x the idle client's p99 in the same frames (" + idleP99.ToString("F3") + " ms) + 0.5 ms");
+            Assert.LessOrEqual(median, 3 * idleMedian + 0.25, "the typical frame, likewise");
+        }
+
+        // one frame of the game's calls on one client: its own time in ms (the wall time less
+        // the time this thread sat on the run queue while other processes had the cores)
+        static double OneFrame(IgiClient c, int frame, out double wallMs, out double waitedMs)
+        {
+            long waitBefore = RunQueueWaitNs();
+            var work = Stopwatch.StartNew();
+            c.Pump();
+            c.Frame(frame, 1000.0 / 60);
+            work.Stop();
+            long waitedNs = RunQueueWaitNs() - waitBefore;
+            wallMs = work.Elapsed.TotalMilliseconds;
+            waitedMs = waitBefore < 0 ? 0 : Math.Max(0, waitedNs) / 1e6;
+            return wallMs - Math.Min(wallMs, waitedMs);
+        }
+
+        static double Percentile(List<double> values, double p)
+        {
+            var sorted = values.OrderBy(v => v).ToList();
+            int at = (int)Math.Ceiling(p * sorted.Count) - 1;
+            return sorted[Math.Max(0, Math.Min(sorted.Count - 1, at))];
         }
 
         /// <summary>Nanoseconds this thread has spent runnable but waiting for a CPU (Linux
