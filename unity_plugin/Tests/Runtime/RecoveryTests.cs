@@ -190,14 +190,18 @@ namespace Igi.Sdk.Tests
                 double next = frames * frameMs - frameClock.Elapsed.TotalMilliseconds;
                 if (next > 0) Thread.Sleep((int)Math.Ceiling(next));
             }
-            Assert.IsTrue(stream.Succeeded, stream.ToString());
-            Assert.Greater(tokens, 20);
+            // a loaded machine decodes slower (the sidecar runs niced, behind the game): the
+            // frames measured are those of the first 40 s, and a reply still running is cut there
+            bool cut = !stream.IsDone;
+            if (cut) client.Cancel(stream);
+            Pumping.Ok(client, stream, 60);
+            Assert.Greater(tokens, 20, "tokens streamed through the measured frames");
             double p99 = Percentile(streaming, 0.99), idleP99 = Percentile(idle, 0.99);
             double median = Percentile(streaming, 0.5), idleMedian = Percentile(idle, 0.5);
             Console.WriteLine("measured: Pump()+Frame() while a chat streams: median {0:F3} ms, p99 {1:F3} ms, max {2:F3} ms " +
                 "(without time preempted by other processes; {3:F3} ms wall, {4} frames preempted); the idle client in the same " +
-                "frames: median {5:F3} ms, p99 {6:F3} ms; {7} frames, {8} tokens",
-                median, p99, streaming.Max(), wallMax, preempted, idleMedian, idleP99, frames, tokens);
+                "frames: median {5:F3} ms, p99 {6:F3} ms; {7} frames, {8} tokens{9}",
+                median, p99, streaming.Max(), wallMax, preempted, idleMedian, idleP99, frames, tokens, cut ? " (the reply cut at 40 s)" : "");
             foreach (var line in slow) Console.WriteLine("measured: slow " + line);
             // relative to the idle client of the same frames, never to a fixed figure: a client
             // that stalls on tokens is slow on every token (hundreds of frames here) and moves
