@@ -1,10 +1,10 @@
 #!/usr/bin/env python3
 """The Unity package as each player platform compiles it, checked without Unity.
 
-1. Source: every P/Invoke whose library is "__Internal" is compiled only into players that
-   link the C library statically (iOS-family and WebGL, behind their `#if`). IL2CPP turns
-   "__Internal" into a direct reference to the C symbol, and a Windows player then fails to
-   link (LNK2019: MSVC's CRT has no `kill` or `waitpid`). Each .cs file of the package is run
+1. Source: every P/Invoke whose library is "__Internal" is compiled only into mobile or web
+   players (behind their `#if`), never into a desktop player, an Editor or the test build.
+   IL2CPP turns "__Internal" into a direct reference to the C symbol, and a Windows player then
+   fails to link (LNK2019: MSVC's CRT has no `kill` or `waitpid`). Each .cs file of the package is run
    through a C# preprocessor under the defines of every desktop player, every Editor (whatever
    its build target) and the package's own test build; a P/Invoke naming "__Internal" (directly
    or through a `const string`) in any of them fails.

@@ -52,7 +52,7 @@ if [ -f tests/csharp/UnityEngineStub.cs ] && [ -z "${IGI_CSHARP_SKIP_UNITY:-}" ]
     mcs "${flags[@]}" -define:ENABLE_IL2CPP -define:DEVELOPMENT_BUILD -define:UNITY_2023_1_OR_NEWER -target:library \
         -out:"$build/Igi.Sdk.Unity.il2cpp.dll" tests/csharp/UnityEngineStub.cs "${core[@]}" "${unity[@]}" \
         || { echo "Unity layer (IL2CPP defines): type check failed"; echo "0 passed, 1 failed"; rm -rf "$build"; exit 1; }
-    # each player platform's build: "__Internal" only where the player links libc statically
+    # each player platform's build: "__Internal" only in mobile players, never a desktop one
     # (a source check), the Windows, macOS, Linux, iOS and WebGL compiles, their P/Invokes read
     # back from the assemblies; counted with the tests below
     python3 tests/csharp/platform_checks.py "$build/platforms" > "$build/platforms.log" 2>&1

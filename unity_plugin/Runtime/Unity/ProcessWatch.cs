@@ -1,8 +1,9 @@
 // Which library the PID checks call is fixed when the player is built, by Unity's platform
-// defines. "__Internal" is only for the platforms whose players link the C library statically
-// (iOS, tvOS, visionOS): IL2CPP turns it into a direct reference to the C symbol, which
-// Windows' CRT does not have (LNK2019 for kill/waitpid). Desktop players name their library and
-// load it when first called: kernel32 on Windows, libc on Linux, libSystem on macOS.
+// defines. IL2CPP turns "__Internal" into a direct reference to the C symbol, resolved when the
+// player links: Windows' CRT has no kill or waitpid (LNK2019), so "__Internal" is kept to the
+// iOS-family players, whose native code is linked into the app with libSystem. Desktop players
+// name their library and load it when first called: kernel32 on Windows, libc on Linux,
+// libSystem on macOS.
 // The Editor follows the machine it runs on, not the build target (an Editor on Windows
 // switched to iOS still calls kernel32).
 #if UNITY_EDITOR_WIN || (UNITY_STANDALONE_WIN && !UNITY_EDITOR)
@@ -46,7 +47,7 @@ namespace Igi.Sdk.Unity
     public sealed class ProcessWatch : IDisposable
     {
 #if IGI_PID_INTERNAL
-        const string LibC = "__Internal"; // iOS-family players link libSystem statically
+        const string LibC = "__Internal"; // linked into the app with libSystem
 #elif IGI_PID_LIBSYSTEM
         // a full path: found in the dyld shared cache on every macOS, no search-path rules
         const string LibC = "/usr/lib/libSystem.dylib";
