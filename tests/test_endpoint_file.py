@@ -4,8 +4,11 @@ the path, removed only when it still names this sidecar, and never read past a l
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -65,3 +68,45 @@ def test_a_planted_file_neither_blocks_nor_bloats_the_exit(tmp_path: Path, plant
     worker.start()
     assert done.wait(10), "removing the endpoint file blocked"
     assert path.is_symlink() or path.exists()  # not ours: left where it was
+
+
+def _serving(tmp_path: Path, *extra: str) -> tuple[subprocess.Popen, Path]:
+    """A real ``serve`` with an endpoint file, once it answers (its loop runs)."""
+    from igi_sdk.client import Client, SidecarUnavailable
+
+    out = tmp_path / "endpoint.txt"
+    endpoint = f"ipc://{tmp_path / 's.sock'}"
+    proc = subprocess.Popen([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
+                             endpoint, "--model-dir", str(tmp_path), "--threads", "1",
+                             "--endpoint-file", str(out), *extra],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    c = Client(endpoint, timeout=60)  # no model: its answer to hello says the loop runs
+    deadline = time.monotonic() + 60
+    try:
+        while True:
+            try:
+                c.hello()
+                break
+            except SidecarUnavailable:
+                assert time.monotonic() < deadline and proc.poll() is None
+    finally:
+        c.close()
+    assert out.read_text() == endpoint + "\n"
+    return proc, out
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
+def test_a_signal_stops_the_sidecar_as_shutdown_does_and_removes_the_file(
+        tmp_path: Path, sig: signal.Signals) -> None:
+    """A launcher's kill (SIGTERM) or a Ctrl+C (SIGINT) is a clean exit: the endpoint file no
+    longer names a sidecar that is gone (SIGTERM used to end the process before it could)."""
+    proc, out = _serving(tmp_path)
+    try:
+        proc.send_signal(sig)
+        assert proc.wait(60) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert not out.exists()
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".endpoint")] == []

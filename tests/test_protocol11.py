@@ -353,7 +353,8 @@ def test_a_float32_number_is_read_as_its_value(endpoint) -> None:
     r = Raw(endpoint)
     r.hello()
     frame = msgpack.packb({"v": 1, "id": 77, "type": "frame",
-                           "body": {"frame": 5, "frame_time_ms": 16.6}}, use_single_float=True)
+                           "body": {"frame": 5, "frame_time_ms": 16.6,
+                                    "target_frame_time_ms": 16.6}}, use_single_float=True)
     r.sock.send(frame)
     assert r.events(77)[-1] == ("ok", {"paced": True})  # no launch token: every client paces
     assert abs(r.ok("stats")["last_frame"]["frame_time_ms"] - 16.6) < 1e-5

@@ -1,4 +1,4 @@
-"""A cap on how fast one connection may send, for a ROUTER without a receive limit.
+"""Caps on what one connection may send and have waiting, for a ROUTER without a receive limit.
 
 The sidecar's ROUTER sets no receive limit (with one, a peer can make libzmq 4.3 abort the
 process; see ``Server._bind``), so libzmq reads a peer as fast as the peer writes: millions of
@@ -9,21 +9,30 @@ message), which ends it inside libzmq and frees what it queued. A DEALER reconne
 Bytes are capped as well as messages: a handful of 17 MiB messages a second outruns the loop's
 parsing as surely as millions of tiny ones.
 
-The caps count what the loop reads, and a flooder whose messages cost the loop more than their
-share (each answered with an error, say) is read at less than the cap while libzmq queues the
-rest: it was cut after 108 s, with the sidecar 43-196 MiB larger. So the loop also reports
-whether it left messages waiting (it reads a batch at a time): a socket that stays backlogged
-for ``BACKLOG_S`` has its busiest peer of the window cut. A game never keeps the loop behind for
-that long. What a flooder can make libzmq hold is then what it sends in ``BACKLOG_S`` plus a
-window: bounded by the loopback's rate for that time, and freed when its connection is shut.
+The caps count what the loop reads. When the loop read and handled one message at a time, a
+flooder whose messages cost it more than their share (each answered with an error, say) was
+read at less than the cap while libzmq queued the rest: it was cut after 108 s, with the
+sidecar 43-196 MiB larger. So what waits is bounded where the loop can see it
+(:class:`ReceiveQueues`): the loop reads the socket as fast as messages arrive (reading costs
+microseconds, handling up to milliseconds) into a queue per connection and handles the queues
+in turns, one message per connection per turn, so a busy connection delays another's by one
+message a turn. A connection with more than ``MAX_QUEUED_MESSAGES`` or ``MAX_QUEUED_BYTES``
+read and not yet handled is cut as a flooder is, and past ``MAX_QUEUED_BYTES_ALL`` over all
+connections the one with the most waiting is. libzmq itself then holds only what arrives while
+the loop handles one turn. And a loop that stays behind (messages waiting after every turn)
+for ``BACKLOG_S`` cuts the connection with the most waiting: a game never keeps it behind for
+that long.
 """
 
 from __future__ import annotations
 
 import socket
 import time
+from collections import deque
 
 import zmq
+
+from igi_sdk.wire.protocol import MAX_MESSAGE_BYTES
 
 MAX_MESSAGES_PER_SECOND = 2000  # per routing id; a game sends tens (frames at 60 Hz, requests)
 # per routing id: four of the largest messages (a 16 MiB image each) a second; a game sends a
@@ -32,12 +41,21 @@ MAX_BYTES_PER_SECOND = 64 << 20
 # how long the loop may stay behind (messages still waiting after every batch) before the peer
 # that sent the most in the window is cut
 BACKLOG_S = 0.25
+# a connection's receive queue (read, not yet handled): a game's requests are handled as they
+# come, so a thousand waiting is a peer sending faster than its turns. Three of the largest
+# messages fit (two chats with a 16 MiB image each, back to back, are a game's worst burst).
+MAX_QUEUED_MESSAGES = 1000
+MAX_QUEUED_BYTES = 3 * MAX_MESSAGE_BYTES
+# every connection's together: many connections each under their own bound add up
+MAX_QUEUED_BYTES_ALL = 128 << 20
 
 
 class FloodGuard:
     def __init__(self, per_second: int = MAX_MESSAGES_PER_SECOND,
-                 bytes_per_second: int = MAX_BYTES_PER_SECOND) -> None:
+                 bytes_per_second: int = MAX_BYTES_PER_SECOND,
+                 backlog_s: float = BACKLOG_S) -> None:
         self.per_second, self.bytes_per_second = per_second, bytes_per_second
+        self.backlog_s = backlog_s
         self.cut = 0  # connections shut down so far
         self._window = time.monotonic()
         self._counts: dict[bytes, tuple[int, int]] = {}  # routing id -> (messages, bytes)
@@ -59,30 +77,45 @@ class FloodGuard:
         self._latest[identity] = frame
         if n <= self.per_second and size <= self.bytes_per_second:
             return True
-        if identity not in self._cut_now:  # once per window: later ones may be its leftovers
-            self._cut_now.add(identity)
-            self._shut(frame)
+        self.cut_peer(identity, frame)
         return False
 
-    def drained(self, emptied: bool, backlog_s: float = BACKLOG_S) -> None:
-        """After the loop read a batch: ``emptied`` when no message was left waiting. Behind
-        for ``backlog_s`` in a row: the busiest peer of the window is cut."""
+    def cut_peer(self, identity: bytes, frame: zmq.Frame) -> None:
+        """Shut ``identity``'s connection (``frame``: its latest message, which names it) and
+        drop what it sends for the rest of the window. Once per window: later messages may be
+        its leftovers."""
+        if identity not in self._cut_now:
+            self._cut_now.add(identity)
+            self._shut(frame)
+
+    def behind(self, emptied: bool, backlog_s: float | None = None) -> bool:
+        """After the loop's turn: ``emptied`` when no message was left waiting. True once the
+        loop has been behind for ``backlog_s`` in a row (then again a backlog later)."""
         now = time.monotonic()
         if emptied:
             self._behind_since = None
-            return
+            return False
         if self._behind_since is None:
             self._behind_since = now
-            return
-        if now - self._behind_since < backlog_s:
-            return
+            return False
+        if now - self._behind_since < (self.backlog_s if backlog_s is None else backlog_s):
+            return False
+        self._behind_since = now  # the next cut, if still behind, a backlog later
+        return True
+
+    def drained(self, emptied: bool, backlog_s: float | None = None) -> bytes | None:
+        """:meth:`behind`, and then the busiest peer of the window (the most messages sent) is
+        cut, and returned. (The sidecar's loop, which queues what it reads, cuts the peer with
+        the most waiting instead: ``ReceiveQueues.cut_busiest``.)"""
+        if not self.behind(emptied, backlog_s):
+            return None
         busiest = max((ident for ident in self._counts if ident not in self._cut_now),
                       key=lambda ident: self._counts[ident][0], default=None)
         frame = self._latest.get(busiest) if busiest is not None else None
         if busiest is not None and frame is not None:
-            self._cut_now.add(busiest)
-            self._shut(frame)
-        self._behind_since = now  # the next cut, if still behind, a backlog later
+            self.cut_peer(busiest, frame)
+            return busiest
+        return None
 
     def _shut(self, frame: zmq.Frame) -> None:
         try:
@@ -96,3 +129,94 @@ class FloodGuard:
             pass
         finally:
             sock.detach()  # the descriptor stays libzmq's to close
+
+
+class ReceiveQueues:
+    """Messages read from the socket and not yet handled, a queue per connection, taken in
+    turns (one message per connection per turn). A connection past its bound, or the one with
+    the most waiting when all of them together are past theirs, is cut through ``guard`` and
+    what it had waiting is dropped unanswered."""
+
+    def __init__(self, guard: FloodGuard, max_messages: int = MAX_QUEUED_MESSAGES,
+                 max_bytes: int = MAX_QUEUED_BYTES,
+                 max_bytes_all: int = MAX_QUEUED_BYTES_ALL) -> None:
+        self.guard = guard
+        self.max_messages, self.max_bytes, self.max_bytes_all = max_messages, max_bytes, \
+            max_bytes_all
+        self._queues: dict[bytes, deque[zmq.Frame]] = {}
+        self._bytes: dict[bytes, int] = {}
+        self._turns: deque[bytes] = deque()  # connections with messages waiting, in turn order
+        self.messages = 0  # waiting now, all connections
+        self.total = 0  # bytes waiting now, all connections
+        self.cuts = 0  # connections cut by these bounds
+        self.peak_messages = 0  # the most one connection had waiting (within its bound)
+        self.peak_bytes = 0
+
+    def __bool__(self) -> bool:
+        return self.messages > 0
+
+    def put(self, identity: bytes, frame: zmq.Frame) -> None:
+        q = self._queues.get(identity)
+        if q is None:
+            q = self._queues[identity] = deque()
+            self._bytes[identity] = 0
+            self._turns.append(identity)
+        size = len(frame)
+        q.append(frame)
+        self._bytes[identity] += size
+        self.messages += 1
+        self.total += size
+        if len(q) > self.max_messages or self._bytes[identity] > self.max_bytes:
+            self._cut(identity)
+            return
+        self.peak_messages = max(self.peak_messages, len(q))
+        self.peak_bytes = max(self.peak_bytes, self._bytes[identity])
+        if self.total > self.max_bytes_all:
+            self._cut(max(self._bytes, key=self._bytes.__getitem__))
+
+    def take(self) -> tuple[bytes, zmq.Frame] | None:
+        """The next connection's oldest message, or None when nothing waits."""
+        while self._turns:
+            identity = self._turns.popleft()
+            q = self._queues[identity]
+            frame = q.popleft()
+            size = len(frame)
+            self._bytes[identity] -= size
+            self.messages -= 1
+            self.total -= size
+            if q:
+                self._turns.append(identity)
+            else:
+                del self._queues[identity], self._bytes[identity]
+            return identity, frame
+        return None
+
+    def drop(self, identity: bytes) -> None:
+        """Forget what ``identity`` had waiting (its connection was cut)."""
+        q = self._queues.pop(identity, None)
+        if q is None:
+            return
+        self.messages -= len(q)
+        self.total -= self._bytes.pop(identity)
+        self._turns.remove(identity)
+
+    def cut_busiest(self) -> bytes | None:
+        """Cut the connection with the most messages waiting (the loop stayed behind: see
+        ``FloodGuard.behind``). A peer with nothing waiting is never the one: leftovers of a
+        connection already cut keep the socket busy but wait nowhere."""
+        if not self._queues:
+            return None
+        busiest = max(self._queues, key=lambda ident: len(self._queues[ident]))
+        self._cut(busiest)
+        return busiest
+
+    def _cut(self, identity: bytes) -> None:
+        self.guard.cut_peer(identity, self._queues[identity][-1])
+        self.cuts += 1
+        self.drop(identity)
+
+    def figures(self) -> dict[str, int]:
+        return {"messages": self.messages, "bytes": self.total,
+                "peak_messages": self.peak_messages, "peak_bytes": self.peak_bytes,
+                "max_messages": self.max_messages, "max_bytes": self.max_bytes,
+                "max_bytes_all": self.max_bytes_all, "cuts": self.cuts}

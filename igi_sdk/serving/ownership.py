@@ -28,6 +28,13 @@ def connection_scope(identity: bytes) -> str:
     return "c" + hashlib.sha256(identity).hexdigest()[:24]
 
 
+# The one scope of every client below protocol 1.2 that gives no owner key: 1.1's rules had
+# names global and let any client adopt any orphan, which its games rely on (open by name; on
+# session_exists, adopt). Only the game's connections are admitted below 1.2 (see
+# SessionService._hello), so sharing this scope shares sessions among the game's own runs.
+LEGACY_SCOPE = "v1"
+
+
 def engine_id(scope: str, name: str) -> str:
     """The engine's id of session ``name`` of ``scope``: unique across scopes (``~`` is not a
     name character, and the engine's own ids are 12 hex digits)."""

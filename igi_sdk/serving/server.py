@@ -1,8 +1,9 @@
 """The sidecar's ZeroMQ face: a ROUTER that carries the protocol to a :class:`SessionService`.
 
 The rules live in the service (``serving/service.py``); this is the transport: it binds the
-endpoint (loopback, or CurveZMQ), reads messages, drops floods (``bridge/flood.py``) and hands
-each message to the service, and it delivers what the service sends. One thread serves both:
+endpoint (loopback, or CurveZMQ), reads messages into a bounded queue per connection, drops
+floods (``serving/flood.py``), hands the queued messages to the service in turns, one
+connection after another, and it delivers what the service sends. One thread serves both:
 the socket is polled together with an ``inproc`` PULL socket through which other threads wake
 it (the model side's outbox, the arbiter, loading threads: one PUSH socket shared under a lock,
 since ZeroMQ sockets are not thread-safe). It never waits on the model, so control messages
@@ -16,14 +17,18 @@ there, with no socket between them.
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import itertools
 import logging
+import signal
+import socket
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 from urllib.parse import urlparse
 
 import zmq
@@ -32,7 +37,7 @@ from zmq.auth.thread import ThreadAuthenticator
 
 from igi_sdk import threads
 from igi_sdk.serving.backend import Backend
-from igi_sdk.serving.flood import FloodGuard
+from igi_sdk.serving.flood import FloodGuard, ReceiveQueues
 from igi_sdk.serving.service import PID_POLL_S, ServerConfig, SessionService
 from igi_sdk.wire import protocol as P
 
@@ -62,8 +67,14 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-# requests read from the socket before the loop polls again
+# messages read from the socket in one pass (reading one costs microseconds): the loop reads
+# faster than it handles, so what waits, waits in the queues it bounds, not inside libzmq
+_READ_BATCH = 2048
+# messages handled in one turn of the loop, and how long a turn may take before the loop reads
+# and polls again (completions, local peers and heartbeats take turns with a socket that never
+# empties)
 _BATCH = 256
+_TURN_S = 0.005
 
 
 class Server:
@@ -71,6 +82,9 @@ class Server:
         self.cfg = config
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
         self._flood = FloodGuard()  # the ROUTER has no receive limit (see _bind)
+        self._queues = ReceiveQueues(self._flood)  # read, not yet handled: bounded per peer
+        self._signalled: int | None = None  # SIGTERM/SIGINT seen by serve_forever
+        self._serving = False  # serve_forever's loop runs (its start is over)
         self._push_lock = threading.Lock()
         # a wake sent and not yet taken by the serving thread: another adds nothing (it runs
         # every queued completion when it takes one), and each costs a send under the lock
@@ -154,35 +168,71 @@ class Server:
 
     # --- main loop ---------------------------------------------------------------------------
 
-    # --- main loop ---------------------------------------------------------------------------
-
     def serve_forever(self) -> None:
+        """Serve until ``shutdown``, the game's end, :meth:`stop`, or (on the main thread)
+        SIGTERM or SIGINT: each ends the loop the same way, and returns."""
+        with self._stop_on_signals() as wake:
+            try:
+                self.service.start()
+            except BaseException:
+                self.close()
+                raise
+            self._serving = True  # a signal from now on ends the loop, not the start
+            if self.on_ready is not None:
+                self.on_ready()
+            poller = zmq.Poller()
+            poller.register(self.router, zmq.POLLIN)
+            poller.register(self.events, zmq.POLLIN)
+            if wake is not None:
+                poller.register(wake, zmq.POLLIN)
+            next_beat = time.monotonic() + self.cfg.heartbeat_s
+            try:
+                while not self.stopping.is_set() and self._signalled is None:
+                    # messages waiting in the queues: look at the sockets, do not wait on them
+                    timeout = 0.0 if self._queues else max(0.0, next_beat - time.monotonic())
+                    ready = dict(poller.poll(int(timeout * 1000)))
+                    if self.events in ready:
+                        self._drain_events()
+                    emptied = self._read_requests() if self.router in ready else True
+                    self._handle_turn()
+                    if self._flood.behind(emptied=emptied and not self._queues):
+                        self._queues.cut_busiest()  # behind for a while: the one with most waiting
+                    if time.monotonic() >= next_beat:
+                        self.service.heartbeat()
+                        next_beat = time.monotonic() + self.cfg.heartbeat_s
+                if self._signalled is not None:
+                    log.info("signal %d: stopping as after shutdown", self._signalled)
+            finally:
+                self.close()
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self) -> Iterator[socket.socket | None]:
+        """On the main thread: SIGTERM and SIGINT stop the sidecar as ``shutdown`` does, and
+        the caller's clean-up runs (the endpoint file is removed), where SIGTERM used to kill
+        it on the spot and SIGINT raised wherever the loop was. The handler only notes the
+        signal and writes a byte that the loop's poll wakes on (yielded here); before the loop
+        runs (the model loading at start) it ends the start by raising SystemExit(0)."""
+        if threading.current_thread() is not threading.main_thread():
+            yield None
+            return
+        wake_r, wake_w = socket.socketpair()
+        wake_w.setblocking(False)
+
+        def on_signal(signum: int, _frame: Any) -> None:
+            self._signalled = signum
+            if not self._serving:
+                raise SystemExit(0)
+            with contextlib.suppress(OSError):
+                wake_w.send(b"\0")
+
+        previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
         try:
-            self.service.start()
-        except BaseException:
-            self.close()
-            raise
-        if self.on_ready is not None:
-            self.on_ready()
-        poller = zmq.Poller()
-        poller.register(self.router, zmq.POLLIN)
-        poller.register(self.events, zmq.POLLIN)
-        next_beat = time.monotonic() + self.cfg.heartbeat_s
-        try:
-            while not self.stopping.is_set():
-                timeout = max(0.0, next_beat - time.monotonic())
-                ready = dict(poller.poll(int(timeout * 1000)))
-                if self.events in ready:
-                    self._drain_events()
-                if self.router in ready:
-                    self._drain_requests()
-                else:  # nothing waits: the loop is not behind
-                    self._flood.drained(emptied=True)
-                if time.monotonic() >= next_beat:
-                    self.service.heartbeat()
-                    next_beat = time.monotonic() + self.cfg.heartbeat_s
+            yield wake_r
         finally:
-            self.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            wake_r.close()
+            wake_w.close()
 
     def close(self) -> None:
         self.service.close()
@@ -191,25 +241,38 @@ class Server:
         if self._auth is not None:
             self._auth.stop()
 
-    def _drain_requests(self) -> None:
-        """Up to a batch of requests, then back to the poll: the service's completions, local
-        peers and heartbeats take turns with a socket that never empties (a flood)."""
-        for _ in range(_BATCH):
+    def _read_requests(self) -> bool:
+        """Read what the socket holds (up to a pass) into the connections' queues; whether it
+        was emptied. A rate flooder's messages are dropped, and what it had queued with them."""
+        for _ in range(_READ_BATCH):
             try:
                 frames = self.router.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
-                self._flood.drained(emptied=True)
-                return
+                return True
             if len(frames) != 2:
                 continue  # not a DEALER peer speaking one frame per message: nothing to answer
-            if not self._flood.admit(frames[0].bytes, frames[1]):
-                continue  # past its rate: dropped, and its connection shut (bridge/flood.py)
-            identity, frame = frames[0].bytes, frames[1].bytes
+            identity = frames[0].bytes
+            if not self._flood.admit(identity, frames[1]):
+                self._queues.drop(identity)  # past its rate: cut (serving/flood.py)
+                continue
+            self._queues.put(identity, frames[1])  # past its queue's bound: cut there
+        return False
+
+    def _handle_turn(self) -> None:
+        """Hand queued messages to the service, one connection after another, for at most a
+        batch or a turn's time."""
+        until = time.perf_counter() + _TURN_S
+        for _ in range(_BATCH):
+            taken = self._queues.take()
+            if taken is None:
+                return
+            identity, frame = taken
             try:
-                self.service.handle(identity, frame)
+                self.service.handle(identity, frame.bytes)
             except Exception:  # the socket thread serves everyone: keep it
                 log.exception("handling a request failed")
-        self._flood.drained(emptied=False)
+            if time.perf_counter() >= until:
+                return
 
     def _drain_events(self) -> None:
         while True:
@@ -248,8 +311,8 @@ class Server:
     def stop(self) -> None:
         self._push(b"", b"stop")
 
-    def figures(self) -> dict[str, int]:
-        return {"flood_cuts": self._flood.cut}
+    def figures(self) -> dict[str, Any]:
+        return {"flood_cuts": self._flood.cut, "receive_queue": self._queues.figures()}
 
     def _push(self, identity: bytes, frame: bytes) -> None:
         """Queue a message for the socket thread (any thread but the engine's may call this).

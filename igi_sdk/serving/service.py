@@ -27,7 +27,7 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Protocol, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from pydantic import ValidationError
 
@@ -37,6 +37,7 @@ from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
 from igi_sdk.serving.ownership import (
+    LEGACY_SCOPE,
     RESUME_KEEP_S,
     Sessions,
     StreamLog,
@@ -105,8 +106,8 @@ class Transport(Protocol):
         """The sidecar stops serving (any thread): shutdown, or the game is gone."""
         ...
 
-    def figures(self) -> dict[str, int]:
-        """The transport's own counters for ``stats`` (``flood_cuts``)."""
+    def figures(self) -> dict[str, Any]:
+        """The transport's own counters for ``stats`` (``flood_cuts``, ``receive_queue``)."""
         ...
 
 
@@ -328,10 +329,26 @@ class SessionService:
 
     def _hello(self, identity: bytes, body: P.Hello, local: bool = False) -> C.HelloOk:
         token = self.cfg.launch_token
-        if token is not None and body.token is not None and not hmac.compare_digest(
-                body.token.encode(), token.encode()):
+        given = body.token or None  # "" is no token: engines without nil send it for "none"
+        if token is not None and given is not None and not hmac.compare_digest(
+                given.encode(), token.encode()):
             raise P.ProtocolError("forbidden", "that is not this sidecar's launch token")
-        scope = key_scope(body.owner) if body.owner else connection_scope(identity)
+        game = token is None or given is not None
+        legacy = body.minor < 2  # 1.0 and 1.1: no owner keys, no launch token in their hello
+        if legacy and not game:
+            # 1.1's rules let any client adopt any orphaned session and shut the sidecar down;
+            # kept for a client that cannot prove it is the game, they would hand the game's
+            # NPCs and lifetime to any local process. Refused, typed, rather than served under
+            # other rules than the ones it was written for.
+            raise P.ProtocolError(
+                "unsupported_version", f"this sidecar was started with a launch token: a client "
+                f"of protocol 1.{body.minor} cannot present it (hello.token is 1.2), and 1.1's "
+                "shared sessions would be open to any local process; say hello as 1.2 "
+                "(minor 2, with the token to be the game)")
+        if body.owner:
+            scope = key_scope(body.owner)
+        else:
+            scope = LEGACY_SCOPE if legacy else connection_scope(identity)
         c = self.clients.get(identity)
         if c is None:
             held = {info.owner for info in self.sessions.by_id.values() if info.owner}
@@ -341,10 +358,12 @@ class SessionService:
             raise P.ProtocolError("invalid_state", "this connection holds sessions of another "
                                   "owner key: say goodbye (or close them) first")
         c.name, c.engine, c.last_seen = body.client_name, body.engine, time.monotonic()
-        # a 1.0 client knows no leases: it is under the longest one, and hello says so
         c.minor = body.minor
-        c.lease_s = min(body.lease_s, P.MAX_LEASE_S) if body.minor >= 1 else P.MAX_LEASE_S
-        c.scope, c.game = scope, token is None or body.token is not None
+        # a 1.0 client knows no leases: it is under the longest one, and hello says so; a 1.1
+        # client is granted what 1.1 granted (it is the game, see above)
+        c.lease_s = (P.MAX_LEASE_S if body.minor == 0
+                     else body.lease_s if legacy else min(body.lease_s, P.MAX_LEASE_S))
+        c.scope, c.game = scope, game
         c.local = local
         # only the game that launched this sidecar may bind its lifetime (or --game-pid): a
         # stranger's PID — or a dead one, PID 1 or this process — must not be able to shut it
@@ -355,7 +374,8 @@ class SessionService:
             self._watch(pid)
         return C.HelloOk(
             protocol=P.PROTOCOL_VERSION, minor=P.PROTOCOL_MINOR, features=list(P.FEATURES),
-            lease_s=c.lease_s, game=c.game, owner="key" if body.owner else "connection",
+            lease_s=c.lease_s, game=c.game,
+            owner="key" if body.owner else "shared" if scope == LEGACY_SCOPE else "connection",
             model=self.model_name, loading=self.loading, instance=self.cfg.instance,
             limits=C.Limits(
                 max_message_bytes=P.MAX_MESSAGE_BYTES, max_text_chars=P.MAX_TEXT_CHARS,
@@ -767,7 +787,9 @@ class SessionService:
             return C.FrameOk(paced=False)
         self.last_frame = body
         self.backend.frame(c.identity.hex(), body)
-        return C.FrameOk(paced=True)
+        # a report paces the engine only with a target to pace against; without one it feeds
+        # the arbiter and stats alone (PROTOCOL.md `frame`)
+        return C.FrameOk(paced=body.target_frame_time_ms is not None)
 
     def _game_only(self, c: Client, what: str) -> None:
         if not c.game:

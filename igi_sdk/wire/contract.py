@@ -62,7 +62,9 @@ class HelloOk(Answer):
                               "pace the engine, its game_pid is watched, it may reserve VRAM, "
                               "shut down and hold every session slot")
     owner: str | None = Field(None, description="1.2: whose this client's sessions are: \"key\" "
-                              "(its owner key) or \"connection\" (this connection alone)")
+                              "(its owner key), \"connection\" (this connection alone) or "
+                              "\"shared\" (a client below 1.2 without a key: the one scope of "
+                              "all such clients, as in 1.1)")
     model: str | None = Field(description="file name of the loaded model; null if none")
     loading: bool = Field(description="a load_model is in progress")
     instance: str | None = Field(None, description="1.2: the sidecar's instance id (serve "
@@ -74,8 +76,10 @@ class HelloOk(Answer):
 
 
 class FrameOk(Answer):
-    paced: bool | None = Field(None, description="1.2: true when the report was used (pacing, "
-                               "the game's VRAM); false when this client is not the game")
+    paced: bool | None = Field(None, description="1.2: true when the report paces the engine "
+                               "(the game's, with a target_frame_time_ms); false for the game's "
+                               "report without a target (it still feeds the VRAM arbiter and "
+                               "stats) and for any other client's (used for nothing)")
 
 
 class PingOk(Answer):
@@ -174,8 +178,14 @@ class StatsOk(Answer):
                                      "sidecar; null if none")
     launch_token: bool | None = Field(None, description="the sidecar was started with a "
                                       "launch token (only its holder is the game)")
-    flood_cuts: int | None = Field(None, description="connections shut for sending faster "
-                                   "than the flood limit")
+    flood_cuts: int | None = Field(None, description="connections shut by the flood limit: "
+                                   "past their rate, past their receive queue's bound, or the "
+                                   "busiest while the sidecar stayed behind")
+    receive_queue: dict[str, int] | None = Field(
+        None, description="messages read and not yet handled: messages and bytes waiting now "
+        "(all connections), peak_messages and peak_bytes (the most one connection had waiting), "
+        "the bounds max_messages, max_bytes (per connection) and max_bytes_all, and cuts (the "
+        "connections cut for going past them)")
     pacing_delay_s: float | None = Field(None, description="the pause between decode steps "
                                          "that the game's paced frames ask for now")
     # present only while a model is loaded:
