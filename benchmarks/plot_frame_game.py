@@ -2,9 +2,13 @@
 arbiter's budget) and every NPC token (a tick each, a row per NPC), reshards marked.
 
     python benchmarks/plot_frame_game.py OUT.png RUN.json [AFTER.json] [--mode nvml]
+    python benchmarks/plot_frame_game.py --handoff OUT.png RUN.json --mode nvml
 
 One column per run: the runs of RUN.json, then AFTER.json's (before/after a change), each
 titled with its starved frames, longest allocation wait and NPCs' longest silence.
+``--handoff``: one run as one picture (the README's): the pool, filled by the game and the
+model as measured, the model giving VRAM to the game's level loads and taking it back, and the
+NPC's tokens under it.
 """
 
 from __future__ import annotations
@@ -96,13 +100,105 @@ def plot(paths: list[str], out: str, mode: str | None = None) -> int:
     return 0
 
 
+def _steps(series: list[tuple[float, float]], grid: list[float]) -> list[float]:
+    """``series`` (time, value), sorted, read at each time of ``grid``: the last value at or
+    before it (the first value before the series starts)."""
+    out, i = [], 0
+    for t in grid:
+        while i + 1 < len(series) and series[i + 1][0] <= t:
+            i += 1
+        out.append(series[i][1])
+    return out
+
+
+def plot_handoff(path: str, out: str, mode: str | None = None,
+                 start_s: float = -2.0) -> int:
+    """One run as one picture: the game's and the model's VRAM (measured: the game's own
+    allocations, the sidecar's NVML per-process use) stacked in the pool they share, and every
+    token of the NPCs below, from ``start_s`` (seconds from the menu) on."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    runs = runs_of([path], mode)
+    if not runs:
+        print("no runs to plot", file=sys.stderr)
+        return 1
+    _, run = runs[0]
+    raw = Path(path).read_bytes()
+    if path.endswith(".gz"):
+        raw = gzip.decompress(raw)
+    pool = json.loads(raw)["config"]["pool_gib"]
+    s, series = run["summary"], run["series"]
+    game = [(t, b / GIB) for t, b in series["game_vram"] if t >= start_s - 1]
+    cols = series["model_vram"]["columns"]
+    i_model = cols.index("model")
+    model = [(r[0], r[i_model] / GIB) for r in series["model_vram"]["rows"]
+             if r[0] >= start_s - 1 and r[i_model] is not None]
+    end = min(game[-1][0], model[-1][0])
+    grid = [start_s + k * 0.02 for k in range(int((end - start_s) / 0.02) + 1)]
+    g, m = _steps(game, grid), _steps(model, grid)
+
+    fig, (ax, bx) = plt.subplots(2, 1, figsize=(9, 4.6), sharex=True,
+                                 gridspec_kw={"height_ratios": [4, 1]})
+    ax.fill_between(grid, 0, g, color="tab:orange", alpha=0.85, lw=0,
+                    label="game (its allocations)")
+    top = [a + b for a, b in zip(g, m, strict=True)]
+    ax.fill_between(grid, g, top, color="tab:blue", alpha=0.85, lw=0,
+                    label="model (the sidecar's VRAM, NVML)")
+    ax.axhline(pool, color="black", ls="--", lw=1)
+    ax.annotate(f"the {pool:.0f} GiB the game and the model share", (grid[0] + 0.3, pool + 0.25),
+                fontsize=8)
+    box = {"boxstyle": "round,pad=0.2", "fc": "white", "ec": "none", "alpha": 0.85}
+    for ph in run.get("phases") or []:
+        if ph["t0"] < start_s:
+            continue
+        if ph.get("kind") == "load":
+            ax.annotate("level loads: the model\ngives way", (ph["t0"] + 0.2, 9.9),
+                        fontsize=8, va="top", bbox=box)
+        elif ph.get("kind") == "unloaded":
+            ax.annotate("level unloaded: the\nmodel takes it back", (ph["t0"] + 0.2, 9.9),
+                        fontsize=8, va="top", bbox=box)
+        if ph.get("kind") in ("load", "unloaded"):
+            ax.axvline(ph["t0"], color="gray", ls=":", lw=0.8)
+    ax.set_ylim(0, pool * 1.12)
+    ax.set_ylabel("GiB of VRAM")
+    ax.legend(loc="lower left", fontsize=8, framealpha=0.9)
+    npcs = s.get("npcs") or {}
+    silence = max((x["longest_silence_s"] or 0 for x in npcs.values()), default=0)
+    ax.set_title(f"An 8B model beside a 60 Hz game on one GPU (H200): "
+                 f"{s.get('starved_frames')} starved frames, the game waited at most "
+                 f"{(s.get('longest_alloc_wait_s') or 0) * 1000:.0f} ms for memory,\n"
+                 f"{s.get('reshards')} re-placements of the model, the NPC's longest silence "
+                 f"{silence:.2f} s", fontsize=9)
+    toks = series.get("npc_tokens") or {}
+    names = sorted(toks, key=int)
+    bx.eventplot([[t for t in toks[n] if start_s <= t <= end] for n in names],
+                 lineoffsets=list(range(len(names))), linelengths=0.8, linewidths=0.5,
+                 colors="tab:blue")
+    bx.set_yticks(list(range(len(names))), [f"NPC {n}" for n in names] if len(names) > 1
+                  else ["NPC"])
+    bx.set_title("the NPC talking through it: a tick per token", fontsize=8)
+    bx.set_xlabel("seconds")
+    bx.set_xlim(start_s, end)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    print(f"wrote {out}")
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__,
                                  formatter_class=argparse.RawTextHelpFormatter)
     ap.add_argument("out", help="PNG to write (docs/img/...)")
     ap.add_argument("runs", nargs="+", help="one or two frame_game.py JSONs (before, after)")
     ap.add_argument("--mode", help="only this mode's runs")
+    ap.add_argument("--handoff", action="store_true",
+                    help="the first run of RUN.json as one picture (the README's)")
     a = ap.parse_args(argv)
+    if a.handoff:
+        return plot_handoff(a.runs[0], a.out, a.mode)
     return plot(a.runs, a.out, a.mode)
 
 
