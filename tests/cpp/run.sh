@@ -70,6 +70,17 @@ else
     failed=$((failed + 1))
 fi
 
+# 1b. the Unreal layer's own code linked against the runnable UE stub and the core, driven
+#     against the real sidecar it starts (crash recovery, two PIE game instances, EndPlay, restore)
+if [ -x "$build/release/igi_ue_layer_tests" ]; then
+    (cd "$root" && timeout 600 "$build/release/igi_ue_layer_tests" --gtest_output="xml:$build/ue_layer.xml") \
+        >"$build/ue_layer.log" 2>&1
+    grep -E '^\[  (FAILED|PASSED)|Failure' "$build/ue_layer.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/Unreal layer: /' | head -40
+    count "$build/ue_layer.xml"
+else
+    echo "Unreal layer: its tests were not built (see $build/release.make.log)"; failed=$((failed + 1))
+fi
+
 # 2. the same under ASan/UBSan: every test again (the fuzzers with more rounds)
 if [ -z "${IGI_CPP_SKIP_ASAN:-}" ]; then
     if build_variant asan ON; then

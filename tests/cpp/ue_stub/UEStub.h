@@ -228,12 +228,16 @@ template <typename... A> inline void UeLogStub(const FLogCategoryStub&, const TC
 class UWorld;
 class UGameInstance;
 
-// every live UObject: a weak pointer to one that was deleted reads null, as after GC in UE
-std::set<const void*>& StubLiveObjects();  // UEStubRuntime.cpp
+// every live UObject and its serial number: a weak pointer to one that was deleted reads null,
+// as after GC in UE, even when a new object takes its address (UE's weak pointers keep a serial
+// number for the same reason)
+std::map<const void*, uint64>& StubLiveObjects();  // UEStubRuntime.cpp
+uint64 StubNextSerial();
+inline uint64 StubSerialOf(const void* p) { auto it = StubLiveObjects().find(p); return it == StubLiveObjects().end() ? 0 : it->second; }
 
 class UObject {
 public:
-    UObject() { StubLiveObjects().insert(this); }
+    UObject() { StubLiveObjects()[this] = StubNextSerial(); }
     UObject(const UObject&) = delete;
     UObject& operator=(const UObject&) = delete;
     virtual ~UObject() { StubLiveObjects().erase(this); }
@@ -247,12 +251,13 @@ template <typename T>
 class TWeakObjectPtr {
 public:
     TWeakObjectPtr() = default;
-    TWeakObjectPtr(T* p) : p_(p) {}
-    T* Get() const { return p_ != nullptr && StubLiveObjects().count(static_cast<const void*>(p_)) ? p_ : nullptr; }
+    TWeakObjectPtr(T* p) : p_(p), serial_(StubSerialOf(static_cast<const void*>(static_cast<const UObject*>(p)))) {}
+    T* Get() const { return p_ != nullptr && serial_ != 0 && StubSerialOf(static_cast<const void*>(static_cast<const UObject*>(p_))) == serial_ ? p_ : nullptr; }
     bool IsValid() const { return Get() != nullptr; }
 
 private:
     T* p_ = nullptr;
+    uint64 serial_ = 0;
 };
 
 // Dynamic multicast delegates: Broadcast with the declared parameters; AddDynamic/RemoveDynamic
@@ -265,17 +270,18 @@ public:
     void Broadcast(A... args) const {
         std::vector<Binding> now = bound_;
         for (const Binding& b : now) {
-            if (StubLiveObjects().count(b.object) && IsBound(b.object, b.key)) b.call(args...);
+            if (StubSerialOf(b.object) == b.serial && IsBound(b.object, b.key)) b.call(args...);
         }
     }
     template <typename U> void AddDynamicImpl(U* o, void (U::*f)(A...)) {
-        if (IsBound(o, Key(f))) return;
-        bound_.push_back(Binding{o, Key(f), [o, f](A... a) { (o->*f)(a...); }});
+        if (IsBound(static_cast<const void*>(static_cast<const UObject*>(o)), Key(f))) return;
+        const void* object = static_cast<const void*>(static_cast<const UObject*>(o));
+        bound_.push_back(Binding{object, StubSerialOf(object), Key(f), [o, f](A... a) { (o->*f)(a...); }});
     }
     template <typename U> void RemoveDynamicImpl(U* o, void (U::*f)(A...)) {
         const std::string k = Key(f);
         for (size_t i = 0; i < bound_.size(); ++i) {
-            if (bound_[i].object == o && bound_[i].key == k) { bound_.erase(bound_.begin() + static_cast<long>(i)); return; }
+            if (bound_[i].object == static_cast<const void*>(static_cast<const UObject*>(o)) && bound_[i].key == k) { bound_.erase(bound_.begin() + static_cast<long>(i)); return; }
         }
     }
     int32 StubNumBound() const { return static_cast<int32>(bound_.size()); }
@@ -284,6 +290,7 @@ public:
 private:
     struct Binding {
         const void* object;
+        uint64 serial;
         std::string key;
         std::function<void(A...)> call;
     };

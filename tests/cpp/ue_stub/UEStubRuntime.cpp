@@ -26,9 +26,14 @@ UEngine* GEngine = &GStubEngine;
 bool GStubIsDedicatedServer = false;
 FString GStubProjectDir;
 
-std::set<const void*>& StubLiveObjects() {
-    static std::set<const void*> live;
+std::map<const void*, uint64>& StubLiveObjects() {
+    static std::map<const void*, uint64> live;
     return live;
+}
+
+uint64 StubNextSerial() {
+    static uint64 serial = 0;
+    return ++serial;
 }
 
 namespace {

@@ -5,6 +5,8 @@
 #include "IgiSaveGame.h"
 #include "IgiSdkSubsystem.h"
 
+DEFINE_LOG_CATEGORY_STATIC(LogIgiNpc, Log, All);
+
 namespace
 {
 	constexpr int32 MaxHistory = 256;  // open_session's history holds at most 256 turns
@@ -244,6 +246,7 @@ void UIgiNpcDialogueComponent::UseSession(const FString& Id, bool bRecovered)
 	bRecovering = false;
 	if (bRecovered)
 	{
+		UE_LOG(LogIgiNpc, Log, TEXT("%s is back after the sidecar restarted (session %s, %d turns)"), *SessionName, *Session, Transcript.Num());
 		++Recoveries;
 		OnRecovered.Broadcast();
 	}
@@ -275,9 +278,17 @@ void UIgiNpcDialogueComponent::RunWhenOpen(TFunction<void()> Work, TFunction<voi
 		Work();
 		return;
 	}
+	UIgiSdkSubsystem* Subsystem = Sdk();
+	const EIgiConnectionState State = Subsystem != nullptr ? Subsystem->GetConnectionState() : EIgiConnectionState::Closed;
+	if (State == EIgiConnectionState::Refused || State == EIgiConnectionState::Closed)
+	{
+		// no sidecar to wait for (a dedicated server, a failed start): the line fails now
+		Fail(Subsystem != nullptr && !Subsystem->LastError.Code.IsEmpty()
+			? Subsystem->LastError : MakeError(TEXT("unavailable"), TEXT("the sidecar cannot be used")));
+		return;
+	}
 	WhenOpen.Add(MoveTemp(Work));
 	WhenOpenFails.Add(MoveTemp(Fail));
-	UIgiSdkSubsystem* Subsystem = Sdk();
 	if (Subsystem != nullptr && Subsystem->GetConnectionState() == EIgiConnectionState::Ready && !bOpening)
 	{
 		if (IsStale())

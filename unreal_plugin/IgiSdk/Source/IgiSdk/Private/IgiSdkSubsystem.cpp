@@ -251,6 +251,7 @@ void UIgiSdkSubsystem::Dispatch(igi::Event& Event)
 	if (Event.kind == igi::EventKind::State)
 	{
 		const EIgiConnectionState State = ToState(Event.state);
+		ClientState = State;
 		if (Event.state == igi::ConnectionState::Refused)
 		{
 			LastError = IgiUnreal::ToError(Event.error);
@@ -597,7 +598,7 @@ EIgiConnectionState UIgiSdkSubsystem::GetConnectionState() const
 	{
 		return EIgiConnectionState::Unavailable;
 	}
-	return ToState(Client->State());
+	return ClientState;
 }
 
 int32 UIgiSdkSubsystem::GetSidecarRestarts() const

@@ -182,6 +182,9 @@ private:
 	bool bSidecarDown = false;   // died, not yet back: the state reads Unavailable
 	bool bReportedFailure = false;
 	EIgiConnectionState LastBroadcast = EIgiConnectionState::Connecting;
+	// the client's state as its events were dispatched: what the game thread has been told, so a
+	// Ready read here always comes with GetSidecarGeneration() of that sidecar
+	EIgiConnectionState ClientState = EIgiConnectionState::Connecting;
 	int64 FrameNumber = 0;
 	int32 GameBusyThreads = -1;  // SetGameCpuUse's; -1: not reported
 	float GameCpuShare = -1.f;
