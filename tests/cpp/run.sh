@@ -2,8 +2,11 @@
 # The Unreal plugin's C++ suite: builds the engine-agnostic core (IgiSdkCore) as Unreal does
 # (C++17, -fno-exceptions -fno-rtti -Wall -Wextra -Werror) with its GoogleTest tests, runs them
 # against the real sidecar (they start it themselves: .venv/bin/python -m igi_sdk.cli serve),
-# builds it again under ASan/UBSan and runs the codec fuzzing and a reconnect there, and
-# type-checks the Unreal layer against a stub of the engine headers it uses (-fsyntax-only).
+# builds it again under ASan/UBSan and runs the codec fuzzing and a reconnect there,
+# type-checks the Unreal layer against a stub of the engine headers it uses (-fsyntax-only), and
+# checks the link of a modular (Editor) build: the core as a shared library with UBT's Linux
+# visibility flags, the tests and the Unreal layer linked against it (a symbol the core does not
+# export is an undefined reference, a failure).
 # Installs cmake, g++ and libgtest-dev from Debian when missing.
 # Prints "N passed, N failed"; exits 1 on any failure or when no test ran.
 # IGI_CPP_SKIP_ASAN=1 skips the sanitizer build.
@@ -54,9 +57,11 @@ PY
     failed=$((failed + f))
 }
 
-build_variant() {  # NAME SANITIZE
-    cmake -S tests/cpp -B "$build/$1" -DIGI_SANITIZE="$2" -DCMAKE_BUILD_TYPE=None >"$build/$1.cmake.log" 2>&1 \
-        && make -C "$build/$1" -j2 >"$build/$1.make.log" 2>&1
+build_variant() {  # NAME SANITIZE [CMAKE ARGS]
+    local name=$1 sanitize=$2
+    shift 2
+    cmake -S tests/cpp -B "$build/$name" -DIGI_SANITIZE="$sanitize" -DCMAKE_BUILD_TYPE=None "$@" >"$build/$name.cmake.log" 2>&1 \
+        && make -C "$build/$name" -j2 >"$build/$name.make.log" 2>&1
 }
 
 # 1. the core and its tests, as Unreal compiles them
@@ -65,6 +70,11 @@ if build_variant release OFF; then
         >"$build/release.log" 2>&1
     grep -E '^\[  (FAILED|PASSED)|^measured:|Failure|error' "$build/release.log" | grep -v '^\[  FAILED  \] [0-9]' | head -60
     count "$build/release.xml"
+    # the Unreal layer's FSocket transport under the core client (the engine's sockets played by BSD sockets)
+    (cd "$root" && timeout 300 "$build/release/igi_unreal_socket_tests" --gtest_output="xml:$build/fsocket.xml") \
+        >"$build/fsocket.log" 2>&1
+    grep -E '^\[  (FAILED|PASSED)|^measured:|Failure' "$build/fsocket.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/FSocket transport: /' | head -20
+    count "$build/fsocket.xml"
 else
     echo "core: build failed"; tail -40 "$build/release.make.log" "$build/release.cmake.log"
     failed=$((failed + 1))
@@ -106,6 +116,32 @@ if bash tests/cpp/ue_typecheck.sh "$build/ue" >"$build/ue.log" 2>&1; then
     passed=$((passed + 1))
 else
     echo "Unreal layer: type check failed"; head -60 "$build/ue.log"
+    failed=$((failed + 1))
+fi
+
+# 4. the core as a shared library built as UBT builds a module for the Editor on Linux (hidden
+#    visibility, IGISDKCORE_API = visibility("default")), the tests linked against it: an
+#    unexported symbol fails the link; the codec, frame and two sidecar tests run from it
+if build_variant shared OFF -DIGI_UBT_SHARED=ON; then
+    (cd "$root" && timeout 300 "$build/shared/igi_cpp_tests_shared" \
+        --gtest_filter='MsgPack*:Zmtp*:Endpoint*:ClientOptions*:FrameReport*:Frames*:Sidecar.HelloIsTheGameWithLeaseAndFeatures:Sidecar.StreamedChatDeliversEveryTokenInOrder' \
+        --gtest_output="xml:$build/shared.xml") >"$build/shared.log" 2>&1
+    grep -E '^\[  (FAILED|PASSED)|Failure' "$build/shared.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/shared core: /' | head -20
+    count "$build/shared.xml"
+else
+    undefined=$(grep -o "undefined reference to \`[^']*'" "$build/shared.make.log" | sort -u)
+    echo "shared core: the tests do not link against the core built as a shared library with UBT's visibility ($(printf '%s\n' "$undefined" | grep -c .) undefined references)"
+    printf '%s\n' "$undefined" | head -20
+    [ -n "$undefined" ] || tail -30 "$build/shared.make.log" "$build/shared.cmake.log"
+    failed=$((failed + 1))
+fi
+
+# 5. the Unreal layer's code linked against that shared core
+if bash tests/cpp/ue_link_check.sh "$build/ue_link" >"$build/ue_link.log" 2>&1; then
+    echo "Unreal layer: link check ok: $(tail -1 "$build/ue_link.log")"
+    passed=$((passed + 1))
+else
+    echo "Unreal layer: link check failed"; head -40 "$build/ue_link.log"
     failed=$((failed + 1))
 fi
 

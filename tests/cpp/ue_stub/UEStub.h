@@ -485,6 +485,8 @@ struct FGuid {
 };
 struct FTimespan {
     static FTimespan FromMilliseconds(double Milliseconds);
+    double GetTotalMilliseconds() const { return Ms; }
+    double Ms = 0;
 };
 
 // ---- modules --------------------------------------------------------------------------------
@@ -500,6 +502,7 @@ class FDefaultModuleImpl : public IModuleInterface {};
 // ---- sockets --------------------------------------------------------------------------------
 namespace ESocketWaitConditions { enum Type { WaitForRead, WaitForWrite, WaitForReadOrWrite }; }
 enum ESocketConnectionState { SCS_NotConnected, SCS_Connected, SCS_ConnectionError };
+enum class ESocketShutdownMode { Read, Write, ReadWrite };
 namespace ESocketReceiveFlags { enum Type { None = 0, Peek = 2, WaitAll = 0x100 }; }
 
 class FInternetAddr {
@@ -513,6 +516,7 @@ public:
 class FSocket {
 public:
     virtual ~FSocket() = default;
+    virtual bool Shutdown(ESocketShutdownMode Mode) = 0;
     virtual bool Close() = 0;
     virtual bool Connect(const FInternetAddr& Addr) = 0;
     virtual bool Send(const uint8* Data, int32 Count, int32& BytesSent) = 0;

@@ -1,8 +1,18 @@
 // igi::ISocket over Unreal's FSocket, so the core uses the engine's socket layer (and its
 // platform abstractions) instead of BSD sockets.
+//
+// FSocket::Wait watches one socket and cannot be interrupted, so a wake-up for outgoing requests
+// cannot share the wait with the connection. A reader thread of its own blocks in
+// FSocket::Wait(WaitForRead) and moves what arrives into a buffer; the core's I/O thread waits on
+// a condition variable that arriving bytes, a close and Wake() all signal. Both threads sleep
+// until there is traffic (the reader also wakes every ReaderSliceMs to notice a close the
+// platform did not signal); nothing polls in short slices.
 #pragma once
 
-#include <atomic>
+#include <condition_variable>
+#include <mutex>
+#include <thread>
+#include <vector>
 
 #include "CoreMinimal.h"
 #include "IgiSocket.h"
@@ -16,11 +26,22 @@ public:
 	bool Connect(const std::string& Host, uint16_t Port, int TimeoutMs, std::string& Error) override;
 	bool SendAll(const uint8_t* Data, size_t Count, int TimeoutMs) override;
 	int Recv(uint8_t* Buffer, size_t Capacity, int TimeoutMs) override;
-	// FSocket has no way to interrupt a Wait: Recv waits in short slices and checks this flag
-	void Wake() override { bWake.store(true); }
+	void Wake() override;
 	void Close() override;
 
 private:
+	void ReadLoop();
+	void MarkClosed();
+
 	FSocket* Socket = nullptr;
-	std::atomic<bool> bWake{false};
+	std::thread Reader;
+
+	std::mutex Mutex;
+	std::condition_variable Arrived;  // bytes, a close or a Wake(): for Recv
+	std::condition_variable Drained;  // room in Pending: for the reader
+	std::vector<uint8_t> Pending;     // read by the reader thread, not yet taken by Recv
+	size_t PendingAt = 0;
+	bool bClosed = true;
+	bool bStopping = false;
+	bool bWoken = false;
 };

@@ -113,7 +113,7 @@ bool ValidKey(const std::string& s) {
 }  // namespace
 
 struct Client::Impl {
-    enum class OutKind { Send, Frame, Stop, Drop, Endpoint };
+    enum class OutKind { Send, Stop, Drop, Endpoint };
     struct Outgoing {
         OutKind kind = OutKind::Send;
         uint64_t id = 0;
@@ -143,7 +143,10 @@ struct Client::Impl {
         Clock::time_point queued_at, sent_at;
     };
 
-    explicit Impl(ClientOptions o) : options(std::move(o)) {}
+    explicit Impl(ClientOptions o) : options(std::move(o)) {
+        for (auto& b : frame_ring) b.reserve(kFrameEnvelopeBytes);
+        for (auto& b : frame_batch) b.reserve(kFrameEnvelopeBytes);
+    }
 
     ClientOptions options;
     std::string routing_id;
@@ -162,6 +165,21 @@ struct Client::Impl {
     std::atomic<int64_t> max_message_bytes{kMaxMessageBytes};
     std::thread thread;
     std::condition_variable out_cv;  // wakes the thread while it has no connection
+
+    // Frame reports: the game thread encodes each into a ring of buffers that keep their
+    // capacity (no allocation per frame) and does not wake the I/O thread for it; the thread
+    // sends what is there whenever it wakes (traffic, a request, its io_wait_ms timeout), and a
+    // report still waiting after kFrameFlushMs wakes it. A full ring drops its oldest report.
+    static const size_t kFrameSlots = 16;
+    static const size_t kFrameEnvelopeBytes = 256;  // the largest frame envelope is about 200
+    std::mutex frame_mutex;
+    std::string frame_ring[kFrameSlots];
+    uint64_t frame_ring_ids[kFrameSlots] = {};
+    size_t frame_head = 0, frame_count = 0;
+    Clock::time_point frame_oldest_at{};
+    bool frame_wake_asked = false;
+    std::string frame_batch[kFrameSlots];  // the I/O thread's side of the swap
+    uint64_t frame_batch_ids[kFrameSlots] = {};
 
     // ---- state owned by the I/O thread --------------------------------------------------
     std::unique_ptr<ZmtpDealer> dealer;
@@ -243,6 +261,7 @@ struct Client::Impl {
         while (!stop_requested) {
             DrainOutbox();
             if (stop_requested) break;
+            SendFrames();
             if (!dealer->IsConnected()) {
                 if (!refused && Clock::now() >= next_connect_at) TryConnect();
                 if (!dealer->IsConnected()) {
@@ -286,10 +305,6 @@ struct Client::Impl {
                 if (posted == ConnectionState::Refused) PostState(ConnectionState::Connecting, nullptr);
                 if (dealer->IsConnected()) { dealer->Close(); OnDropped(); }
                 next_connect_at = Clock::now();
-                break;
-            case OutKind::Frame:
-                // only to a greeted sidecar; the answer is dropped
-                if (greeted && dealer->IsConnected()) SendInternal("frame", std::move(o.bytes), 0, o.id);
                 break;
             case OutKind::Send: {
                 InFlight f;
@@ -399,6 +414,28 @@ struct Client::Impl {
     }
 
     // ---- sending ---------------------------------------------------------------------------
+
+    // The frame reports queued since the last wake, oldest first. Only to a greeted sidecar: a
+    // stale frame tells the arbiter nothing, so without one they are dropped.
+    void SendFrames() {
+        size_t n = 0;
+        {
+            std::lock_guard<std::mutex> lock(frame_mutex);
+            n = frame_count;
+            for (size_t i = 0; i < n; ++i) {
+                size_t slot = (frame_head + i) % kFrameSlots;
+                frame_batch[i].swap(frame_ring[slot]);  // both keep their capacity
+                frame_batch_ids[i] = frame_ring_ids[slot];
+            }
+            frame_head = (frame_head + n) % kFrameSlots;
+            frame_count = 0;
+            frame_wake_asked = false;
+        }
+        if (!greeted || !dealer->IsConnected()) return;
+        // the answer is dropped; tracked like any request so the lease and silence see it
+        for (size_t i = 0; i < n && dealer->IsConnected(); ++i)
+            SendInternal("frame", frame_batch[i], 0, frame_batch_ids[i]);
+    }
 
     void SendWhatIsReady() {
         if (!greeted) {
@@ -912,30 +949,110 @@ uint64_t Client::Goodbye(bool keep_sessions) {
     return Request("goodbye", std::move(b), "goodbye");
 }
 
+namespace {
+
+// A frame report's figures clamped into the protocol's ranges (see FrameBody in the header).
+struct FrameFields {
+    int64_t frame = 0;
+    double frame_time_ms = 0;
+    bool has_target = false;
+    double target_frame_time_ms = 0;
+    int64_t vram_used = -1, vram_budget = -1;
+    int busy_threads = -1;
+    bool has_cpu_share = false;
+    double cpu_share = 0;
+    uint32_t Count() const {
+        return 2u + has_target + (vram_used >= 0) + (vram_budget >= 0) + (busy_threads >= 0) + has_cpu_share;
+    }
+};
+
+FrameFields ClampFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used,
+                       int64_t vram_budget, int busy_threads, double cpu_share) {
+    FrameFields f;
+    f.frame = frame < 0 ? 0 : frame;
+    // NaN reads as 0 (the sidecar would refuse the whole report, unanswered here)
+    f.frame_time_ms = !(frame_time_ms >= 0) ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms;
+    f.has_target = target_frame_time_ms > 0;
+    if (f.has_target) f.target_frame_time_ms = std::min(target_frame_time_ms, 1000.0);
+    f.vram_used = vram_used >= 0 ? vram_used : -1;
+    f.vram_budget = vram_budget >= 0 ? vram_budget : -1;
+    f.busy_threads = busy_threads >= 0 ? std::min(busy_threads, kMaxBusyThreads) : -1;
+    f.has_cpu_share = std::isfinite(cpu_share) && cpu_share >= 0;
+    if (f.has_cpu_share) f.cpu_share = std::min(cpu_share, 1.0);
+    return f;
+}
+
+}  // namespace
+
 MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used,
                    int64_t vram_budget, int busy_threads, double cpu_share) {
+    FrameFields f = ClampFrame(frame, frame_time_ms, target_frame_time_ms, vram_used, vram_budget, busy_threads, cpu_share);
     MsgValue b = MsgValue::Map();
-    b.Set("frame", MsgValue::Int(frame < 0 ? 0 : frame));
-    // NaN reads as 0 (the sidecar would refuse the whole report, unanswered here)
-    b.Set("frame_time_ms", MsgValue::Float(!(frame_time_ms >= 0) ? 0 : frame_time_ms > 10000 ? 10000 : frame_time_ms));
-    if (target_frame_time_ms > 0) b.Set("target_frame_time_ms", MsgValue::Float(std::min(target_frame_time_ms, 1000.0)));
-    if (vram_used >= 0) b.Set("vram_used", MsgValue::Int(vram_used));
-    if (vram_budget >= 0) b.Set("vram_budget", MsgValue::Int(vram_budget));
-    if (busy_threads >= 0) b.Set("busy_threads", MsgValue::Int(std::min(busy_threads, kMaxBusyThreads)));
-    if (std::isfinite(cpu_share) && cpu_share >= 0) b.Set("cpu_share", MsgValue::Float(std::min(cpu_share, 1.0)));
+    b.Set("frame", MsgValue::Int(f.frame));
+    b.Set("frame_time_ms", MsgValue::Float(f.frame_time_ms));
+    if (f.has_target) b.Set("target_frame_time_ms", MsgValue::Float(f.target_frame_time_ms));
+    if (f.vram_used >= 0) b.Set("vram_used", MsgValue::Int(f.vram_used));
+    if (f.vram_budget >= 0) b.Set("vram_budget", MsgValue::Int(f.vram_budget));
+    if (f.busy_threads >= 0) b.Set("busy_threads", MsgValue::Int(f.busy_threads));
+    if (f.has_cpu_share) b.Set("cpu_share", MsgValue::Float(f.cpu_share));
     return b;
+}
+
+void AppendFrameEnvelope(std::string& out, uint64_t id, int64_t frame, double frame_time_ms,
+                         double target_frame_time_ms, int64_t vram_used, int64_t vram_budget, int busy_threads,
+                         double cpu_share) {
+    FrameFields f = ClampFrame(frame, frame_time_ms, target_frame_time_ms, vram_used, vram_budget, busy_threads, cpu_share);
+    // the bytes EncodeEnvelope(id, "frame", FrameBody(...)) writes, key for key
+    MsgWriter w(out);
+    w.MapHeader(4);
+    w.Str("v", 1);
+    w.Int(kProtocolVersion);
+    w.Str("id", 2);
+    w.UInt(id);
+    w.Str("type", 4);
+    w.Str("frame", 5);
+    w.Str("body", 4);
+    w.MapHeader(f.Count());
+    w.Str("frame", 5);
+    w.Int(f.frame);
+    w.Str("frame_time_ms", 13);
+    w.Double(f.frame_time_ms);
+    if (f.has_target) { w.Str("target_frame_time_ms", 20); w.Double(f.target_frame_time_ms); }
+    if (f.vram_used >= 0) { w.Str("vram_used", 9); w.Int(f.vram_used); }
+    if (f.vram_budget >= 0) { w.Str("vram_budget", 11); w.Int(f.vram_budget); }
+    if (f.busy_threads >= 0) { w.Str("busy_threads", 12); w.Int(f.busy_threads); }
+    if (f.has_cpu_share) { w.Str("cpu_share", 9); w.Double(f.cpu_share); }
 }
 
 void Client::ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms, int64_t vram_used,
                          int64_t vram_budget, int busy_threads, double cpu_share) {
-    if (impl_->state.load() != static_cast<int>(ConnectionState::Ready)) return;
-    MsgValue b = FrameBody(frame, frame_time_ms, target_frame_time_ms, vram_used, vram_budget, busy_threads, cpu_share);
-    uint64_t id = ++impl_->last_id;
-    Impl::Outgoing o;
-    o.kind = Impl::OutKind::Frame;
-    o.id = id;
-    o.bytes = EncodeEnvelope(id, "frame", b);
-    impl_->Enqueue(std::move(o));
+    Impl& d = *impl_;
+    if (d.state.load() != static_cast<int>(ConnectionState::Ready)) return;
+    const uint64_t id = ++d.last_id;
+    const Clock::time_point now = Clock::now();
+    bool wake = false;
+    {
+        std::lock_guard<std::mutex> lock(d.frame_mutex);
+        if (d.frame_count == Impl::kFrameSlots) {  // the I/O thread is held up: the oldest is stale
+            d.frame_head = (d.frame_head + 1) % Impl::kFrameSlots;
+            --d.frame_count;
+        }
+        if (d.frame_count == 0) d.frame_oldest_at = now;
+        const size_t slot = (d.frame_head + d.frame_count) % Impl::kFrameSlots;
+        d.frame_ring[slot].clear();  // keeps its capacity
+        AppendFrameEnvelope(d.frame_ring[slot], id, frame, frame_time_ms, target_frame_time_ms, vram_used,
+                            vram_budget, busy_threads, cpu_share);
+        d.frame_ring_ids[slot] = id;
+        ++d.frame_count;
+        if (!d.frame_wake_asked && now - d.frame_oldest_at >= std::chrono::milliseconds(kFrameFlushMs)) {
+            d.frame_wake_asked = true;
+            wake = true;
+        }
+    }
+    if (wake) {
+        std::lock_guard<std::mutex> lock(d.out_mutex);
+        if (d.dealer) d.dealer->Wake();
+    }
 }
 
 void Client::Poll(std::vector<Event>& out) {

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "IgiMsgPack.h"
+#include "IgiSdkCoreApi.h"
 #include "IgiSocket.h"
 
 namespace igi {
@@ -43,7 +44,7 @@ struct Error {
 };
 
 enum class ConnectionState : uint8_t { Connecting, Ready, Unavailable, Refused, Closed };
-const char* ToString(ConnectionState s);
+IGISDKCORE_API const char* ToString(ConnectionState s);
 
 enum class EventKind : uint8_t { Ok, Token, Done, Error, State };
 
@@ -58,7 +59,7 @@ struct Event {
     MsgValue body;              // Ok and Done: the reply body (Token: left empty)
 };
 
-struct ServerInfo {
+struct IGISDKCORE_API ServerInfo {
     int minor = 0;
     double lease_s = 0;
     bool game = false;
@@ -95,7 +96,7 @@ struct ClientCounters {
     uint64_t duplicate_tokens = 0;  // replayed tokens dropped
 };
 
-class Client {
+class IGISDKCORE_API Client {
 public:
     explicit Client(ClientOptions options);
     ~Client();  // Stop()
@@ -129,7 +130,11 @@ public:
     uint64_t Ping();
     uint64_t Goodbye(bool keep_sessions);
     // One `frame` report; its answer is not forwarded (it comes every frame). Dropped while not
-    // connected: a stale frame tells the arbiter nothing. The body is FrameBody's.
+    // connected: a stale frame tells the arbiter nothing. The body is FrameBody's. Made for the
+    // game thread's tick: it allocates nothing and does not wake the I/O thread. The thread
+    // sends the reports queued since its last wake (in order; 16 at most, a full queue drops its
+    // oldest) whenever it wakes: traffic, a request, the end of its io_wait_ms wait, or a report
+    // that finds the oldest one waiting kFrameFlushMs or longer.
     void ReportFrame(int64_t frame, double frame_time_ms, double target_frame_time_ms = 0,
                      int64_t vram_used = -1, int64_t vram_budget = -1, int busy_threads = -1,
                      double cpu_share = -1);
@@ -152,6 +157,7 @@ private:
 };
 
 const int kMaxBusyThreads = 4096;  // PROTOCOL.md `frame`: busy_threads 0..4096
+const int kFrameFlushMs = 50;     // the longest a frame report waits for the I/O thread's next wake
 
 // The body of one `frame` report, every figure clamped into the protocol's range (a game's
 // figure is never worth a refused report). Left out: target_frame_time_ms <= 0, a negative VRAM
@@ -159,12 +165,19 @@ const int kMaxBusyThreads = 4096;  // PROTOCOL.md `frame`: busy_threads 0..4096
 // keeps busy now; above 4096: 4096) and a cpu_share that is negative or not finite (its share
 // of the machine's CPU time over its last frames, 0..1; above 1: 1). The sidecar keeps the last
 // CPU figures it got: a game that goes idle reports 0, not nothing.
-MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time_ms = 0,
+IGISDKCORE_API MsgValue FrameBody(int64_t frame, double frame_time_ms, double target_frame_time_ms = 0,
                    int64_t vram_used = -1, int64_t vram_budget = -1, int busy_threads = -1,
                    double cpu_share = -1);
 
+// The envelope of one `frame` report with FrameBody's body, appended to `out` byte for byte as
+// EncodeEnvelope(id, "frame", FrameBody(...)) writes it, without building a MsgValue: no
+// allocation once `out` has room (about 200 bytes). What ReportFrame sends.
+IGISDKCORE_API void AppendFrameEnvelope(std::string& out, uint64_t id, int64_t frame, double frame_time_ms,
+                                        double target_frame_time_ms = 0, int64_t vram_used = -1,
+                                        int64_t vram_budget = -1, int busy_threads = -1, double cpu_share = -1);
+
 // The reply envelope {v, id, type, body} of one frame. False for anything else.
-bool DecodeEnvelope(const std::string& frame, uint64_t& id, std::string& type, MsgValue& body);
-std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body);
+IGISDKCORE_API bool DecodeEnvelope(const std::string& frame, uint64_t& id, std::string& type, MsgValue& body);
+IGISDKCORE_API std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body);
 
 }  // namespace igi

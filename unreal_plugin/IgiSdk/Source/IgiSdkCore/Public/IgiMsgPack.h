@@ -9,6 +9,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+#include "IgiSdkCoreApi.h"
 
 namespace igi {
 
@@ -16,7 +17,7 @@ enum class MsgType : uint8_t { Nil, Bool, Int, Float, Str, Bin, Array, Map };
 
 // One decoded msgpack value. Integers are kept as int64 when they fit, otherwise the unsigned
 // value is kept in `u` with `is_unsigned_big` set (the protocol never needs more than 2^53).
-class MsgValue {
+class IGISDKCORE_API MsgValue {
 public:
     MsgValue() = default;
     static MsgValue Nil() { return MsgValue(); }
@@ -88,11 +89,11 @@ struct MsgLimits {
 
 // Decodes exactly one value that spans all of [data, data+size). False (and `error` set) on
 // malformed or over-limit input; `out` is then unspecified.
-bool MsgDecode(const uint8_t* data, size_t size, MsgValue& out, std::string* error = nullptr,
+IGISDKCORE_API bool MsgDecode(const uint8_t* data, size_t size, MsgValue& out, std::string* error = nullptr,
                const MsgLimits& limits = MsgLimits());
 
 // Appends msgpack to a byte string. Writes the shortest form of each integer, floats as float64.
-class MsgWriter {
+class IGISDKCORE_API MsgWriter {
 public:
     explicit MsgWriter(std::string& out) : out_(out) {}
     void Nil();
@@ -113,6 +114,6 @@ private:
     std::string& out_;
 };
 
-std::string MsgEncode(const MsgValue& v);
+IGISDKCORE_API std::string MsgEncode(const MsgValue& v);
 
 }  // namespace igi

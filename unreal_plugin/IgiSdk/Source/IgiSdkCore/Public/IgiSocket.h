@@ -8,10 +8,11 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include "IgiSdkCoreApi.h"
 
 namespace igi {
 
-class ISocket {
+class IGISDKCORE_API ISocket {
 public:
     virtual ~ISocket() = default;
     // Connects to host:port (an IPv4/IPv6 literal or "localhost") within timeout_ms.
@@ -29,9 +30,9 @@ public:
 using SocketFactory = std::function<std::unique_ptr<ISocket>()>;
 
 // BSD sockets (POSIX, Winsock). Not compiled where IGI_SDK_NO_BSD_SOCKETS is defined.
-std::unique_ptr<ISocket> MakeBsdSocket();
+IGISDKCORE_API std::unique_ptr<ISocket> MakeBsdSocket();
 
 // "tcp://HOST:PORT" -> host, port. HOST may be [v6]. False for anything else.
-bool ParseTcpEndpoint(const std::string& endpoint, std::string& host, uint16_t& port);
+IGISDKCORE_API bool ParseTcpEndpoint(const std::string& endpoint, std::string& host, uint16_t& port);
 
 }  // namespace igi

@@ -14,11 +14,12 @@
 #include <vector>
 
 #include "IgiSocket.h"
+#include "IgiSdkCoreApi.h"
 
 namespace igi {
 
 // Splits a byte stream into ZMTP frames. Pure (no I/O), so it can be fed anything.
-class ZmtpParser {
+class IGISDKCORE_API ZmtpParser {
 public:
     enum : uint8_t { kMore = 1, kLong = 2, kCommand = 4 };
     struct Frame {
@@ -43,7 +44,7 @@ private:
     std::string error_;
 };
 
-class ZmtpDealer {
+class IGISDKCORE_API ZmtpDealer {
 public:
     // a frame far above the protocol's 17 MiB message size means a broken stream
     static const uint64_t kMaxFrameBytes = 32ull << 20;
