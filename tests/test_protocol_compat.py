@@ -276,3 +276,16 @@ def test_a_1_1_run_that_crashed_is_adopted_once_its_lease_lapses(open_sidecar) -
     finally:
         nxt.ok("goodbye", {"keep_sessions": False})
         nxt.close()
+
+
+def test_a_1_1_client_is_granted_1_1s_leases(open_sidecar) -> None:
+    """1.1 granted lease_s up to 3600 s; a 1.1 client that pings every lease_s / 3 of the lease
+    it asked for must not be forgotten at 1.2's 300 s. A 1.2 client is still capped."""
+    old, new = Raw(open_sidecar), Raw(open_sidecar)
+    try:
+        assert _hello11(old, lease_s=1200)["lease_s"] == 1200.0
+        assert new.ok("hello", {"protocol": 1, "minor": 2, "lease_s": 1200})["lease_s"] == 300.0
+        assert old.ok("hello", {"protocol": 1})["lease_s"] == 300.0  # 1.0: the longest, told
+    finally:
+        old.close()
+        new.close()

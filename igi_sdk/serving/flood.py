@@ -1,7 +1,7 @@
 """Caps on what one connection may send and have waiting, for a ROUTER without a receive limit.
 
-The sidecar's ROUTER sets no receive limit (with one, a peer can make libzmq 4.3 abort the
-process; see ``Server._bind``), so libzmq reads a peer as fast as the peer writes: millions of
+The sidecar's ROUTER sets no receive high-water mark (with one, a peer can make libzmq 4.3 abort
+the process; see ``Server._bind``), so libzmq reads a peer as fast as the peer writes: millions of
 tiny messages a second, far more than the socket thread handles, all waiting in memory. The
 socket thread counts each routing id's messages per second; past the cap the rest are dropped
 unanswered and the peer's connection is shut down (libzmq hands its descriptor out with every

@@ -81,7 +81,8 @@ class Server:
     def __init__(self, config: ServerConfig, backend: Backend) -> None:
         self.cfg = config
         self.ctx: zmq.Context[zmq.Socket[bytes]] = zmq.Context.instance()
-        self._flood = FloodGuard()  # the ROUTER has no receive limit (see _bind)
+        # the ROUTER has no receive high-water mark (see _bind): what waits is bounded here
+        self._flood = FloodGuard()
         self._queues = ReceiveQueues(self._flood)  # read, not yet handled: bounded per peer
         self._signalled: int | None = None  # SIGTERM/SIGINT seen by serve_forever
         self._serving = False  # serve_forever's loop runs (its start is over)
@@ -135,8 +136,9 @@ class Server:
         # libzmq 4.3 aborts the process (`!_io_error`, stream_engine_base.cpp) when it writes to
         # a connection whose input was stopped and then broke. Input stops only on a full receive
         # queue or a connection whose identity was handed over; writes come from ZMTP heartbeat
-        # timers and from PONGs to PINGs a peer queued behind the stop. So: no receive limit
-        # (the loop drains the socket; request caps apply to what it reads) and no ZMTP
+        # timers and from PONGs to PINGs a peer queued behind the stop. So: no receive
+        # high-water mark (the loop drains the socket into queues it bounds per connection,
+        # serving/flood.py) and no ZMTP
         # heartbeats (liveness is the application heartbeat and the client lease; TCP
         # keepalive ends connections to peers that vanished)
         sock.setsockopt(zmq.RCVHWM, 0)
