@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstdlib>
 #include <functional>
 #include <memory>
@@ -481,12 +482,13 @@ TEST_F(UnrealLayer, ASidecarKilledMidReplyIsRestartedAndTheNpcComesBack) {
         ::kill(static_cast<pid_t>(pid), SIGKILL);
     }));
     ASSERT_TRUE(FramesUntil([&] { return cut->Ended(); }, 60)) << "the cut reply never ended";
-    // it ends with a typed, retryable error, well before the client's 5 s silence rule
+    // it ends with a typed, retryable error, before the client's own silence rule would have
+    // ended it (the only end it had before: `unavailable` after silence_s, 5 s)
     ASSERT_TRUE(cut->failed) << Describe(*cut);
     EXPECT_EQ(Narrow(cut->error.Code), "unavailable");
     EXPECT_TRUE(cut->error.bRetryable);
     const double ended_after = Since(killed_at);
-    EXPECT_LT(ended_after, 2.0);
+    EXPECT_LT(ended_after, igi::ClientOptions().silence_s);
 
     // started again after its back-off (0.5 s, the first delay), once
     ASSERT_TRUE(FramesUntil([&] { return host.GetRestarts() > restarts; }, 10)) << "not started again";
@@ -494,6 +496,8 @@ TEST_F(UnrealLayer, ASidecarKilledMidReplyIsRestartedAndTheNpcComesBack) {
     EXPECT_GE(down_for, 0.5 - 0.01);
     EXPECT_LT(down_for, 0.5 + 1.0);
     EXPECT_NE(host.GetPid(), pid);
+    std::printf("measured: the cut reply ended %.3f s after the kill; the sidecar was started again %.3f s after its exit was seen\n",
+                ended_after, down_for);
 
     // the client reconnects there; the NPC is opened again, in a session of the new sidecar,
     // with the conversation it had
