@@ -943,6 +943,11 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def cmd_bundle(args: argparse.Namespace) -> int:
+    from igi_sdk.bundle.frozen import is_frozen
+
+    if is_frozen():  # no Python and no PyInstaller in here to build with
+        raise UsageError("a bundle does not build bundles: run `igi-sdk bundle` where igi-sdk "
+                         "is installed in Python (pip install 'igi-sdk[bundle]')")
     from igi_sdk.bundle.build import build_bundle
 
     gpu = args.gpu

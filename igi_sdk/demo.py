@@ -10,7 +10,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from igi_sdk.client import Client
+from igi_sdk.bundle.frozen import cli_command
+from igi_sdk.client import Client, SidecarUnavailable
 
 SMITH = ("You are Brom, the blacksmith of Oakvale: gruff but kind, proud of your swords. "
          "Answer in one or two short sentences, in character.")
@@ -23,6 +24,9 @@ SCENE = [
     ("Mira", "Tell me everything you know about the old ruins, every rumour, in detail."),
 ]
 CANCEL_LINE = 3  # the player walks away mid-answer: that reply is cancelled
+# how long the sidecar may take to load the model (minutes on a busy 2-core machine); a sidecar
+# that exits is reported at once
+START_TIMEOUT_S = 300.0
 
 
 def run_demo(endpoint: str = "", max_tokens: int = 48, sidecar: str | None = None) -> int:
@@ -30,7 +34,7 @@ def run_demo(endpoint: str = "", max_tokens: int = 48, sidecar: str | None = Non
     ``igi-sdk``) and play the scene over it."""
     with tempfile.TemporaryDirectory(prefix="igi-demo-") as tmp:
         endpoint = endpoint or f"ipc://{Path(tmp) / 'sidecar.sock'}"
-        start = [sidecar] if sidecar else [sys.executable, "-m", "igi_sdk.cli"]
+        start = [sidecar] if sidecar else cli_command()
         cmd = [*start, "serve", "--endpoint", endpoint,
                "--game-pid", str(os.getpid()), "--ctx", "4096", "--max-sessions", "4",
                "--save-dir", tmp]
@@ -52,15 +56,30 @@ def run_demo(endpoint: str = "", max_tokens: int = 48, sidecar: str | None = Non
                     proc.kill()
 
 
+def _wait_ready(client: Client, proc: subprocess.Popen, timeout: float) -> dict:
+    """The sidecar's stats once its model is loaded; gives up at once when it has exited (its
+    error is then on its stderr) rather than at the end of ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return client.wait_ready(timeout=1.0)
+        except SidecarUnavailable:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+
+
 def _scene(endpoint: str, max_tokens: int, proc: subprocess.Popen, token: str) -> int:
     client = Client(endpoint, timeout=120.0, engine="igi-demo", game_pid=os.getpid(),
                     token=token)
     t0 = time.monotonic()
     try:
-        stats = client.wait_ready(timeout=120.0)
+        stats = _wait_ready(client, proc, START_TIMEOUT_S)
     except Exception:  # noqa: BLE001 - whatever went wrong, show the sidecar's own words
-        err = proc.stderr.read() if proc.poll() is not None and proc.stderr else ""
-        print(f"[demo] the sidecar did not start:\n{err[-2000:]}", file=sys.stderr)
+        code = proc.poll()
+        err = proc.stderr.read() if code is not None and proc.stderr else ""
+        why = (f"it exited with {code}" if code is not None
+               else f"not ready within {START_TIMEOUT_S:.0f} s")
+        print(f"[demo] the sidecar did not start ({why}):\n{err[-2000:]}", file=sys.stderr)
         return 1
     ready_s = time.monotonic() - t0
     print(f"[demo] sidecar ready with {stats['model']} in {ready_s:.1f} s", flush=True)
@@ -87,6 +106,6 @@ def _scene(endpoint: str, max_tokens: int, proc: subprocess.Popen, token: str) -
           f"{client.stats()['requests']} requests served")
     client.shutdown()
     client.close()
-    proc.wait(10)
+    proc.wait(60)  # it saves nothing more; a busy machine can take a while to end it
     print(f"[demo] sidecar shut down cleanly (exit {proc.returncode})")
     return 0 if proc.returncode == 0 else 1

@@ -1,10 +1,13 @@
 """The one-folder sidecar bundle: what it records and decides (unit tests), and the real CPU
 bundle built once, moved to a folder whose path has spaces and non-ASCII characters, run with an
-empty environment: ``doctor`` from it, and the demo scene played against it."""
+empty environment: every command of its command line from it, and the demo scene played against
+it."""
 
 from __future__ import annotations
 
+import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -211,18 +214,28 @@ def _listing(root: Path) -> set[str]:
     return {str(p.relative_to(root)) for p in root.rglob("*")}
 
 
+# the first test to use the bundle builds it: a few minutes on 2 idle cores, ten and more beside
+# other builds
+BUILD_TIMEOUT_S = 1800
+
+
 @pytest.fixture(scope="module")
 def bundle(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """The CPU bundle with the default model, built once, then moved to a game's folder whose
     path has spaces and non-ASCII characters (the built folder is removed: nothing may point
     back to it)."""
-    pytest.importorskip("PyInstaller")
     root = tmp_path_factory.mktemp("bundle")
+    game = root / "Mein Spiel ü" / "StreamingAssets" / "igi-sdk"
+    game.parent.mkdir(parents=True)
+    prebuilt = os.environ.get("IGI_SDK_TEST_BUNDLE")
+    if prebuilt:  # a bundle built before (`igi-sdk bundle --gpu cpu --model default DIR`): copied
+        shutil.copytree(prebuilt, game, symlinks=True)
+        yield game
+        return
+    pytest.importorskip("PyInstaller")
     t0 = time.monotonic()
     built = build_bundle(root / "built", gpu="cpu", model="default", log=root / "pyinstaller.log")
     print(f"\nbundle built in {time.monotonic() - t0:.0f} s, {built.bytes / 2**20:.0f} MiB")
-    game = root / "Mein Spiel ü" / "StreamingAssets" / "igi-sdk"
-    game.parent.mkdir(parents=True)
     shutil.copytree(built.out, game, symlinks=True)
     shutil.rmtree(built.out)
     yield game
@@ -235,6 +248,7 @@ def _empty_env_run(args: list[str], timeout: float = 180) -> subprocess.Complete
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
 def test_the_bundle_is_where_the_engines_look(bundle: Path) -> None:
     # Unity's SidecarLocator: StreamingAssets/igi-sdk/igi-sdk; Unreal: .../IgiSdk/igi-sdk
     exe = bundle / "igi-sdk"
@@ -245,6 +259,7 @@ def test_the_bundle_is_where_the_engines_look(bundle: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
 def test_doctor_runs_from_the_bundle_with_an_empty_environment(bundle: Path) -> None:
     before = _listing(bundle)
     done = _empty_env_run([str(bundle / "igi-sdk"), "doctor"])
@@ -261,6 +276,7 @@ def test_doctor_runs_from_the_bundle_with_an_empty_environment(bundle: Path) -> 
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
 def test_the_demo_plays_against_the_bundled_sidecar(bundle: Path) -> None:
     before = _listing(bundle)
     done = _empty_env_run([sys.executable, "-m", "igi_sdk.cli", "demo", "--sidecar",
@@ -273,6 +289,7 @@ def test_the_demo_plays_against_the_bundled_sidecar(bundle: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
 def test_the_bundled_image_decoder_starts(bundle: Path) -> None:
     # the decoder runs as `sys.executable -I WORKER`: in a bundle, the executable itself
     # the path image_decode passes: the frozen module's __file__, the source shipped beside it
@@ -289,6 +306,7 @@ def test_the_bundled_image_decoder_starts(bundle: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
 def test_the_unity_harness_starts_the_bundled_sidecar(bundle: Path) -> None:
     """The Unity package's NUnit harness (tests/csharp/run.sh; `tests/run.sh` installs mono
     before pytest runs) starts the bundle as its sidecar and holds a conversation over it."""
@@ -302,3 +320,130 @@ def test_the_unity_harness_starts_the_bundled_sidecar(bundle: Path) -> None:
     assert done.returncode == 0 and "1 passed, 0 failed" in done.stdout, (
         done.stdout[-3000:], done.stderr[-2000:])
     assert f"sidecar: {bundle / 'igi-sdk'}" in done.stdout
+
+
+# --- every command of the bundle's command line, with an empty environment -----------------
+
+# each command and the test below that runs it from the bundle
+COMMANDS = {"chat": "test_chat_from_the_bundle", "inspect": "test_inspect_from_the_bundle",
+            "profile": "test_profile_and_plan_from_the_bundle",
+            "plan": "test_profile_and_plan_from_the_bundle",
+            "serve": "test_serve_from_the_bundle_starts_answers_and_stops",
+            "keys": "test_keys_from_the_bundle", "demo": "test_demo_from_the_bundle",
+            "bundle": "test_bundle_from_the_bundle_says_where_to_build",
+            "doctor": "test_doctor_runs_from_the_bundle_with_an_empty_environment"}
+
+
+def test_every_command_has_a_bundle_test() -> None:
+    from igi_sdk.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    assert set(sub.choices) == set(COMMANDS)
+    assert all(callable(globals().get(name)) for name in COMMANDS.values())
+
+
+def _model(bundle: Path) -> Path:
+    return bundle / BuildInfo.load(bundle / "_internal" / BUILD_INFO_FILE).model
+
+
+def _ok(done: subprocess.CompletedProcess[str]) -> str:
+    assert done.returncode == 0, (done.stdout[-2000:], done.stderr[-3000:])
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    return done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_help_from_the_bundle_lists_every_command(bundle: Path) -> None:
+    out = _ok(_empty_env_run([str(bundle / "igi-sdk"), "--help"]))
+    listed = re.search(r"\{([a-z,]+)\}", out)
+    assert listed and set(listed.group(1).split(",")) == set(COMMANDS), out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_demo_from_the_bundle(bundle: Path) -> None:
+    # the bundle's own demo starts the sidecar as itself: its executable, `serve …`
+    before = _listing(bundle)
+    out = _ok(_empty_env_run([str(bundle / "igi-sdk"), "demo", "--max-tokens", "8"],
+                             timeout=300))
+    assert "sidecar ready with SmolLM2" in out
+    assert "saved Brom's conversation" in out
+    assert "shut down cleanly (exit 0)" in out
+    assert _listing(bundle) == before
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_chat_from_the_bundle(bundle: Path) -> None:
+    # no --model: the bundled default, found beside the executable
+    done = _empty_env_run([str(bundle / "igi-sdk"), "chat", "Greetings, smith!",
+                           "--max-tokens", "8", "--seed", "3"])
+    assert "npc> " in _ok(done) and re.search(r"\d+ tokens, first after", done.stderr)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_inspect_from_the_bundle(bundle: Path) -> None:
+    out = _ok(_empty_env_run([str(bundle / "igi-sdk"), "inspect", str(_model(bundle))]))
+    assert f"({_model(bundle)})" in out
+    assert "30 layers" in out and "token_embd" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_profile_and_plan_from_the_bundle(bundle: Path) -> None:
+    # this machine's profile: measured once per machine (cached in the user's cache folder,
+    # found without HOME), then a plan on it, and a plan on the profile written beside the game
+    exe, model = str(bundle / "igi-sdk"), str(_model(bundle))
+    written = bundle.parent / "profil ü.json"
+    out = _ok(_empty_env_run([exe, "profile", "--fast", "--json", str(written)], timeout=600))
+    assert "cpu " in out and "weight GB/s" in out and written.is_file()
+    out = _ok(_empty_env_run([exe, "plan", model, "--ctx", "2048"]))
+    assert "chosen: all-cpu" in out
+    out = _ok(_empty_env_run([exe, "plan", model, "--ctx", "2048", "--vram", "0",
+                              "--profile", str(written)]))
+    assert f"predicted on {written}'s profile" in out and "chosen: " in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_serve_from_the_bundle_starts_answers_and_stops(bundle: Path, tmp_path: Path) -> None:
+    from igi_sdk.client import Client
+
+    endpoint = f"ipc://{tmp_path / 'sidecar.sock'}"
+    proc = subprocess.Popen(["env", "-i", str(bundle / "igi-sdk"), "serve", "--endpoint",
+                             endpoint, "--ctx", "2048"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd="/")
+    client = Client(endpoint, timeout=30.0)
+    try:
+        assert client.wait_ready(timeout=180.0)["model"].startswith("SmolLM2")
+        assert "t" in client.request("ping")
+        client.shutdown()
+        out, err = proc.communicate(timeout=60)
+    finally:
+        client.close()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+    assert proc.returncode == 0, err[-3000:]
+    assert f"models from {bundle / 'models'}" in out + err
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_keys_from_the_bundle(bundle: Path) -> None:
+    keys = bundle.parent / "Schlüssel und so"
+    out = _ok(_empty_env_run([str(bundle / "igi-sdk"), "keys", str(keys)]))
+    assert (keys / "server.key_secret").is_file() and (keys / "clients" / "game.key").is_file()
+    assert "serve with: igi-sdk serve" in out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(BUILD_TIMEOUT_S)
+def test_bundle_from_the_bundle_says_where_to_build(bundle: Path, tmp_path: Path) -> None:
+    # a bundle holds no Python or PyInstaller to build with: refused, with where to build
+    done = _empty_env_run([str(bundle / "igi-sdk"), "bundle", str(tmp_path / "again")])
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr[-3000:]
+    assert "does not build bundles" in done.stderr and "igi-sdk[bundle]" in done.stderr
+    assert not (tmp_path / "again").exists()

@@ -29,6 +29,16 @@ def is_frozen() -> bool:
     return bool(getattr(sys, "frozen", False)) and hasattr(sys, "_MEIPASS")
 
 
+def cli_command() -> list[str]:
+    """The start of the command line that runs this ``igi-sdk`` again in a new process, the
+    subcommand and its arguments to follow: from a bundle, its executable (whose entry is the
+    command line; it has no ``-m``), otherwise this Python with ``-m igi_sdk.cli`` (no
+    ``igi-sdk`` script on PATH needed). Every process the SDK starts as itself starts so."""
+    if is_frozen():
+        return [sys.executable]
+    return [sys.executable, "-m", "igi_sdk.cli"]
+
+
 def internal_dir() -> Path:
     """The bundle's ``_internal`` folder (PyInstaller's ``sys._MEIPASS``)."""
     return Path(sys._MEIPASS)  # type: ignore[attr-defined]
