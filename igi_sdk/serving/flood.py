@@ -19,9 +19,9 @@ in turns, one message per connection per turn, so a busy connection delays anoth
 message a turn. A connection with more than ``MAX_QUEUED_MESSAGES`` or ``MAX_QUEUED_BYTES``
 read and not yet handled is cut as a flooder is, and past ``MAX_QUEUED_BYTES_ALL`` over all
 connections the one with the most waiting is. libzmq itself then holds only what arrives while
-the loop handles one turn. And a loop that stays behind (messages waiting after every turn)
-for ``BACKLOG_S`` cuts the connection with the most waiting: a game never keeps it behind for
-that long.
+the loop handles one turn. And a loop that stays behind (more than a batch waiting after every
+turn) for ``BACKLOG_S`` cuts the connection with the most waiting: a game never keeps it behind
+for that long.
 """
 
 from __future__ import annotations

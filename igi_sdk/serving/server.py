@@ -197,8 +197,10 @@ class Server:
                         self._drain_events()
                     emptied = self._read_requests() if self.router in ready else True
                     self._handle_turn()
-                    if self._flood.behind(emptied=emptied and not self._queues):
-                        self._queues.cut_busiest()  # behind for a while: the one with most waiting
+                    # behind: more waiting than a batch (a client that keeps a window of
+                    # requests in flight waits within it); for a while: the one with most waiting
+                    if self._flood.behind(emptied=emptied and self._queues.messages <= _BATCH):
+                        self._queues.cut_busiest()
                     if time.monotonic() >= next_beat:
                         self.service.heartbeat()
                         next_beat = time.monotonic() + self.cfg.heartbeat_s
