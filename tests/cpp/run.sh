@@ -104,6 +104,16 @@ if [ -z "${IGI_CPP_SKIP_ASAN:-}" ]; then
         if [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED' "$build/asan.log"; then
             echo "asan: the test process exited $rc"; tail -30 "$build/asan.log"; failed=$((failed + 1))
         fi
+        # the FSocket transport's reader thread and buffer under the sanitizers too
+        (cd "$root" && ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
+            timeout 300 "$build/asan/igi_unreal_socket_tests" --gtest_output="xml:$build/asan_fsocket.xml") \
+            >"$build/asan_fsocket.log" 2>&1
+        rc=$?
+        grep -E '^\[  (FAILED|PASSED)|Failure|ERROR: |runtime error' "$build/asan_fsocket.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/asan: FSocket transport: /' | head -20
+        count "$build/asan_fsocket.xml"
+        if [ "$rc" -ne 0 ] && ! grep -q '^\[  FAILED' "$build/asan_fsocket.log"; then
+            echo "asan: the FSocket transport's test process exited $rc"; tail -30 "$build/asan_fsocket.log"; failed=$((failed + 1))
+        fi
     else
         echo "asan: build failed"; tail -40 "$build/asan.make.log"
         failed=$((failed + 1))
