@@ -212,6 +212,6 @@ def test_the_queues_figures_are_in_stats(sidecar) -> None:
         queue = c.stats()["receive_queue"]
     finally:
         c.close()
-    assert queue["max_messages"] == 1000 and queue["max_bytes"] == 3 * P.MAX_MESSAGE_BYTES
+    assert queue["max_messages"] == 4000 and queue["max_bytes"] == 3 * P.MAX_MESSAGE_BYTES
     assert queue["cuts"] == 0 and queue["messages"] == 0
 

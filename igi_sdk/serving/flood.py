@@ -42,9 +42,13 @@ MAX_BYTES_PER_SECOND = 64 << 20
 # that sent the most in the window is cut
 BACKLOG_S = 0.25
 # a connection's receive queue (read, not yet handled): a game's requests are handled as they
-# come, so a thousand waiting is a peer sending faster than its turns. Three of the largest
-# messages fit (two chats with a 16 MiB image each, back to back, are a game's worst burst).
-MAX_QUEUED_MESSAGES = 1000
+# come, so thousands waiting is a peer sending faster than its turns. Two seconds of the rate
+# cap, so that a flood of small messages meets the rate cap first: each cut makes its DEALER
+# reconnect as a new peer, and a bound below the cap cut such a flooder 6 times as often
+# (what its connections had queued and were sent piled up with every one). Three of the
+# largest messages fit (two chats with a 16 MiB image each, back to back, are a game's worst
+# burst): the byte bound is what holds a flood of large messages.
+MAX_QUEUED_MESSAGES = 2 * MAX_MESSAGES_PER_SECOND
 MAX_QUEUED_BYTES = 3 * MAX_MESSAGE_BYTES
 # every connection's together: many connections each under their own bound add up
 MAX_QUEUED_BYTES_ALL = 128 << 20
@@ -106,16 +110,24 @@ class FloodGuard:
     def drained(self, emptied: bool, backlog_s: float | None = None) -> bytes | None:
         """:meth:`behind`, and then the busiest peer of the window (the most messages sent) is
         cut, and returned. (The sidecar's loop, which queues what it reads, cuts the peer with
-        the most waiting instead: ``ReceiveQueues.cut_busiest``.)"""
+        the most waiting first: ``ReceiveQueues.cut_busiest``.)"""
         if not self.behind(emptied, backlog_s):
             return None
+        return self.cut_busiest_sender()
+
+    def cut_busiest_sender(self, more_than: int = 0) -> bytes | None:
+        """Cut the peer that sent the most in this window (more than ``more_than`` messages),
+        and return it. A flooder whose handled messages wait nowhere still fills libzmq: each
+        of its reconnects is a new peer, read in turns with the leftovers of the last one."""
         busiest = max((ident for ident in self._counts if ident not in self._cut_now),
                       key=lambda ident: self._counts[ident][0], default=None)
-        frame = self._latest.get(busiest) if busiest is not None else None
-        if busiest is not None and frame is not None:
-            self.cut_peer(busiest, frame)
-            return busiest
-        return None
+        if busiest is None or self._counts[busiest][0] <= more_than:
+            return None
+        frame = self._latest.get(busiest)
+        if frame is None:
+            return None
+        self.cut_peer(busiest, frame)
+        return busiest
 
     def _shut(self, frame: zmq.Frame) -> None:
         try:

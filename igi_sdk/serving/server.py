@@ -67,9 +67,10 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
-# messages read from the socket in one pass (reading one costs microseconds): the loop reads
-# faster than it handles, so what waits, waits in the queues it bounds, not inside libzmq
-_READ_BATCH = 2048
+# messages read from the socket in one pass: as many as a turn may handle. (Reading 2048 a
+# pass drained libzmq into the queues faster than turns emptied them, and a flood of small
+# messages was cut more often: each reconnect is a new peer, and the sidecar grew more.)
+_READ_BATCH = 256
 # messages handled in one turn of the loop, and how long a turn may take before the loop reads
 # and polls again (completions, local peers and heartbeats take turns with a socket that never
 # empties)
@@ -199,8 +200,14 @@ class Server:
                     self._handle_turn()
                     # behind: more waiting than a batch (a client that keeps a window of
                     # requests in flight waits within it); for a while: the one with most waiting
-                    if self._flood.behind(emptied=emptied and self._queues.messages <= _BATCH):
-                        self._queues.cut_busiest()
+                    if (self._flood.behind(emptied=emptied and self._queues.messages <= _BATCH)
+                            and self._queues.cut_busiest() is None):
+                        # nothing waits in the queues, the socket is full all the same: the
+                        # window's busiest sender, if it sent more than a batch (not a client
+                        # at a game's pace)
+                        cut = self._flood.cut_busiest_sender(more_than=_BATCH)
+                        if cut is not None:
+                            self._queues.drop(cut)
                     if time.monotonic() >= next_beat:
                         self.service.heartbeat()
                         next_beat = time.monotonic() + self.cfg.heartbeat_s
