@@ -103,6 +103,22 @@ def test_bytes_bound_one_connection_and_all_of_them() -> None:
     assert left == {b"c", b"d"}
 
 
+def test_a_burst_worked_off_on_a_slow_host_is_not_a_flood() -> None:
+    """A client within the caps that sends 500 requests at once, on a host so loaded that
+    working them off takes longer than the backlog time, is not cut: its queue shrinks every
+    turn. (Judged by "more than a batch waits" alone, the fuzz test's bursts of 500 frames were
+    cut on a loaded 2-core machine.) A queue that grows turn after turn is behind."""
+    burst = FloodGuard(backlog_s=0.0)  # any turn left behind twice in a row counts
+    assert not any(burst.behind_after_turn(True, waiting, 256)
+                   for waiting in range(480, 0, -20))
+    growing = FloodGuard(backlog_s=0.0)
+    assert any(growing.behind_after_turn(True, waiting, 256)
+               for waiting in range(300, 1000, 20))
+    full_socket = FloodGuard(backlog_s=0.0)  # the socket never emptied: behind however it goes
+    assert any(full_socket.behind_after_turn(False, waiting, 256)
+               for waiting in range(480, 0, -20))
+
+
 def test_turns_put_a_small_sender_ahead_of_a_flood_already_waiting() -> None:
     """The game's 5 messages arrive after 500 of a flooder's: in arrival order they would be
     handled 501st to 505th; in turns they are handled within the first 10."""

@@ -67,6 +67,7 @@ class FloodGuard:
         # each peer's latest message of the window: its connection, for a backlog cut
         self._latest: dict[bytes, zmq.Frame] = {}
         self._behind_since: float | None = None  # the loop left messages waiting since
+        self._waited = 0  # messages waiting in the receive queues after the last turn
 
     def admit(self, identity: bytes, frame: zmq.Frame) -> bool:
         """Whether to handle this message (received with ``copy=False``) from ``identity``."""
@@ -106,6 +107,15 @@ class FloodGuard:
             return False
         self._behind_since = now  # the next cut, if still behind, a backlog later
         return True
+
+    def behind_after_turn(self, socket_emptied: bool, waiting: int, batch: int) -> bool:
+        """:meth:`behind` for a loop that queues what it reads: it caught up when the socket
+        was emptied and at most a batch waits in its queues (a client keeping a window of
+        requests in flight waits within it), or fewer than after the last turn: a burst being
+        worked off is not a flood, however slow the host."""
+        caught_up = waiting <= batch or waiting < self._waited
+        self._waited = waiting
+        return self.behind(emptied=socket_emptied and caught_up)
 
     def drained(self, emptied: bool, backlog_s: float | None = None) -> bytes | None:
         """:meth:`behind`, and then the busiest peer of the window (the most messages sent) is

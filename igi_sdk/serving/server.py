@@ -198,9 +198,8 @@ class Server:
                         self._drain_events()
                     emptied = self._read_requests() if self.router in ready else True
                     self._handle_turn()
-                    # behind: more waiting than a batch (a client that keeps a window of
-                    # requests in flight waits within it); for a while: the one with most waiting
-                    if (self._flood.behind(emptied=emptied and self._queues.messages <= _BATCH)
+                    # behind for a while: the connection with the most waiting is cut
+                    if (self._flood.behind_after_turn(emptied, self._queues.messages, _BATCH)
                             and self._queues.cut_busiest() is None):
                         # nothing waits in the queues, the socket is full all the same: the
                         # window's busiest sender, if it sent more than a batch (not a client
