@@ -213,8 +213,10 @@ def _fuzz_frames(n: int, rng: random.Random) -> list[bytes]:
 
 def _under_flood_limit(sent: int, since: float) -> bool:
     """Whether ``sent`` messages since ``since`` stay below the sidecar's flood limit (2 000 a
-    second per connection; past it the connection is cut): 1 500 a second."""
-    return sent <= 1500 * (time.monotonic() - since) + 500
+    second per connection; past it the connection is cut): 1 000 a second. The limit counts
+    messages as the sidecar reads them, and on a loaded host its reads lag the sends and bunch
+    up (at 1 500 a second, a window of reads on a loaded 2-core machine passed 2 000)."""
+    return sent <= 1000 * (time.monotonic() - since) + 250
 
 
 def _frame_bodies(n: int, rng: random.Random) -> list[dict]:
@@ -272,13 +274,13 @@ def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
     frames = [P.encode(20_000 + i, "frame", rng_frame) for i, rng_frame in
               enumerate(_frame_bodies(10_000, random.Random(99)))]
     got, t0 = 0, time.monotonic()
-    for chunk in range(0, len(frames), 500):
-        while not _under_flood_limit(chunk + 500, t0):
+    for chunk in range(0, len(frames), 250):  # within a batch of the sidecar's loop
+        while not _under_flood_limit(chunk + 250, t0):
             time.sleep(0.01)
-        for f in frames[chunk:chunk + 500]:
+        for f in frames[chunk:chunk + 250]:
             s.send(f)
         n = 0
-        while n < len(frames[chunk:chunk + 500]) and s.poll(10_000):
+        while n < len(frames[chunk:chunk + 250]) and s.poll(10_000):
             _rid, rtype, body = P.decode_reply(s.recv())
             if rtype == "heartbeat":
                 continue
