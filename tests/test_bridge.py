@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import collections
 import os
 import random
 import shutil
@@ -211,12 +212,25 @@ def _fuzz_frames(n: int, rng: random.Random) -> list[bytes]:
     return frames
 
 
-def _under_flood_limit(sent: int, since: float) -> bool:
-    """Whether ``sent`` messages since ``since`` stay below the sidecar's flood limit (2 000 a
-    second per connection; past it the connection is cut): 1 000 a second. The limit counts
-    messages as the sidecar reads them, and on a loaded host its reads lag the sends and bunch
-    up (at 1 500 a second, a window of reads on a loaded 2-core machine passed 2 000)."""
-    return sent <= 1000 * (time.monotonic() - since) + 250
+class _Pace:
+    """Stays below the sidecar's flood limit (2 000 messages a second per connection; past it
+    the connection is cut): at most 1 000 sends in any second, with no credit saved up over a
+    stall. The limit counts messages as the sidecar reads them; with a bounded number in
+    flight, what it reads in a second is at most what was sent in it plus that number. (A
+    cumulative 1 500 a second caught up after each stall of a loaded host and was cut.)"""
+
+    def __init__(self, per_second: int = 1000) -> None:
+        self.per_second = per_second
+        self._sent: collections.deque[float] = collections.deque()
+
+    def allows(self, n: int = 1) -> bool:
+        now = time.monotonic()
+        while self._sent and now - self._sent[0] >= 1.0:
+            self._sent.popleft()
+        return len(self._sent) + n <= self.per_second
+
+    def sent(self, n: int = 1) -> None:
+        self._sent.extend([time.monotonic()] * n)
 
 
 def _frame_bodies(n: int, rng: random.Random) -> list[dict]:
@@ -253,10 +267,12 @@ def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
     window = 200  # bounded in flight: back-pressure, not a flood
     sent = 0
     deadline = time.monotonic() + 240
-    t0 = last_answer = time.monotonic()
+    last_answer = time.monotonic()
+    pace = _Pace()
     while answered < len(frames) and time.monotonic() < deadline:
-        while sent < len(frames) and sent - answered < window and _under_flood_limit(sent, t0):
+        while sent < len(frames) and sent - answered < window and pace.allows():
             s.send(frames[sent])
+            pace.sent()
             sent += 1
         if s.poll(100):
             _rid, rtype, body = P.decode_reply(s.recv())
@@ -273,12 +289,13 @@ def test_fuzz_ten_thousand_messages(model_dir, tmp_path) -> None:
     # 10 000 frame ticks, valid and not: every one answered, none an internal error
     frames = [P.encode(20_000 + i, "frame", rng_frame) for i, rng_frame in
               enumerate(_frame_bodies(10_000, random.Random(99)))]
-    got, t0 = 0, time.monotonic()
+    got, pace = 0, _Pace()
     for chunk in range(0, len(frames), 250):  # within a batch of the sidecar's loop
-        while not _under_flood_limit(chunk + 250, t0):
+        while not pace.allows(250):
             time.sleep(0.01)
         for f in frames[chunk:chunk + 250]:
             s.send(f)
+        pace.sent(250)
         n = 0
         while n < len(frames[chunk:chunk + 250]) and s.poll(10_000):
             _rid, rtype, body = P.decode_reply(s.recv())
