@@ -33,9 +33,9 @@ bool ServerInfo::Has(const char* feature) const {
     return false;
 }
 
-std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body) {
-    std::string out;
-    MsgWriter w(out);
+// an envelope up to its body's value: shared by EncodeEnvelope and the frame path, which writes
+// the body in place
+static void WriteEnvelopeHead(MsgWriter& w, uint64_t id, const char* type) {
     w.MapHeader(4);
     w.Str("v", 1);
     w.Int(kProtocolVersion);
@@ -44,6 +44,12 @@ std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body) 
     w.Str("type", 4);
     w.Str(type, std::char_traits<char>::length(type));
     w.Str("body", 4);
+}
+
+std::string EncodeEnvelope(uint64_t id, const char* type, const MsgValue& body) {
+    std::string out;
+    MsgWriter w(out);
+    WriteEnvelopeHead(w, id, type);
     if (body.IsMap()) w.Value(body); else w.MapHeader(0);
     return out;
 }
@@ -1004,14 +1010,7 @@ void AppendFrameEnvelope(std::string& out, uint64_t id, int64_t frame, double fr
     FrameFields f = ClampFrame(frame, frame_time_ms, target_frame_time_ms, vram_used, vram_budget, busy_threads, cpu_share);
     // the bytes EncodeEnvelope(id, "frame", FrameBody(...)) writes, key for key
     MsgWriter w(out);
-    w.MapHeader(4);
-    w.Str("v", 1);
-    w.Int(kProtocolVersion);
-    w.Str("id", 2);
-    w.UInt(id);
-    w.Str("type", 4);
-    w.Str("frame", 5);
-    w.Str("body", 4);
+    WriteEnvelopeHead(w, id, "frame");
     w.MapHeader(f.Count());
     w.Str("frame", 5);
     w.Int(f.frame);
