@@ -1,0 +1,5 @@
+import sys
+
+from tests.llamacpp_server.suite import main
+
+sys.exit(main())
