@@ -221,7 +221,8 @@ def compare(outcomes: dict[str, str], where: dict[str, list[str]],
 
 
 def run(*, files: tuple[str, ...] = FILES, run_all: bool = False, select: list[str] | None = None,
-        junit: Path | None = None, timeout_s: float = 1800.0, verbose: bool = False) -> Report:
+        junit: Path | None = None, results: Path | None = None, timeout_s: float = 1800.0,
+        verbose: bool = False) -> Report:
     """Run their tests in one pytest process against the sidecar; compare with expected.txt."""
     tests = fetch_tests()
     expected = load(EXPECTED)
@@ -232,7 +233,8 @@ def run(*, files: tuple[str, ...] = FILES, run_all: bool = False, select: list[s
         standin = HERE / "llama_server.py"
         launcher.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{standin}" "$@"\n')
         launcher.chmod(0o755)
-        results = work / "results.jsonl"
+        results = results or work / "results.jsonl"
+        results.unlink(missing_ok=True)
         env = {
             **os.environ,
             "LLAMA_SERVER_BIN_PATH": str(launcher),
@@ -329,6 +331,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="run the tests expected.txt skips as well (nothing is compared)")
     ap.add_argument("--junit", type=Path, help="also write their junit XML here")
     ap.add_argument("-v", "--verbose", action="store_true", help="show their pytest output")
+    ap.add_argument("--results", type=Path,
+                    help="keep the per-test results (JSON lines) here")
+    ap.add_argument("--compare", type=Path, metavar="RESULTS",
+                    help="compare saved results with expected.txt (runs nothing)")
     ap.add_argument("--markdown", action="store_true",
                     help="print docs/openai.md's tables from expected.txt (runs nothing)")
     ap.add_argument("tests", nargs="*", help="only these test ids or files (nothing compared)")
@@ -336,9 +342,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.markdown:
         print(markdown(load(EXPECTED), collect()))
         return 0
-    report = run(run_all=args.run_all, select=args.tests or None, junit=args.junit,
-                 verbose=args.verbose)
     expected = load(EXPECTED)
+    if args.compare:
+        outcomes, messages, where = read_results(args.compare)
+        report = Report(outcomes, messages, where, compare(outcomes, where, expected))
+    else:
+        report = run(run_all=args.run_all, select=args.tests or None, junit=args.junit,
+                     results=args.results, verbose=args.verbose)
     for nodeid, got in sorted(report.outcomes.items()):
         exp = match(expected, nodeid)
         want = exp.outcome if exp else "?"
