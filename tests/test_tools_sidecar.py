@@ -90,7 +90,7 @@ def sidecar(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
     proc = start_sidecar(d, ep, "--model", "smol.gguf", "--http", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(base)
+        _wait_http(base, 240)  # a loaded 2-core host starts it slowly
         yield ep, base
     finally:
         stop(proc)
