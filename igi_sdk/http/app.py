@@ -135,7 +135,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
-            match = table.match(key, system, history)
+            match = table.match(key, system, history, parsed.prefill)
             if match.conversation.busy:
                 raise HttpError(429, "session_busy", "this conversation is answering another "
                                 "request; send the next line when it ends")
@@ -333,6 +333,8 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     The requests a line may need first (closing sessions, opening or regaining its own,
     setting its priority) wait for their answers, on a worker thread."""
     options = _line_options(req, images)
+    if match.rewrite is not None:  # the session's transcript is replaced before the line
+        options["history"] = [{"role": r, "content": t} for r, t in match.rewrite]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:
         await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)

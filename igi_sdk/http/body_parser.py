@@ -89,7 +89,7 @@ class BodyParser:
                     cap.cancel()
         return Parsed(ChatOptions.model_validate_json(head["options"]), str(head["system"]),
                       [(_role(r), str(t)) for r, t in head["history"]], str(head["line"]),
-                      images)
+                      images, bool(head.get("prefill", False)))
 
     def _gone(self, worker: WorkerProcess) -> HttpError:
         why = worker.killed_for
@@ -119,6 +119,6 @@ class BodyParser:
 
 
 def _role(role: object) -> str:
-    if role not in ("user", "assistant"):
+    if role not in ("system", "user", "assistant"):
         raise HttpError(500, "internal", "the body parsing process answered a malformed turn")
     return str(role)

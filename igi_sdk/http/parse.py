@@ -25,20 +25,23 @@ DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
 @dataclass(frozen=True)
 class Parsed:
     """A request body read: its options, the system prompt, the earlier turns, the new line
-    and that line's images (decoded from base64)."""
+    and that line's images (decoded from base64). ``prefill``: the transcript ends with an
+    assistant message, the last of ``history``, which the reply continues (``line`` is "")."""
 
     options: ChatOptions
     system: str
     history: list[Turn]
     line: str
     images: list[bytes]
+    prefill: bool = False
 
 
 def read(body: bytes | bytearray) -> Parsed:
     """The request in ``body``, every bound checked; HttpError when it is refused."""
     req = _parse(body)
     system, history, line, images = _split(req)
-    return Parsed(req.options(), system, history, line, images)
+    prefill = req.messages[-1].role == "assistant"
+    return Parsed(req.options(), system, history, line, images, prefill)
 
 
 def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
@@ -73,21 +76,31 @@ def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
 
 
 def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes]]:
-    """(system prompt, earlier turns, the new line, its images)."""
+    """(system prompt, earlier turns, the new line, its images). System (and developer)
+    messages after the first other one stay where they stand, as system turns; a transcript
+    that ends with an assistant message is continued: that message is the last turn and the
+    line is empty."""
     msgs = list(req.messages)
     system_parts = []
     while msgs and msgs[0].role in ("system", "developer"):
         system_parts.append(msgs.pop(0).text())
-    if not msgs or msgs[-1].role != "user":
-        raise HttpError(400, "invalid_argument", "the last message must be the user's line")
+    if not msgs or msgs[-1].role not in ("user", "assistant"):
+        raise HttpError(400, "invalid_argument", "the last message must be the user's line, "
+                        "or an assistant message for the reply to continue")
+    prefill = msgs[-1].role == "assistant"
     turns: list[Turn] = []
-    for m in msgs[:-1]:
-        if m.role not in ("user", "assistant"):
-            raise HttpError(400, "invalid_argument", "system messages go first")
+    for m in msgs if prefill else msgs[:-1]:
+        if m.role not in ("user", "assistant", "system", "developer"):
+            raise HttpError(400, "invalid_argument", f"messages of role '{m.role}' are not "
+                            "read in a transcript")
         if m.image_urls():
             raise HttpError(400, "invalid_argument", "images are read with the newest line only")
-        turns.append((m.role, m.text()))
-    system, last = "\n\n".join(system_parts), msgs[-1]
+        turns.append(("system" if m.role == "developer" else m.role, m.text()))
+    system = "\n\n".join(system_parts)
+    if prefill:  # the line is the continued assistant message, already a turn
+        _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+        return system, turns, "", []
+    last = msgs[-1]
     # a transcript opens a session in one protocol message (its history)
     _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
     images = _images(last.image_urls())

@@ -57,6 +57,8 @@ class StartReply(Command):
     images: tuple[ImageInput, ...]
     reply: int
     streamed: bool  # someone subscribed to the reply's events in the outbox
+    # the conversation after the system prompt, replaced before the line (runtime/prefix.py)
+    history: tuple[tuple[str, str], ...] | None = None
     needs_model: ClassVar[bool] = True
 
 

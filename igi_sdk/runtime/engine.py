@@ -323,6 +323,7 @@ class Engine:
         ignore_eos: bool = False,
         listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
+        history: Sequence[tuple[str, str]] | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
         if max_tokens < 1:
@@ -337,7 +338,9 @@ class Engine:
         def start(g: str | None) -> Future[Generation]:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
-                                            streamed=listener is not None))
+                                            streamed=listener is not None,
+                                            history=None if history is None
+                                            else tuple((r, t) for r, t in history)))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)

@@ -441,7 +441,8 @@ class ModelHost:
             return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
                                   stop=request.stop, grammar=request.grammar,
                                   json_schema=request.json_schema, listener=listener,
-                                  images=ready)
+                                  images=ready, history=None if request.history is None
+                                  else [(t.role, t.content) for t in request.history])
 
         if not images or not eng.config.mmproj:  # (no projector: the engine says so)
             return start(images)  # type: ignore[return-value]

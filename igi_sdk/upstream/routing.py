@@ -26,6 +26,7 @@ from igi_sdk.errors import (
     EngineUnavailableError,
     IgiError,
     InvalidImageError,
+    InvalidStateError,
     SessionBusyError,
     TooManySessionsError,
     UpstreamUnavailableError,
@@ -188,6 +189,10 @@ class RoutingBackend:
             if t.busy:
                 return _failed(SessionBusyError(
                     f"session '{request.session}' is answering another line"))
+            if request.history is not None:  # its transcript lives in two places: not rewritten
+                return _failed(InvalidStateError(
+                    f"session '{request.session}' is routed to an upstream; its history "
+                    "cannot be rewritten (open a new session with the new history)"))
             t.busy = True
         where = route(self.cfg.policy, self.local.health(), cpu_tps=self._cpu_tps,
                       min_local_tps=self.cfg.min_local_tps, restored=t.restored)

@@ -27,11 +27,11 @@ from pydantic import (
 )
 
 PROTOCOL_VERSION = 1  # the major version: ``v`` of every message; must match
-PROTOCOL_MINOR = 2  # additions a client of an older minor can ignore
+PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
-            "images", "owners", "launch_token", "instance")
+            "images", "owners", "launch_token", "instance", "rewrite_history")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -126,7 +126,8 @@ Priority = Annotated[int, Field(ge=-100, le=100)]
 
 
 class HistoryTurn(Strict):
-    role: Literal["user", "assistant"]
+    # 1.3: "system" turns stay where they stand (a group joins mid-conversation)
+    role: Literal["system", "user", "assistant"]
     content: Text
 
 
@@ -173,6 +174,10 @@ class Chat(Strict):
     # images the NPC sees with this line (a model loaded with its mmproj); where they go:
     # PROTOCOL.md, ``chat``
     images: list[ChatImage] = Field(default_factory=list, max_length=MAX_IMAGES)
+    # 1.3 ("rewrite_history"): the session's conversation after its system prompt, replaced
+    # before this line; the cache keeps the longest common token prefix. Ending with an
+    # assistant turn and ``text`` "": the reply continues that turn (prefill)
+    history: list[HistoryTurn] | None = Field(None, max_length=MAX_HISTORY_TURNS)
 
     @field_validator("json_schema")
     @classmethod
