@@ -584,6 +584,21 @@ async def _pieces(turn: _Turn, inward: Inward, first: object,
         yield piece
 
 
+async def _stopped(turn: _Turn, wait_s: float = 10.0) -> str | None:
+    """Stop a reply nobody reads and await its end: the text it said, or None when it could
+    not be stopped in ``wait_s``."""
+    try:
+        await asyncio.to_thread(turn.stream.cancel)
+        async with asyncio.timeout(wait_s):
+            while (piece := await turn.queue.get()) is not _END:
+                if isinstance(piece, BridgeError):
+                    return None
+    except (BridgeError, SidecarUnavailable, TimeoutError):
+        return None
+    done = turn.stream.done
+    return None if done is None else str(done.get("text", ""))
+
+
 async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                line: str, request: Request, inward: Inward,
                first: object) -> AsyncIterator[bytes]:
@@ -627,9 +642,14 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         # await in a cancelled scope would be cancelled too, leaving the reply running
         with anyio.CancelScope(shield=True):
             if not finished and turn.stream.done is None:
-                # the client went away: the reply stops, and its session is closed (its
-                # transcript is no longer the client's)
-                table.forget(turn.conversation.session)
-                await asyncio.to_thread(_close_quietly_any, lambda: turn.client,
-                                        turn.conversation.session)
+                # the client went away: the reply stops and its session keeps what was said
+                # (the client's next transcript is read against it: only what differs is
+                # read); closed if it does not stop in time
+                said = await _stopped(turn)
+                if said is None:
+                    table.forget(turn.conversation.session)
+                    await asyncio.to_thread(_close_quietly_any, lambda: turn.client,
+                                            turn.conversation.session)
+                else:
+                    table.answered(turn.conversation, line, said)
             turn.conversation.busy = False
