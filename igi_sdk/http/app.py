@@ -134,6 +134,12 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                                               parsed.line, parsed.images)
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
+        # a client that stopped reading a stream asks again at once, maybe before the face
+        # noticed: a moment's wait keeps its conversation's session (see _sse)
+        for i in range(200):
+            if not table.stopping() and (i >= 15 or not table.busy_with(key, system, history)):
+                break
+            await asyncio.sleep(0.01)
         async with lock:
             match = table.match(key, system, history, parsed.prefill)
             if match.conversation.busy:
@@ -645,7 +651,11 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                 # the client went away: the reply stops and its session keeps what was said
                 # (the client's next transcript is read against it: only what differs is
                 # read); closed if it does not stop in time
-                said = await _stopped(turn)
+                turn.conversation.stopping = True
+                try:
+                    said = await _stopped(turn)
+                finally:
+                    turn.conversation.stopping = False
                 if said is None:
                     table.forget(turn.conversation.session)
                     await asyncio.to_thread(_close_quietly_any, lambda: turn.client,

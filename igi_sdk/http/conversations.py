@@ -32,6 +32,7 @@ class Conversation:
     # the session holds before that line once it is answered; None: ``turns``
     sent: list[Turn] | None = None
     prefill: bool = False  # the request being answered continues the last assistant turn
+    stopping: bool = False  # its reader went away: the reply is being stopped (kept after)
 
     def continues(self, system: str, history: list[Turn]) -> bool:
         return self.system == system and self.turns == history
@@ -68,6 +69,20 @@ class Conversations:
 
     def __len__(self) -> int:
         return len(self._by_session)
+
+    def stopping(self) -> bool:
+        """A reply whose reader went away is being stopped (its conversation is busy for a
+        moment: the reader's next request is likely on its way)."""
+        return any(c.stopping for c in self._by_session.values())
+
+    def busy_with(self, key: str | None, system: str, history: list[Turn]) -> bool:
+        """The conversation a request would continue is answering another one: its name's,
+        or (no name) one with its system prompt sharing a leading turn with it."""
+        if key is not None:
+            sid = self._by_key.get(key)
+            return sid is not None and self._by_session[sid].busy
+        return any(c.busy and c.key is None and c.system == system and c.shared(history) > 0
+                   for c in self._by_session.values())
 
     def match(self, key: str | None, system: str, history: list[Turn],
               prefill: bool = False) -> Match:
