@@ -595,10 +595,12 @@ async def _stopped(turn: _Turn, wait_s: float = 10.0) -> str | None:
     not be stopped in ``wait_s``."""
     try:
         await asyncio.to_thread(turn.stream.cancel)
-        async with asyncio.timeout(wait_s):
-            while (piece := await turn.queue.get()) is not _END:
-                if isinstance(piece, BridgeError):
-                    return None
+        deadline = time.monotonic() + wait_s
+        while (piece := await asyncio.wait_for(turn.queue.get(),
+                                               max(0.0, deadline - time.monotonic()))) \
+                is not _END:
+            if isinstance(piece, BridgeError):
+                return None
     except (BridgeError, SidecarUnavailable, TimeoutError):
         return None
     done = turn.stream.done

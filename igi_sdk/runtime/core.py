@@ -861,7 +861,8 @@ class EngineCore:
         vision = self._open_vision() if images or (reset and s.images) else None
         vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
         if keep >= 0:
-            feed, pending, base = new[keep:], [], keep
+            feed, base = new[keep:], keep
+            pending: list[image_turn.PendingImage] = []
         elif reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
