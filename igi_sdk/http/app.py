@@ -33,7 +33,7 @@ from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
-from igi_sdk.http.parse import Parsed, read
+from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
 from igi_sdk.wire import protocol as P
 
@@ -340,6 +340,7 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     setting its priority) wait for their answers, on a worker thread."""
     options = _line_options(req, images)
     if match.rewrite is not None:  # the session's transcript is replaced before the line
+        rewrite_fits(match.rewrite, line, images)
         options["history"] = [{"role": r, "content": t} for r, t in match.rewrite]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:

@@ -120,6 +120,13 @@ def _fits(size: int, what: str) -> None:
                         f"{P.MAX_MESSAGE_BYTES - _ROOM} bytes one request to the sidecar holds")
 
 
+def rewrite_fits(history: tuple[Turn, ...], line: str, images: list[bytes]) -> None:
+    """A line sent with its transcript (``chat.history``) is one protocol message: 413 when
+    the two together are over what one carries (each alone was checked by :func:`read`)."""
+    _fits(sum(len(t.encode()) for _, t in history) + len(line.encode()) + sum(map(len, images)),
+          "the transcript with the line and its images")
+
+
 def _schema_size(req: ChatCompletionRequest) -> int:
     fmt = req.response_format
     if fmt is None or fmt.json_schema is None or fmt.json_schema.schema_ is None:
