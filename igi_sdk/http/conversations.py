@@ -18,7 +18,9 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field, replace
 
-Turn = tuple[str, str]  # (role: "system" | "user" | "assistant", text)
+# (role: "system" | "user" | "assistant" | "tool", text), or with tools (http/tools.py) a
+# third item: a tool result's call id, or an assistant turn's calls as JSON
+Turn = tuple[str, str] | tuple[str, str, str]
 
 
 @dataclass
@@ -160,6 +162,17 @@ class Conversations:
             conv.turns = [*before[:-1], ("assistant", before[-1][1] + reply)]
         else:
             conv.turns = [*before, ("user", line), ("assistant", reply)]
+        conv.sent, conv.prefill = None, False
+
+    def answered_turns(self, conv: Conversation, turns: list[Turn]) -> None:
+        """The session's cache now holds ``turns`` too (a line with tool results or calls),
+        after the transcript sent with the line, if any."""
+        before = conv.sent if conv.sent is not None else conv.turns
+        if conv.prefill and turns and before and before[-1][0] == "assistant":
+            # it continued the last assistant turn: the reply joins that turn
+            conv.turns = [*before[:-1], ("assistant", before[-1][1] + turns[-1][1])]
+        else:
+            conv.turns = [*before, *turns]
         conv.sent, conv.prefill = None, False
 
     def forget(self, session: str) -> None:

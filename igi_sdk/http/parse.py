@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from igi_sdk.http import tools as http_tools
 from igi_sdk.http.conversations import Turn
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
@@ -34,14 +35,19 @@ class Parsed:
     line: str
     images: list[bytes]
     prefill: bool = False
+    # the results of the last reply's calls (call id, content): the tool messages that end
+    # the transcript (the line is then "")
+    results: tuple[tuple[str, str], ...] = ()
 
 
 def read(body: bytes | bytearray) -> Parsed:
     """The request in ``body``, every bound checked; HttpError when it is refused."""
     req = _parse(body)
+    http_tools.check(req)
+    req, results = http_tools.trailing_results(req)
     system, history, line, images = _split(req)
     prefill = req.messages[-1].role == "assistant"
-    return Parsed(req.options(), system, history, line, images, prefill)
+    return Parsed(req.options(), system, history, line, images, prefill=prefill, results=results)
 
 
 def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
@@ -90,19 +96,21 @@ def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes
     prefill = msgs[-1].role == "assistant"
     turns: list[Turn] = []
     for m in msgs if prefill else msgs[:-1]:
-        if m.role not in ("user", "assistant", "system", "developer"):
+        if m.role not in ("user", "assistant", "tool", "system", "developer"):
             raise HttpError(400, "invalid_argument", f"messages of role '{m.role}' are not "
                             "read in a transcript")
         if m.image_urls():
             raise HttpError(400, "invalid_argument", "images are read with the newest line only")
-        turns.append(("system" if m.role == "developer" else m.role, m.text()))
+        turns.append(("system", m.text()) if m.role in ("system", "developer")
+                     else http_tools.turn_of(m))
     system = "\n\n".join(system_parts)
     if prefill:  # the line is the continued assistant message, already a turn
-        _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+        _fits(len(system.encode()) + sum(len("".join(t).encode()) for t in turns),
+              "the transcript")
         return system, turns, "", []
     last = msgs[-1]
     # a transcript opens a session in one protocol message (its history)
-    _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+    _fits(len(system.encode()) + sum(len("".join(t).encode()) for t in turns), "the transcript")
     images = _images(last.image_urls())
     schema = _schema_size(req)
     _fits(len(last.text().encode()) + sum(map(len, images)) + schema, "the line with its images")
@@ -123,8 +131,8 @@ def _fits(size: int, what: str) -> None:
 def rewrite_fits(history: tuple[Turn, ...], line: str, images: list[bytes]) -> None:
     """A line sent with its transcript (``chat.history``) is one protocol message: 413 when
     the two together are over what one carries (each alone was checked by :func:`read`)."""
-    _fits(sum(len(t.encode()) for _, t in history) + len(line.encode()) + sum(map(len, images)),
-          "the transcript with the line and its images")
+    _fits(sum(len("".join(t).encode()) for t in history) + len(line.encode())
+          + sum(map(len, images)), "the transcript with the line and its images")
 
 
 def _schema_size(req: ChatCompletionRequest) -> int:

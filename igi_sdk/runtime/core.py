@@ -49,6 +49,7 @@ from igi_sdk.runtime import (
     prefix,
     replies,
     scheduler,
+    tools,
 )
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.batching import Fed
@@ -801,7 +802,8 @@ class EngineCore:
 
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed, c.history)
+                                c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
+                                c.tool_results, c.history)
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -829,6 +831,8 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        tool_plan: tools.ToolPlan | None = None,
+        tool_results: tuple[tuple[str, str], ...] = (),
         history: tuple[tuple[str, str], ...] | None = None,
     ) -> Generation:
         s = self._table.get(sid)
@@ -842,14 +846,21 @@ class EngineCore:
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
         earlier = s.messages if history is None else prefix.rewritten(s.messages, history)
-        prefill = prefix.is_prefill(earlier, user_text, bool(images), history is not None)
-        messages = earlier if prefill else [*earlier, {"role": "user", "content": content}]
+        prefill = not tool_results and prefix.is_prefill(earlier, user_text, bool(images),
+                                                         history is not None)
+        # a line may be only the results of the previous reply's calls (tools.py)
+        line = [{"role": "user", "content": content}] if content or not tool_results else []
+        messages = earlier if prefill else [*earlier, *tools.result_messages(tool_results),
+                                            *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
-        # special tokens come from the template's markup only: every content is data
-        parts = (_open_parts(vocab, messages) if prefill
-                 else vocab.prompt_parts(messages, add_assistant=True))
+        # special tokens come from the template's markup only: every content is data; the
+        # line's tools close the system prompt (the same text for the same tools)
+        block = tool_plan.block if tool_plan is not None else ""
+        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+        parts = (_open_parts(vocab, shown) if prefill
+                 else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
@@ -888,8 +899,10 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending, prefill=prefill,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan, prefill=prefill,
             )
+            if tool_plan is not None and tool_plan.grammar is not None:
+                turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
             turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
         except BaseException:
             image_turn.release(pending)

@@ -52,6 +52,8 @@ from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.sampling import SamplingParams, prepare_grammar
 from igi_sdk.runtime.session import Session
 from igi_sdk.runtime.text import Vocab
+from igi_sdk.runtime.tools import ToolPlan, ToolSpec
+from igi_sdk.runtime.tools import prepare as prepare_tools
 from igi_sdk.runtime.vision import VisionContext
 
 __all__ = ["EncoderRoom", "Engine", "EngineConfig", "LoadOutcome"]
@@ -270,7 +272,7 @@ class Engine:
         history: Sequence[tuple[str, str]] = (),
     ) -> Future[str]:
         """``history``: earlier turns of the conversation, (role, text) with role "system",
-        "user" or "assistant" in order (a client that keeps its own transcript, as
+        "user", "assistant" or "tool" in order (a client that keeps its own transcript, as
         OpenAI-style clients do); they are read into the cache with the session's first
         line."""
         params = sampling or SamplingParams()
@@ -324,6 +326,8 @@ class Engine:
         ignore_eos: bool = False,
         listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
+        tools: ToolSpec | None = None,
+        tool_results: Sequence[tuple[str, str]] = (),
         history: Sequence[tuple[str, str]] | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
@@ -341,15 +345,21 @@ class Engine:
         if listener is not None:
             self._core._outbox.subscribe(reply, listener)
 
-        def start(g: str | None) -> Future[Generation]:
+        results = tuple((i, image_turn.clean(c)) for i, c in tool_results)
+
+        def start(g: str | None, plan: ToolPlan | None = None) -> Future[Generation]:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
-                                            streamed=listener is not None, history=turns))
+                                            streamed=listener is not None, tools=plan,
+                                            tool_results=results, history=turns))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
             return fut
 
+        if tools is not None:  # schemas checked and the grammar compiled on the grammar worker
+            return futures.prepared(self._grammars, partial(prepare_tools, tools),
+                                    lambda plan: start(None, plan), lambda g: g.cancel())
         if grammar is None and json_schema is None:
             return start(None)
         # Checking (and converting) a grammar takes up to tens of ms within sampling.py's
@@ -486,13 +496,13 @@ def _wait(fut: Future[T]) -> T:
     return fut.result()
 
 
-_ROLES = "history roles are 'system', 'user' and 'assistant'"
+_ROLES = "history roles are 'system', 'user', 'assistant' and 'tool'"
 
 
 def _turns(history: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
     """A client's transcript as the engine reads it (image slots and NULs out: contents are
     C text holding no image), None if a role is not one it reads."""
     turns = tuple((role, image_turn.clean(text)) for role, text in history)
-    if any(role not in ("system", "user", "assistant") for role, _ in turns):
+    if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
         return None
     return turns

@@ -15,6 +15,7 @@ from typing import Any
 from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
+from igi_sdk.runtime.tools import CallReader, ToolPlan
 
 # ``committed_text`` of a cache that holds a token prefix ending at no known place of the text
 # (kept from a rewritten conversation): no rendered prompt starts with it (contents are C text),
@@ -61,8 +62,9 @@ class Session:
         turn.start_tokens, turn.start_pending = keep, []
 
     def begin(self, turn: Turn, messages: list[dict[str, str]], images: list[Any]) -> None:
-        """A line starts ``turn``; the line is the last of ``messages`` (or, continuing the
-        last assistant message, ``messages`` end with it)."""
+        """A line starts ``turn``; the line is the last of ``messages`` (with its tool
+        results, the last few; continuing the last assistant message, ``messages`` end with
+        it)."""
         turn.start_messages = self.messages
         self.images.extend(images)
         self.n_images += len(images)
@@ -145,6 +147,10 @@ class Turn:
     media: Any = None  # image_turn.MediaMark at the start (rollback)
     start_messages: list[dict[str, str]] | None = None  # the conversation before the line
     prefill: bool = False  # the reply continues the last assistant message
+    # a line with tools (runtime/tools.py): its plan, and the reader of the reply's calls
+    # (None with tool_choice "none": the reply is text)
+    tools: ToolPlan | None = None
+    calls: CallReader | None = None
 
 
 class SessionTable:
