@@ -1,4 +1,4 @@
-// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.2, works with 1.1 and 1.0).
+// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.3, works with 1.2, 1.1 and 1.0).
 //
 // API summary
 //   var client = new IgiClient(new IgiClientOptions { Endpoint = "tcp://127.0.0.1:5599",
@@ -241,7 +241,8 @@ namespace Igi.Sdk
             if (chat.JsonSchema != null) body["json_schema"] = chat.JsonSchema;
             string refusal = text == null ? "text is required" : TooLong("text", text, TextLimit)
                 ?? TooLong("grammar", chat.Grammar, TextLimit) ?? ImagesProblem(chat.Images)
-                ?? ActionRules.Problem(chat.Tools, chat.ToolChoice, chat.ToolResults, TextLimit);
+                ?? ActionRules.Problem(chat.Tools, chat.ToolChoice, chat.ToolResults, TextLimit,
+                    chat.Grammar != null || chat.JsonSchema != null);
             bool images = chat.Images != null && chat.Images.Length > 0;
             if (images && refusal == null) body["images"] = ImagesBody(chat.Images);
             bool tools = refusal == null && AddActions(body, chat);

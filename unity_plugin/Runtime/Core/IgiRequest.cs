@@ -23,8 +23,19 @@ namespace Igi.Sdk
         /// <summary>Set when it failed.</summary>
         public IgiError Error { get; private set; }
         /// <summary>Seconds without any event of this request before it fails with
-        /// <c>timeout</c>; the clock restarts with every event. May be changed while pending.</summary>
-        public double TimeoutSeconds;
+        /// <c>timeout</c>; the clock restarts with every event. May be changed while pending
+        /// (on the thread that pumps): the wait under way is lengthened or shortened too.</summary>
+        public double TimeoutSeconds
+        {
+            get { return timeoutSeconds; }
+            set
+            {
+                DeadlineAt += value - timeoutSeconds;
+                timeoutSeconds = value;
+            }
+        }
+
+        double timeoutSeconds;
 
         internal double DeadlineAt; // client clock seconds, set by the client
 
@@ -36,7 +47,7 @@ namespace Igi.Sdk
         {
             Id = id;
             Type = type;
-            TimeoutSeconds = timeoutSeconds;
+            this.timeoutSeconds = timeoutSeconds;
         }
 
         /// <summary>Runs once with the ok body.</summary>

@@ -25,14 +25,27 @@ namespace Igi.Sdk
         public readonly string Name;
         /// <summary>At most 2000 characters; may be empty.</summary>
         public readonly string Description;
-        /// <summary>The arguments' JSON Schema as JSON text (an object schema); null: any object.</summary>
+        /// <summary>The arguments' JSON Schema as JSON text (an object schema); null: any object
+        /// (or <see cref="Parameters"/>).</summary>
         public readonly string ParametersJson;
+        /// <summary>The same schema as a map (msgpack on the wire), when declared that way.</summary>
+        public readonly Dictionary<string, object> Parameters;
 
         public NpcAction(string name, string description = "", string parametersJson = null)
         {
             Name = name;
             Description = description ?? "";
             ParametersJson = parametersJson;
+        }
+
+        /// <summary>With the schema as a map of the shapes MsgPack encodes (Dictionary, List,
+        /// string, long, double, bool).</summary>
+        public NpcAction(string name, string description, Dictionary<string, object> parameters)
+        {
+            Name = name;
+            Description = description ?? "";
+            Parameters = parameters;
+            ParametersJson = parameters != null ? IgiJson.Write(parameters) : null;
         }
 
         public NpcAction(string name, string description, ActionParameters parameters)
@@ -45,8 +58,9 @@ namespace Igi.Sdk
             var tool = new Dictionary<string, object>(3);
             tool["name"] = Name ?? "";
             tool["description"] = Description;
-            // sent as JSON text: the sidecar reads it, the client needs no schema tree
-            if (ParametersJson != null) tool["parameters"] = ParametersJson;
+            // JSON text as given (the sidecar reads it: the client needs no schema tree), a map as given
+            if (Parameters != null) tool["parameters"] = Parameters;
+            else if (ParametersJson != null) tool["parameters"] = ParametersJson;
             return tool;
         }
 
@@ -248,8 +262,16 @@ namespace Igi.Sdk
         /// they do not. <paramref name="textLimit"/>: the longest result content.</summary>
         public static string Problem(NpcAction[] actions, string choice, ActionResult[] results, long textLimit)
         {
+            return Problem(actions, choice, results, textLimit, false);
+        }
+
+        /// <summary>As above; <paramref name="constrained"/>: the line also has a grammar or a
+        /// JSON schema (actions constrain the reply themselves: the two do not go together).</summary>
+        public static string Problem(NpcAction[] actions, string choice, ActionResult[] results, long textLimit, bool constrained)
+        {
             int count = actions != null ? actions.Length : 0;
             if (count > MaxActions) return "tools has " + count + " actions (limit " + MaxActions + ")";
+            if (count > 0 && constrained) return "tools constrain the reply themselves: give no grammar or json_schema with them";
             var names = new HashSet<string>();
             for (int i = 0; i < count; i++)
             {
@@ -267,8 +289,11 @@ namespace Igi.Sdk
                     string error;
                     if (!IgiJson.TryParse(a.ParametersJson, out schema, out error))
                         return "tools[" + i + "].parameters is not JSON: " + error;
-                    if (!(schema is Dictionary<string, object>))
-                        return "tools[" + i + "].parameters is not a JSON object (a JSON Schema)";
+                    var map = schema as Dictionary<string, object>;
+                    if (map == null) return "tools[" + i + "].parameters is not a JSON object (a JSON Schema)";
+                    object type;
+                    if (map.TryGetValue("type", out type) && !"object".Equals(type))
+                        return "tools[" + i + "].parameters must describe an object (type: object)";
                 }
             }
             if (choice != null && choice != ActionChoice.Auto && choice != ActionChoice.None)

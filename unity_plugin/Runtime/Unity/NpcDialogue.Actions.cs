@@ -37,6 +37,8 @@ namespace Igi.Sdk.Unity
         [SerializeField] string actionChoiceAfterResults = ActionChoice.None;
         [Tooltip("Off: at most one action per reply. On: up to 8.")]
         [SerializeField] bool parallelActions = true;
+        [Tooltip("Seconds a reply that may act can go without any event: a call streams nothing until it is whole (a slow CPU takes a while).")]
+        [Min(1f)] [SerializeField] float actionReplyTimeoutSeconds = 120f;
         [SerializeField] ActionEvent actionCalled = new ActionEvent();
 
         /// <summary>An action the NPC called (its name, id and arguments; see
@@ -67,6 +69,8 @@ namespace Igi.Sdk.Unity
         /// <summary>The choice for the reply that continues from the game's results (default none).</summary>
         public string ActionChoiceAfterResults { get { return actionChoiceAfterResults; } set { actionChoiceAfterResults = string.IsNullOrEmpty(value) ? ActionChoice.None : value; } }
         public bool ParallelActions { get { return parallelActions; } set { parallelActions = value; } }
+        /// <summary>Seconds without an event before a reply that may act fails with <c>timeout</c>.</summary>
+        public float ActionReplyTimeoutSeconds { get { return actionReplyTimeoutSeconds; } set { actionReplyTimeoutSeconds = Math.Max(1f, value); } }
         public ActionEvent ActionCalled { get { return actionCalled; } }
 
         /// <summary>The declared actions, as sent.</summary>
@@ -141,7 +145,7 @@ namespace Igi.Sdk.Unity
             foreach (var call in _unanswered)
                 foreach (var a in _answers)
                     if (a.Id == call.Id) results.Add(a);
-            Follow(Client.AnswerActions(_session, results.ToArray(), chat));
+            Follow(Client.AnswerActions(_session, results.ToArray(), chat), chat);
         }
 
         bool Answered(string callId)
@@ -167,9 +171,11 @@ namespace Igi.Sdk.Unity
         }
 
         // a new reply: calls left unanswered belong to the last one and are dropped
-        void BeginReply()
+        void BeginReply(IgiStream stream, ChatOptions chat)
         {
             ForgetCalls();
+            bool mayAct = chat.Tools != null && chat.Tools.Length > 0 && chat.ToolChoice != ActionChoice.None;
+            if (mayAct) stream.TimeoutSeconds = Math.Max(stream.TimeoutSeconds, actionReplyTimeoutSeconds);
         }
 
         void EndReply(IgiStream done)

@@ -228,7 +228,7 @@ namespace Igi.Sdk.Unity
             var chat = LineOptions();
             if (images != null && images.Length > 0) chat.Images = images;
             AddActions(chat, actionChoice);
-            Follow(Client.Chat(_session, playerLine, chat));
+            Follow(Client.Chat(_session, playerLine, chat), chat);
             return true;
         }
 
@@ -244,10 +244,10 @@ namespace Igi.Sdk.Unity
         }
 
         // the reply's events become the component's (the stream is the NPC's current reply)
-        void Follow(IgiStream stream)
+        void Follow(IgiStream stream, ChatOptions chat)
         {
             _stream = stream;
-            BeginReply();
+            BeginReply(stream, chat);
             stream.OnToken(piece => { if (!_destroyed) RaiseToken(piece); })
                 .OnAction(call => { if (!_destroyed) RaiseAction(call); })
                 .OnDone(done =>
