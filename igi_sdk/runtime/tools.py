@@ -18,9 +18,10 @@ import secrets
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from igi_sdk.errors import InvalidGrammarError
+from igi_sdk.errors import InvalidGrammarError, InvalidToolsError
 from igi_sdk.events import ToolCall
 from igi_sdk.runtime.grammar import closed_objects, compile_lark
+from igi_sdk.runtime.sampling import check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
 MAX_CALLS = 8  # calls in one reply with parallel_tool_calls (protocol.MAX_CALLS)
@@ -68,27 +69,25 @@ class ToolPlan:
 
 def prepare(spec: ToolSpec) -> ToolPlan:
     """Check every schema within the JSON-schema limits, then compile the line's grammar.
-    InvalidGrammarError for a schema refused (by the limits, before any compile, or by
-    llguidance)."""
-    from igi_sdk.runtime.sampling import check_schema  # the limits live with json_schema's
-
+    InvalidToolsError (``invalid_body``) for a schema refused: by the limits, before any
+    compile, or by llguidance."""
     names = [t.name for t in spec.tools]
     if len(set(names)) != len(names):
-        raise InvalidGrammarError("tool names must be unique")
+        raise InvalidToolsError("tool names must be unique")
     if spec.choice not in CHOICES and spec.choice not in names:
-        raise InvalidGrammarError(f"tool_choice '{spec.choice[:64]}' names no declared tool")
+        raise InvalidToolsError(f"tool_choice '{spec.choice[:64]}' names no declared tool")
     schemas = []
     for t in spec.tools:
         try:
             tree = json.loads(t.parameters)
         except (ValueError, RecursionError):
-            raise InvalidGrammarError(f"tool '{t.name}': parameters are not JSON") from None
+            raise InvalidToolsError(f"tool '{t.name}': parameters are not JSON") from None
         if not isinstance(tree, dict):
-            raise InvalidGrammarError(f"tool '{t.name}': parameters must be a JSON object")
+            raise InvalidToolsError(f"tool '{t.name}': parameters must be a JSON object")
         try:
             check_schema(tree)
         except InvalidGrammarError as e:
-            raise InvalidGrammarError(f"tool '{t.name}': {e.message}") from None
+            raise InvalidToolsError(f"tool '{t.name}': {e.message}") from None
         schemas.append(tree)
     block = system_block(spec.tools)
     if spec.choice == "none" or not spec.tools:
@@ -97,7 +96,7 @@ def prepare(spec: ToolSpec) -> ToolPlan:
     try:
         return ToolPlan(spec, block, compile_lark(lark))
     except InvalidGrammarError as e:
-        raise InvalidGrammarError(f"the tools' schemas are refused: {e.message}") from None
+        raise InvalidToolsError(f"the tools' schemas are refused: {e.message}") from None
 
 
 # --- the prompt ----------------------------------------------------------------------------
