@@ -273,6 +273,7 @@ struct Client::Impl {
     int hello_backoff_ms = kFirstBackoffMs * 5;
     bool farewell = false;   // goodbye answered: quiet until the game asks for something
     bool refused = false;    // the sidecar is not ours, or refused us: no reconnect until told
+    std::string refusal_code;  // why (the code the requests in flight ended with)
     bool readopt_after_hello = false;
     bool down = false;
     bool ever_connected = false;
@@ -403,7 +404,10 @@ struct Client::Impl {
                 f.queued_at = Clock::now();
                 if (f.type != "goodbye") farewell = false;
                 if (refused) {
-                    Forward(f.id, "error", ErrorBody(errc::kUnavailable, "the sidecar was refused: " + last_transport_error, false));
+                    // the refusal's own code (wrong_sidecar, forbidden, ...): a request queued
+                    // while hello was being refused ends as the ones in flight did
+                    const std::string code = refusal_code.empty() ? std::string(errc::kUnavailable) : refusal_code;
+                    Forward(f.id, "error", ErrorBody(code.c_str(), "the sidecar was refused: " + last_transport_error, false));
                     break;
                 }
                 waiting.push_back(std::move(f));
@@ -741,6 +745,7 @@ struct Client::Impl {
 
     void Refuse(const char* code, const std::string& message) {
         refused = true;
+        refusal_code = code;
         last_transport_error = message;
         // the state change is posted before the failures it causes: whoever sees a request
         // fail with the refusal's code already reads State() == Refused
