@@ -128,6 +128,8 @@ ATTACK_CALL = '<tool_call>\n{"name": "attack", "arguments": {"target": "wolf"}}\
     ("auto", CALL + "\n" + ATTACK_CALL, True),
     ("auto", "Sure. " + CALL, False),  # text never holds a call
     ("auto", "", False),
+    ("auto", " \n ", False),  # white space alone is no reply
+    ("auto", "\n<b>Hi</b>", True),
     ("auto", CALL.replace("3", '"three"'), False),  # arguments against the schema
     ("auto", CALL.replace("3", "11"), False),  # maximum
     ("auto", CALL.replace("follow", "fly"), False),  # an undeclared tool

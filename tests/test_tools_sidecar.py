@@ -69,10 +69,16 @@ def valid_call(name: str, arguments: str) -> bool:
     return True
 
 
-def verdict(text: str, calls: list[tuple[str, str]]) -> str:
+def verdict(text: str, calls: list[tuple[str, str]], why: object = None) -> str:
+    """A reply is calls (each valid; a reply cut by max_tokens keeps the calls it closed) or
+    plain text; anything else is invalid (a reply cut inside its first call among them)."""
     if calls:
-        return "call" if all(valid_call(n, a) for n, a in calls) and not text else "invalid"
-    return "text" if text.strip() and "<tool_call>" not in text else "invalid"
+        kind = "call" if all(valid_call(n, a) for n, a in calls) and not text else "invalid"
+    else:
+        kind = "text" if text.strip() and "<tool_call>" not in text else "invalid"
+    if kind == "invalid":
+        print(f"invalid reply: {text!r} {calls} {why}")
+    return kind
 
 
 @pytest.fixture(scope="module")
@@ -84,7 +90,7 @@ def sidecar(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
     proc = start_sidecar(d, ep, "--model", "smol.gguf", "--http", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(base)
+        _wait_http(base, 240)  # a loaded 2-core host starts it slowly
         yield ep, base
     finally:
         stop(proc)
@@ -111,7 +117,7 @@ def test_mantella_actions_over_zeromq_are_calls_or_text_20_of_20(client) -> None
         done = stream.done
         assert done is not None
         calls = [(c.name, c.arguments) for c in stream.done_tool_calls]
-        counts[verdict(done["text"], calls)] += 1
+        counts[verdict(done["text"], calls, done["finish_reason"])] += 1
         # every call came as a typed event before the end, in order, the same as done's
         streamed = [e for e in events if isinstance(e, ToolCall)]
         assert [(c.id, c.name, c.arguments) for c in streamed] == [
@@ -165,7 +171,7 @@ def _http_verdict(choice: Any) -> tuple[str, list[tuple[str, str]]]:
     calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
     if calls:  # (length: a further call was cut short; the ones closed are kept)
         assert choice.finish_reason in ("tool_calls", "length") and msg.content is None
-    return verdict(msg.content or "", calls), calls
+    return verdict(msg.content or "", calls, choice.finish_reason), calls
 
 
 def test_mantella_over_http_with_openai_20_of_20_and_the_tool_message_is_answered(api) -> None:
@@ -198,7 +204,8 @@ def test_mantella_over_http_with_openai_20_of_20_and_the_tool_message_is_answere
 
 def test_streamed_tool_calls_reassemble_to_the_same_calls(api) -> None:
     body: dict[str, Any] = dict(
-        model="smol", tools=ACTIONS, tool_choice="required", max_tokens=48, temperature=0.0,
+        model="smol", tools=ACTIONS, tool_choice="required", parallel_tool_calls=False,
+        max_tokens=48, temperature=0.0,
         seed=5, messages=[{"role": "system", "content": SYSTEM},
                           {"role": "user", "content": "Attack the bandit, then wait."}])
     whole = api.chat.completions.create(**body, user="whole")

@@ -193,8 +193,8 @@ def lark_grammar(spec: ToolSpec, schemas: Sequence[dict[str, object]]) -> str:
         f"calls: {calls}",
         f'call: "{OPEN}\\n" body "\\n{CLOSE}"',
         f"body: {names}",
-        # text: at least one character, and no call tag anywhere in it
-        "TEXT: /(?s:.+)/ & ~/(?s:.*<tool_call>.*)/",
+        # text: something besides white space, and no call tag anywhere in it
+        r"TEXT: /(?s:\s*\S.*)/ & ~/(?s:.*<tool_call>.*)/",
         *bodies,
     ]) + "\n"
 

@@ -19,7 +19,7 @@ def spec(request: P.Chat) -> ToolSpec | None:
 def history_turns(history: Sequence[P.HistoryTurn]) -> list[tuple[str, str]]:
     """(role, text) per turn: an assistant turn's calls become the call text a reply with
     tools writes (so that the model reads its earlier calls as it wrote them)."""
-    out = []
+    out: list[tuple[str, str]] = []
     for t in history:
         text = t.content
         if t.tool_calls:
