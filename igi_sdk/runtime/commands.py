@@ -62,6 +62,8 @@ class StartReply(Command):
     # reply's calls as (call id, content), read before the line's text
     tools: ToolPlan | None = None
     tool_results: tuple[tuple[str, str], ...] = ()
+    # the conversation after the system prompt, replaced before the line (runtime/prefix.py)
+    history: tuple[tuple[str, str], ...] | None = None
     needs_model: ClassVar[bool] = True
 
 
