@@ -57,12 +57,34 @@ class StartReply(Command):
     images: tuple[ImageInput, ...]
     reply: int
     streamed: bool  # someone subscribed to the reply's events in the outbox
+    # the text is a raw prompt (``complete``): no chat template, read as data
+    raw: bool = False
     needs_model: ClassVar[bool] = True
 
 
 @dataclass
 class Tokenize(Command):
     text: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False  # answers runtime.oneshot.Tokenized; else the ids alone
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Detokenize(Command):
+    tokens: tuple[int, ...]
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Embed(Command):
+    """Embeddings of ``inputs[start:]``, as many as one decode takes (runtime/oneshot.py):
+    answers an EmbedChunk saying where the next command starts."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    start: int
+    normalize: bool
     needs_model: ClassVar[bool] = True
 
 

@@ -46,6 +46,8 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    loader,
+    oneshot,
     replies,
     scheduler,
 )
@@ -95,6 +97,7 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
+        self._embedder = oneshot.Embedder()  # opened on the first embed, closed with placements
         # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
         self._park_buffer = engine_state.ParkBuffer()
@@ -145,7 +148,12 @@ class EngineCore:
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
-            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Tokenize: self._on_tokenize,
+            C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
+            C.Embed: lambda c: self._embedder.embed(
+                self._need_placed().model, self._need_vocab(), c.inputs, c.start,
+                normalize=c.normalize, n_threads=self._settings().n_threads
+                or loader.default_threads()),
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -532,6 +540,7 @@ class EngineCore:
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()  # made over the placement's model: it goes with it
         t0 = time.perf_counter()
         self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
                                        self._park_buffer)
@@ -750,6 +759,7 @@ class EngineCore:
     def _unload(self) -> None:
         """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()
         self._give_up_job("the engine is closing")
         if self._host_job is not None:
             self._host_job.cancelled.set()
@@ -800,7 +810,12 @@ class EngineCore:
 
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed)
+                                c.ignore_eos, c.images, c.reply, c.streamed, raw=c.raw)
+
+    def _on_tokenize(self, c: C.Tokenize) -> object:
+        out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,
+                               parse_special=c.parse_special, with_pieces=c.with_pieces)
+        return out if c.with_pieces else out.tokens
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -828,6 +843,7 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        raw: bool = False,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -843,8 +859,10 @@ class EngineCore:
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
-        # special tokens come from the template's markup only: every content is data
-        parts = vocab.prompt_parts(messages, add_assistant=True)
+        # special tokens come from the template's markup only: every content is data (a raw
+        # prompt has no markup: it is all data)
+        parts = ([(user_text, False)] if raw
+                 else vocab.prompt_parts(messages, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         vision = self._open_vision() if images or (reset and s.images) else None
