@@ -57,8 +57,9 @@ class StartReply(Command):
     images: tuple[ImageInput, ...]
     reply: int
     streamed: bool  # someone subscribed to the reply's events in the outbox
-    # the text is a raw prompt (``complete``): no chat template, read as data
-    raw: bool = False
+    # the text is a raw prompt (``complete``), without the chat template: "data" (special-token
+    # text is text) or "markup" (read as llama-server reads a prompt: such text is the token)
+    raw: str | None = None
     needs_model: ClassVar[bool] = True
 
 

@@ -843,7 +843,7 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
-        raw: bool = False,
+        raw: str | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -861,7 +861,7 @@ class EngineCore:
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data (a raw
         # prompt has no markup: it is all data)
-        parts = ([(user_text, False)] if raw
+        parts = ([(user_text, raw == "markup")] if raw is not None
                  else vocab.prompt_parts(messages, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)

@@ -325,7 +325,7 @@ class Engine:
         ignore_eos: bool = False,
         listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
-        raw: bool = False,
+        raw: str | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once. ``raw``: the text is
         a prompt read as it is, without the chat template (:meth:`complete_async`)."""
@@ -390,11 +390,13 @@ class Engine:
 
     def complete_async(self, prompt: str, *, sampling: SamplingParams | None = None,
                        priority: int = 0, listener: ReplyListener | None = None,
-                       **options: Any) -> Future[Generation]:
-        """Continue a raw ``prompt`` (no chat template; its text is data) in a session of its
-        own, closed when the reply ends. ``options`` as :meth:`chat_async`'s."""
+                       parse_special: bool = False, **options: Any) -> Future[Generation]:
+        """Continue a raw ``prompt`` (no chat template) in a session of its own, closed when
+        the reply ends. Its text is data unless ``parse_special`` (special-token text is then
+        the token, as llama-server reads a prompt: for a client that writes its own template
+        markup). ``options`` as :meth:`chat_async`'s."""
         return oneshot_calls.complete(self, image_turn.clean(prompt), sampling, priority,
-                                      listener, options)
+                                      listener, "markup" if parse_special else "data", options)
 
     def snapshot_async(self, session_id: str) -> Future[bytes]:
         # captured on the engine thread; packed (one copy + the checksum) on the I/O thread

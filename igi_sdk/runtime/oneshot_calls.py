@@ -60,7 +60,8 @@ def embed(submit: Callable[[C.Command], Future], inputs: Sequence[str | Sequence
 
 
 def complete(engine: Engine, prompt: str, sampling: SamplingParams | None, priority: int,
-             listener: ReplyListener | None, options: dict[str, Any]) -> Future[Generation]:
+             listener: ReplyListener | None, raw: str,
+             options: dict[str, Any]) -> Future[Generation]:
     """Open a session, start the raw reply in it, and close it when the reply ends (or the
     reply is refused): the session's slot is held only while the completion runs."""
     out: Future[Generation] = Future()
@@ -88,7 +89,7 @@ def complete(engine: Engine, prompt: str, sampling: SamplingParams | None, prior
             out.set_result(handle)
 
         # always streamed into the outbox: the reply's end is what closes the session
-        engine.chat_async(sid, prompt, raw=True, listener=relay,
+        engine.chat_async(sid, prompt, raw=raw, listener=relay,
                           **options).add_done_callback(started)
 
     engine.open_session_async(None, sampling=sampling, priority=priority).add_done_callback(

@@ -288,9 +288,20 @@ class Complete(Strict):
     grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
     json_schema: dict[str, Any] | Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
     priority: Priority = 0
+    # special-token text in the prompt read as the token, as llama-server reads a prompt (a
+    # client that writes its own template markup: LLMUnity, CHIM); false: it is text
+    parse_special: bool = False
 
-    _schema_as_map = field_validator("json_schema")(Chat._schema_as_map.__func__)  # type: ignore[attr-defined]
-    _one_constraint = model_validator(mode="after")(Chat._one_constraint)
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        return Chat._schema_as_map(v)  # as chat's
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Complete:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either grammar or json_schema, not both")
+        return self
 
 
 REQUESTS: dict[str, type[Strict]] = {
