@@ -265,16 +265,14 @@ async def _start(client: Callable[[], Client], prompt: str, options: dict[str, A
                  request: Request) -> _Reply:
     """Send the ``complete`` and wait for its first piece (a refusal is a 4xx, not a stream
     that starts and fails)."""
-    def send() -> _Reply:
+    def send() -> tuple[Client, ChatStream]:
         c = client()
         if not c.greeted:
             c.hello()
-        return _Reply(c, c.complete(prompt, **options))
+        return c, c.complete(prompt, **options)
 
-    try:
-        reply = await asyncio.to_thread(_protect(send))
-    except RuntimeError:
-        raise HttpError(503, "unavailable", "the face is stopping") from None
+    c, stream = await asyncio.to_thread(_protect(send))
+    reply = _Reply(c, stream)  # on the event loop: its events are handed to this loop
     try:
         first = await reply.next(request)
     except _Gone:
