@@ -212,7 +212,7 @@ class TokenizeOk(Answer):
 
 
 class DetokenizeOk(Answer):
-    text: str = Field(description="1.3: the tokens' text (control tokens spell nothing)")
+    text: str = Field(description="1.3: the tokens' text (special tokens spell their text)")
 
 
 class EmbedOk(Answer):
