@@ -100,7 +100,7 @@ def test_a_batch_of_64_inputs_is_read_in_several_engine_commands(client) -> None
     again = client.embed([texts[40]])["data"][0]
     assert _cos(out["data"][40], again) > 0.9999
     with pytest.raises(BridgeError) as e:
-        client.embed(texts + ["one too many"])
+        client.embed([*texts, "one too many"])
     assert e.value.code == "invalid_body"
 
 
