@@ -151,7 +151,7 @@ class EngineCore:
             C.Tokenize: self._on_tokenize,
             C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
             C.Embed: lambda c: self._embedder.embed(
-                self._need_placed().model, self._need_vocab(), c.inputs, c.start,
+                self._need_placed(), self._need_vocab(), c.inputs, c.start,
                 normalize=c.normalize, n_threads=self._settings().n_threads
                 or loader.default_threads()),
             C.Snapshot: lambda c: self._snapshot(c.session_id),

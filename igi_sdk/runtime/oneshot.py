@@ -29,6 +29,8 @@ import llama_cpp
 
 from igi_sdk import threads
 from igi_sdk.errors import InferenceError, InvalidInputError, PromptTooLongError
+from igi_sdk.runtime import loader
+from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.text import Vocab
 
 EMBED_CTX = 512  # cells of the embeddings context: the longest input, and a decode's tokens
@@ -113,17 +115,19 @@ class Embedder:
             self._ctx = None
         self._model = None
 
-    def _context(self, model: Any, n_threads: int) -> Any:
+    def _context(self, placed: Placement, n_threads: int) -> Any:
+        model = placed.model
         if self._ctx is not None and self._model is model:
             return self._ctx
         self.close()  # made over another placement's model: not valid any more
-        params = llama_cpp.llama_context_default_params()
-        params.n_ctx = params.n_batch = params.n_ubatch = EMBED_CTX  # one input: one ubatch
-        params.n_seq_max = EMBED_SEQS
-        params.kv_unified = True  # inputs of one decode share the cells
+        # the placement's own settings (KV types, flash attention, KV on the GPU or not),
+        # sized for one decode of EMBED_CTX tokens, every one an output (a pooled embedding
+        # reads them all), each input whole in one ubatch
+        params = loader.context_params(
+            placed.plan, loader.ContextSettings(EMBED_CTX, EMBED_SEQS, EMBED_CTX, n_threads),
+            placed.gpu)
+        params.n_ubatch = params.n_outputs_max = EMBED_CTX
         params.embeddings = True
-        params.n_threads = params.n_threads_batch = n_threads
-        params.no_perf = True
         # the model's own pooling if it declares one; mean over the tokens otherwise
         declared = _declares_pooling(model)
         params.pooling_type = (llama_cpp.LLAMA_POOLING_TYPE_UNSPECIFIED if declared
@@ -142,11 +146,11 @@ class Embedder:
         self.opens += 1
         return ctx
 
-    def embed(self, model: Any, vocab: Vocab, inputs: Sequence[EmbedInput], start: int, *,
-              normalize: bool, n_threads: int) -> EmbedChunk:
+    def embed(self, placed: Placement, vocab: Vocab, inputs: Sequence[EmbedInput], start: int,
+              *, normalize: bool, n_threads: int) -> EmbedChunk:
         """Embed ``inputs[start:]`` as far as one decode takes them (one input at least)."""
         threads.expect(threads.ENGINE, "embedding")
-        ctx = self._context(model, n_threads)
+        ctx = self._context(placed, n_threads)
         groups: list[list[int]] = []
         total, i = 0, start
         while i < len(inputs) and len(groups) < EMBED_SEQS:
