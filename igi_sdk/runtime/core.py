@@ -150,10 +150,7 @@ class EngineCore:
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
             C.Tokenize: self._on_tokenize,
             C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
-            C.Embed: lambda c: self._embedder.embed(
-                self._need_placed(), self._need_vocab(), c.inputs, c.start,
-                normalize=c.normalize, n_threads=self._settings().n_threads
-                or loader.default_threads()),
+            C.Embed: self._on_embed,
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -811,6 +808,17 @@ class EngineCore:
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, raw=c.raw)
+
+    def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
+        # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
+        # a pooled input is read whole); alone, as many as the embeddings context takes
+        budget = oneshot.EMBED_CTX
+        if self._active_turns() and self._token_s:
+            budget = int(self.config.max_step_s / self._token_s)
+        return self._embedder.embed(
+            self._need_placed(), self._need_vocab(), c.inputs, c.start, budget=budget,
+            normalize=c.normalize, n_threads=self._settings().n_threads
+            or loader.default_threads())
 
     def _on_tokenize(self, c: C.Tokenize) -> object:
         out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,

@@ -13,8 +13,12 @@ asked (``EMBED_CTX`` cells, ``EMBED_SEQS`` sequences), and closes it whenever th
 closes (a reshard, a release, the engine's end). A model that declares a pooling (an embedding
 model: mean, CLS, last token) is pooled its way; one that declares none (a generative model
 such as SmolLM2) is mean-pooled over its last hidden states. One command embeds the inputs
-that fit one decode of ``EMBED_CTX`` tokens and says where the next command starts, so a batch
-of 64 texts is read a decode at a time between the NPCs' steps, never in one long stall.
+that fit one decode and says where the next command starts, so a batch of 64 texts is read a
+decode at a time between the NPCs' steps, never in one long stall. While replies decode, a
+decode holds about one step's worth of tokens (the engine's measured speed and step target),
+but always one whole input: a pooled input is read in one decode, so the longest pause an
+embedding puts between two of an NPC's tokens is the read of its longest input (512 tokens at
+most), as long as a prompt chunk of that size.
 """
 
 from __future__ import annotations
@@ -147,8 +151,9 @@ class Embedder:
         return ctx
 
     def embed(self, placed: Placement, vocab: Vocab, inputs: Sequence[EmbedInput], start: int,
-              *, normalize: bool, n_threads: int) -> EmbedChunk:
-        """Embed ``inputs[start:]`` as far as one decode takes them (one input at least)."""
+              *, normalize: bool, n_threads: int, budget: int = EMBED_CTX) -> EmbedChunk:
+        """Embed ``inputs[start:]`` as far as one decode of at most ``budget`` tokens takes
+        them (one input at least, whatever the budget: an input is read whole)."""
         threads.expect(threads.ENGINE, "embedding")
         ctx = self._context(placed, n_threads)
         groups: list[list[int]] = []
@@ -166,7 +171,7 @@ class Embedder:
             if len(toks) > EMBED_CTX:
                 raise PromptTooLongError(f"input {i} is {len(toks)} tokens; an embedding input "
                                          f"is at most {EMBED_CTX}")
-            if total + len(toks) > EMBED_CTX:
+            if total + len(toks) > (min(budget, EMBED_CTX) if groups else EMBED_CTX):
                 break  # the next command reads it
             groups.append(toks)
             total += len(toks)
