@@ -146,3 +146,26 @@ def test_openai_inputs_and_their_bounds() -> None:
     assert c.the_prompt() == "only one" and c.complete_options()["max_tokens"] == 16
     with pytest.raises(ValueError):
         S.CompletionsRequest.model_validate({"prompt": ["a", "b"]})
+
+
+def test_the_new_routes_need_the_api_key_and_bound_the_body(tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from igi_sdk.http.app import HttpConfig, build_app
+
+    app = build_app(HttpConfig(endpoint=f"ipc://{tmp_path / 'none.sock'}", owner="o" * 32,
+                               api_key="k" * 16, timeout_s=2.0))
+    with TestClient(app, raise_server_exceptions=False) as http:
+        for route, body in (("/v1/embeddings", {"input": "a"}),
+                            ("/v1/completions", {"prompt": "a"}),
+                            ("/completion", {"prompt": "a"}), ("/tokenize", {"content": "a"}),
+                            ("/detokenize", {"tokens": [1]}), ("/embeddings", {"content": "a"})):
+            r = http.post(route, json=body)
+            assert r.status_code == 401 and r.json()["error"]["code"] == "invalid_api_key"
+        auth = {"authorization": "Bearer " + "k" * 16}
+        big = http.post("/tokenize", headers={**auth, "content-type": "application/json"},
+                        content=b" " * (S.MAX_BODY_BYTES + 1))
+        assert big.status_code == 413
+        many = http.post("/v1/embeddings", headers={**auth, "content-type": "application/json"},
+                         content=b'{"input": [' + b'"a",' * 40_000 + b'"a"]}')
+        assert many.status_code == 413  # the JSON values are counted before the parse
