@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 from pydantic import ValidationError
 
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyText
 from igi_sdk.serving.backend import EmbedResult, StreamHandle
 from igi_sdk.serving.clients import Client
 from igi_sdk.serving.ownership import StreamLog
@@ -92,8 +92,10 @@ def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> N
                 frame = _ok(msg_id, _done(event.result), ignored, "done")
             except ValidationError as e:
                 frame = P.encode(msg_id, "error", _error_body(_typed(e, "complete")))
-        else:
+        elif isinstance(event, ReplyFailed):
             frame = P.encode(msg_id, "error", _error_body(_typed(event.error, "complete")))
+        else:
+            return  # a tool call: a completion declares no tools, so none comes
 
         def end() -> None:
             events.terminal = frame
