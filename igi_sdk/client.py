@@ -399,11 +399,12 @@ class Client:
     def embed(self, inputs: str | list[str] | list[list[int]], *,
               normalize: bool = True) -> dict[str, Any]:
         """``{"data": [[float]], "tokens": int, "pooling": str}``: one vector per input (a
-        text, or token ids); a single string is one input. Waits up to ``max(timeout, 120)``
-        s: up to 64 inputs are read a decode at a time, between the NPCs' steps."""
+        text, or token ids); a single string is one input. Waits up to ``max(timeout, 600)``
+        s: up to 64 inputs of up to 512 tokens are read a decode at a time, between the NPCs'
+        steps (minutes of prompt reading on a CPU)."""
         items = [inputs] if isinstance(inputs, str) else list(inputs)
         return self.request("embed", {"input": items, "normalize": normalize},
-                            timeout=max(self.timeout, 120.0))
+                            timeout=max(self.timeout, 600.0))
 
     def complete(self, prompt: str, **options: Any) -> ChatStream:
         """Continue a raw prompt (no chat template; its text is data), streamed as
