@@ -304,6 +304,18 @@ def vectors() -> list[Vector]:
                  {"role": "system", "content": "Lydia joins the conversation."}]},
              "history roles (feature history_roles): system turns where they stand, calls "
              "and their results"),
+        _req("request_chat_history_rewrite", 5, "chat",
+             {"session": SID, "text": "And the price?", "history": [
+                 {"role": "user", "content": "Forge me a sword."},
+                 {"role": "assistant", "content": "Aye."},
+                 {"role": "system", "content": "Lydia joins the conversation."}]},
+             "1.3 (rewrite_history): the conversation replaced before the line, system turns "
+             "where they stand; only what changed is read again"),
+        _req("request_chat_prefill", 5, "chat",
+             {"session": SID, "text": "", "history": [
+                 {"role": "user", "content": "Your name?"},
+                 {"role": "assistant", "content": "My name is"}]},
+             "1.3: history ending with an assistant turn and text \"\": the reply continues it"),
         # 1.3: requests without a session
         _req("request_tokenize", 60, "tokenize",
              {"text": "Hello, traveller.", "with_pieces": True}, "token ids and their text"),

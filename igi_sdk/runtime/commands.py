@@ -62,6 +62,8 @@ class StartReply(Command):
     # reply's calls as (call id, content), read before the line's text
     tools: ToolPlan | None = None
     tool_results: tuple[tuple[str, str], ...] = ()
+    # the conversation after the system prompt, replaced before the line (runtime/prefix.py)
+    history: tuple[tuple[str, str], ...] | None = None
     # the text is a raw prompt (``complete``), without the chat template: "data" (special-token
     # text is text) or "markup" (read as llama-server reads a prompt: such text is the token)
     raw: str | None = None

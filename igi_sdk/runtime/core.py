@@ -48,6 +48,7 @@ from igi_sdk.runtime import (
     image_turn,
     loader,
     oneshot,
+    prefix,
     replies,
     scheduler,
     tools,
@@ -69,7 +70,7 @@ from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.sampling import SamplerChain
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
-from igi_sdk.runtime.text import Vocab, parts_after
+from igi_sdk.runtime.text import Part, Vocab, parts_after
 from igi_sdk.runtime.threadpool import ThreadRunner
 from igi_sdk.runtime.vision import VisionContext
 
@@ -809,7 +810,7 @@ class EngineCore:
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
-                                c.tool_results, raw=c.raw)
+                                c.tool_results, c.history, raw=c.raw)
 
     def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
         # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
@@ -855,6 +856,7 @@ class EngineCore:
         streamed: bool = False,
         tool_plan: tools.ToolPlan | None = None,
         tool_results: tuple[tuple[str, str], ...] = (),
+        history: tuple[tuple[str, str], ...] | None = None,
         raw: str | None = None,
     ) -> Generation:
         s = self._table.get(sid)
@@ -867,9 +869,13 @@ class EngineCore:
         # character in the content (image_turn.py), which player text cannot hold
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
+        earlier = s.messages if history is None else prefix.rewritten(s.messages, history)
+        prefill = not tool_results and prefix.is_prefill(earlier, user_text, bool(images),
+                                                         history is not None)
         # a line may be only the results of the previous reply's calls (tools.py)
         line = [{"role": "user", "content": content}] if content or not tool_results else []
-        messages = [*s.messages, *tools.result_messages(tool_results), *line]
+        messages = earlier if prefill else [*earlier, *tools.result_messages(tool_results),
+                                            *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
@@ -881,12 +887,22 @@ class EngineCore:
         else:
             block = tool_plan.block if tool_plan is not None else ""
             shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
-            parts = vocab.prompt_parts(shown, add_assistant=True)
+            parts = (_open_parts(vocab, shown) if prefill
+                     else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
+        keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
+        if reset and not s.n_images and not images:
+            # a rewritten history, or a template that renders it differently now: only what
+            # differs from the cache's tokens is read (images: cells are not tokens, re-read)
+            new = vocab.tokenize_parts(parts, add_special=True)
+            keep = prefix.keep(s.tokens, new)
         vision = self._open_vision() if images or (reset and s.images) else None
         vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
-        if reset:  # the template re-rendered history differently: re-read it all
+        if keep >= 0:
+            feed, base = new[keep:], keep
+            pending: list[image_turn.PendingImage] = []
+        elif reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
                     f"session '{sid}' must re-read its conversation, but its images were not "
@@ -911,7 +927,7 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending, tools=tool_plan,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan, prefill=prefill,
             )
             if tool_plan is not None and tool_plan.grammar is not None:
                 turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
@@ -920,7 +936,13 @@ class EngineCore:
             image_turn.release(pending)
             raise
         self._turn_counter += 1
-        if reset:
+        if keep >= 0 and not llama_cpp.llama_memory_seq_rm(self._mem, s.seq, keep, -1):
+            # a cache that cannot drop a tail (recurrent layers): read it all
+            turn.feed, turn.cached_cells, turn.prompt_tokens = list(new), 0, len(new)
+            keep = -1
+        if keep >= 0:
+            s.kept_prefix(turn, keep)
+        elif reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.reread_for(turn)
         turn.media = MediaMark.of(s)
@@ -1244,6 +1266,19 @@ def _plan_key(p: Plan) -> PlanKey:
 
 def _same_plan(a: Plan, b: Plan) -> bool:
     return _plan_key(a) == _plan_key(b)
+
+
+def _open_parts(vocab: Vocab, messages: list[dict[str, str]]) -> list[Part]:
+    """The prompt of a reply that continues the last (assistant) message of ``messages``:
+    rendered with that message open; an empty one is answered as a new reply."""
+    content = messages[-1]["content"]
+    if not content.strip():
+        return vocab.prompt_parts(messages[:-1], add_assistant=True)
+    parts = prefix.open_last(vocab.prompt_parts(messages, add_assistant=False), content)
+    if parts is None:
+        raise InvalidStateError("this model's chat template rewrites an assistant message's "
+                                "text: a reply cannot continue it (send a user line)")
+    return parts
 
 
 def _claim(s: Session) -> int:

@@ -273,16 +273,16 @@ class Engine:
         session_id: str | None = None,
         history: Sequence[tuple[str, str]] = (),
     ) -> Future[str]:
-        """``history``: earlier turns of the conversation, (role, text) with role "user" or
-        "assistant" in order (a client that keeps its own transcript, as OpenAI-style clients
-        do); they are read into the cache with the session's first line."""
+        """``history``: earlier turns of the conversation, (role, text) with role "system",
+        "user", "assistant" or "tool" in order (a client that keeps its own transcript, as
+        OpenAI-style clients do); they are read into the cache with the session's first
+        line."""
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
-        turns = tuple((role, image_turn.clean(text)) for role, text in history)
-        if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
+        turns = _turns(history)
+        if turns is None:
             out: Future[str] = Future()
-            out.set_exception(InvalidStateError(
-                "history roles are 'system', 'user', 'assistant' and 'tool'"))
+            out.set_exception(InvalidStateError(_ROLES))
             return out
         return self._submit(C.OpenSession(prompt, params, priority, session_id, turns))
 
@@ -330,6 +330,7 @@ class Engine:
         images: Sequence[ImageInput] = (),
         tools: ToolSpec | None = None,
         tool_results: Sequence[tuple[str, str]] = (),
+        history: Sequence[tuple[str, str]] | None = None,
         raw: str | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once. ``raw``: the text is
@@ -339,6 +340,11 @@ class Engine:
             out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
             return out
         stops = tuple(s for s in stop if s)
+        turns = None if history is None else _turns(history)
+        if history is not None and turns is None:
+            refused: Future[Generation] = Future()
+            refused.set_exception(InvalidStateError(_ROLES))
+            return refused
         reply = next_reply_id()
         if listener is not None:
             self._core._outbox.subscribe(reply, listener)
@@ -349,7 +355,7 @@ class Engine:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
                                             streamed=listener is not None, tools=plan,
-                                            tool_results=results, raw=raw))
+                                            tool_results=results, history=turns, raw=raw))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
@@ -518,3 +524,15 @@ def _wait(fut: Future[T]) -> T:
             "a reply listener or a future's callback waited for the engine; they run on the "
             "thread that delivers the engine's outcomes: use the *_async methods there")
     return fut.result()
+
+
+_ROLES = "history roles are 'system', 'user', 'assistant' and 'tool'"
+
+
+def _turns(history: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """A client's transcript as the engine reads it (image slots and NULs out: contents are
+    C text holding no image), None if a role is not one it reads."""
+    turns = tuple((role, image_turn.clean(text)) for role, text in history)
+    if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
+        return None
+    return turns

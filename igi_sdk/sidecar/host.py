@@ -449,7 +449,9 @@ class ModelHost:
                                   stop=request.stop, grammar=request.grammar,
                                   json_schema=request.json_schema, listener=listener,
                                   images=ready, tools=tool_wire.spec(request),
-                                  tool_results=[(r.id, r.content) for r in request.tool_results])
+                                  tool_results=[(r.id, r.content) for r in request.tool_results],
+                                  history=None if request.history is None
+                                  else tool_wire.history_turns(request.history))
 
         if not images or not eng.config.mmproj:  # (no projector: the engine says so)
             return start(images)  # type: ignore[return-value]

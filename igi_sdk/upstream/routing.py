@@ -196,6 +196,14 @@ class RoutingBackend:
             if t.busy:
                 return _failed(SessionBusyError(
                     f"session '{request.session}' is answering another line"))
+            if request.history is not None:
+                if not request.text and request.history[-1:] and \
+                        request.history[-1].role == "assistant":
+                    return _failed(InvalidStateError(
+                        f"session '{request.session}' is routed to an upstream: its reply "
+                        "cannot continue an assistant turn (send a user line)"))
+                # the transcript the upstream is sent; a local copy is sent it with the line
+                t.turns = [(h.role, h.content) for h in request.history]
             t.busy = True
         where = route(self.cfg.policy, self.local.health(), cpu_tps=self._cpu_tps,
                       min_local_tps=self.cfg.min_local_tps, restored=t.restored)

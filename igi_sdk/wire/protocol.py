@@ -32,7 +32,7 @@ PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
             "images", "owners", "launch_token", "instance", "tools", "history_roles",
-            "tokenize", "embed", "complete")
+            "rewrite_history", "tokenize", "embed", "complete")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -251,6 +251,10 @@ class Chat(Strict):
     tool_choice: Annotated[str, Field(min_length=1, max_length=64)] = "auto"
     parallel_tool_calls: bool = True
     tool_results: list[ToolResult] = Field(default_factory=list, max_length=MAX_TOOL_RESULTS)
+    # 1.3 ("rewrite_history"): the session's conversation after its system prompt, replaced
+    # before this line; the cache keeps the longest common token prefix. Ending with an
+    # assistant turn and ``text`` "": the reply continues that turn (prefill)
+    history: list[HistoryTurn] | None = Field(None, max_length=MAX_HISTORY_TURNS)
 
     @field_validator("json_schema")
     @classmethod

@@ -24,7 +24,7 @@
 namespace igi {
 
 const int kProtocolVersion = 1;
-const int kProtocolMinor = 2;
+const int kProtocolMinor = 3;
 const int64_t kMaxMessageBytes = 17825792;  // PROTOCOL.md §7, until hello's limits say otherwise
 
 // Codes the client itself produces (the sidecar never sends them).
