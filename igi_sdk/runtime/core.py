@@ -46,6 +46,8 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    loader,
+    oneshot,
     prefix,
     replies,
     scheduler,
@@ -97,6 +99,7 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
+        self._embedder = oneshot.Embedder()  # opened on the first embed, closed with placements
         # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
         self._park_buffer = engine_state.ParkBuffer()
@@ -147,7 +150,9 @@ class EngineCore:
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
-            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Tokenize: self._on_tokenize,
+            C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
+            C.Embed: self._on_embed,
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -534,6 +539,7 @@ class EngineCore:
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()  # made over the placement's model: it goes with it
         t0 = time.perf_counter()
         self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
                                        self._park_buffer)
@@ -752,6 +758,7 @@ class EngineCore:
     def _unload(self) -> None:
         """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()
         self._give_up_job("the engine is closing")
         if self._host_job is not None:
             self._host_job.cancelled.set()
@@ -803,7 +810,23 @@ class EngineCore:
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
-                                c.tool_results, c.history)
+                                c.tool_results, c.history, raw=c.raw)
+
+    def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
+        # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
+        # a pooled input is read whole); alone, as many as the embeddings context takes
+        budget = oneshot.EMBED_CTX
+        if self._active_turns() and self._token_s:
+            budget = int(self.config.max_step_s / self._token_s)
+        return self._embedder.embed(
+            self._need_placed(), self._need_vocab(), c.inputs, c.start, budget=budget,
+            normalize=c.normalize, n_threads=self._settings().n_threads
+            or loader.default_threads())
+
+    def _on_tokenize(self, c: C.Tokenize) -> object:
+        out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,
+                               parse_special=c.parse_special, with_pieces=c.with_pieces)
+        return out if c.with_pieces else out.tokens
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -834,6 +857,7 @@ class EngineCore:
         tool_plan: tools.ToolPlan | None = None,
         tool_results: tuple[tuple[str, str], ...] = (),
         history: tuple[tuple[str, str], ...] | None = None,
+        raw: str | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -856,11 +880,15 @@ class EngineCore:
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data; the
-        # line's tools close the system prompt (the same text for the same tools)
-        block = tool_plan.block if tool_plan is not None else ""
-        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
-        parts = (_open_parts(vocab, shown) if prefill
-                 else vocab.prompt_parts(shown, add_assistant=True))
+        # line's tools close the system prompt (the same text for the same tools). A raw
+        # prompt has no template: it is all data, or read as llama-server reads one
+        if raw is not None:
+            parts = [(user_text, raw == "markup")]
+        else:
+            block = tool_plan.block if tool_plan is not None else ""
+            shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+            parts = (_open_parts(vocab, shown) if prefill
+                     else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
