@@ -393,10 +393,10 @@ def vectors() -> list[Vector]:
         _bad("invalid_chat_images_too_many", _env(39, "chat", {
             "session": SID, "text": "Look!", "images": [{}] * (P.MAX_IMAGES + 1)}),
              "invalid_body", 39, f"at most {P.MAX_IMAGES} images per chat"),
-        _bad("invalid_chat_tool_choice_undeclared", _env(42, "chat", {
+        _bad("invalid_chat_tool_choice_undeclared", _env(45, "chat", {
             "session": SID, "text": "Go.", "tools": [{"name": "follow"}],
             "tool_choice": "attack"}),
-             "invalid_body", 42, "tool_choice names a tool the chat does not declare"),
+             "invalid_body", 45, "tool_choice names a tool the chat does not declare"),
         _bad("invalid_chat_tool_names_repeat", _env(43, "chat", {
             "session": SID, "text": "Go.", "tools": [{"name": "follow"}, {"name": "follow"}]}),
              "invalid_body", 43, "tool names are unique"),
