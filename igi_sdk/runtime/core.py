@@ -46,6 +46,7 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    memory_turn,
     replies,
     scheduler,
 )
@@ -236,7 +237,17 @@ class EngineCore:
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
                 "threads": self.threads.status(),
                 "standby": self.standby_status(),
-                "context": self.context_status()}
+                "context": self.context_status(), "folding": self.memory_status()}
+
+    def memory_status(self) -> dict[str, int]:
+        """Folds of conversations past their share, all sessions together (any thread)."""
+        ms = [s.memory for s in list(self._sessions.values())]
+        return {"max_tokens_per_session": self.share.most,
+                "folding_sessions": sum(1 for m in ms if m.mode == "fold"),
+                "folds": sum(m.folds for m in ms), "summaries": sum(m.summaries for m in ms),
+                "dropped_turns": sum(m.dropped for m in ms),
+                "summary_prompt_tokens": sum(m.summary_prompt_tokens for m in ms),
+                "reread_tokens": sum(m.reread_tokens for m in ms)}
 
     def standby_status(self) -> dict[str, Any]:
         """The warm CPU placement and the load behind the decode (any thread)."""
@@ -273,8 +284,10 @@ class EngineCore:
         drafts = self._drafting.acceptance
         out: dict[str, SessionFigures] = {}
         for sid, s in list(self._sessions.items()):
+            mem = s.memory
             info: SessionFigures = {"tokens": s.cells, "busy": s.turn is not None,
-                                    "priority": s.priority}
+                                    "priority": s.priority, "max_tokens": self.share.most,
+                                    "memory": mem.mode, "dropped_turns": mem.dropped}
             draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
             if draft is not None:
                 info["draft"] = draft.figures()
@@ -788,7 +801,9 @@ class EngineCore:
 
     def _on_open_session(self, c: C.OpenSession) -> str:
         return self._table.open(c.system_prompt, c.params, c.priority, c.session_id,
-                                history=c.history)
+                                history=c.history,
+                                memory=memory_turn.M.Memory(
+                                    "off" if c.memory == "off" else "fold", pinned=c.pinned))
 
     def _on_close_session(self, c: C.CloseSession) -> None:
         self._close_session(c.session_id)
@@ -798,9 +813,71 @@ class EngineCore:
         if s is not None:
             s.priority = c.priority
 
-    def _on_start_reply(self, c: C.StartReply) -> Generation:
+    def _on_start_reply(self, c: C.StartReply,
+                        resume: memory_turn.Resume | None = None) -> Generation:
+        if resume is None:  # a conversation past its share folds first (runtime/memory.py)
+            first = self._fold_first(c)
+            if isinstance(first, Generation):
+                return first  # its summary is written first, then the line starts
+            resume = first
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed)
+                                c.ignore_eos, c.images, c.reply, c.streamed, resume=resume)
+
+    def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
+        """Fold the session's oldest turns out of the context when the line would not fit
+        its share: the model summarises them first (a summary turn on the session's own
+        sequence, whose handle is the line's), or, without room for that, they are dropped.
+        None: nothing to fold (the line's own checks go on as ever)."""
+        s, vocab = self._sessions.get(c.session_id), self._vocab
+        if s is None or s.turn is not None or c.images or vocab is None:
+            return None
+        f = memory_turn.plan_line(vocab, s, image_turn.user_content(c.text, 0), c.max_tokens,
+                                  self.share.most)
+        if f is None:
+            return None
+        dropped = s.messages[s.memory.head:][:f.drop]
+        others = [_claim(o) for o in self._sessions.values() if o is not s]
+        room = min(self.share.room(others), self.share.most) - memory_turn.M.SUMMARY_TOKENS - 2
+        bare = len(memory_turn.summary_prompt(vocab, s, [], 0))
+        feed = (memory_turn.summary_prompt(vocab, s, dropped, room - bare)
+                if room - bare >= 32 else [])
+        if not feed or len(feed) > room:  # no room to write a summary now: dropped alone
+            memory_turn.fold(s, f, None)
+            return memory_turn.Resume(None, len(dropped), 0)
+        handle = Generation(c.session_id, reply=c.reply,
+                            outbox=self._outbox if c.streamed else None,
+                            interrupt=self._abort.arm)
+        turn = Turn(session=s, handle=handle, feed=feed, prompt_text="",
+                    prompt_tokens=len(feed), max_tokens=memory_turn.M.SUMMARY_TOKENS, stop=(),
+                    grammar=None, order=self._turn_counter + 1,
+                    memo=memory_turn.Summary(c, f, dropped, len(s.history), s.n_sampled))
+        turn.chain = self._make_chain(turn)
+        self._turn_counter += 1
+        memory_turn.start(s, turn, self._mem)
+        return handle
+
+    def _summary_ended(self, t: Turn, reason: str, error: BaseException | None) -> None:
+        """A summary turn ended: its text becomes the memory and the line starts (with the
+        same handle), or the line ends with it (cancelled, failed)."""
+        job, mem = t.memo, t.session.memory
+        memory_turn.forget(t, self._mem)
+        mem.summary_prompt_tokens += t.prompt_tokens
+        mem.summary_tokens += len(t.generated)
+        if error is not None:
+            t.handle._fail(error)
+            return
+        if reason == "cancelled":  # as if the line was never said: nothing folded
+            t.raw, t.generated, t.prompt_tokens = "", [], 0
+            replies.settle(t, reason, None, 0)
+            return
+        summary = memory_turn.M.clean_summary(t.raw) or None
+        memory_turn.fold(t.session, job.fold, summary)
+        n = len(job.dropped)
+        try:
+            self._on_start_reply(job.line, memory_turn.Resume(t.handle, n,
+                                                              n if summary else 0))
+        except BaseException as e:  # noqa: BLE001 - the line's handle carries it
+            t.handle._fail(e)
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -828,6 +905,8 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        *,
+        resume: memory_turn.Resume | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -867,9 +946,10 @@ class EngineCore:
             n_prompt = len(feed) + image_turn.cells(pending)
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
-            handle = Generation(sid, reply=reply,
-                                outbox=self._outbox if streamed else None,
-                                interrupt=self._abort.arm)
+            handle = (resume.handle if resume is not None and resume.handle is not None
+                      else Generation(sid, reply=reply,
+                                      outbox=self._outbox if streamed else None,
+                                      interrupt=self._abort.arm))
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -881,6 +961,9 @@ class EngineCore:
             image_turn.release(pending)
             raise
         self._turn_counter += 1
+        if resume is not None:  # the line after a fold: what it reads again is its cost
+            turn.folded = (resume.dropped, resume.summarised)
+            s.memory.reread_tokens += n_prompt
         if reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.reread_for(turn)
@@ -890,7 +973,8 @@ class EngineCore:
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
-        return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
+        params = turn.memo.params if turn.memo is not None else s.params  # a summary: greedy
+        return SamplerChain(params, self._need_vocab().vocab, grammar=turn.grammar,
                             history=s.history, reply_tokens=turn.generated)
 
     # ============================================================ engine thread: decoding
@@ -1131,6 +1215,9 @@ class EngineCore:
     ) -> None:
         replies.detach(t)
         self._vision_idle()
+        if t.memo is not None:
+            self._summary_ended(t, reason, error)
+            return
         if error is None and not t.generated and reason == "cancelled":
             # cancelled before the first token: as if the line was never said
             self._rollback(t)
