@@ -848,7 +848,8 @@ class EngineCore:
                             outbox=self._outbox if c.streamed else None,
                             interrupt=self._abort.arm)
         turn = Turn(session=s, handle=handle, feed=feed, prompt_text="",
-                    prompt_tokens=len(feed), max_tokens=memory_turn.M.SUMMARY_TOKENS, stop=(),
+                    prompt_tokens=len(feed), max_tokens=memory_turn.M.SUMMARY_TOKENS,
+                    stop=memory_turn.M.SUMMARY_STOP,
                     grammar=None, order=self._turn_counter + 1,
                     memo=memory_turn.Summary(c, f, dropped, len(s.history), s.n_sampled))
         turn.chain = self._make_chain(turn)

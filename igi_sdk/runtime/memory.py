@@ -24,7 +24,9 @@ from typing import Literal
 Mode = Literal["fold", "off"]
 MODES: tuple[Mode, ...] = ("fold", "off")
 MAX_PINNED = 16
-SUMMARY_TOKENS = 96  # the summary's reply: bounded, so a fold costs a bounded decode
+# the summary's reply: bounded, so a fold costs a bounded decode (three short sentences)
+SUMMARY_TOKENS = 64
+SUMMARY_STOP = ("\n\n",)  # one paragraph
 SUMMARY_CHARS = 1200  # a summary's text kept at most (a model that never stops)
 # a message's template markup (role header, end of turn), over-counted on purpose: the plan's
 # estimate must not fall short of what the template adds (ChatML: 5 tokens)

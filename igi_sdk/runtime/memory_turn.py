@@ -21,8 +21,9 @@ from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.session import Session, Turn
 from igi_sdk.runtime.text import Vocab
 
-# the summary is greedy: the same turns give the same memory, and no sampler state moves
-GREEDY = SamplingParams(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.0)
+# the summary is greedy: the same turns give the same memory, and no sampler state moves; a
+# repeat penalty, since a small model's greedy summary otherwise loops on one phrase
+GREEDY = SamplingParams(temperature=0.0, top_k=1, top_p=1.0, min_p=0.0, repeat_penalty=1.3)
 
 
 @dataclass
