@@ -831,27 +831,15 @@ class EngineCore:
         s, vocab = self._sessions.get(c.session_id), self._vocab
         if s is None or s.turn is not None or c.images or vocab is None:
             return None
-        f = memory_turn.plan_line(vocab, s, image_turn.user_content(c.text, 0), c.max_tokens,
-                                  self.share.most)
-        if f is None:
-            return None
-        dropped = s.messages[s.memory.head:][:f.drop]
         others = [_claim(o) for o in self._sessions.values() if o is not s]
-        room = min(self.share.room(others), self.share.most) - memory_turn.M.SUMMARY_TOKENS - 2
-        bare = len(memory_turn.summary_prompt(vocab, s, [], 0))
-        feed = (memory_turn.summary_prompt(vocab, s, dropped, room - bare)
-                if room - bare >= 32 else [])
-        if not feed or len(feed) > room:  # no room to write a summary now: dropped alone
-            memory_turn.fold(s, f, None)
-            return memory_turn.Resume(None, len(dropped), 0)
+        job = memory_turn.prepare(vocab, s, c, min(self.share.room(others), self.share.most),
+                                  self.share.most)
+        if not isinstance(job, memory_turn.Summary):
+            return job  # nothing to fold, or dropped without a summary (no room for one)
         handle = Generation(c.session_id, reply=c.reply,
                             outbox=self._outbox if c.streamed else None,
                             interrupt=self._abort.arm)
-        turn = Turn(session=s, handle=handle, feed=feed, prompt_text="",
-                    prompt_tokens=len(feed), max_tokens=memory_turn.M.SUMMARY_TOKENS,
-                    stop=memory_turn.M.SUMMARY_STOP,
-                    grammar=None, order=self._turn_counter + 1,
-                    memo=memory_turn.Summary(c, f, dropped, len(s.history), s.n_sampled))
+        turn = memory_turn.turn(s, handle, job, self._turn_counter + 1)
         turn.chain = self._make_chain(turn)
         self._turn_counter += 1
         memory_turn.start(s, turn, self._mem)
@@ -860,23 +848,12 @@ class EngineCore:
     def _summary_ended(self, t: Turn, reason: str, error: BaseException | None) -> None:
         """A summary turn ended: its text becomes the memory and the line starts (with the
         same handle), or the line ends with it (cancelled, failed)."""
-        job, mem = t.memo, t.session.memory
-        memory_turn.forget(t, self._mem)
-        mem.summary_prompt_tokens += t.prompt_tokens
-        mem.summary_tokens += len(t.generated)
-        if error is not None:
-            t.handle._fail(error)
+        resume = memory_turn.ended(t, self._mem, error, cancelled=reason == "cancelled")
+        if resume is None:  # failed, or cancelled: as if the line was never said
+            replies.settle(t, reason, error, 0)
             return
-        if reason == "cancelled":  # as if the line was never said: nothing folded
-            t.raw, t.generated, t.prompt_tokens = "", [], 0
-            replies.settle(t, reason, None, 0)
-            return
-        summary = memory_turn.M.clean_summary(t.raw) or None
-        memory_turn.fold(t.session, job.fold, summary)
-        n = len(job.dropped)
         try:
-            self._on_start_reply(job.line, memory_turn.Resume(t.handle, n,
-                                                              n if summary else 0))
+            self._on_start_reply(t.memo.line, resume)
         except BaseException as e:  # noqa: BLE001 - the line's handle carries it
             t.handle._fail(e)
 

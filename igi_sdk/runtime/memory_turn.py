@@ -16,6 +16,7 @@ from typing import Any
 
 import llama_cpp
 
+from igi_sdk.runtime import image_turn
 from igi_sdk.runtime import memory as M
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.session import Session, Turn
@@ -45,6 +46,7 @@ class Summary:
     dropped: list[dict[str, str]]
     n_history: int
     n_sampled: int
+    feed: list[int]  # the summary's prompt
     params: SamplingParams = GREEDY
 
 
@@ -112,6 +114,50 @@ def summary_prompt(vocab: Vocab, s: Session, dropped: list[dict[str, str]],
     parts = vocab.prompt_parts(M.summary_messages(mem.summary, lines, mem.system),
                                add_assistant=True)
     return vocab.tokenize_parts(parts, add_special=True)
+
+
+def prepare(vocab: Vocab, s: Session, line: Any, room: int,
+            most: int) -> Summary | Resume | None:
+    """What a line (a commands.StartReply) needs first: None (nothing to fold), a
+    :class:`Summary` to run (its prompt fits ``room``, the cells the session may claim now),
+    or a :class:`Resume` after the oldest turns were dropped without one (no room to write
+    it)."""
+    f = plan_line(vocab, s, image_turn.user_content(line.text, 0), line.max_tokens, most)
+    if f is None:
+        return None
+    dropped = s.messages[s.memory.head:][:f.drop]
+    room -= M.SUMMARY_TOKENS + 2  # the summary's reply, its first token and a spare cell
+    bare = len(summary_prompt(vocab, s, [], 0))  # the instruction and what was remembered
+    feed = summary_prompt(vocab, s, dropped, room - bare) if room - bare >= 32 else []
+    if not feed or len(feed) > room:
+        fold(s, f, None)
+        return Resume(None, len(dropped), 0)
+    return Summary(line, f, dropped, len(s.history), s.n_sampled, feed)
+
+
+def turn(s: Session, handle: Any, job: Summary, order: int) -> Turn:
+    """The summary's turn (its sampler is the engine's to make)."""
+    return Turn(session=s, handle=handle, feed=list(job.feed), prompt_text="",
+                prompt_tokens=len(job.feed), max_tokens=M.SUMMARY_TOKENS,
+                stop=M.SUMMARY_STOP, grammar=None, order=order, memo=job)
+
+
+def ended(t: Turn, mem_handle: Any, error: BaseException | None, *,
+          cancelled: bool) -> Resume | None:
+    """A summary turn ended: its cells are dropped; unless it failed or was cancelled (None:
+    nothing is folded), its text becomes the memory and the oldest turns leave the prompt;
+    returns how the line resumes."""
+    job, mem = t.memo, t.session.memory
+    forget(t, mem_handle)
+    mem.summary_prompt_tokens += t.prompt_tokens
+    mem.summary_tokens += len(t.generated)
+    if error is not None or cancelled:
+        t.raw, t.generated, t.prompt_tokens = "", [], 0
+        return None
+    summary = M.clean_summary(t.raw) or None
+    fold(t.session, job.fold, summary)
+    n = len(job.dropped)
+    return Resume(t.handle, n, n if summary else 0)
 
 
 def start(s: Session, turn: Turn, mem_handle: Any) -> None:
