@@ -39,12 +39,29 @@ class ImagePart(Loose):
 Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
+class CalledFunction(Loose):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    arguments: Annotated[str, Field(max_length=P.MAX_TEXT_CHARS)] = "{}"
+
+
+class MessageToolCall(Loose):
+    """A call of an earlier reply, as the client sends the transcript back."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(Loose):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # left to right: pydantic's default ("smart") union validated a failing list again in
     # other modes, ~100 ms holding the GIL for one oversized image where one pass takes 17
     content: Annotated[Text | Annotated[list[Part], Field(max_length=P.MAX_IMAGES + 16)] | None,
                        Field(union_mode="left_to_right")] = None
+
+    # an assistant message's calls; a tool message's call id
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=P.MAX_CALLS)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=64)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -73,6 +90,27 @@ class ResponseFormat(Loose):
     json_schema: JsonSchemaFormat | None = None
 
 
+class FunctionDef(Loose):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Annotated[str, Field(max_length=2000)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # every call is held to its schema, strict or not
+
+
+class ToolParam(Loose):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Loose):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class NamedToolChoice(Loose):
+    type: Literal["function"]
+    function: NamedFunction
+
+
 class ChatOptions(Loose):
     """Everything a request says besides its messages: what the face needs once the
     transcript is split off (a large body is parsed in another process, and only this, the
@@ -92,6 +130,10 @@ class ChatOptions(Loose):
     n: int = Field(1, ge=1, le=128)
     user: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+    # function calling (http/tools.py)
+    tools: Annotated[list[ToolParam], Field(max_length=P.MAX_TOOLS)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
 
     def reply_tokens(self) -> int:
         return self.max_completion_tokens or self.max_tokens or 256

@@ -49,6 +49,7 @@ from igi_sdk.runtime import (
     memory_turn,
     replies,
     scheduler,
+    tools,
 )
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.batching import Fed
@@ -821,7 +822,8 @@ class EngineCore:
                 return first  # its summary is written first, then the line starts
             resume = first
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed, resume=resume)
+                                c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
+                                c.tool_results, resume=resume)
 
     def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
         """Fold the session's oldest turns out of the context when the line would not fit
@@ -883,6 +885,8 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        tool_plan: tools.ToolPlan | None = None,
+        tool_results: tuple[tuple[str, str], ...] = (),
         *,
         resume: memory_turn.Resume | None = None,
     ) -> Generation:
@@ -896,12 +900,17 @@ class EngineCore:
         # character in the content (image_turn.py), which player text cannot hold
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
-        messages = [*s.messages, {"role": "user", "content": content}]
+        # a line may be only the results of the previous reply's calls (tools.py)
+        line = [{"role": "user", "content": content}] if content or not tool_results else []
+        messages = [*s.messages, *tools.result_messages(tool_results), *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
-        # special tokens come from the template's markup only: every content is data
-        parts = vocab.prompt_parts(messages, add_assistant=True)
+        # special tokens come from the template's markup only: every content is data; the
+        # line's tools close the system prompt (the same text for the same tools)
+        block = tool_plan.block if tool_plan is not None else ""
+        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+        parts = vocab.prompt_parts(shown, add_assistant=True)
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         vision = self._open_vision() if images or (reset and s.images) else None
@@ -932,8 +941,10 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan,
             )
+            if tool_plan is not None and tool_plan.grammar is not None:
+                turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
             turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
         except BaseException:
             image_turn.release(pending)

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
-from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText
+from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText, ReplyToolCall, ToolCall
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,7 @@ class GenerationResult:
     # ones its memory summarises (runtime/memory.py)
     dropped_turns: int = 0
     summarised_turns: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (finish_reason "tool_calls")
 
     @property
     def decode_tps(self) -> float:
@@ -98,6 +99,11 @@ class Generation:
             self._events.put(text)
             if self.outbox is not None:
                 self.outbox.post(ReplyText(self.reply, text))
+
+    def _emit_call(self, call: ToolCall) -> None:
+        """A complete call: to listeners only (iterating a handle yields text)."""
+        if self.outbox is not None:
+            self.outbox.post(ReplyToolCall(self.reply, call))
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result

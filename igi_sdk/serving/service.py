@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 
 from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
@@ -572,6 +572,13 @@ class SessionService:
                 token = P.encode(msg_id, "token", C.Token(text=event.text, i=said).model_dump())
                 self.later(lambda: self._send_logged(identity, events, token))
                 return
+            if isinstance(event, ReplyToolCall):  # 1.3: counted with the token events
+                said += 1
+                k = event.call
+                call = P.encode(msg_id, "tool_call", C.ToolCallEvent(
+                    i=said, index=k.index, id=k.id, name=k.name, arguments=k.arguments).wire())
+                self.later(lambda: self._send_logged(identity, events, call))
+                return
             if isinstance(event, ReplyDone):
                 try:
                     frame = _ok(msg_id, _done(event.result), ignored, "done")
@@ -904,7 +911,9 @@ def _done(r: ChatResult) -> C.Done:
                                 cached_tokens=r.cached_tokens,
                                 dropped_turns=int(getattr(r, "dropped_turns", 0)),
                                 summarised_turns=int(getattr(r, "summarised_turns", 0))),
-                  timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s))
+                  timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s),
+                  tool_calls=[C.ToolCallBody(id=k.id, name=k.name, arguments=k.arguments)
+                              for k in r.tool_calls])
 
 
 def _error_body(e: P.ProtocolError) -> dict[str, object]:
