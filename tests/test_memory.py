@@ -234,3 +234,24 @@ def test_a_history_far_past_the_share_folds_without_reading_all_of_it(
     assert r.dropped_turns == 64 and r.summarised_turns == 0  # no turn fits a summary
     assert sum(read) < len(turn) * 4
     engine.close_session(sid)
+
+
+def test_without_room_for_a_summary_the_turns_are_dropped_alone(
+        engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
+    from igi_sdk.runtime import memory_turn
+    real = memory_turn.prepare
+    # other sessions hold the cells a summary would need: 40 left for it
+    monkeypatch.setattr(memory_turn, "prepare",
+                        lambda vocab, s, line, room, most: real(vocab, s, line, 40, most))
+    sid = engine.open_session("You are Brom.", sampling=GREEDY)
+    for i in range(40):
+        r = engine.chat(sid, f"{i}: {LINE}", max_tokens=8).result(60)
+        if r.dropped_turns:
+            break
+    else:
+        pytest.fail("never folded")
+    s = _session(engine, sid)
+    assert r.summarised_turns == 0 and s.memory.summaries == 0 and s.memory.summary == ""
+    assert len(s.memory.archive) == r.dropped_turns  # still in the transcript
+    assert s.messages[0]["content"] == "You are Brom." and s.memory.head == 1
+    engine.close_session(sid)
