@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import struct
 import subprocess
@@ -66,7 +67,10 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
     cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
            str(model_dir), "--model", model, "--ctx", str(ctx), "--threads", str(threads),
            "--max-sessions", str(sessions), "--no-arbiter", "--save-dir", str(save_dir)]
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    # at normal priority (IGI_SDK_PRIORITY): this measures what folds cost, not how the sidecar
+    # yields to a game; on a shared machine its default (below normal) starves it
+    env = {**os.environ, "IGI_SDK_PRIORITY": "normal"}
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     c = Client(endpoint, timeout=600)
     try:
         c.wait_ready(120)
