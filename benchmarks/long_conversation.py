@@ -97,9 +97,12 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
                 reread += u["prompt_tokens"]
             else:
                 plain_s.append(dt)
-            if (i + 1) % 50 == 0:
+            if (i + 1) % 10 == 0:
                 print(f"{i + 1} lines, {len(fold_s)} folds, {len(errors)} errors, "
-                      f"{time.perf_counter() - t0:.0f} s", file=sys.stderr, flush=True)
+                      f"{time.perf_counter() - t0:.0f} s; median line "
+                      f"{statistics.median(plain_s) if plain_s else 0:.2f} s, fold line "
+                      f"{statistics.median(fold_s) if fold_s else 0:.2f} s, re-read {reread}",
+                      file=sys.stderr, flush=True)
         lines_s = time.perf_counter() - t0
         rule = c.chat(sid, RULE_QUESTION, max_tokens=24).result()
         folding = (c.stats().get("engine") or {}).get("folding", {})
