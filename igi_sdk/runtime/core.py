@@ -46,7 +46,10 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    loader,
     memory_turn,
+    oneshot,
+    prefix,
     replies,
     scheduler,
     tools,
@@ -68,7 +71,7 @@ from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.sampling import SamplerChain
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
-from igi_sdk.runtime.text import Vocab, parts_after
+from igi_sdk.runtime.text import Part, Vocab, parts_after
 from igi_sdk.runtime.threadpool import ThreadRunner
 from igi_sdk.runtime.vision import VisionContext
 
@@ -97,6 +100,7 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
+        self._embedder = oneshot.Embedder()  # opened on the first embed, closed with placements
         # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
         self._park_buffer = engine_state.ParkBuffer()
@@ -147,7 +151,9 @@ class EngineCore:
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
-            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Tokenize: self._on_tokenize,
+            C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
+            C.Embed: self._on_embed,
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -546,6 +552,7 @@ class EngineCore:
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()  # made over the placement's model: it goes with it
         t0 = time.perf_counter()
         self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
                                        self._park_buffer)
@@ -764,6 +771,7 @@ class EngineCore:
     def _unload(self) -> None:
         """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()
         self._give_up_job("the engine is closing")
         if self._host_job is not None:
             self._host_job.cancelled.set()
@@ -823,7 +831,8 @@ class EngineCore:
             resume = first
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
-                                c.tool_results, resume=resume)
+                                c.tool_results, c.history, raw=c.raw,
+                                resume=resume)
 
     def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
         """Fold the session's oldest turns out of the context when the line would not fit
@@ -831,7 +840,8 @@ class EngineCore:
         sequence, whose handle is the line's), or, without room for that, they are dropped.
         None: nothing to fold (the line's own checks go on as ever)."""
         s, vocab = self._sessions.get(c.session_id), self._vocab
-        if s is None or s.turn is not None or c.images or vocab is None:
+        if (s is None or s.turn is not None or c.images or vocab is None
+                or c.history is not None or c.raw is not None):  # a rewrite: the client's
             return None
         others = [_claim(o) for o in self._sessions.values() if o is not s]
         job = memory_turn.prepare(vocab, s, c, min(self.share.room(others), self.share.most),
@@ -858,6 +868,22 @@ class EngineCore:
             self._on_start_reply(t.memo.line, resume)
         except BaseException as e:  # noqa: BLE001 - the line's handle carries it
             t.handle._fail(e)
+
+    def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
+        # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
+        # a pooled input is read whole); alone, as many as the embeddings context takes
+        budget = oneshot.EMBED_CTX
+        if self._active_turns() and self._token_s:
+            budget = int(self.config.max_step_s / self._token_s)
+        return self._embedder.embed(
+            self._need_placed(), self._need_vocab(), c.inputs, c.start, budget=budget,
+            normalize=c.normalize, n_threads=self._settings().n_threads
+            or loader.default_threads())
+
+    def _on_tokenize(self, c: C.Tokenize) -> object:
+        out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,
+                               parse_special=c.parse_special, with_pieces=c.with_pieces)
+        return out if c.with_pieces else out.tokens
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -887,6 +913,8 @@ class EngineCore:
         streamed: bool = False,
         tool_plan: tools.ToolPlan | None = None,
         tool_results: tuple[tuple[str, str], ...] = (),
+        history: tuple[tuple[str, str], ...] | None = None,
+        raw: str | None = None,
         *,
         resume: memory_turn.Resume | None = None,
     ) -> Generation:
@@ -900,22 +928,40 @@ class EngineCore:
         # character in the content (image_turn.py), which player text cannot hold
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
+        earlier = s.messages if history is None else prefix.rewritten(s.messages, history)
+        prefill = not tool_results and prefix.is_prefill(earlier, user_text, bool(images),
+                                                         history is not None)
         # a line may be only the results of the previous reply's calls (tools.py)
         line = [{"role": "user", "content": content}] if content or not tool_results else []
-        messages = [*s.messages, *tools.result_messages(tool_results), *line]
+        messages = earlier if prefill else [*earlier, *tools.result_messages(tool_results),
+                                            *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data; the
-        # line's tools close the system prompt (the same text for the same tools)
-        block = tool_plan.block if tool_plan is not None else ""
-        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
-        parts = vocab.prompt_parts(shown, add_assistant=True)
+        # line's tools close the system prompt (the same text for the same tools). A raw
+        # prompt has no template: it is all data, or read as llama-server reads one
+        if raw is not None:
+            parts = [(user_text, raw == "markup")]
+        else:
+            block = tool_plan.block if tool_plan is not None else ""
+            shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+            parts = (_open_parts(vocab, shown) if prefill
+                     else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
+        keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
+        if reset and not s.n_images and not images:
+            # a rewritten history, or a template that renders it differently now: only what
+            # differs from the cache's tokens is read (images: cells are not tokens, re-read)
+            new = vocab.tokenize_parts(parts, add_special=True)
+            keep = prefix.keep(s.tokens, new)
         vision = self._open_vision() if images or (reset and s.images) else None
         vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
-        if reset:  # the template re-rendered history differently: re-read it all
+        if keep >= 0:
+            feed, base = new[keep:], keep
+            pending: list[image_turn.PendingImage] = []
+        elif reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
                     f"session '{sid}' must re-read its conversation, but its images were not "
@@ -941,7 +987,7 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending, tools=tool_plan,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan, prefill=prefill,
             )
             if tool_plan is not None and tool_plan.grammar is not None:
                 turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
@@ -953,7 +999,13 @@ class EngineCore:
         if resume is not None:  # the line after a fold: what it reads again is its cost
             turn.folded = (resume.dropped, resume.summarised)
             s.memory.reread_tokens += n_prompt
-        if reset:
+        if keep >= 0 and not llama_cpp.llama_memory_seq_rm(self._mem, s.seq, keep, -1):
+            # a cache that cannot drop a tail (recurrent layers): read it all
+            turn.feed, turn.cached_cells, turn.prompt_tokens = list(new), 0, len(new)
+            keep = -1
+        if keep >= 0:
+            s.kept_prefix(turn, keep)
+        elif reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.reread_for(turn)
         turn.media = MediaMark.of(s)
@@ -1281,6 +1333,19 @@ def _plan_key(p: Plan) -> PlanKey:
 
 def _same_plan(a: Plan, b: Plan) -> bool:
     return _plan_key(a) == _plan_key(b)
+
+
+def _open_parts(vocab: Vocab, messages: list[dict[str, str]]) -> list[Part]:
+    """The prompt of a reply that continues the last (assistant) message of ``messages``:
+    rendered with that message open; an empty one is answered as a new reply."""
+    content = messages[-1]["content"]
+    if not content.strip():
+        return vocab.prompt_parts(messages[:-1], add_assistant=True)
+    parts = prefix.open_last(vocab.prompt_parts(messages, add_assistant=False), content)
+    if parts is None:
+        raise InvalidStateError("this model's chat template rewrites an assistant message's "
+                                "text: a reply cannot continue it (send a user line)")
+    return parts
 
 
 def _claim(s: Session) -> int:

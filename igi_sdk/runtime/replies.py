@@ -154,7 +154,7 @@ def commit(t: Turn, visible_end: int | None) -> int:
         emit_upto(t, visible_end)
     # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
     # template: leave them out of both sides so the next turn's prefix still matches
-    s.committed(t.prompt_text, image_turn.clean(t.raw))
+    s.committed(t.prompt_text, image_turn.clean(t.raw), prefill=t.prefill)
     return visible_end
 
 

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from igi_sdk.errors import IgiError, coded_error, save_io_error
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
+from igi_sdk.serving import oneshot
 from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
@@ -613,6 +614,20 @@ class SessionService:
         fut = self.backend.chat(body, listener)
         fut.add_done_callback(lambda f: self.later(lambda: started(f)))
         return None  # the stream answers
+
+    # --- 1.3: requests without a session (serving/oneshot.py) -------------------------------
+
+    def _on_tokenize(self, c: Client, msg_id: int, body: P.Tokenize) -> None:
+        oneshot.tokenize(self, c, msg_id, body)
+
+    def _on_detokenize(self, c: Client, msg_id: int, body: P.Detokenize) -> None:
+        oneshot.detokenize(self, c, msg_id, body)
+
+    def _on_embed(self, c: Client, msg_id: int, body: P.Embed) -> None:
+        oneshot.embed(self, c, msg_id, body)
+
+    def _on_complete(self, c: Client, msg_id: int, body: P.Complete) -> None:
+        oneshot.complete(self, c, msg_id, body)
 
     def _on_cancel(self, c: Client, msg_id: int, body: P.Cancel) -> C.CancelOk:
         known = body.request in c.streams

@@ -209,6 +209,25 @@ class StatsOk(Answer):
                                             "retries and failures")
 
 
+class TokenizeOk(Answer):
+    tokens: list[int] = Field(description="1.3: the text's token ids")
+    pieces: list[str] | None = Field(None, description="1.3: each token's text (with_pieces); "
+                                     "a token that is part of a UTF-8 character shows as the "
+                                     "replacement character")
+
+
+class DetokenizeOk(Answer):
+    text: str = Field(description="1.3: the tokens' text (special tokens spell their text)")
+
+
+class EmbedOk(Answer):
+    data: list[list[float]] = Field(description="1.3: one vector per input, in order")
+    tokens: int = Field(description="1.3: tokens read for all inputs together")
+    pooling: str = Field("mean", description="1.3: how token vectors became one: the "
+                         "model's own pooling (\"cls\", \"last\", \"mean\"), or \"mean\" for "
+                         "a model that declares none (a generative model)")
+
+
 # the body of the ``ok`` answering each request type; ``chat`` is answered by a stream instead
 OK_REPLIES: dict[str, type[Reply] | None] = {
     "hello": HelloOk,
@@ -229,6 +248,10 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
     "adopt_session": SessionOk,
     "set_priority": EmptyOk,
     "resume_stream": ResumeStreamOk,
+    "tokenize": TokenizeOk,
+    "detokenize": DetokenizeOk,
+    "embed": EmbedOk,
+    "complete": None,  # a stream, as chat's
 }
 
 
@@ -367,6 +390,9 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                     "needs beyond the session's guaranteed floor (at chat, or "
                                     "as a stream error); retry when their replies end or "
                                     "they close"),
+    "invalid_input": ErrorCode(False, "1.3: detokenize/embed input the model cannot read: a "
+                                      "token id outside its vocabulary, or a model that cannot "
+                                      "embed (a reranker)"),
     "invalid_grammar": ErrorCode(False, "grammar or json_schema cannot be compiled"),
     "invalid_image": ErrorCode(False, "chat.images: an image that is not a PNG/JPEG llama.cpp "
                                       "can decode, pixels of a zero or absurd size or that do "
