@@ -33,6 +33,8 @@ class OpenSession(Command):
     priority: int
     session_id: str | None
     history: tuple[tuple[str, str], ...] = ()  # (role, text): earlier turns, in order
+    memory: str = "fold"  # "fold" | "off": a conversation past its share (runtime/memory.py)
+    pinned: tuple[str, ...] = ()  # facts kept in every prompt
 
 
 @dataclass

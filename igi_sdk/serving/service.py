@@ -763,6 +763,9 @@ class SessionService:
                 persona=info.persona, priority=figures["priority"] if figures else 0,
                 busy=figures["busy"] if figures else False,
                 tokens=figures["tokens"] if figures else 0,
+                max_tokens=figures.get("max_tokens") if figures else None,
+                memory=figures.get("memory") if figures else None,  # type: ignore[arg-type]
+                dropped_turns=figures.get("dropped_turns") if figures else None,
                 idle_s=round(now - info.since, 3)))
         free = max(0, self._slots() - self._slots_taken())
         # orphans are held, but the next open_session or restore_session closes one (the
@@ -920,7 +923,9 @@ def _done(r: ChatResult) -> C.Done:
     return C.Done(text=r.text, finish_reason=r.finish_reason,
                   usage=C.Usage(prompt_tokens=r.prompt_tokens,
                                 completion_tokens=r.completion_tokens,
-                                cached_tokens=r.cached_tokens),
+                                cached_tokens=r.cached_tokens,
+                                dropped_turns=int(getattr(r, "dropped_turns", 0)),
+                                summarised_turns=int(getattr(r, "summarised_turns", 0))),
                   timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s),
                   tool_calls=[C.ToolCallBody(id=k.id, name=k.name, arguments=k.arguments)
                               for k in r.tool_calls])

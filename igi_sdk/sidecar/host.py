@@ -429,7 +429,8 @@ class ModelHost:
             f"You are {request.persona}." if request.persona else None)
         return eng.open_session_async(system, priority=request.priority, sampling=sampling,
                                       session_id=request.name,
-                                      history=tool_wire.history_turns(request.history))
+                                      history=tool_wire.history_turns(request.history),
+                                      memory=request.memory, pinned=request.pinned)
 
     def close_session(self, session: str) -> Future[None]:
         try:

@@ -125,6 +125,11 @@ class SessionListing(Reply):
     priority: int
     busy: bool = Field(description="a reply is streaming in it")
     tokens: int = Field(description="tokens of the conversation in the model's context")
+    max_tokens: int | None = Field(None, description="1.3: the most tokens (KV cells) this "
+                                   "session may hold: its share of the context")
+    memory: Literal["fold", "off"] | None = Field(None, description="1.3: its memory policy")
+    dropped_turns: int | None = Field(None, description="1.3: turns folded out of its "
+                                      "context so far (its save keeps them)")
     idle_s: float = Field(description="seconds since it was opened, adopted or orphaned")
 
 
@@ -261,6 +266,11 @@ class Usage(Reply):
     cached_tokens: int = Field(0, description="1.2: tokens of the conversation already in "
                                "the session's cache, reused for this turn and not in "
                                "prompt_tokens")
+    dropped_turns: int = Field(0, description="1.3: turns of the conversation folded out of "
+                               "the context before this line (memory \"fold\")")
+    summarised_turns: int = Field(0, description="1.3: of those, the turns the memory "
+                                  "message summarises (0 with dropped_turns > 0: dropped "
+                                  "without a summary, no room to write one)")
 
 
 class Timings(Reply):

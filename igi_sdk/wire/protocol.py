@@ -32,7 +32,8 @@ PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
             "images", "owners", "launch_token", "instance", "tools", "history_roles",
-            "rewrite_history", "tokenize", "embed", "complete")
+            "rewrite_history", "tokenize", "embed", "complete",
+            "memory")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -43,6 +44,7 @@ MAX_MESSAGE_BYTES = MAX_IMAGE_BYTES + (1 << 20)
 MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 MAX_TEXT_CHARS = 32_000
 MAX_HISTORY_TURNS = 256  # open_session.history: earlier turns a client may hand over
+MAX_PINNED = 16  # open_session.pinned: facts kept in every prompt
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
 # maps/arrays inside a request body, and inside a json_schema given as a JSON string: checked
@@ -212,6 +214,10 @@ class OpenSession(Strict):
     # earlier turns of a conversation the client kept itself (an OpenAI-style transcript),
     # read into the session's cache with its first line
     history: list[HistoryTurn] = Field(default_factory=list, max_length=MAX_HISTORY_TURNS)
+    # 1.3: a conversation past the session's share of the context: "fold" summarises its
+    # oldest turns out of the prompt, "off" refuses the line (prompt_too_long)
+    memory: Literal["fold", "off"] = "fold"
+    pinned: list[Text] = Field(default_factory=list, max_length=MAX_PINNED)  # in every prompt
 
 
 class ChatImage(Strict):
