@@ -29,6 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
+from igi_sdk.http import extra_routes
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
@@ -116,6 +117,9 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
                                          "owned_by": "igi-sdk"}]
         return JSONResponse({"object": "list", "data": data})
+
+    # embeddings, completions, llama-server's native routes (http/extra_routes.py)
+    extra_routes.register(app, cfg.api_key, client)
 
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:

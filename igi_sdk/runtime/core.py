@@ -46,6 +46,9 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    loader,
+    memory_turn,
+    oneshot,
     prefix,
     replies,
     scheduler,
@@ -97,6 +100,7 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
+        self._embedder = oneshot.Embedder()  # opened on the first embed, closed with placements
         # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
         self._park_buffer = engine_state.ParkBuffer()
@@ -147,7 +151,9 @@ class EngineCore:
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
-            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Tokenize: self._on_tokenize,
+            C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
+            C.Embed: self._on_embed,
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -238,7 +244,17 @@ class EngineCore:
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
                 "threads": self.threads.status(),
                 "standby": self.standby_status(),
-                "context": self.context_status()}
+                "context": self.context_status(), "folding": self.memory_status()}
+
+    def memory_status(self) -> dict[str, int]:
+        """Folds of conversations past their share, all sessions together (any thread)."""
+        ms = [s.memory for s in list(self._sessions.values())]
+        return {"max_tokens_per_session": self.share.most,
+                "folding_sessions": sum(1 for m in ms if m.mode == "fold"),
+                "folds": sum(m.folds for m in ms), "summaries": sum(m.summaries for m in ms),
+                "dropped_turns": sum(m.dropped for m in ms),
+                "summary_prompt_tokens": sum(m.summary_prompt_tokens for m in ms),
+                "reread_tokens": sum(m.reread_tokens for m in ms)}
 
     def standby_status(self) -> dict[str, Any]:
         """The warm CPU placement and the load behind the decode (any thread)."""
@@ -275,8 +291,10 @@ class EngineCore:
         drafts = self._drafting.acceptance
         out: dict[str, SessionFigures] = {}
         for sid, s in list(self._sessions.items()):
+            mem = s.memory
             info: SessionFigures = {"tokens": s.cells, "busy": s.turn is not None,
-                                    "priority": s.priority}
+                                    "priority": s.priority, "max_tokens": self.share.most,
+                                    "memory": mem.mode, "dropped_turns": mem.dropped}
             draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
             if draft is not None:
                 info["draft"] = draft.figures()
@@ -534,6 +552,7 @@ class EngineCore:
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()  # made over the placement's model: it goes with it
         t0 = time.perf_counter()
         self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
                                        self._park_buffer)
@@ -752,6 +771,7 @@ class EngineCore:
     def _unload(self) -> None:
         """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()
         self._give_up_job("the engine is closing")
         if self._host_job is not None:
             self._host_job.cancelled.set()
@@ -790,7 +810,9 @@ class EngineCore:
 
     def _on_open_session(self, c: C.OpenSession) -> str:
         return self._table.open(c.system_prompt, c.params, c.priority, c.session_id,
-                                history=c.history)
+                                history=c.history,
+                                memory=memory_turn.M.Memory(
+                                    "off" if c.memory == "off" else "fold", pinned=c.pinned))
 
     def _on_close_session(self, c: C.CloseSession) -> None:
         self._close_session(c.session_id)
@@ -800,10 +822,68 @@ class EngineCore:
         if s is not None:
             s.priority = c.priority
 
-    def _on_start_reply(self, c: C.StartReply) -> Generation:
+    def _on_start_reply(self, c: C.StartReply,
+                        resume: memory_turn.Resume | None = None) -> Generation:
+        if resume is None:  # a conversation past its share folds first (runtime/memory.py)
+            first = self._fold_first(c)
+            if isinstance(first, Generation):
+                return first  # its summary is written first, then the line starts
+            resume = first
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
-                                c.tool_results, c.history)
+                                c.tool_results, c.history, raw=c.raw,
+                                resume=resume)
+
+    def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
+        """Fold the session's oldest turns out of the context when the line would not fit
+        its share: the model summarises them first (a summary turn on the session's own
+        sequence, whose handle is the line's), or, without room for that, they are dropped.
+        None: nothing to fold (the line's own checks go on as ever)."""
+        s, vocab = self._sessions.get(c.session_id), self._vocab
+        if (s is None or s.turn is not None or c.images or vocab is None
+                or c.history is not None or c.raw is not None):  # a rewrite: the client's
+            return None
+        others = [_claim(o) for o in self._sessions.values() if o is not s]
+        job = memory_turn.prepare(vocab, s, c, min(self.share.room(others), self.share.most),
+                                  self.share.most)
+        if not isinstance(job, memory_turn.Summary):
+            return job  # nothing to fold, or dropped without a summary (no room for one)
+        handle = Generation(c.session_id, reply=c.reply,
+                            outbox=self._outbox if c.streamed else None,
+                            interrupt=self._abort.arm)
+        turn = memory_turn.turn(s, handle, job, self._turn_counter + 1)
+        turn.chain = self._make_chain(turn)
+        self._turn_counter += 1
+        memory_turn.start(s, turn, self._mem)
+        return handle
+
+    def _summary_ended(self, t: Turn, reason: str, error: BaseException | None) -> None:
+        """A summary turn ended: its text becomes the memory and the line starts (with the
+        same handle), or the line ends with it (cancelled, failed)."""
+        resume = memory_turn.ended(t, self._mem, error, cancelled=reason == "cancelled")
+        if resume is None:  # failed, or cancelled: as if the line was never said
+            replies.settle(t, reason, error, 0)
+            return
+        try:
+            self._on_start_reply(t.memo.line, resume)
+        except BaseException as e:  # noqa: BLE001 - the line's handle carries it
+            t.handle._fail(e)
+
+    def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
+        # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
+        # a pooled input is read whole); alone, as many as the embeddings context takes
+        budget = oneshot.EMBED_CTX
+        if self._active_turns() and self._token_s:
+            budget = int(self.config.max_step_s / self._token_s)
+        return self._embedder.embed(
+            self._need_placed(), self._need_vocab(), c.inputs, c.start, budget=budget,
+            normalize=c.normalize, n_threads=self._settings().n_threads
+            or loader.default_threads())
+
+    def _on_tokenize(self, c: C.Tokenize) -> object:
+        out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,
+                               parse_special=c.parse_special, with_pieces=c.with_pieces)
+        return out if c.with_pieces else out.tokens
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -834,6 +914,9 @@ class EngineCore:
         tool_plan: tools.ToolPlan | None = None,
         tool_results: tuple[tuple[str, str], ...] = (),
         history: tuple[tuple[str, str], ...] | None = None,
+        raw: str | None = None,
+        *,
+        resume: memory_turn.Resume | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -856,11 +939,15 @@ class EngineCore:
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data; the
-        # line's tools close the system prompt (the same text for the same tools)
-        block = tool_plan.block if tool_plan is not None else ""
-        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
-        parts = (_open_parts(vocab, shown) if prefill
-                 else vocab.prompt_parts(shown, add_assistant=True))
+        # line's tools close the system prompt (the same text for the same tools). A raw
+        # prompt has no template: it is all data, or read as llama-server reads one
+        if raw is not None:
+            parts = [(user_text, raw == "markup")]
+        else:
+            block = tool_plan.block if tool_plan is not None else ""
+            shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+            parts = (_open_parts(vocab, shown) if prefill
+                     else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
@@ -892,9 +979,10 @@ class EngineCore:
             n_prompt = len(feed) + image_turn.cells(pending)
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
-            handle = Generation(sid, reply=reply,
-                                outbox=self._outbox if streamed else None,
-                                interrupt=self._abort.arm)
+            handle = (resume.handle if resume is not None and resume.handle is not None
+                      else Generation(sid, reply=reply,
+                                      outbox=self._outbox if streamed else None,
+                                      interrupt=self._abort.arm))
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -908,6 +996,9 @@ class EngineCore:
             image_turn.release(pending)
             raise
         self._turn_counter += 1
+        if resume is not None:  # the line after a fold: what it reads again is its cost
+            turn.folded = (resume.dropped, resume.summarised)
+            s.memory.reread_tokens += n_prompt
         if keep >= 0 and not llama_cpp.llama_memory_seq_rm(self._mem, s.seq, keep, -1):
             # a cache that cannot drop a tail (recurrent layers): read it all
             turn.feed, turn.cached_cells, turn.prompt_tokens = list(new), 0, len(new)
@@ -923,7 +1014,8 @@ class EngineCore:
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
-        return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
+        params = turn.memo.params if turn.memo is not None else s.params  # a summary: greedy
+        return SamplerChain(params, self._need_vocab().vocab, grammar=turn.grammar,
                             history=s.history, reply_tokens=turn.generated)
 
     # ============================================================ engine thread: decoding
@@ -1164,6 +1256,9 @@ class EngineCore:
     ) -> None:
         replies.detach(t)
         self._vision_idle()
+        if t.memo is not None:
+            self._summary_ended(t, reason, error)
+            return
         if error is None and not t.generated and reason == "cancelled":
             # cancelled before the first token: as if the line was never said
             self._rollback(t)

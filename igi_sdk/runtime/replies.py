@@ -11,7 +11,7 @@ from typing import Any
 import llama_cpp
 
 from igi_sdk.errors import ContextFullError, PromptTooLongError
-from igi_sdk.runtime import image_turn
+from igi_sdk.runtime import image_turn, memory_turn
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import Admit, ContextShare
 from igi_sdk.runtime.generation import GenerationResult
@@ -111,6 +111,8 @@ def _length(t: Turn, tok: int) -> tuple[str, int | None] | None:
 
 
 def emit_upto(t: Turn, end: int) -> None:
+    if t.memo is not None:  # a summary (runtime/memory_turn.py): not the player's to see
+        return
     if end > t.emitted:
         t.handle._emit(t.raw[t.emitted : end])
         t.emitted = end
@@ -120,6 +122,9 @@ def rollback(t: Turn, mem: Any) -> None:
     """Undo a turn that produced nothing: the conversation is as before the request (``mem``:
     the KV cache's, None while no placement is loaded)."""
     s = t.session
+    if t.memo is not None:  # a summary: the conversation was not changed by it
+        memory_turn.forget(t, mem)
+        return
     if mem is not None:  # else: trimmed when the parked state is put back
         llama_cpp.llama_memory_seq_rm(mem, s.seq, t.start_tokens, -1)
     s.rolled_back(t)
@@ -170,5 +175,7 @@ def settle(t: Turn, reason: str, error: BaseException | None, visible_end: int |
         ttft_s=(t.t_first or now) - t.t0,
         total_s=now - t.t0,
         cached_tokens=t.cached_cells,
+        dropped_turns=t.folded[0],
+        summarised_turns=t.folded[1],
         tool_calls=calls,
     ))

@@ -14,6 +14,7 @@ from typing import Any
 
 from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
 from igi_sdk.runtime.generation import Generation
+from igi_sdk.runtime.memory import Memory, head_of
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
 from igi_sdk.runtime.tools import CallReader, ToolPlan
 
@@ -43,6 +44,8 @@ class Session:
     image_cells: int = 0
     n_images: int = 0
     images: list[Any] = field(default_factory=list)
+    # what stays in context past its share, and the turns that left it (runtime/memory.py)
+    memory: Memory = field(default_factory=Memory)
 
     @property
     def cells(self) -> int:
@@ -151,6 +154,10 @@ class Turn:
     # (None with tool_choice "none": the reply is text)
     tools: ToolPlan | None = None
     calls: CallReader | None = None
+    # a summary of turns leaving the context, written before the line (memory_turn.Summary);
+    # its text is not the line's reply
+    memo: Any = None
+    folded: tuple[int, int] = (0, 0)  # turns dropped / summarised before this line
 
 
 class SessionTable:
@@ -170,7 +177,7 @@ class SessionTable:
 
     def open(
         self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None,
-        history: tuple[tuple[str, str], ...] = (),
+        history: tuple[tuple[str, str], ...] = (), memory: Memory | None = None,
     ) -> str:
         if not self.free_seqs:
             raise TooManySessionsError(
@@ -180,11 +187,13 @@ class SessionTable:
         if sid in self.by_id:
             raise SessionBusyError(f"session '{sid}' already exists")
         # image slots are already out of the prompt (Engine.open_session_async)
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        memory = memory or Memory()
+        memory.system = system_prompt or None
+        messages = head_of(memory)  # the system prompt, and the pinned facts after it
         # earlier turns: read into the cache with the first line (nothing is committed yet)
         messages += [{"role": role, "content": text} for role, text in history]
         seq = self.free_seqs.pop(0)
-        self.by_id[sid] = Session(sid, seq, params, priority, messages)
+        self.by_id[sid] = Session(sid, seq, params, priority, messages, memory=memory)
         return sid
 
     def remove(self, s: Session) -> None:

@@ -40,7 +40,14 @@ from igi_sdk.events import (
     SessionFigures,
     next_reply_id,
 )
-from igi_sdk.serving.backend import Backend, ReservationDone, StreamHandle, StreamListener
+from igi_sdk.serving.backend import (
+    Backend,
+    EmbedResult,
+    ReservationDone,
+    StreamHandle,
+    StreamListener,
+    TokenizeResult,
+)
 from igi_sdk.upstream.client import CHARS_PER_TOKEN_CAP, UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import SchemaFormat, UpstreamConfig
 from igi_sdk.upstream.policy import LocalHealth, route
@@ -211,6 +218,19 @@ class RoutingBackend:
         else:
             self._move_local(request, t, listener, handle, out)
         return out
+
+    # requests without a session: the local model answers them (its tokenizer, its vectors)
+    def tokenize(self, request: P.Tokenize) -> Future[TokenizeResult]:
+        return self.local.tokenize(request)
+
+    def detokenize(self, request: P.Detokenize) -> Future[str]:
+        return self.local.detokenize(request)
+
+    def embed(self, request: P.Embed) -> Future[EmbedResult]:
+        return self.local.embed(request)
+
+    def complete(self, request: P.Complete, listener: StreamListener) -> Future[StreamHandle]:
+        return self.local.complete(request, listener)
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         with self._lock:
