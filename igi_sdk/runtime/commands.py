@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from igi_sdk.planner import Plan
 from igi_sdk.runtime.background_load import LoadDone
 from igi_sdk.runtime.image_turn import ImageInput
-from igi_sdk.runtime.sampling import SamplingParams
+from igi_sdk.runtime.sampling import SamplingOverride, SamplingParams
 
 
 @dataclass
@@ -57,6 +57,8 @@ class StartReply(Command):
     images: tuple[ImageInput, ...]
     reply: int
     streamed: bool  # someone subscribed to the reply's events in the outbox
+    sampling: SamplingOverride | None = None  # the line's own sampling (validated)
+    logprobs: int | None = None
     needs_model: ClassVar[bool] = True
 
 

@@ -63,7 +63,7 @@ from igi_sdk.runtime.image_turn import ImageInput, MediaMark
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.placement import Placement
-from igi_sdk.runtime.sampling import SamplerChain
+from igi_sdk.runtime.sampling import SamplerChain, SamplingOverride
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
 from igi_sdk.runtime.text import Vocab, parts_after
@@ -800,7 +800,8 @@ class EngineCore:
 
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed)
+                                c.ignore_eos, c.images, c.reply, c.streamed,
+                                sampling=c.sampling, logprobs=c.logprobs)
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -828,6 +829,8 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        sampling: SamplingOverride | None = None,
+        logprobs: int | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -874,7 +877,8 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending,
+                ignore_eos=ignore_eos, images=pending, logprobs=logprobs,
+                params=sampling.apply(s.params) if sampling is not None else None,
             )
             turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
         except BaseException:
@@ -890,8 +894,9 @@ class EngineCore:
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
-        return SamplerChain(s.params, self._need_vocab().vocab, grammar=turn.grammar,
-                            history=s.history, reply_tokens=turn.generated)
+        return SamplerChain(turn.params or s.params, self._need_vocab().vocab,
+                            grammar=turn.grammar, history=s.history,
+                            reply_tokens=turn.generated, logprobs=turn.logprobs)
 
     # ============================================================ engine thread: decoding
 

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -30,6 +30,7 @@ from igi_sdk import threads
 from igi_sdk.errors import (
     EngineClosedError,
     EngineUnavailableError,
+    InvalidSamplingError,
     InvalidStateError,
     PromptTooLongError,
     UnknownSessionError,
@@ -49,7 +50,12 @@ from igi_sdk.runtime.engine_ops import LoadOutcome
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.image_turn import ImageInput
 from igi_sdk.runtime.overrides import LoadReport
-from igi_sdk.runtime.sampling import SamplingParams, prepare_grammar
+from igi_sdk.runtime.sampling import (
+    SamplingOverride,
+    SamplingParams,
+    line_sampling,
+    prepare_grammar,
+)
 from igi_sdk.runtime.session import Session
 from igi_sdk.runtime.text import Vocab
 from igi_sdk.runtime.vision import VisionContext
@@ -323,11 +329,18 @@ class Engine:
         ignore_eos: bool = False,
         listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
+        sampling: SamplingOverride | Mapping[str, object] | None = None,
+        logprobs: int | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once."""
+        out: Future[Generation] = Future()
         if max_tokens < 1:
-            out: Future[Generation] = Future()
             out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
+            return out
+        try:
+            line = line_sampling(sampling, logprobs)
+        except InvalidSamplingError as e:
+            out.set_exception(e)
             return out
         stops = tuple(s for s in stop if s)
         reply = next_reply_id()
@@ -337,7 +350,8 @@ class Engine:
         def start(g: str | None) -> Future[Generation]:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
-                                            streamed=listener is not None))
+                                            streamed=listener is not None, sampling=line,
+                                            logprobs=logprobs))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
@@ -356,7 +370,10 @@ class Engine:
     def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
 
-        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``images`` (a list of
+        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``sampling`` (this
+        line's own settings: a map of SamplingParams fields, or a SamplingOverride),
+        ``logprobs`` (0..20: each text event carries its tokens' logprobs with that many
+        alternatives), ``images`` (a list of
         :class:`ImageInput`; needs ``EngineConfig.mmproj``; where they go in the line:
         runtime/image_turn.py), ``ignore_eos`` (keep
         generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(event)``

@@ -8,7 +8,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
-from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText
+from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText, TokenLogprob
 
 
 @dataclass(frozen=True)
@@ -89,11 +89,11 @@ class Generation:
 
     # --- engine side ------------------------------------------------------------------------
 
-    def _emit(self, text: str) -> None:
+    def _emit(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         if text:
             self._events.put(text)
             if self.outbox is not None:
-                self.outbox.post(ReplyText(self.reply, text))
+                self.outbox.post(ReplyText(self.reply, text, logprobs))
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result

@@ -438,10 +438,12 @@ class ModelHost:
             return _failed(e)
 
         def start(ready: Sequence[ImageInput]) -> Future[Generation]:
+            line = (None if request.sampling is None
+                    else request.sampling.model_dump(exclude_none=True))
             return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
                                   stop=request.stop, grammar=request.grammar,
                                   json_schema=request.json_schema, listener=listener,
-                                  images=ready)
+                                  images=ready, sampling=line, logprobs=request.logprobs)
 
         if not images or not eng.config.mmproj:  # (no projector: the engine says so)
             return start(images)  # type: ignore[return-value]

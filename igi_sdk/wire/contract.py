@@ -227,9 +227,23 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
 }
 
 
+class TopLogprob(Reply):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(Reply):
+    token: str = Field(description="the sampled token's text")
+    logprob: float = Field(description="its natural-log probability")
+    top: list[TopLogprob] = Field(default_factory=list, description="the likeliest tokens "
+                                  "(chat.logprobs of them), most likely first")
+
+
 class Token(Reply):
     text: str = Field(description="the next piece of visible text (never empty)")
     i: int = Field(ge=1, description="1, 2, 3, ... within this stream")
+    logprobs: list[TokenLogprob] | None = Field(None, description="1.3, with chat.logprobs: "
+                                                "the tokens whose text this piece completes")
 
 
 class Usage(Reply):
