@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,13 +29,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
+from igi_sdk.http import sampling_options
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
 from igi_sdk.http.parse import Parsed, read
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
-from igi_sdk.wire import protocol as P
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 
@@ -113,7 +113,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         st = await stats(request)
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
-                                         "owned_by": "igi-sdk"}]
+                                         "owned_by": "igi-sdk",
+                                         **sampling_options.model_limits(st)}]
         return JSONResponse({"object": "list", "data": data})
 
     @app.post("/v1/chat/completions", response_model=None)
@@ -180,12 +181,19 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                 table.forget(match.conversation.session)
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
             raise
+        if req.stream and req.choices() > 1:
+            raise HttpError(400, "unsupported_parameter", "n > 1 is answered whole: send it "
+                            "with stream false (or one request per choice)")
         if req.stream:
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        more = [asyncio.ensure_future(_choice(client(), req, parsed, k, priority, inward,
+                                              request.is_disconnected))
+                for k in range(1, req.choices())]
         try:
             done = await _finished(turn, inward, first, request.is_disconnected)
+            extra = list(await asyncio.gather(*more))
         except _ClientGone:
             # nobody reads this reply: it stops, and its session closes (the transcript is no
             # longer the client's)
@@ -194,8 +202,10 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             raise HttpError(499, "cancelled", "the client went away") from None
         finally:
             match.conversation.busy = False
+            for task in more:
+                task.cancel()
         table.answered(match.conversation, line, done["text"])
-        return JSONResponse(_completion(turn, req, done))
+        return JSONResponse(_completion(turn, req, done, extra))
 
     return app
 
@@ -242,6 +252,8 @@ class _Turn:
     created: int
     # the reply's events, handed to the event loop as the sidecar sends them (_follow)
     queue: asyncio.Queue[object]
+    # its tokens' logprobs as the sidecar sent them (a line that asked for them)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _stats(client: Any) -> dict[str, Any]:
@@ -355,8 +367,8 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
 
 def _line_options(req: ChatOptions, images: list[bytes]) -> dict[str, Any]:
     """The ``chat`` options of the request's line."""
-    options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
-                               "stop": req.stops()}
+    options: dict[str, Any] = {"max_tokens": req.reply_tokens(), "stop": req.stops(),
+                               **sampling_options.chat_options(req)}
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         options["json_schema"] = {"type": "object"}
@@ -421,6 +433,25 @@ def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> 
     return turn
 
 
+async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority: int,
+                  inward: Inward, gone: Gone) -> Choice:
+    """Choice ``k`` of a request with ``n`` > 1: a session of its own, opened with the
+    request's transcript, answering the line with its own seed, then closed (choices are not
+    conversations the face keeps)."""
+    conv = Conversation(f"choice-{uuid.uuid4().hex}", parsed.system)
+    try:
+        await asyncio.to_thread(_prepare, c, req, Match(conv, True, tuple(parsed.history)),
+                                priority, [], False)
+        options = {**_line_options(req, parsed.images),
+                   **sampling_options.chat_options(req, k)}
+        turn = _send(c, conv, parsed.line, options)
+        done = await _finished(turn, inward, await _next_piece(turn, inward, gone), gone)
+        return done, turn.logprobs
+    finally:
+        with anyio.CancelScope(shield=True):
+            await asyncio.to_thread(_close_quietly_any, lambda: c, conv.session)
+
+
 class _StartFailed(Exception):
     """The line failed after its session was opened (the retry must open it again)."""
 
@@ -431,14 +462,9 @@ class _StartFailed(Exception):
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
           priority: int) -> None:
-    sampling: dict[str, Any] = {}
-    if req.temperature is not None:
-        sampling["temperature"] = req.temperature
-    if req.top_p is not None:
-        sampling["top_p"] = req.top_p
-    if req.seed is not None:
-        sampling["seed"] = req.seed
-    c.open_session(conv.system, name=conv.session, priority=priority, sampling=sampling,
+    # the session's own sampling stays the default: each line carries the request's
+    # (sampling_options.line_sampling), so a later request is sampled as it asks
+    c.open_session(conv.system, name=conv.session, priority=priority, sampling={},
                    history=[{"role": r, "content": t} for r, t in history])
 
 
@@ -495,24 +521,50 @@ def _finish_reason(done: dict[str, Any]) -> str:
     return "length" if done.get("finish_reason") == "length" else "stop"
 
 
-def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any]
-                ) -> dict[str, Any]:
+Choice = tuple[dict[str, Any], list[dict[str, Any]]]  # a reply's done body, its logprobs
+
+
+def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any],
+                extra: list[Choice] | None = None) -> dict[str, Any]:
+    """The completion; ``extra``: the other choices' when ``n`` > 1."""
+    extra = extra or []
+    choices = [(done, turn.logprobs), *extra]
+    usage = _usage(done)
+    for more, _ in extra:  # every choice's reply counts, as OpenAI bills them
+        usage["completion_tokens"] += _usage(more)["completion_tokens"]
+        usage["total_tokens"] += _usage(more)["completion_tokens"]
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": req.model or "igi-sdk",
-            "choices": [{"index": 0, "message": {"role": "assistant", "content": done["text"]},
-                         "finish_reason": _finish_reason(done), "logprobs": None}],
-            "usage": _usage(done)}
+            "choices": [{"index": i, "message": {"role": "assistant", "content": d["text"]},
+                         "finish_reason": _finish_reason(d), "logprobs": _lp(req, lp)}
+                        for i, (d, lp) in enumerate(choices)],
+            "usage": usage}
+
+
+def _lp(req: ChatOptions, lps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    return {"content": sampling_options.openai_logprobs(lps), "refusal": None}
 
 
 def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, str],
-           finish: str | None = None) -> bytes:
+           finish: str | None = None, lps: list[dict[str, Any]] | None = None) -> bytes:
     body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
             "model": req.model or "igi-sdk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                         "logprobs": None if lps is None else _lp(req, lps)}]}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 _END = object()
+
+
+@dataclass(frozen=True)
+class _Logprobbed:
+    """A text piece of a reply that asked for logprobs, with its tokens'."""
+
+    text: str
+    logprobs: list[dict[str, Any]]
 
 
 def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
@@ -530,7 +582,12 @@ def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
     def sink(rtype: str, body: dict[str, Any]) -> None:
         if rtype == "token":
             stream.pieces.append(body["text"])
-            hand_on(body["text"])
+            lps = body.get("logprobs")
+            if lps:  # the piece with the tokens it completes (a streamed chunk carries them)
+                turn.logprobs.extend(lps)
+                hand_on(_Logprobbed(body["text"], lps))
+            else:
+                hand_on(body["text"])
         elif rtype == "done":
             stream.done = body
             hand_on(_END)
@@ -561,6 +618,10 @@ async def _next_piece(turn: _Turn, inward: Inward, gone: Gone | None = None) -> 
                     raise HttpError(503, "unavailable", "no answer from the sidecar") from None
                 continue
         if isinstance(piece, BridgeError):
+            if piece.code == "cancelled":  # the face cancels only replies nobody reads: the
+                # game took this session's slot (its open_session is never refused)
+                raise HttpError(503, "preempted", "the game needed this conversation's "
+                                "session slot; send the request again")
             raise from_code(piece.code, piece.message)
         return piece
 
@@ -593,6 +654,8 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         yield _chunk(turn, req, {"role": "assistant", "content": ""})
         if isinstance(first, str):
             yield _chunk(turn, req, {"content": first})
+        elif isinstance(first, _Logprobbed):
+            yield _chunk(turn, req, {"content": first.text}, lps=first.logprobs)
         n = 0
         pieces = _pieces(turn, inward, first, request.is_disconnected)
         while True:
@@ -605,10 +668,13 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
             if isinstance(piece, HttpError):
                 yield b"data: " + json.dumps(piece.body()).encode() + b"\n\n"
                 return
-            assert isinstance(piece, str)
             n += 1
             if n % 8 == 0 and await request.is_disconnected():
                 return  # the finally below cancels the reply
+            if isinstance(piece, _Logprobbed):
+                yield _chunk(turn, req, {"content": piece.text}, lps=piece.logprobs)
+                continue
+            assert isinstance(piece, str)
             yield _chunk(turn, req, {"content": piece})
         done = turn.stream.done or {}
         yield _chunk(turn, req, {}, _finish_reason(done))

@@ -174,6 +174,12 @@ class StatsOk(Answer):
     control_latency_ms: dict[str, LatencyFigures] | None = Field(
         None, description="per request type answered by the socket thread: how long it took")
     orphaned_sessions: int | None = Field(None, description="sessions waiting to be adopted")
+    limits: dict[str, int] | None = Field(None, description="1.3: what one request may ask: "
+                                          "max_tokens (a reply), max_text_chars, "
+                                          "max_message_bytes, session_slots (sessions, and "
+                                          "replies at once, in all), n_ctx and "
+                                          "n_ctx_per_session (the most one conversation "
+                                          "holds) while a model is loaded")
     watching_pid: int | None = Field(None, description="the game process whose end ends the "
                                      "sidecar; null if none")
     launch_token: bool | None = Field(None, description="the sidecar was started with a "
