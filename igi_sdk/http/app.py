@@ -188,8 +188,16 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+        async def room() -> str | None:
+            """The least recently used idle conversation, given up for another choice."""
+            async with lock:
+                victim = table.least_recent_idle(but=match.conversation.session)
+                if victim is not None:
+                    table.forget(victim)
+                return victim
+
         more = [asyncio.ensure_future(_choice(client(), req, parsed, k, priority, inward,
-                                              request.is_disconnected))
+                                              request.is_disconnected, room))
                 for k in range(1, req.choices())]
         try:
             done = await _finished(turn, inward, first, request.is_disconnected)
@@ -434,18 +442,34 @@ def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> 
 
 
 async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority: int,
-                  inward: Inward, gone: Gone) -> Choice:
+                  inward: Inward, gone: Gone, room: Callable[[], Awaitable[str | None]]
+                  ) -> Choice:
     """Choice ``k`` of a request with ``n`` > 1: a session of its own, opened with the
     request's transcript, answering the line with its own seed, then closed (choices are not
     conversations the face keeps)."""
     conv = Conversation(f"choice-{uuid.uuid4().hex}", parsed.system)
+    options = {**_line_options(req, parsed.images), **sampling_options.chat_options(req, k)}
+    opened, evicted = False, []
     try:
-        await asyncio.to_thread(_prepare, c, req, Match(conv, True, tuple(parsed.history)),
-                                priority, [], False)
-        options = {**_line_options(req, parsed.images),
-                   **sampling_options.chat_options(req, k)}
-        turn = _send(c, conv, parsed.line, options)
-        done = await _finished(turn, inward, await _next_piece(turn, inward, gone), gone)
+        for attempt in range(4):
+            try:
+                if not opened or evicted:  # (opened: only the idle conversations close)
+                    await asyncio.to_thread(_prepare, c, req,
+                                            Match(conv, not opened, tuple(parsed.history)),
+                                            priority, evicted, False)
+                opened, evicted = True, []
+                turn = _send(c, conv, parsed.line, options)
+                first = await _next_piece(turn, inward, gone)
+                break
+            except HttpError as e:
+                # every slot taken, or the context's cells: an idle conversation makes way
+                if e.code not in ("too_many_sessions", "context_full") or attempt == 3:
+                    raise
+                victim = await room()
+                if victim is None:
+                    raise
+                evicted = [victim]
+        done = await _finished(turn, inward, first, gone)
         return done, turn.logprobs
     finally:
         with anyio.CancelScope(shield=True):
