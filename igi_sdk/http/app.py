@@ -188,7 +188,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
-        async def room() -> str | None:
+        async def give_up_idle() -> str | None:
             """The least recently used idle conversation, given up for another choice."""
             async with lock:
                 victim = table.least_recent_idle(but=match.conversation.session)
@@ -197,7 +197,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                 return victim
 
         more = [asyncio.ensure_future(_choice(client(), req, parsed, k, priority, inward,
-                                              request.is_disconnected, room))
+                                              request.is_disconnected, give_up_idle))
                 for k in range(1, req.choices())]
         try:
             done = await _finished(turn, inward, first, request.is_disconnected)
@@ -449,7 +449,7 @@ async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority:
     conversations the face keeps)."""
     conv = Conversation(f"choice-{uuid.uuid4().hex}", parsed.system)
     options = {**_line_options(req, parsed.images), **sampling_options.chat_options(req, k)}
-    opened, evicted = False, []
+    opened, evicted = False, list[str]()
     try:
         for attempt in range(4):
             try:

@@ -851,9 +851,11 @@ class SessionService:
                "max_message_bytes": P.MAX_MESSAGE_BYTES, "session_slots": self._slots()}
         engine = model.get("engine")
         context = engine.get("context") if isinstance(engine, dict) else None
-        if isinstance(context, dict) and "n_ctx" in context:
-            out["n_ctx"] = int(context["n_ctx"])
-            out["n_ctx_per_session"] = int(context.get("max_per_session", context["n_ctx"]))
+        n_ctx = context.get("n_ctx") if isinstance(context, dict) else None
+        if isinstance(context, dict) and isinstance(n_ctx, int):
+            out["n_ctx"] = n_ctx
+            most = context.get("max_per_session")
+            out["n_ctx_per_session"] = most if isinstance(most, int) else n_ctx
         return out
 
     def _on_shutdown(self, c: Client, msg_id: int, body: P.Empty) -> C.EmptyOk:
