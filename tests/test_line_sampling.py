@@ -219,3 +219,14 @@ def test_logprobs_cost_little_per_token(engine) -> None:
             engine.close_session(sid)
         rates[with_lp].append(r.decode_tps)
     assert max(rates[True]) > 0.75 * max(rates[False]), rates
+
+
+def test_an_upstream_line_carries_its_own_sampling() -> None:
+    from igi_sdk.upstream.routing import request_body
+    from igi_sdk.wire import protocol as P
+
+    chat = P.Chat.model_validate({"session": "s", "text": "hi", "sampling": {
+        "temperature": 1.4, "presence_penalty": 0.5, "logit_bias": {"17": -100.0}}})
+    body = request_body(chat, P.Sampling(seed=3), [], "k")
+    assert (body["temperature"], body["seed"], body["presence_penalty"]) == (1.4, 3, 0.5)
+    assert body["logit_bias"] == {"17": -100.0} and "frequency_penalty" not in body
