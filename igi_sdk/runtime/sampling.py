@@ -168,6 +168,8 @@ class SamplingOverride(BaseModel):
 
 
 MAX_LOGPROBS = 20
+# where the likeliest tokens are looked for first: within exp(-3) and exp(-9.2) of the best
+_LP_NEAR = (np.float32(0.05), np.float32(1e-4))
 
 
 def line_sampling(sampling: SamplingOverride | Mapping[str, object] | None,
@@ -370,18 +372,32 @@ class SamplerChain:
     def _lp_prepare(self, logits: np.ndarray) -> None:
         """The log-softmax normaliser of ``logits`` (the row the token is drawn from, after
         the penalties, the biases and a grammar's mask; before truncation and temperature,
-        as OpenAI reports them) and its ``logprobs`` likeliest tokens: O(vocabulary) once
-        per token, no sort of the whole row."""
-        top = self.logprobs or 0
-        finite_max = float(logits.max())
-        lse = finite_max + math.log(float(np.exp(logits - finite_max).sum()))
-        self._lp_lse = lse
-        if top:
-            ids = np.argpartition(logits, -top)[-top:]
-            order = ids[np.argsort(-logits[ids], kind="stable")]
-            self._lp_top = [(int(i), float(logits[i]) - lse) for i in order]
-        else:
+        as OpenAI reports them) and its ``logprobs`` likeliest tokens. One exp pass over the
+        row into a buffer of this chain's; the likeliest are looked for among the tokens
+        nearest the best (a whole-row partition only where fewer than ``logprobs`` are within 9
+        nats of it)."""
+        top = min(self.logprobs or 0, len(logits))
+        buf = self._lp_row
+        if buf is None or len(buf) != len(logits):
+            buf = self._lp_row = np.empty(len(logits), dtype=np.float32)
+        best = float(logits.max())
+        np.subtract(logits, np.float32(best), out=buf)
+        np.exp(buf, out=buf)
+        # (numpy's pairwise float32 sum: exact enough, and a float64 one converts the row)
+        self._lp_lse = lse = best + math.log(float(buf.sum()))
+        if not top:
             self._lp_top = []
+            return
+        for near in _LP_NEAR:  # within 3 nats of the best, then 9: few tokens to sort
+            ids = np.flatnonzero(buf >= near)
+            if len(ids) >= top:
+                break
+        else:
+            ids = np.argpartition(buf, -top)[-top:]
+        if len(ids) > top:
+            ids = ids[np.argpartition(logits[ids], -top)[-top:]]
+        order = ids[np.argsort(-logits[ids], kind="stable")]
+        self._lp_top = [(int(i), float(logits[i]) - lse) for i in order]
 
     def _lp_finish(self, logits: np.ndarray, tok: int) -> None:
         self.last = (float(logits[tok]) - self._lp_lse, self._lp_top)
