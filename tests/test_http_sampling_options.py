@@ -120,3 +120,10 @@ def test_models_entries_say_the_limits() -> None:
     assert entry["context_length"] == 1536 and entry["max_completion_tokens"] == 1536
     assert entry["meta"]["n_ctx"] == 4096 and entry["meta"]["concurrent_replies"] == 8
     assert S.model_limits({})["max_completion_tokens"] == P.MAX_TOKENS
+
+
+def test_n_past_one_is_not_streamed() -> None:
+    assert _read(n=3).options.choices() == 3
+    with pytest.raises(HttpError) as e:
+        _read(n=2, stream=True)
+    assert (e.value.status, e.value.code) == (400, "unsupported_parameter")

@@ -181,13 +181,11 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                 table.forget(match.conversation.session)
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
             raise
-        if req.stream and req.choices() > 1:
-            raise HttpError(400, "unsupported_parameter", "n > 1 is answered whole: send it "
-                            "with stream false (or one request per choice)")
         if req.stream:
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+
         async def give_up_idle() -> str | None:
             """The least recently used idle conversation, given up for another choice."""
             async with lock:

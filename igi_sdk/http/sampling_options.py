@@ -38,6 +38,9 @@ def check(opts: Any) -> None:
     check_unsupported({name: getattr(opts, name, None) for name in NEUTRAL})
     line_logprobs(opts)
     line_sampling(opts)
+    if opts.stream and opts.choices() > 1:
+        raise HttpError(400, "unsupported_parameter", "n > 1 is answered whole: send it with "
+                        "stream false (or one request per choice)")
 
 
 def check_unsupported(unsupported: dict[str, Any]) -> None:
