@@ -284,6 +284,32 @@ def vectors() -> list[Vector]:
              "send chat 5's events after token 2 again (after a reconnect)"),
         _req("request_goodbye", 18, "goodbye", {"keep_sessions": True},
              "leaving; the sessions wait to be adopted"),
+        # --- protocol 1.3 ---
+        _req("request_chat_tools", 5, "chat",
+             {"session": SID, "text": "Follow me to the mill.", "max_tokens": 64,
+              "tools": [{"name": "follow", "description": "Follow the player.",
+                         "parameters": {"type": "object", "properties": {
+                             "distance": {"type": "integer"}}, "required": ["distance"]}},
+                        {"name": "attack", "description": "Attack a target.",
+                         "parameters": '{"type":"object","properties":{"target":'
+                                       '{"type":"string"}},"required":["target"]}'}],
+              "tool_choice": "auto", "parallel_tool_calls": False},
+             "tools (feature tools): the reply is text or calls of these tools"),
+        _req("request_chat_tool_results", 5, "chat",
+             {"session": SID, "text": "", "tool_results": [
+                 {"id": "call_5f0c2a9e1b7d4c3a", "content": '{"following": true}'}]},
+             "the results of the previous reply's calls; the reply continues from them"),
+        _req("request_open_session_tool_history", 4, "open_session",
+             {"system_prompt": "You are Brom.", "history": [
+                 {"role": "user", "content": "Follow me."},
+                 {"role": "assistant", "content": "", "tool_calls": [
+                     {"id": "call_5f0c2a9e1b7d4c3a", "name": "follow",
+                      "arguments": '{"distance": 2}'}]},
+                 {"role": "tool", "content": '{"following": true}',
+                  "tool_call_id": "call_5f0c2a9e1b7d4c3a"},
+                 {"role": "system", "content": "Lydia joins the conversation."}]},
+             "history roles (feature history_roles): system turns where they stand, calls "
+             "and their results"),
         _req("request_unknown_field_ignored", 25, "stats", {"unknown_field": 1},
              "unknown body fields are ignored; the ok lists them in 'ignored'"),
         Vector("request_envelope_extra_field", "request",
@@ -337,12 +363,12 @@ def vectors() -> list[Vector]:
              "invalid_body", 30, "saved sessions are names, not paths"),
         _bad("invalid_sampling_range", _env(31, "open_session", {"sampling": {
             "temperature": -1.0}}), "invalid_body", 31, "temperature is 0..5"),
-        _bad("invalid_chat_logprobs_range", _env(44, "chat", {"session": SID, "text": "hi",
+        _bad("invalid_chat_logprobs_range", _env(46, "chat", {"session": SID, "text": "hi",
                                                               "logprobs": 21}),
-             "invalid_body", 44, f"logprobs is 0..{P.MAX_LOGPROBS}"),
-        _bad("invalid_chat_logit_bias", _env(45, "chat", {
+             "invalid_body", 46, f"logprobs is 0..{P.MAX_LOGPROBS}"),
+        _bad("invalid_chat_logit_bias", _env(47, "chat", {
             "session": SID, "text": "hi", "sampling": {"logit_bias": {"15043": 101.0}}}),
-             "invalid_body", 45, "a bias is -100..100 (a token id past the vocabulary: "
+             "invalid_body", 47, "a bias is -100..100 (a token id past the vocabulary: "
              "invalid_sampling, where the model is known)"),
         _bad("invalid_frame_negative", _env(32, "frame", {"frame": -1, "frame_time_ms": 16.6}),
              "invalid_body", 32, ""),
@@ -357,6 +383,17 @@ def vectors() -> list[Vector]:
         _bad("invalid_chat_images_too_many", _env(39, "chat", {
             "session": SID, "text": "Look!", "images": [{}] * (P.MAX_IMAGES + 1)}),
              "invalid_body", 39, f"at most {P.MAX_IMAGES} images per chat"),
+        _bad("invalid_chat_tool_choice_undeclared", _env(48, "chat", {
+            "session": SID, "text": "Go.", "tools": [{"name": "follow"}],
+            "tool_choice": "attack"}),
+             "invalid_body", 48, "tool_choice names a tool the chat does not declare"),
+        _bad("invalid_chat_tool_names_repeat", _env(43, "chat", {
+            "session": SID, "text": "Go.", "tools": [{"name": "follow"}, {"name": "follow"}]}),
+             "invalid_body", 43, "tool names are unique"),
+        _bad("invalid_chat_tools_with_grammar", _env(44, "chat", {
+            "session": SID, "text": "Go.", "tools": [{"name": "follow"}],
+            "json_schema": {"type": "object"}}),
+             "invalid_body", 44, "tools constrain the reply: no grammar or json_schema beside"),
         _bad("invalid_array_too_long", _env(40, "stats", {"x": [0] * 4097}), "malformed", 40,
              "an array of more than 4096 items, even in a field the sidecar ignores; the id "
              "can be read, so the error carries it (the request ends)"),
@@ -386,6 +423,16 @@ def vectors() -> list[Vector]:
             "text": "Swords, traveller.", "finish_reason": "stop",
             "usage": {"prompt_tokens": 41, "completion_tokens": 5, "cached_tokens": 0},
             "timings": {"ttft_s": 0.042, "total_s": 0.118}}, "the text is the tokens joined"),
+        _rep("event_tool_call", 5, "tool_call", {
+            "i": 1, "index": 0, "id": "call_5f0c2a9e1b7d4c3a", "name": "follow",
+            "arguments": '{"distance": 2}'}, "1.3: a call, sent once its closing tag is read"),
+        _rep("event_done_tool_calls", 5, "done", {
+            "text": "", "finish_reason": "tool_calls",
+            "usage": {"prompt_tokens": 180, "completion_tokens": 19, "cached_tokens": 0},
+            "timings": {"ttft_s": 0.05, "total_s": 0.3},
+            "tool_calls": [{"id": "call_5f0c2a9e1b7d4c3a", "name": "follow",
+                            "arguments": '{"distance": 2}'}]},
+             "1.3: a reply that ended in calls"),
         _rep("event_done_cancelled", 5, "done", {
             "text": "Swords", "finish_reason": "cancelled",
             "usage": {"prompt_tokens": 41, "completion_tokens": 2, "cached_tokens": 0},

@@ -15,11 +15,13 @@ and become adoptable soon after it dies; :meth:`Client.close` says goodbye.
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import threading
 import time
 from collections import defaultdict, deque
 from collections.abc import Callable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -415,20 +417,56 @@ def _wire_images(options: dict[str, Any]) -> dict[str, Any]:
     return {**options, "images": [one(i) for i in images]}
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """A call the reply made (protocol 1.3 ``tool_call`` event, or an entry of
+    ``done.tool_calls``): ``arguments`` is JSON text of an object valid against the tool's
+    parameters schema."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+    def args(self) -> dict[str, Any]:
+        """The arguments as a dict."""
+        value = json.loads(self.arguments)
+        return value if isinstance(value, dict) else {}
+
+
 class ChatStream:
-    """Iterate for text pieces; ``done`` holds the final body; errors raise BridgeError."""
+    """Iterate for text pieces (:meth:`events` for tool calls too); ``done`` holds the final
+    body; errors raise BridgeError."""
 
     def __init__(self, client: Client, msg_id: int) -> None:
         self.client, self.id = client, msg_id
         self.done: dict[str, Any] | None = None
         self.pieces: list[str] = []
+        self.tool_calls: list[ToolCall] = []  # the calls as their events came
 
     def __iter__(self) -> Iterator[str]:
+        for event in self.events():
+            if isinstance(event, str):
+                yield event
+
+    @property
+    def done_tool_calls(self) -> list[ToolCall]:
+        """``done.tool_calls`` as typed calls (empty before the end, or without calls)."""
+        calls = (self.done or {}).get("tool_calls") or []
+        return [ToolCall(k, c["id"], c["name"], c["arguments"]) for k, c in enumerate(calls)]
+
+    def events(self) -> Iterator[str | ToolCall]:
+        """Text pieces and tool calls, in the order the sidecar sent them."""
         while self.done is None:
             rtype, body = self.client.next_event(self.id, stream=True)
             if rtype == "token":
                 self.pieces.append(body["text"])
                 yield body["text"]
+            elif rtype == "tool_call":
+                call = ToolCall(int(body["index"]), str(body["id"]), str(body["name"]),
+                                str(body["arguments"]))
+                self.tool_calls.append(call)
+                yield call
             elif rtype == "done":
                 self.done = body
             elif rtype == "error":

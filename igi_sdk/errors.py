@@ -122,6 +122,13 @@ class InvalidGrammarError(IgiError, ValueError):
     code = "invalid_grammar"
 
 
+class InvalidToolsError(InvalidGrammarError):
+    """A chat's tools refused: a parameters schema past the JSON-schema limits, or one the
+    grammar compiler refuses. The request's body is at fault, as with any bad field."""
+
+    code = "invalid_body"
+
+
 class InvalidImageError(IgiError, ValueError):
     """Image bytes that are not a PNG/JPEG llama.cpp can decode, pixels whose size is zero,
     absurd or does not match the buffer, or images that do not match the line's media markers.

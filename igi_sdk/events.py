@@ -42,6 +42,7 @@ class ReplyResult(Protocol):
     ttft_s: float
     total_s: float
     cached_tokens: int
+    tool_calls: tuple[ToolCall, ...]  # 1.3: the calls it made (empty: none)
 
 
 @dataclass(frozen=True)
@@ -80,7 +81,26 @@ class ReplyFailed:
     error: BaseException
 
 
-ReplyEvent = ReplyText | ReplyDone | ReplyFailed
+@dataclass(frozen=True)
+class ToolCall:
+    """One call a reply made (1.3 tools): ``index`` its place in the reply, ``arguments`` the
+    JSON text of an object valid against the tool's schema."""
+
+    index: int
+    id: str
+    name: str
+    arguments: str
+
+
+@dataclass(frozen=True)
+class ReplyToolCall:
+    """Reply ``reply`` completed a call (its closing tag was sampled)."""
+
+    reply: int
+    call: ToolCall
+
+
+ReplyEvent = ReplyText | ReplyToolCall | ReplyDone | ReplyFailed
 # a reply's subscriber; runs on the outbox thread, so it may encode and send, but should not
 # wait long: the next reply's events queue behind it
 ReplyListener = Callable[[ReplyEvent], None]
@@ -100,7 +120,7 @@ class _Stop:
     pass
 
 
-EngineEvent = ReplyText | ReplyDone | ReplyFailed | CommandDone | _Stop
+EngineEvent = ReplyText | ReplyToolCall | ReplyDone | ReplyFailed | CommandDone | _Stop
 
 
 class DraftFigures(TypedDict):

@@ -30,6 +30,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
 from igi_sdk.http import sampling_options
+from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
@@ -133,6 +134,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             slot.release()
         req, system, history, line, images = (parsed.options, parsed.system, parsed.history,
                                               parsed.line, parsed.images)
+        results = parsed.results
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
         async with lock:
@@ -146,7 +148,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             for attempt in range(4):
                 try:
                     turn, first = await _start(client(), req, match, line, images, priority,
-                                               evicted, inward, request.is_disconnected)
+                                               evicted, inward, request.is_disconnected,
+                                               results)
                     break
                 except (HttpError, _StartFailed) as failure:
                     # opened: the line's session was opened and its reply then refused
@@ -182,7 +185,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
             raise
         if req.stream:
-            return StreamingResponse(_sse(turn, req, table, line, request, inward, first),
+            return StreamingResponse(_sse(turn, req, table, line, request, inward, first,
+                                          results),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
 
@@ -210,7 +214,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             match.conversation.busy = False
             for task in more:
                 task.cancel()
-        table.answered(match.conversation, line, done["text"])
+        table.answered_turns(match.conversation, [*http_tools.line_turns(line, results),
+                                                  http_tools.reply_turn(done)])
         return JSONResponse(_completion(turn, req, done, extra))
 
     return app
@@ -344,13 +349,17 @@ def _priority(header: str | None) -> int:
 
 async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: list[bytes],
                  priority: int, evicted: list[str], inward: Inward,
-                 gone: Gone) -> tuple[_Turn, object]:
+                 gone: Gone, results: tuple[tuple[str, str], ...] = ()
+                 ) -> tuple[_Turn, object]:
     """Send the line and await the reply's first piece (a line the shared context cannot take
     yet is refused before any token). A line of a conversation whose session the face holds
     is one request that never waits (``chat``), sent from the event loop: no worker thread.
     The requests a line may need first (closing sessions, opening or regaining its own,
     setting its priority) wait for their answers, on a worker thread."""
     options = _line_options(req, images)
+    options.update(http_tools.chat_options(req))
+    if results:
+        options["tool_results"] = [{"id": i, "content": c} for i, c in results]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:
         await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
@@ -446,7 +455,10 @@ async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority:
     request's transcript, answering the line with its own seed, then closed (choices are not
     conversations the face keeps)."""
     conv = Conversation(f"choice-{uuid.uuid4().hex}", parsed.system)
-    options = {**_line_options(req, parsed.images), **sampling_options.chat_options(req, k)}
+    options = {**_line_options(req, parsed.images), **http_tools.chat_options(req),
+               **sampling_options.chat_options(req, k)}
+    if parsed.results:
+        options["tool_results"] = [{"id": i, "content": c} for i, c in parsed.results]
     opened, evicted = False, list[str]()
     try:
         for attempt in range(4):
@@ -487,7 +499,7 @@ def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
     # the session's own sampling stays the default: each line carries the request's
     # (sampling_options.line_sampling), so a later request is sampled as it asks
     c.open_session(conv.system, name=conv.session, priority=priority, sampling={},
-                   history=[{"role": r, "content": t} for r, t in history])
+                   history=[http_tools.wire_turn(t) for t in history])
 
 
 def _close_quietly_any(client: Any, sid: str) -> None:
@@ -540,7 +552,8 @@ def _usage(done: dict[str, Any]) -> dict[str, Any]:
 
 
 def _finish_reason(done: dict[str, Any]) -> str:
-    return "length" if done.get("finish_reason") == "length" else "stop"
+    reason = done.get("finish_reason")
+    return reason if reason in ("length", "tool_calls") else "stop"
 
 
 Choice = tuple[dict[str, Any], list[dict[str, Any]]]  # a reply's done body, its logprobs
@@ -557,7 +570,7 @@ def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any],
         usage["total_tokens"] += _usage(more)["completion_tokens"]
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": req.model or "igi-sdk",
-            "choices": [{"index": i, "message": {"role": "assistant", "content": d["text"]},
+            "choices": [{"index": i, "message": http_tools.message(d),
                          "finish_reason": _finish_reason(d), "logprobs": _lp(req, lp)}
                         for i, (d, lp) in enumerate(choices)],
             "usage": usage}
@@ -569,7 +582,7 @@ def _lp(req: ChatOptions, lps: list[dict[str, Any]]) -> dict[str, Any] | None:
     return {"content": sampling_options.openai_logprobs(lps), "refusal": None}
 
 
-def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, str],
+def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, Any],
            finish: str | None = None, lps: list[dict[str, Any]] | None = None) -> bytes:
     body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
             "model": req.model or "igi-sdk",
@@ -610,6 +623,8 @@ def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
                 hand_on(_Logprobbed(body["text"], lps))
             else:
                 hand_on(body["text"])
+        elif rtype == "tool_call":
+            hand_on(http_tools.piece_of(body))
         elif rtype == "done":
             stream.done = body
             hand_on(_END)
@@ -667,7 +682,8 @@ async def _pieces(turn: _Turn, inward: Inward, first: object,
 
 async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                line: str, request: Request, inward: Inward,
-               first: object) -> AsyncIterator[bytes]:
+               first: object, results: tuple[tuple[str, str], ...] = ()
+               ) -> AsyncIterator[bytes]:
     """The reply as server-sent events, from its ``first`` piece on; a client that goes away
     cancels it (checked between pieces too: a server may notice a closed connection only at a
     later write)."""
@@ -678,6 +694,8 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
             yield _chunk(turn, req, {"content": first})
         elif isinstance(first, _Logprobbed):
             yield _chunk(turn, req, {"content": first.text}, lps=first.logprobs)
+        elif isinstance(first, http_tools.CallPiece):
+            yield _chunk(turn, req, http_tools.call_delta(first))
         n = 0
         pieces = _pieces(turn, inward, first, request.is_disconnected)
         while True:
@@ -690,6 +708,9 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
             if isinstance(piece, HttpError):
                 yield b"data: " + json.dumps(piece.body()).encode() + b"\n\n"
                 return
+            if isinstance(piece, http_tools.CallPiece):
+                yield _chunk(turn, req, http_tools.call_delta(piece))
+                continue
             n += 1
             if n % 8 == 0 and await request.is_disconnected():
                 return  # the finally below cancels the reply
@@ -706,7 +727,8 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                      "usage": _usage(done)}
             yield b"data: " + json.dumps(usage).encode() + b"\n\n"
         yield b"data: [DONE]\n\n"
-        table.answered(turn.conversation, line, done.get("text", ""))
+        table.answered_turns(turn.conversation, [*http_tools.line_turns(line, results),
+                                                 http_tools.reply_turn(done)])
         finished = True
     finally:
         # shielded: the server cancels this generator when the client goes away, and every

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 import msgpack
 
 from igi_sdk.http import _body_worker as wire
+from igi_sdk.http.conversations import Turn
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.parse import Parsed
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
@@ -88,8 +89,8 @@ class BodyParser:
                 if cap is not None:
                     cap.cancel()
         return Parsed(ChatOptions.model_validate_json(head["options"]), str(head["system"]),
-                      [(_role(r), str(t)) for r, t in head["history"]], str(head["line"]),
-                      images)
+                      [_turn(t) for t in head["history"]], str(head["line"]),
+                      images, tuple((str(i), str(c)) for i, c in head.get("results", ())))
 
     def _gone(self, worker: WorkerProcess) -> HttpError:
         why = worker.killed_for
@@ -119,6 +120,15 @@ class BodyParser:
 
 
 def _role(role: object) -> str:
-    if role not in ("user", "assistant"):
+    if role not in ("user", "assistant", "tool"):
         raise HttpError(500, "internal", "the body parsing process answered a malformed turn")
     return str(role)
+
+
+def _turn(turn: list[object]) -> Turn:
+    """A history turn as the parsing process packed it: (role, text[, tool data])."""
+    if len(turn) == 3:
+        return (_role(turn[0]), str(turn[1]), str(turn[2]))
+    if len(turn) != 2:
+        raise HttpError(500, "internal", "the body parsing process answered a malformed turn")
+    return (_role(turn[0]), str(turn[1]))

@@ -14,7 +14,9 @@ import secrets
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
-Turn = tuple[str, str]  # (role: "user" | "assistant", text)
+# (role: "user" | "assistant", text), or with tools (http/tools.py) a third item: a tool
+# result's call id, or an assistant turn's calls as JSON
+Turn = tuple[str, str] | tuple[str, str, str]
 
 
 @dataclass
@@ -94,6 +96,10 @@ class Conversations:
     def answered(self, conv: Conversation, line: str, reply: str) -> None:
         """The session's cache now holds ``line`` and ``reply`` too."""
         conv.turns = [*conv.turns, ("user", line), ("assistant", reply)]
+
+    def answered_turns(self, conv: Conversation, turns: list[Turn]) -> None:
+        """The session's cache now holds ``turns`` too (a line with tool results or calls)."""
+        conv.turns = [*conv.turns, *turns]
 
     def forget(self, session: str) -> None:
         conv = self._by_session.pop(session, None)

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from pydantic import ValidationError
 
 from igi_sdk.http import sampling_options
+from igi_sdk.http import tools as http_tools
 from igi_sdk.http.conversations import Turn
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
@@ -33,13 +34,18 @@ class Parsed:
     history: list[Turn]
     line: str
     images: list[bytes]
+    # the results of the last reply's calls (call id, content): the tool messages that end
+    # the transcript (the line is then "")
+    results: tuple[tuple[str, str], ...] = ()
 
 
 def read(body: bytes | bytearray) -> Parsed:
     """The request in ``body``, every bound checked; HttpError when it is refused."""
     req = _parse(body)
+    http_tools.check(req)
+    req, results = http_tools.trailing_results(req)
     system, history, line, images = _split(req)
-    return Parsed(req.options(), system, history, line, images)
+    return Parsed(req.options(), system, history, line, images, results)
 
 
 def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
@@ -82,14 +88,14 @@ def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes
         raise HttpError(400, "invalid_argument", "the last message must be the user's line")
     turns: list[Turn] = []
     for m in msgs[:-1]:
-        if m.role not in ("user", "assistant"):
+        if m.role not in ("user", "assistant", "tool"):
             raise HttpError(400, "invalid_argument", "system messages go first")
         if m.image_urls():
             raise HttpError(400, "invalid_argument", "images are read with the newest line only")
-        turns.append((m.role, m.text()))
+        turns.append(http_tools.turn_of(m))
     system, last = "\n\n".join(system_parts), msgs[-1]
     # a transcript opens a session in one protocol message (its history)
-    _fits(len(system.encode()) + sum(len(t.encode()) for _, t in turns), "the transcript")
+    _fits(len(system.encode()) + sum(len("".join(t).encode()) for t in turns), "the transcript")
     images = _images(last.image_urls())
     schema = _schema_size(req)
     _fits(len(last.text().encode()) + sum(map(len, images)) + schema, "the line with its images")

@@ -43,12 +43,29 @@ class ImagePart(Loose):
 Part = Annotated[TextPart | ImagePart, Field(discriminator="type")]
 
 
+class CalledFunction(Loose):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    arguments: Annotated[str, Field(max_length=P.MAX_TEXT_CHARS)] = "{}"
+
+
+class MessageToolCall(Loose):
+    """A call of an earlier reply, as the client sends the transcript back."""
+
+    id: Annotated[str, Field(min_length=1, max_length=64)]
+    type: Literal["function"] = "function"
+    function: CalledFunction
+
+
 class Message(Loose):
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     # left to right: pydantic's default ("smart") union validated a failing list again in
     # other modes, ~100 ms holding the GIL for one oversized image where one pass takes 17
     content: Annotated[Text | Annotated[list[Part], Field(max_length=P.MAX_IMAGES + 16)] | None,
                        Field(union_mode="left_to_right")] = None
+
+    # an assistant message's calls; a tool message's call id
+    tool_calls: Annotated[list[MessageToolCall], Field(max_length=P.MAX_CALLS)] | None = None
+    tool_call_id: Annotated[str, Field(max_length=64)] | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -75,6 +92,27 @@ class JsonSchemaFormat(Loose):
 class ResponseFormat(Loose):
     type: Literal["text", "json_object", "json_schema"]
     json_schema: JsonSchemaFormat | None = None
+
+
+class FunctionDef(Loose):
+    name: Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+    description: Annotated[str, Field(max_length=2000)] | None = None
+    parameters: dict[str, Any] | None = None
+    strict: bool | None = None  # every call is held to its schema, strict or not
+
+
+class ToolParam(Loose):
+    type: Literal["function"]
+    function: FunctionDef
+
+
+class NamedFunction(Loose):
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+
+
+class NamedToolChoice(Loose):
+    type: Literal["function"]
+    function: NamedFunction
 
 
 class ChatOptions(Loose):
@@ -108,6 +146,10 @@ class ChatOptions(Loose):
     n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     user: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
+    # function calling (http/tools.py)
+    tools: Annotated[list[ToolParam], Field(max_length=P.MAX_TOOLS)] | None = None
+    tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: bool | None = None
     # llama-server's samplers that do not run here: refused unless neutral (sampling_options)
     typical_p: float | None = None
     tfs_z: float | None = None

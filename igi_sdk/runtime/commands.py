@@ -17,6 +17,7 @@ from igi_sdk.planner import Plan
 from igi_sdk.runtime.background_load import LoadDone
 from igi_sdk.runtime.image_turn import ImageInput
 from igi_sdk.runtime.sampling import SamplingOverride, SamplingParams
+from igi_sdk.runtime.tools import ToolPlan
 
 
 @dataclass
@@ -59,6 +60,10 @@ class StartReply(Command):
     streamed: bool  # someone subscribed to the reply's events in the outbox
     sampling: SamplingOverride | None = None  # the line's own sampling (validated)
     logprobs: int | None = None
+    # 1.3: the line's tools made ready (runtime/tools.py), and the results of the previous
+    # reply's calls as (call id, content), read before the line's text
+    tools: ToolPlan | None = None
+    tool_results: tuple[tuple[str, str], ...] = ()
     needs_model: ClassVar[bool] = True
 
 

@@ -48,6 +48,7 @@ from igi_sdk.runtime import (
     image_turn,
     replies,
     scheduler,
+    tools,
 )
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.batching import Fed
@@ -800,8 +801,8 @@ class EngineCore:
 
     def _on_start_reply(self, c: C.StartReply) -> Generation:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
-                                c.ignore_eos, c.images, c.reply, c.streamed,
-                                sampling=c.sampling, logprobs=c.logprobs)
+                                c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
+                                c.tool_results, sampling=c.sampling, logprobs=c.logprobs)
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -829,6 +830,8 @@ class EngineCore:
         images: tuple[ImageInput, ...] = (),
         reply: int = 0,
         streamed: bool = False,
+        tool_plan: tools.ToolPlan | None = None,
+        tool_results: tuple[tuple[str, str], ...] = (),
         sampling: SamplingOverride | None = None,
         logprobs: int | None = None,
     ) -> Generation:
@@ -842,12 +845,17 @@ class EngineCore:
         # character in the content (image_turn.py), which player text cannot hold
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
-        messages = [*s.messages, {"role": "user", "content": content}]
+        # a line may be only the results of the previous reply's calls (tools.py)
+        line = [{"role": "user", "content": content}] if content or not tool_results else []
+        messages = [*s.messages, *tools.result_messages(tool_results), *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
-        # special tokens come from the template's markup only: every content is data
-        parts = vocab.prompt_parts(messages, add_assistant=True)
+        # special tokens come from the template's markup only: every content is data; the
+        # line's tools close the system prompt (the same text for the same tools)
+        block = tool_plan.block if tool_plan is not None else ""
+        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+        parts = vocab.prompt_parts(shown, add_assistant=True)
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
         vision = self._open_vision() if images or (reset and s.images) else None
@@ -877,9 +885,11 @@ class EngineCore:
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending, logprobs=logprobs,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan, logprobs=logprobs,
                 params=sampling.apply(s.params) if sampling is not None else None,
             )
+            if tool_plan is not None and tool_plan.grammar is not None:
+                turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
             turn.chain = self._make_chain(turn)  # InvalidGrammarError before any state moves
         except BaseException:
             image_turn.release(pending)

@@ -58,6 +58,8 @@ from igi_sdk.runtime.sampling import (
 )
 from igi_sdk.runtime.session import Session
 from igi_sdk.runtime.text import Vocab
+from igi_sdk.runtime.tools import ToolPlan, ToolSpec
+from igi_sdk.runtime.tools import prepare as prepare_tools
 from igi_sdk.runtime.vision import VisionContext
 
 __all__ = ["EncoderRoom", "Engine", "EngineConfig", "LoadOutcome"]
@@ -281,9 +283,10 @@ class Engine:
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
         turns = tuple((role, image_turn.clean(text)) for role, text in history)
-        if any(role not in ("user", "assistant") for role, _ in turns):
+        if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
             out: Future[str] = Future()
-            out.set_exception(InvalidStateError("history roles are 'user' and 'assistant'"))
+            out.set_exception(InvalidStateError(
+                "history roles are 'system', 'user', 'assistant' and 'tool'"))
             return out
         return self._submit(C.OpenSession(prompt, params, priority, session_id, turns))
 
@@ -329,6 +332,8 @@ class Engine:
         ignore_eos: bool = False,
         listener: ReplyListener | None = None,
         images: Sequence[ImageInput] = (),
+        tools: ToolSpec | None = None,
+        tool_results: Sequence[tuple[str, str]] = (),
         sampling: SamplingOverride | Mapping[str, object] | None = None,
         logprobs: int | None = None,
     ) -> Future[Generation]:
@@ -347,16 +352,22 @@ class Engine:
         if listener is not None:
             self._core._outbox.subscribe(reply, listener)
 
-        def start(g: str | None) -> Future[Generation]:
+        results = tuple((i, image_turn.clean(c)) for i, c in tool_results)
+
+        def start(g: str | None, plan: ToolPlan | None = None) -> Future[Generation]:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
-                                            streamed=listener is not None, sampling=line,
+                                            streamed=listener is not None, tools=plan,
+                                            tool_results=results, sampling=line,
                                             logprobs=logprobs))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
             return fut
 
+        if tools is not None:  # schemas checked and the grammar compiled on the grammar worker
+            return futures.prepared(self._grammars, partial(prepare_tools, tools),
+                                    lambda plan: start(None, plan), lambda g: g.cancel())
         if grammar is None and json_schema is None:
             return start(None)
         # Checking (and converting) a grammar takes up to tens of ms within sampling.py's

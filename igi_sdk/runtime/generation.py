@@ -8,7 +8,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
-from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText, TokenLogprob
+from igi_sdk.events import (
+    Outbox,
+    ReplyDone,
+    ReplyFailed,
+    ReplyText,
+    ReplyToolCall,
+    TokenLogprob,
+    ToolCall,
+)
 
 
 @dataclass(frozen=True)
@@ -22,6 +30,7 @@ class GenerationResult:
     ttft_s: float  # request accepted -> first token sampled
     total_s: float
     cached_tokens: int = 0  # KV cells of the session the turn reused (prompt_tokens excludes them)
+    tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (finish_reason "tool_calls")
 
     @property
     def decode_tps(self) -> float:
@@ -94,6 +103,11 @@ class Generation:
             self._events.put(text)
             if self.outbox is not None:
                 self.outbox.post(ReplyText(self.reply, text, logprobs))
+
+    def _emit_call(self, call: ToolCall) -> None:
+        """A complete call: to listeners only (iterating a handle yields text)."""
+        if self.outbox is not None:
+            self.outbox.post(ReplyToolCall(self.reply, call))
 
     def _finish(self, result: GenerationResult) -> None:
         self._result = result

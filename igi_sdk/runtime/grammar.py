@@ -129,6 +129,20 @@ def compile_json_schema(schema_json: str) -> str:
     return _validated(grammar)
 
 
+@functools.lru_cache(maxsize=64)
+def compile_lark(lark: str) -> str:
+    """llguidance's grammar for Lark text written by the SDK itself (runtime/tools.py: text or
+    calls of declared tools, with ``%json`` schemas inline), checked against :data:`LIMITS`
+    as a GBNF grammar is."""
+    # llguidance's grammar JSON (what GrammarMatcher takes as compiled, COMPILED_PREFIX)
+    return _validated(json.dumps({"grammars": [{"lark_grammar": lark}]}))
+
+
+def closed_objects(schema_json: str) -> str:
+    """:func:`_closed_objects`, for schemas compiled inside another grammar (tools)."""
+    return _closed_objects(schema_json)
+
+
 def _closed_objects(schema_json: str) -> str:
     """The schema with ``additionalProperties: false`` wherever an object lists ``properties``
     and says nothing of others: what a game means by {"price": integer} (and what llama.cpp's

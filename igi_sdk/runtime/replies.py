@@ -91,14 +91,23 @@ def take(t: Turn, tok: int, vocab: Vocab) -> tuple[str, int | None] | None:
     if t.logprobs is not None and t.chain is not None and t.chain.last is not None:
         t.lp.append(token_logprob(t.chain.last, tok, vocab))
     t.raw += t.decoder.decode(vocab.piece(tok))
+    if t.calls is not None:  # a call's text is never shown, nor cut by a stop string
+        for call in t.calls.read(t.raw):
+            t.handle._emit_call(call)
+        if t.calls.state(t.raw) != "text":
+            return _length(t, tok)
     visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)
     if hit:
         s.sampled_not_decoded(tok)
         emit_upto(t, visible_end)
         return "stop_string", visible_end
     emit_upto(t, visible_end)
+    return _length(t, tok)
+
+
+def _length(t: Turn, tok: int) -> tuple[str, int | None] | None:
     if len(t.generated) >= t.max_tokens:
-        s.sampled_not_decoded(tok)
+        t.session.sampled_not_decoded(tok)
         return "length", None
     t.feed = [tok]
     return None
@@ -151,7 +160,9 @@ def commit(t: Turn, visible_end: int | None) -> int:
     if t.feed and t.generated:  # sampled but not decoded yet
         s.sampled_not_decoded(t.generated[-1])
     t.raw += t.decoder.decode(b"", final=True)
-    if visible_end is None:
+    if t.calls is not None and t.calls.state(t.raw) == "calls":
+        visible_end = 0  # calls: no text (a reply cut inside a call has the calls it closed)
+    elif visible_end is None:
         visible_end, _ = stop_scan(t.raw, t.emitted, t.stop, final=True)
         emit_upto(t, visible_end)
     # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
@@ -166,14 +177,16 @@ def settle(t: Turn, reason: str, error: BaseException | None, visible_end: int |
     if error is not None:
         t.handle._fail(error)
         return
+    calls = tuple(t.calls.calls) if t.calls is not None else ()
     t.handle._finish(GenerationResult(
         session_id=t.session.id,
         text=t.raw[:visible_end],
         tokens=tuple(t.generated),
-        finish_reason=reason,
+        finish_reason="tool_calls" if calls and reason == "stop" else reason,
         prompt_tokens=t.prompt_tokens,
         completion_tokens=len(t.generated),
         ttft_s=(t.t_first or now) - t.t0,
         total_s=now - t.t0,
         cached_tokens=t.cached_cells,
+        tool_calls=calls,
     ))

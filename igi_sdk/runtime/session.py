@@ -16,6 +16,7 @@ from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessio
 from igi_sdk.events import TokenLogprob
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
+from igi_sdk.runtime.tools import CallReader, ToolPlan
 
 
 @dataclass
@@ -50,7 +51,9 @@ class Session:
         turn.start_tokens = 0
 
     def begin(self, turn: Turn, messages: list[dict[str, str]], images: list[Any]) -> None:
-        """A line starts ``turn``; the line is the last of ``messages``."""
+        """A line starts ``turn``; the line is the last of ``messages`` (with its tool
+        results, the last few)."""
+        turn.start_messages = len(self.messages)
         self.images.extend(images)
         self.n_images += len(images)
         self.pending = []
@@ -83,7 +86,7 @@ class Session:
         if turn.media is not None:
             turn.media.restore(self)
         self.pending = list(turn.start_pending)
-        self.messages = self.messages[:-1]
+        self.messages = self.messages[:turn.start_messages]
 
     def reread_in_reply(self) -> list[int]:
         """Its KV cells are gone while it replies: the tokens it held, to be read again ahead
@@ -127,6 +130,11 @@ class Turn:
     params: SamplingParams | None = None
     logprobs: int | None = None  # alternatives per token's logprobs (None: not asked)
     lp: list[TokenLogprob] = field(default_factory=list)  # sampled, text not yet emitted
+    start_messages: int = 0  # the conversation's messages before this line (rollback)
+    # a line with tools (runtime/tools.py): its plan, and the reader of the reply's calls
+    # (None with tool_choice "none": the reply is text)
+    tools: ToolPlan | None = None
+    calls: CallReader | None = None
 
 
 class SessionTable:

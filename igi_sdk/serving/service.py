@@ -32,7 +32,7 @@ from typing import Any, Protocol, TypeVar
 from pydantic import ValidationError
 
 from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
@@ -580,6 +580,13 @@ class SessionService:
                         exclude_none=True))
                 self.later(lambda: self._send_logged(identity, events, token))
                 return
+            if isinstance(event, ReplyToolCall):  # 1.3: counted with the token events
+                said += 1
+                k = event.call
+                call = P.encode(msg_id, "tool_call", C.ToolCallEvent(
+                    i=said, index=k.index, id=k.id, name=k.name, arguments=k.arguments).wire())
+                self.later(lambda: self._send_logged(identity, events, call))
+                return
             if isinstance(event, ReplyDone):
                 try:
                     frame = _ok(msg_id, _done(event.result), ignored, "done")
@@ -921,7 +928,9 @@ def _done(r: ChatResult) -> C.Done:
                   usage=C.Usage(prompt_tokens=r.prompt_tokens,
                                 completion_tokens=r.completion_tokens,
                                 cached_tokens=r.cached_tokens),
-                  timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s))
+                  timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s),
+                  tool_calls=[C.ToolCallBody(id=k.id, name=k.name, arguments=k.arguments)
+                              for k in r.tool_calls])
 
 
 def _error_body(e: P.ProtocolError) -> dict[str, object]:

@@ -57,6 +57,7 @@ from igi_sdk.runtime.image_decode import (
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.serving.backend import ReservationDone, StreamHandle, StreamListener
+from igi_sdk.sidecar import tool_wire
 from igi_sdk.tuning import (
     cached_before_backend,
     load_or_measure,
@@ -422,7 +423,7 @@ class ModelHost:
             f"You are {request.persona}." if request.persona else None)
         return eng.open_session_async(system, priority=request.priority, sampling=sampling,
                                       session_id=request.name,
-                                      history=[(t.role, t.content) for t in request.history])
+                                      history=tool_wire.history_turns(request.history))
 
     def close_session(self, session: str) -> Future[None]:
         try:
@@ -443,7 +444,9 @@ class ModelHost:
             return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
                                   stop=request.stop, grammar=request.grammar,
                                   json_schema=request.json_schema, listener=listener,
-                                  images=ready, sampling=line, logprobs=request.logprobs)
+                                  images=ready, tools=tool_wire.spec(request),
+                                  tool_results=[(r.id, r.content) for r in request.tool_results],
+                                  sampling=line, logprobs=request.logprobs)
 
         if not images or not eng.config.mmproj:  # (no projector: the engine says so)
             return start(images)  # type: ignore[return-value]

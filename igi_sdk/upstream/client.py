@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from igi_sdk.errors import UpstreamRefusedError, UpstreamUnavailableError
+from igi_sdk.events import ToolCall
 from igi_sdk.upstream.config import UpstreamConfig, api_base
 from igi_sdk.upstream.sse import data_lines
 
@@ -49,6 +50,7 @@ class UpstreamReply:
     cached_tokens: int  # what the upstream says it reused of its prefix cache
     replica: str
     attempts: int
+    tool_calls: tuple[ToolCall, ...] = ()  # an upstream's calls are not read (tools are local)
 
 
 class UpstreamCall:

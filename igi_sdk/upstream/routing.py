@@ -26,6 +26,7 @@ from igi_sdk.errors import (
     EngineUnavailableError,
     IgiError,
     InvalidImageError,
+    InvalidStateError,
     SessionBusyError,
     TooManySessionsError,
     UpstreamUnavailableError,
@@ -409,11 +410,17 @@ class RoutingBackend:
         stream was already given out) gets the handle at once."""
         outbox = self.local.outbox
         reply = next_reply_id()
-        if not self._streams.acquire(blocking=False):
+        tools = bool(request.tools or request.tool_results)
+        if tools or not self._streams.acquire(blocking=False):
             self._free(t)
-            error = TooManySessionsError(f"{self.cfg.max_streams} replies are streaming from "
-                                         "the upstream already; retry shortly")
-            error.retryable = True
+            # tools are held to their schemas by the local model's grammar only: refused,
+            # not dropped, for a line the upstream would answer
+            error: IgiError = InvalidStateError(
+                "tool calls are answered by the local model only; this line would go to the "
+                "upstream") if tools else TooManySessionsError(
+                f"{self.cfg.max_streams} replies are streaming from the upstream already; "
+                "retry shortly")
+            error.retryable = not tools
             if out is not None:
                 out.set_exception(error)
             else:

@@ -9,7 +9,7 @@ from typing import Literal
 
 from igi_sdk.wire.protocol import MAX_HISTORY_TURNS, Sampling
 
-Role = Literal["user", "assistant"]
+Role = Literal["system", "user", "assistant", "tool"]  # protocol 1.3 history roles
 # the most text one routed conversation keeps (the oldest exchanges go first): what a session
 # costs the sidecar's memory is bounded, whatever the upstream's context
 MAX_TRANSCRIPT_CHARS = 1 << 20

@@ -265,11 +265,27 @@ class Timings(Reply):
     total_s: float
 
 
+class ToolCallBody(Reply):
+    id: str = Field(description="call_<hex>: the id a tool result answers")
+    name: str = Field(description="one of the chat's declared tools")
+    arguments: str = Field(description="JSON text of an object valid against the tool's "
+                           "parameters schema")
+
+
+class ToolCallEvent(ToolCallBody):
+    """1.3: one call of the reply, sent as soon as it is complete."""
+
+    i: int = Field(ge=1, description="the stream's event index, counted with token events")
+    index: int = Field(ge=0, description="0, 1, 2, ...: the call's place in the reply")
+
+
 class Done(Answer):
     text: str = Field(description="the whole visible reply: the token texts joined")
-    finish_reason: Literal["stop", "stop_string", "length", "cancelled"]
+    finish_reason: Literal["stop", "stop_string", "length", "cancelled", "tool_calls"]
     usage: Usage
     timings: Timings
+    tool_calls: list[ToolCallBody] = Field(
+        default_factory=list, description="1.3: the reply's calls (empty: none)")
 
 
 class ErrorBody(Reply):
@@ -282,7 +298,8 @@ class Heartbeat(Reply):
     t: float = Field(description="the sidecar's wall clock, seconds since the Unix epoch")
 
 
-EVENTS: dict[str, type[Reply]] = {"token": Token, "done": Done, "error": ErrorBody,
+EVENTS: dict[str, type[Reply]] = {"token": Token, "tool_call": ToolCallEvent, "done": Done,
+                                  "error": ErrorBody,
                                   "heartbeat": Heartbeat}
 
 

@@ -31,7 +31,8 @@ PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 # what this sidecar offers beyond protocol 1.0 (``hello``'s answer lists them)
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
-            "images", "owners", "launch_token", "instance", "line_sampling", "logprobs")
+            "images", "owners", "launch_token", "instance", "tools", "history_roles",
+            "line_sampling", "logprobs")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -159,8 +160,80 @@ class LineSampling(Strict):
 Priority = Annotated[int, Field(ge=-100, le=100)]
 
 
+# 1.3 tools: a call's id, a declared tool's name (not a tool_choice keyword)
+CallId = Annotated[str, Field(min_length=1, max_length=64)]
+ToolName = Annotated[str, Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")]
+TOOL_CHOICES = ("auto", "none", "required")
+MAX_TOOLS = 32
+MAX_CALLS = 8  # calls in one reply (parallel_tool_calls)
+MAX_TOOL_RESULTS = 16
+
+
+class ToolCallRecord(Strict):
+    """A call an earlier reply made (history), as the reply's ``tool_calls`` gave it."""
+
+    id: CallId
+    name: ToolName
+    arguments: Annotated[str, Field(max_length=MAX_TEXT_CHARS)]  # JSON text of an object
+
+
 class HistoryTurn(Strict):
-    role: Literal["user", "assistant"]
+    # 1.3 ("history_roles"): system turns stay where they stand; a tool turn is a call's result
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Text
+    tool_calls: list[ToolCallRecord] = Field(default_factory=list, max_length=MAX_CALLS)
+    tool_call_id: CallId | None = None
+
+    @model_validator(mode="after")
+    def _tool_fields(self) -> HistoryTurn:
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("only an assistant turn carries tool_calls")
+        if (self.role == "tool") != (self.tool_call_id is not None):
+            raise ValueError("a tool turn, and only a tool turn, carries tool_call_id")
+        return self
+
+
+def _schema_map(v: dict[str, Any] | str, what: str) -> dict[str, Any]:
+    """A JSON schema given as a map or as JSON text (nesting bounded before it is parsed)."""
+    if not isinstance(v, str):
+        return v
+    if json_nesting(v) > MAX_NESTING:
+        raise ValueError(f"{what} nests more than {MAX_NESTING} objects/arrays deep")
+    try:
+        tree = json.loads(v)
+    except (ValueError, RecursionError) as e:
+        raise ValueError(f"{what} is a string but not JSON ({e})") from None
+    if not isinstance(tree, dict):
+        raise ValueError(f"{what} must be a JSON object")
+    return tree
+
+
+class ToolDef(Strict):
+    """A tool the reply may call: its arguments object is valid against ``parameters``."""
+
+    name: ToolName
+    description: Annotated[str, Field(max_length=2000)] = ""
+    parameters: dict[str, Any] | Annotated[str, Field(max_length=MAX_TEXT_CHARS)] = Field(
+        default_factory=lambda: {"type": "object"})
+
+    @field_validator("name")
+    @classmethod
+    def _not_a_choice(cls, v: str) -> str:
+        if v in TOOL_CHOICES:
+            raise ValueError(f"a tool may not be named '{v}' (a tool_choice keyword)")
+        return v
+
+    @field_validator("parameters")
+    @classmethod
+    def _parameters_map(cls, v: dict[str, Any] | str) -> dict[str, Any]:
+        tree = _schema_map(v, "parameters")
+        if tree.get("type", "object") != "object":
+            raise ValueError("parameters must describe an object (type: object)")
+        return tree
+
+
+class ToolResult(Strict):
+    id: CallId  # the id of the call this answers
     content: Text
 
 
@@ -211,26 +284,32 @@ class Chat(Strict):
     # sampled with its ``logprobs`` most likely alternatives ("logprobs")
     sampling: LineSampling | None = None
     logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    # 1.3 ("tools"): what the reply may call (PROTOCOL.md, "Tools")
+    tools: list[ToolDef] = Field(default_factory=list, max_length=MAX_TOOLS)
+    tool_choice: Annotated[str, Field(min_length=1, max_length=64)] = "auto"
+    parallel_tool_calls: bool = True
+    tool_results: list[ToolResult] = Field(default_factory=list, max_length=MAX_TOOL_RESULTS)
 
     @field_validator("json_schema")
     @classmethod
     def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
-        if not isinstance(v, str):
-            return v
-        if json_nesting(v) > MAX_NESTING:
-            raise ValueError(f"json_schema nests more than {MAX_NESTING} objects/arrays deep")
-        try:
-            tree = json.loads(v)
-        except (ValueError, RecursionError) as e:
-            raise ValueError(f"json_schema is a string but not JSON ({e})") from None
-        if not isinstance(tree, dict):
-            raise ValueError("json_schema must be a JSON object")
-        return tree
+        return None if v is None else _schema_map(v, "json_schema")
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Chat:
         if self.grammar is not None and self.json_schema is not None:
             raise ValueError("give either grammar or json_schema, not both")
+        if self.tools and (self.grammar is not None or self.json_schema is not None):
+            raise ValueError("tools constrain the reply themselves: give no grammar or "
+                             "json_schema with them")
+        names = [t.name for t in self.tools]
+        if len(set(names)) != len(names):
+            raise ValueError("tool names must be unique")
+        if self.tool_choice not in TOOL_CHOICES and self.tool_choice not in names:
+            raise ValueError(f"tool_choice '{self.tool_choice}' is neither auto, none, "
+                             "required nor the name of a declared tool")
+        if self.tool_choice == "required" and not self.tools:
+            raise ValueError("tool_choice 'required' needs tools")
         return self
 
 
@@ -312,7 +391,7 @@ REQUESTS: dict[str, type[Strict]] = {
 # PROTOCOL.md: "ok" (a request's result), "token" (one streamed piece), "done" (end of a
 # stream), "error" (typed failure), "heartbeat" (liveness, id 0).
 # Clients ignore reply types they do not know (a later minor version may add some).
-REPLY_TYPES = ("ok", "token", "done", "error", "heartbeat")
+REPLY_TYPES = ("ok", "token", "tool_call", "done", "error", "heartbeat")
 
 
 # --- errors --------------------------------------------------------------------------------------

@@ -4,10 +4,10 @@
 1. Source: every P/Invoke whose library is "__Internal" is compiled only into mobile or web
    players (behind their `#if`), never into a desktop player, an Editor or the test build.
    IL2CPP turns "__Internal" into a direct reference to the C symbol, and a Windows player then
-   fails to link (LNK2019: MSVC's CRT has no `kill` or `waitpid`). Each .cs file of the package is run
-   through a C# preprocessor under the defines of every desktop player, every Editor (whatever
-   its build target) and the package's own test build; a P/Invoke naming "__Internal" (directly
-   or through a `const string`) in any of them fails.
+   fails to link (LNK2019: MSVC's CRT has no `kill` or `waitpid`). Each .cs file of the package
+   is run through a C# preprocessor under the defines of every desktop player, every Editor
+   (whatever its build target) and the package's own test build; a P/Invoke naming "__Internal"
+   (directly or through a `const string`) in any of them fails.
 2. Compile: the Runtime (with the UnityEngine stub) under each player's defines with mono's
    `mcs -langversion:7.2`, warnings as errors; the Editor code and the sample for a Windows
    Editor.
@@ -18,6 +18,7 @@
 Usage: platform_checks.py BUILD_DIR (from the repository root). Prints one line per check and
 "platform checks: N passed, N failed" last; exits 1 on any failure.
 """
+
 from __future__ import annotations
 
 import re
@@ -40,7 +41,12 @@ PLAYERS = {
     "Linux player (IL2CPP)": {"UNITY_STANDALONE", "UNITY_STANDALONE_LINUX", "ENABLE_IL2CPP"},
 }
 EDITORS = {
-    f"{os_name} Editor, {target} target": {"UNITY_EDITOR", f"UNITY_EDITOR_{os_define}", "ENABLE_MONO", *defines}
+    f"{os_name} Editor, {target} target": {
+        "UNITY_EDITOR",
+        f"UNITY_EDITOR_{os_define}",
+        "ENABLE_MONO",
+        *defines,
+    }
     for os_name, os_define in (("Windows", "WIN"), ("macOS", "OSX"), ("Linux", "LINUX"))
     for target, defines in (
         ("own", {"UNITY_STANDALONE", f"UNITY_STANDALONE_{os_define}"}),
@@ -122,7 +128,9 @@ def _condition(text: str, symbols: set[str]) -> bool:
     return value
 
 
-_LEXEMES = re.compile(r'@"(?:[^"]|"")*"|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)\'|//[^\n]*|/\*.*?\*/', re.S)
+_LEXEMES = re.compile(
+    r'@"(?:[^"]|"")*"|"(?:[^"\\\n]|\\.)*"|\'(?:[^\'\\\n]|\\.)\'|//[^\n]*|/\*.*?\*/', re.S
+)
 
 
 def _without_comments(source: str) -> str:
@@ -133,6 +141,7 @@ def _without_comments(source: str) -> str:
         if s.startswith("/*"):
             return "\n" * s.count("\n")
         return s
+
     return _LEXEMES.sub(keep, source)
 
 
@@ -175,19 +184,22 @@ def active_lines(source: str, symbols: set[str]) -> list[tuple[int, str]]:
     return out
 
 
-_DLLIMPORT = re.compile(r"\bDllImport(?:Attribute)?\s*\(\s*(@?\"(?:[^\"\\]|\\.)*\"|[A-Za-z_][\w.]*)")
+_DLLIMPORT = re.compile(
+    r"\bDllImport(?:Attribute)?\s*\(\s*(@?\"(?:[^\"\\]|\\.)*\"|[A-Za-z_][\w.]*)"
+)
 _CONST = re.compile(r"\bconst\s+string\s+([A-Za-z_]\w*)\s*=\s*\"((?:[^\"\\]|\\.)*)\"")
 
 
 def pinvoke_libraries(source: str, symbols: set[str]) -> list[tuple[int, str]]:
-    """(line, library) of every DllImport compiled under these defines; library None if unresolved."""
+    """(line, library) of every DllImport compiled under these defines (library None: not
+    resolved)."""
     lines = active_lines(source, symbols)
     consts = {m.group(1): m.group(2) for _, text in lines for m in _CONST.finditer(text)}
     found = []
     for number, text in lines:
         for m in _DLLIMPORT.finditer(text):
             arg = m.group(1)
-            if arg.startswith(("\"", "@\"")):
+            if arg.startswith(('"', '@"')):
                 found.append((number, arg.lstrip("@")[1:-1]))
             else:
                 found.append((number, consts.get(arg.split(".")[-1])))
@@ -226,43 +238,74 @@ def check_sources(checks: Checks) -> None:
             seen += len(imports)
             for line, library in imports:
                 if library is None:
-                    unresolved.append(f"{path}:{line}: the library name is not a string constant of the file")
+                    unresolved.append(
+                        f"{path}:{line}: the library name is not a string constant of the file"
+                    )
                 elif library == "__Internal":
                     offenders.append(f"{path}:{line} ({where})")
-    checks.report(seen > 0 and not unresolved, "every P/Invoke's library is readable from the source",
-                  "; ".join(unresolved[:5]) or "no P/Invoke found at all")
-    checks.report(not offenders, 'every "__Internal" P/Invoke is behind a mobile-platform #if '
-                  "(none in a desktop player, an Editor or the test build)",
-                  "compiled in: " + "; ".join(sorted(set(offenders))[:8]) + (" …" if len(offenders) > 8 else ""))
+    checks.report(
+        seen > 0 and not unresolved,
+        "every P/Invoke's library is readable from the source",
+        "; ".join(unresolved[:5]) or "no P/Invoke found at all",
+    )
+    checks.report(
+        not offenders,
+        'every "__Internal" P/Invoke is behind a mobile-platform #if '
+        "(none in a desktop player, an Editor or the test build)",
+        "compiled in: "
+        + "; ".join(sorted(set(offenders))[:8])
+        + (" …" if len(offenders) > 8 else ""),
+    )
 
 
-def compile_variant(checks: Checks, build: Path, name: str, defines: set[str], editor: bool = False) -> Path | None:
+def compile_variant(
+    checks: Checks, build: Path, name: str, defines: set[str], editor: bool = False
+) -> Path | None:
     sources = [str(STUB), *sorted(str(p) for p in (PKG / "Runtime").rglob("*.cs"))]
     out = build / f"Igi.Sdk.Runtime.{name}.dll"
     flags = [f"-define:{';'.join(sorted(defines))}"] if defines else []
-    done = subprocess.run([*MCS, *flags, "-target:library", f"-out:{out}", *sources],
-                          capture_output=True, text=True, timeout=300)
-    ok = checks.report(done.returncode == 0, f"the Runtime compiles as the {name} build ({' '.join(sorted(defines))})",
-                       (done.stdout + done.stderr).strip()[-1500:])
+    done = subprocess.run(
+        [*MCS, *flags, "-target:library", f"-out:{out}", *sources],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    ok = checks.report(
+        done.returncode == 0,
+        f"the Runtime compiles as the {name} build ({' '.join(sorted(defines))})",
+        (done.stdout + done.stderr).strip()[-1500:],
+    )
     if not ok:
         return None
     if editor:
         extra = [
-            ("the Editor code", [str(EDITOR_STUB), *sorted(str(p) for p in (PKG / "Editor").rglob("*.cs"))]),
+            (
+                "the Editor code",
+                [str(EDITOR_STUB), *sorted(str(p) for p in (PKG / "Editor").rglob("*.cs"))],
+            ),
             ("the NPC Dialogue sample", sorted(str(p) for p in (PKG / "Samples~").rglob("*.cs"))),
         ]
         for what, files in extra:
             target = build / f"{what.split()[-1]}.{name}.dll"
-            done = subprocess.run([*MCS, *flags, "-target:library", f"-r:{out}", f"-out:{target}", *files],
-                                  capture_output=True, text=True, timeout=300)
-            checks.report(done.returncode == 0, f"{what} compiles for the {name}",
-                          (done.stdout + done.stderr).strip()[-1500:])
+            done = subprocess.run(
+                [*MCS, *flags, "-target:library", f"-r:{out}", f"-out:{target}", *files],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            checks.report(
+                done.returncode == 0,
+                f"{what} compiles for the {name}",
+                (done.stdout + done.stderr).strip()[-1500:],
+            )
     return out
 
 
 def pinvokes_in(assembly: Path) -> list[tuple[str, str]]:
     """(class, library) of every P/Invoke in the compiled assembly, read by ikdasm."""
-    text = subprocess.run(["ikdasm", str(assembly)], capture_output=True, text=True, timeout=120).stdout
+    text = subprocess.run(
+        ["ikdasm", str(assembly)], capture_output=True, text=True, timeout=120
+    ).stdout
     found, classes, depth = [], [], 0
     pending = None
     for line in text.split("\n"):
@@ -294,12 +337,20 @@ def check_assemblies(checks: Checks, built: dict[str, Path]) -> None:
             continue
         pinvokes = pinvokes_in(built[name])
         watch = {lib for cls, lib in pinvokes if cls.endswith("ProcessWatch")}
-        checks.report(watch == libraries, f"the {name}'s process checks call {sorted(libraries) or 'nothing'}",
-                      f"ProcessWatch's P/Invokes name {sorted(watch)}")
+        checks.report(
+            watch == libraries,
+            f"the {name}'s process checks call {sorted(libraries) or 'nothing'}",
+            f"ProcessWatch's P/Invokes name {sorted(watch)}",
+        )
         if name != "iOS player":
             internal = sorted({cls for cls, lib in pinvokes if lib == "__Internal"})
-            checks.report(not internal and bool(pinvokes), f'no P/Invoke of the {name} names "__Internal"',
-                          f"in {internal}" if internal else "no P/Invoke read back at all (ikdasm output changed?)")
+            checks.report(
+                not internal and bool(pinvokes),
+                f'no P/Invoke of the {name} names "__Internal"',
+                f"in {internal}"
+                if internal
+                else "no P/Invoke read back at all (ikdasm output changed?)",
+            )
 
 
 def main() -> int:
@@ -322,7 +373,9 @@ def main() -> int:
     if shutil.which("ikdasm"):
         check_assemblies(checks, built)
     else:
-        checks.report(False, "the compiled P/Invokes are read back", "ikdasm not found (mono-devel)")
+        checks.report(
+            False, "the compiled P/Invokes are read back", "ikdasm not found (mono-devel)"
+        )
     print(f"platform checks: {checks.passed} passed, {checks.failed} failed")
     return 1 if checks.failed else 0
 
