@@ -148,7 +148,7 @@ class Vector:
 
 
 def _req(name: str, msg_id: int, msg_type: str, body: dict[str, Any], note: str) -> Vector:
-    reply = "stream" if msg_type == "chat" else "ok"
+    reply = "stream" if msg_type in ("chat", "complete") else "ok"
     return Vector(name, "request", note, P.encode(msg_id, msg_type, body),
                   {"v": P.PROTOCOL_VERSION, "id": msg_id, "type": msg_type, "body": body},
                   {"type": "ok", "reply": reply})
@@ -310,6 +310,29 @@ def vectors() -> list[Vector]:
                  {"role": "system", "content": "Lydia joins the conversation."}]},
              "history roles (feature history_roles): system turns where they stand, calls "
              "and their results"),
+        _req("request_chat_history_rewrite", 5, "chat",
+             {"session": SID, "text": "And the price?", "history": [
+                 {"role": "user", "content": "Forge me a sword."},
+                 {"role": "assistant", "content": "Aye."},
+                 {"role": "system", "content": "Lydia joins the conversation."}]},
+             "1.3 (rewrite_history): the conversation replaced before the line, system turns "
+             "where they stand; only what changed is read again"),
+        _req("request_chat_prefill", 5, "chat",
+             {"session": SID, "text": "", "history": [
+                 {"role": "user", "content": "Your name?"},
+                 {"role": "assistant", "content": "My name is"}]},
+             "1.3: history ending with an assistant turn and text \"\": the reply continues it"),
+        # 1.3: requests without a session
+        _req("request_tokenize", 60, "tokenize",
+             {"text": "Hello, traveller.", "with_pieces": True}, "token ids and their text"),
+        _req("request_detokenize", 61, "detokenize", {"tokens": [19556, 28, 36874, 30]}, ""),
+        _req("request_embed", 62, "embed",
+             {"input": ["The guard saw a wolf.", [504, 3458, 314]]},
+             "texts or token id arrays, one vector each"),
+        _req("request_complete", 63, "complete",
+             {"prompt": "Once upon a time", "max_tokens": 32, "stop": ["\n"],
+              "sampling": {"temperature": 0.0}},
+             "a raw prompt without the chat template: token events and one done, as chat's"),
         _req("request_unknown_field_ignored", 25, "stats", {"unknown_field": 1},
              "unknown body fields are ignored; the ok lists them in 'ignored'"),
         Vector("request_envelope_extra_field", "request",
@@ -383,10 +406,10 @@ def vectors() -> list[Vector]:
         _bad("invalid_chat_images_too_many", _env(39, "chat", {
             "session": SID, "text": "Look!", "images": [{}] * (P.MAX_IMAGES + 1)}),
              "invalid_body", 39, f"at most {P.MAX_IMAGES} images per chat"),
-        _bad("invalid_chat_tool_choice_undeclared", _env(48, "chat", {
+        _bad("invalid_chat_tool_choice_undeclared", _env(45, "chat", {
             "session": SID, "text": "Go.", "tools": [{"name": "follow"}],
             "tool_choice": "attack"}),
-             "invalid_body", 48, "tool_choice names a tool the chat does not declare"),
+             "invalid_body", 45, "tool_choice names a tool the chat does not declare"),
         _bad("invalid_chat_tool_names_repeat", _env(43, "chat", {
             "session": SID, "text": "Go.", "tools": [{"name": "follow"}, {"name": "follow"}]}),
              "invalid_body", 43, "tool names are unique"),
@@ -468,6 +491,12 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_resume_stream", 17, "ok", {"running": False, "replayed": 1},
              "then the missed events: here chat 5's done"),
         _rep("reply_ok_goodbye", 18, "ok", {"closed": 0, "orphaned": 2}, ""),
+        _rep("reply_ok_tokenize", 60, "ok", {"tokens": [19556, 28, 36874, 30],
+                                             "pieces": ["Hello", ",", " traveller", "."]}, ""),
+        _rep("reply_ok_detokenize", 61, "ok", {"text": "Hello, traveller."}, ""),
+        _rep("reply_ok_embed", 62, "ok", {"data": [[0.125, -0.5, 0.25], [0.0, 1.0, 0.0]],
+                                          "tokens": 9, "pooling": "mean"},
+             "vectors shortened for the example (the model's embedding width)"),
         _rep("reply_ok_ignored_fields", 25, "ok", {
             "model": "smol.gguf", "loading": False, "clients": 1, "uptime_s": 12.5,
             "requests": 25, "errors": 0, "last_frame": None, "reservations": [],

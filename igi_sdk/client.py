@@ -384,6 +384,36 @@ class Client:
         msg_id = self.send("chat", {"session": session, "text": text, **_wire_images(options)})
         return ChatStream(self, msg_id)
 
+    # --- protocol 1.3: requests without a session ----------------------------------------------
+
+    def tokenize(self, text: str, *, add_special: bool = False, with_pieces: bool = False,
+                 parse_special: bool = True) -> dict[str, Any]:
+        """``{"tokens": [...]}`` (and ``"pieces"`` with ``with_pieces``) for the loaded model."""
+        return self.request("tokenize", {"text": text, "add_special": add_special,
+                                         "with_pieces": with_pieces,
+                                         "parse_special": parse_special})
+
+    def detokenize(self, tokens: list[int]) -> str:
+        return str(self.request("detokenize", {"tokens": list(tokens)})["text"])
+
+    def embed(self, inputs: str | list[str] | list[list[int]], *,
+              normalize: bool = True) -> dict[str, Any]:
+        """``{"data": [[float]], "tokens": int, "pooling": str}``: one vector per input (a
+        text, or token ids); a single string is one input. Waits up to ``max(timeout, 600)``
+        s: up to 64 inputs of up to 512 tokens are read a decode at a time, between the NPCs'
+        steps (minutes of prompt reading on a CPU)."""
+        items = [inputs] if isinstance(inputs, str) else list(inputs)
+        return self.request("embed", {"input": items, "normalize": normalize},
+                            timeout=max(self.timeout, 600.0))
+
+    def complete(self, prompt: str, **options: Any) -> ChatStream:
+        """Continue a raw prompt (no chat template; its text is data), streamed as
+        :meth:`chat` is. ``options``: ``max_tokens``, ``stop``, ``sampling`` (a map as
+        open_session's), ``grammar``, ``json_schema``, ``priority``."""
+        if not self._greeted:
+            self.hello()
+        return ChatStream(self, self.send("complete", {"prompt": prompt, **options}))
+
 
 def _check_identity(hello: dict[str, Any], instance: str | None, model: str | None) -> None:
     """Refuse a sidecar that is not the one launched (PROTOCOL.md §8): another instance id (a

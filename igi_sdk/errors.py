@@ -114,6 +114,13 @@ class ContextFullError(SessionError):
     retryable = True
 
 
+class InvalidInputError(SessionError, ValueError):
+    """tokenize/detokenize/embed input the loaded model cannot read: a token id outside its
+    vocabulary, or a model that cannot embed (a reranker)."""
+
+    code = "invalid_input"
+
+
 class InvalidSamplingError(IgiError, ValueError):
     code = "invalid_sampling"
 

@@ -147,6 +147,9 @@ class SessionFigures(TypedDict):
     busy: bool  # a reply is being generated
     priority: int
     draft: NotRequired[DraftFigures]
+    max_tokens: NotRequired[int]  # KV cells it may ever hold (its share of the context)
+    memory: NotRequired[str]  # "fold" | "off" (runtime/memory.py)
+    dropped_turns: NotRequired[int]  # turns folded out of its context so far
 
 _reply_ids = itertools.count(1)
 

@@ -33,7 +33,7 @@ def engine(tiny_llama: Path) -> Iterator[Engine]:
 def test_a_history_past_the_share_is_refused_untokenized(
         engine: Engine, monkeypatch: pytest.MonkeyPatch) -> None:
     history = [(("user", "assistant")[i % 2], TURN) for i in range(64)]  # 2 MB
-    sid = engine.open_session("You are Brom.", sampling=GREEDY, history=history)
+    sid = engine.open_session("You are Brom.", sampling=GREEDY, history=history, memory="off")
     calls = []
     for name in ("tokenize", "prompt_parts", "tokenize_parts"):
         real = getattr(Vocab, name)
@@ -81,7 +81,7 @@ def test_over_the_wire_the_refusal_is_typed(tmp_path: Path, tiny_llama: Path) ->
         c.wait_ready(60)
         turn = "x" * 31_990  # 200 turns: 6.4 MB of history
         history = [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(200)]
-        sid = c.open_session("You are Brom.", history=history)
+        sid = c.open_session("You are Brom.", history=history, memory="off")
         with pytest.raises(BridgeError) as e:
             c.chat(sid, "And then?", max_tokens=4).result()
         assert e.value.code == "prompt_too_long"

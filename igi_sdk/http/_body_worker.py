@@ -37,6 +37,7 @@ def header(parsed: Parsed) -> bytes:
     return msgpack.packb({
         "options": parsed.options.model_dump_json(by_alias=True),
         "system": parsed.system, "history": parsed.history, "line": parsed.line,
+        "prefill": parsed.prefill,
         "results": parsed.results,
         "images": [len(i) for i in parsed.images]})
 

@@ -29,13 +29,13 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
-from igi_sdk.http import sampling_options
+from igi_sdk.http import extra_routes, sampling_options
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
-from igi_sdk.http.parse import Parsed, read
+from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
@@ -118,6 +118,9 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                                          **sampling_options.model_limits(st)}]
         return JSONResponse({"object": "list", "data": data})
 
+    # embeddings, completions, llama-server's native routes (http/extra_routes.py)
+    extra_routes.register(app, cfg.api_key, client)
+
     @app.post("/v1/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         authorised(request)
@@ -137,8 +140,14 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         results = parsed.results
         key = req.prompt_cache_key or req.user or request.headers.get("x-session-id")
         priority = _priority(request.headers.get("x-igi-priority"))
+        # a client that stopped reading a stream asks again at once, maybe before the face
+        # noticed: a moment's wait keeps its conversation's session (see _sse)
+        for i in range(200):
+            if not table.stopping() and (i >= 15 or not table.busy_with(key, system, history)):
+                break
+            await asyncio.sleep(0.01)
         async with lock:
-            match = table.match(key, system, history)
+            match = table.match(key, system, history, parsed.prefill)
             if match.conversation.busy:
                 raise HttpError(429, "session_busy", "this conversation is answering another "
                                 "request; send the next line when it ends")
@@ -360,6 +369,9 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     options.update(http_tools.chat_options(req))
     if results:
         options["tool_results"] = [{"id": i, "content": c} for i, c in results]
+    if match.rewrite is not None:  # the session's transcript is replaced before the line
+        rewrite_fits(match.rewrite, line, images)
+        options["history"] = [http_tools.wire_turn(t) for t in match.rewrite]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:
         await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
@@ -680,6 +692,23 @@ async def _pieces(turn: _Turn, inward: Inward, first: object,
         yield piece
 
 
+async def _stopped(turn: _Turn, wait_s: float = 10.0) -> str | None:
+    """Stop a reply nobody reads and await its end: the text it said, or None when it could
+    not be stopped in ``wait_s``."""
+    try:
+        await asyncio.to_thread(turn.stream.cancel)
+        deadline = time.monotonic() + wait_s
+        while (piece := await asyncio.wait_for(turn.queue.get(),
+                                               max(0.0, deadline - time.monotonic()))) \
+                is not _END:
+            if isinstance(piece, BridgeError):
+                return None
+    except (BridgeError, SidecarUnavailable, TimeoutError):
+        return None
+    done = turn.stream.done
+    return None if done is None else str(done.get("text", ""))
+
+
 async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
                line: str, request: Request, inward: Inward,
                first: object, results: tuple[tuple[str, str], ...] = ()
@@ -735,9 +764,19 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         # await in a cancelled scope would be cancelled too, leaving the reply running
         with anyio.CancelScope(shield=True):
             if not finished and turn.stream.done is None:
-                # the client went away: the reply stops, and its session is closed (its
-                # transcript is no longer the client's)
-                table.forget(turn.conversation.session)
-                await asyncio.to_thread(_close_quietly_any, lambda: turn.client,
-                                        turn.conversation.session)
+                # the client went away: the reply stops and its session keeps what was said
+                # (the client's next transcript is read against it: only what differs is
+                # read); closed if it does not stop in time
+                turn.conversation.stopping = True
+                try:
+                    said = await _stopped(turn)
+                finally:
+                    turn.conversation.stopping = False
+                if said is None:
+                    table.forget(turn.conversation.session)
+                    await asyncio.to_thread(_close_quietly_any, lambda: turn.client,
+                                            turn.conversation.session)
+                else:
+                    table.answered_turns(turn.conversation, [
+                        *http_tools.line_turns(line, results), ("assistant", said)])
             turn.conversation.busy = False

@@ -89,8 +89,9 @@ class BodyParser:
                 if cap is not None:
                     cap.cancel()
         return Parsed(ChatOptions.model_validate_json(head["options"]), str(head["system"]),
-                      [_turn(t) for t in head["history"]], str(head["line"]),
-                      images, tuple((str(i), str(c)) for i, c in head.get("results", ())))
+                      [_turn(t) for t in head["history"]], str(head["line"]), images,
+                      prefill=bool(head.get("prefill", False)),
+                      results=tuple((str(i), str(c)) for i, c in head.get("results", ())))
 
     def _gone(self, worker: WorkerProcess) -> HttpError:
         why = worker.killed_for
@@ -120,7 +121,7 @@ class BodyParser:
 
 
 def _role(role: object) -> str:
-    if role not in ("user", "assistant", "tool"):
+    if role not in ("system", "user", "assistant", "tool"):
         raise HttpError(500, "internal", "the body parsing process answered a malformed turn")
     return str(role)
 

@@ -27,13 +27,15 @@ DATA_URL_PREFIXES = ("data:image/png;base64,", "data:image/jpeg;base64,",
 @dataclass(frozen=True)
 class Parsed:
     """A request body read: its options, the system prompt, the earlier turns, the new line
-    and that line's images (decoded from base64)."""
+    and that line's images (decoded from base64). ``prefill``: the transcript ends with an
+    assistant message, the last of ``history``, which the reply continues (``line`` is "")."""
 
     options: ChatOptions
     system: str
     history: list[Turn]
     line: str
     images: list[bytes]
+    prefill: bool = False
     # the results of the last reply's calls (call id, content): the tool messages that end
     # the transcript (the line is then "")
     results: tuple[tuple[str, str], ...] = ()
@@ -45,7 +47,8 @@ def read(body: bytes | bytearray) -> Parsed:
     http_tools.check(req)
     req, results = http_tools.trailing_results(req)
     system, history, line, images = _split(req)
-    return Parsed(req.options(), system, history, line, images, results)
+    prefill = req.messages[-1].role == "assistant"
+    return Parsed(req.options(), system, history, line, images, prefill=prefill, results=results)
 
 
 def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
@@ -79,21 +82,33 @@ def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
 
 
 def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes]]:
-    """(system prompt, earlier turns, the new line, its images)."""
+    """(system prompt, earlier turns, the new line, its images). System (and developer)
+    messages after the first other one stay where they stand, as system turns; a transcript
+    that ends with an assistant message is continued: that message is the last turn and the
+    line is empty."""
     msgs = list(req.messages)
     system_parts = []
     while msgs and msgs[0].role in ("system", "developer"):
         system_parts.append(msgs.pop(0).text())
-    if not msgs or msgs[-1].role != "user":
-        raise HttpError(400, "invalid_argument", "the last message must be the user's line")
+    if not msgs or msgs[-1].role not in ("user", "assistant"):
+        raise HttpError(400, "invalid_argument", "the last message must be the user's line, "
+                        "or an assistant message for the reply to continue")
+    prefill = msgs[-1].role == "assistant"
     turns: list[Turn] = []
-    for m in msgs[:-1]:
-        if m.role not in ("user", "assistant", "tool"):
-            raise HttpError(400, "invalid_argument", "system messages go first")
+    for m in msgs if prefill else msgs[:-1]:
+        if m.role not in ("user", "assistant", "tool", "system", "developer"):
+            raise HttpError(400, "invalid_argument", f"messages of role '{m.role}' are not "
+                            "read in a transcript")
         if m.image_urls():
             raise HttpError(400, "invalid_argument", "images are read with the newest line only")
-        turns.append(http_tools.turn_of(m))
-    system, last = "\n\n".join(system_parts), msgs[-1]
+        turns.append(("system", m.text()) if m.role in ("system", "developer")
+                     else http_tools.turn_of(m))
+    system = "\n\n".join(system_parts)
+    if prefill:  # the line is the continued assistant message, already a turn
+        _fits(len(system.encode()) + sum(len("".join(t).encode()) for t in turns),
+              "the transcript")
+        return system, turns, "", []
+    last = msgs[-1]
     # a transcript opens a session in one protocol message (its history)
     _fits(len(system.encode()) + sum(len("".join(t).encode()) for t in turns), "the transcript")
     images = _images(last.image_urls())
@@ -111,6 +126,13 @@ def _fits(size: int, what: str) -> None:
     if size > P.MAX_MESSAGE_BYTES - _ROOM:
         raise HttpError(413, "request_too_large", f"{what} is over the "
                         f"{P.MAX_MESSAGE_BYTES - _ROOM} bytes one request to the sidecar holds")
+
+
+def rewrite_fits(history: tuple[Turn, ...], line: str, images: list[bytes]) -> None:
+    """A line sent with its transcript (``chat.history``) is one protocol message: 413 when
+    the two together are over what one carries (each alone was checked by :func:`read`)."""
+    _fits(sum(len("".join(t).encode()) for t in history) + len(line.encode())
+          + sum(map(len, images)), "the transcript with the line and its images")
 
 
 def _schema_size(req: ChatCompletionRequest) -> int:

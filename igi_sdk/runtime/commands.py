@@ -33,6 +33,8 @@ class OpenSession(Command):
     priority: int
     session_id: str | None
     history: tuple[tuple[str, str], ...] = ()  # (role, text): earlier turns, in order
+    memory: str = "fold"  # "fold" | "off": a conversation past its share (runtime/memory.py)
+    pinned: tuple[str, ...] = ()  # facts kept in every prompt
 
 
 @dataclass
@@ -64,12 +66,37 @@ class StartReply(Command):
     # reply's calls as (call id, content), read before the line's text
     tools: ToolPlan | None = None
     tool_results: tuple[tuple[str, str], ...] = ()
+    # the conversation after the system prompt, replaced before the line (runtime/prefix.py)
+    history: tuple[tuple[str, str], ...] | None = None
+    # the text is a raw prompt (``complete``), without the chat template: "data" (special-token
+    # text is text) or "markup" (read as llama-server reads a prompt: such text is the token)
+    raw: str | None = None
     needs_model: ClassVar[bool] = True
 
 
 @dataclass
 class Tokenize(Command):
     text: str
+    add_special: bool = False
+    parse_special: bool = True
+    with_pieces: bool = False  # answers runtime.oneshot.Tokenized; else the ids alone
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Detokenize(Command):
+    tokens: tuple[int, ...]
+    needs_model: ClassVar[bool] = True
+
+
+@dataclass
+class Embed(Command):
+    """Embeddings of ``inputs[start:]``, as many as one decode takes (runtime/oneshot.py):
+    answers an EmbedChunk saying where the next command starts."""
+
+    inputs: tuple[str | tuple[int, ...], ...]
+    start: int
+    normalize: bool
     needs_model: ClassVar[bool] = True
 
 

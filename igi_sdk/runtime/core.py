@@ -46,6 +46,10 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    loader,
+    memory_turn,
+    oneshot,
+    prefix,
     replies,
     scheduler,
     tools,
@@ -67,7 +71,7 @@ from igi_sdk.runtime.placement import Placement
 from igi_sdk.runtime.sampling import SamplerChain, SamplingOverride
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
-from igi_sdk.runtime.text import Vocab, parts_after
+from igi_sdk.runtime.text import Part, Vocab, parts_after
 from igi_sdk.runtime.threadpool import ThreadRunner
 from igi_sdk.runtime.vision import VisionContext
 
@@ -96,6 +100,7 @@ class EngineCore:
         self._progress = progress
         self._placed: Placement | None = None
         self._encoder = Encoder(config, encoder_room)
+        self._embedder = oneshot.Embedder()  # opened on the first embed, closed with placements
         # the context's state while no placement is loaded, in the one buffer kept for it
         self._parked: engine_state.ParkedState | None = None
         self._park_buffer = engine_state.ParkBuffer()
@@ -146,7 +151,9 @@ class EngineCore:
         self._handlers: dict[type[C.Command], Callable[[Any], object]] = {
             C.OpenSession: self._on_open_session, C.CloseSession: self._on_close_session,
             C.ListSessions: lambda _c: list(self._sessions), C.StartReply: self._on_start_reply,
-            C.Tokenize: lambda c: self._need_vocab().tokenize(c.text, add_special=False),
+            C.Tokenize: self._on_tokenize,
+            C.Detokenize: lambda c: oneshot.detokenize(self._need_vocab(), c.tokens),
+            C.Embed: self._on_embed,
             C.Snapshot: lambda c: self._snapshot(c.session_id),
             C.Restore: lambda c: self._restore(c.meta, c.kv, c.session_id),
             C.SetPriority: self._on_set_priority, C.DropDraft: lambda _c: self._drafting.drop(),
@@ -237,7 +244,17 @@ class EngineCore:
                 "speculative": self._drafting.status(), "vision": self._encoder.status(),
                 "threads": self.threads.status(),
                 "standby": self.standby_status(),
-                "context": self.context_status()}
+                "context": self.context_status(), "folding": self.memory_status()}
+
+    def memory_status(self) -> dict[str, int]:
+        """Folds of conversations past their share, all sessions together (any thread)."""
+        ms = [s.memory for s in list(self._sessions.values())]
+        return {"max_tokens_per_session": self.share.most,
+                "folding_sessions": sum(1 for m in ms if m.mode == "fold"),
+                "folds": sum(m.folds for m in ms), "summaries": sum(m.summaries for m in ms),
+                "dropped_turns": sum(m.dropped for m in ms),
+                "summary_prompt_tokens": sum(m.summary_prompt_tokens for m in ms),
+                "reread_tokens": sum(m.reread_tokens for m in ms)}
 
     def standby_status(self) -> dict[str, Any]:
         """The warm CPU placement and the load behind the decode (any thread)."""
@@ -274,8 +291,10 @@ class EngineCore:
         drafts = self._drafting.acceptance
         out: dict[str, SessionFigures] = {}
         for sid, s in list(self._sessions.items()):
+            mem = s.memory
             info: SessionFigures = {"tokens": s.cells, "busy": s.turn is not None,
-                                    "priority": s.priority}
+                                    "priority": s.priority, "max_tokens": self.share.most,
+                                    "memory": mem.mode, "dropped_turns": mem.dropped}
             draft = drafts.get(sid)  # one read: the engine thread may drop it meanwhile
             if draft is not None:
                 info["draft"] = draft.figures()
@@ -533,6 +552,7 @@ class EngineCore:
         if self._placed is None:
             return  # already released (unavailable): the parked state is still there
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()  # made over the placement's model: it goes with it
         t0 = time.perf_counter()
         self._parked = engine_ops.park(self._placed, list(self._sessions.values()),
                                        self._park_buffer)
@@ -751,6 +771,7 @@ class EngineCore:
     def _unload(self) -> None:
         """Free the placement and the standby; every handle into them is dropped with them."""
         self._encoder.close()  # its chunks of pending images too: they are made again
+        self._embedder.close()
         self._give_up_job("the engine is closing")
         if self._host_job is not None:
             self._host_job.cancelled.set()
@@ -789,7 +810,9 @@ class EngineCore:
 
     def _on_open_session(self, c: C.OpenSession) -> str:
         return self._table.open(c.system_prompt, c.params, c.priority, c.session_id,
-                                history=c.history)
+                                history=c.history,
+                                memory=memory_turn.M.Memory(
+                                    "off" if c.memory == "off" else "fold", pinned=c.pinned))
 
     def _on_close_session(self, c: C.CloseSession) -> None:
         self._close_session(c.session_id)
@@ -799,10 +822,68 @@ class EngineCore:
         if s is not None:
             s.priority = c.priority
 
-    def _on_start_reply(self, c: C.StartReply) -> Generation:
+    def _on_start_reply(self, c: C.StartReply,
+                        resume: memory_turn.Resume | None = None) -> Generation:
+        if resume is None:  # a conversation past its share folds first (runtime/memory.py)
+            first = self._fold_first(c)
+            if isinstance(first, Generation):
+                return first  # its summary is written first, then the line starts
+            resume = first
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
-                                c.tool_results, sampling=c.sampling, logprobs=c.logprobs)
+                                c.tool_results, c.history, raw=c.raw,
+                                resume=resume, sampling=c.sampling, logprobs=c.logprobs)
+
+    def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
+        """Fold the session's oldest turns out of the context when the line would not fit
+        its share: the model summarises them first (a summary turn on the session's own
+        sequence, whose handle is the line's), or, without room for that, they are dropped.
+        None: nothing to fold (the line's own checks go on as ever)."""
+        s, vocab = self._sessions.get(c.session_id), self._vocab
+        if (s is None or s.turn is not None or c.images or vocab is None
+                or c.history is not None or c.raw is not None):  # a rewrite: the client's
+            return None
+        others = [_claim(o) for o in self._sessions.values() if o is not s]
+        job = memory_turn.prepare(vocab, s, c, min(self.share.room(others), self.share.most),
+                                  self.share.most)
+        if not isinstance(job, memory_turn.Summary):
+            return job  # nothing to fold, or dropped without a summary (no room for one)
+        handle = Generation(c.session_id, reply=c.reply,
+                            outbox=self._outbox if c.streamed else None,
+                            interrupt=self._abort.arm)
+        turn = memory_turn.turn(s, handle, job, self._turn_counter + 1)
+        turn.chain = self._make_chain(turn)
+        self._turn_counter += 1
+        memory_turn.start(s, turn, self._mem)
+        return handle
+
+    def _summary_ended(self, t: Turn, reason: str, error: BaseException | None) -> None:
+        """A summary turn ended: its text becomes the memory and the line starts (with the
+        same handle), or the line ends with it (cancelled, failed)."""
+        resume = memory_turn.ended(t, self._mem, error, cancelled=reason == "cancelled")
+        if resume is None:  # failed, or cancelled: as if the line was never said
+            replies.settle(t, reason, error, 0)
+            return
+        try:
+            self._on_start_reply(t.memo.line, resume)
+        except BaseException as e:  # noqa: BLE001 - the line's handle carries it
+            t.handle._fail(e)
+
+    def _on_embed(self, c: C.Embed) -> oneshot.EmbedChunk:
+        # beside talking NPCs, about one step's worth of tokens a decode (one input at least:
+        # a pooled input is read whole); alone, as many as the embeddings context takes
+        budget = oneshot.EMBED_CTX
+        if self._active_turns() and self._token_s:
+            budget = int(self.config.max_step_s / self._token_s)
+        return self._embedder.embed(
+            self._need_placed(), self._need_vocab(), c.inputs, c.start, budget=budget,
+            normalize=c.normalize, n_threads=self._settings().n_threads
+            or loader.default_threads())
+
+    def _on_tokenize(self, c: C.Tokenize) -> object:
+        out = oneshot.tokenize(self._need_vocab(), c.text, add_special=c.add_special,
+                               parse_special=c.parse_special, with_pieces=c.with_pieces)
+        return out if c.with_pieces else out.tokens
 
     def _close_session(self, sid: str) -> None:
         s = self._table.get(sid)
@@ -832,6 +913,10 @@ class EngineCore:
         streamed: bool = False,
         tool_plan: tools.ToolPlan | None = None,
         tool_results: tuple[tuple[str, str], ...] = (),
+        history: tuple[tuple[str, str], ...] | None = None,
+        raw: str | None = None,
+        *,
+        resume: memory_turn.Resume | None = None,
         sampling: SamplingOverride | None = None,
         logprobs: int | None = None,
     ) -> Generation:
@@ -845,22 +930,40 @@ class EngineCore:
         # character in the content (image_turn.py), which player text cannot hold
         marker = self._encoder.options().media_marker if self.config.mmproj else ""
         content = image_turn.user_content(user_text, len(images), marker)
+        earlier = s.messages if history is None else prefix.rewritten(s.messages, history)
+        prefill = not tool_results and prefix.is_prefill(earlier, user_text, bool(images),
+                                                         history is not None)
         # a line may be only the results of the previous reply's calls (tools.py)
         line = [{"role": "user", "content": content}] if content or not tool_results else []
-        messages = [*s.messages, *tools.result_messages(tool_results), *line]
+        messages = earlier if prefill else [*earlier, *tools.result_messages(tool_results),
+                                            *line]
         # bounded before the template and the tokenizer run over it (both on this thread: a
         # 7.9 MB history held every NPC for 15 s before it was refused)
         replies.check_text_fits(vocab, messages, s.committed_text, s.cells, self.share)
         # special tokens come from the template's markup only: every content is data; the
-        # line's tools close the system prompt (the same text for the same tools)
-        block = tool_plan.block if tool_plan is not None else ""
-        shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
-        parts = vocab.prompt_parts(shown, add_assistant=True)
+        # line's tools close the system prompt (the same text for the same tools). A raw
+        # prompt has no template: it is all data, or read as llama-server reads one
+        if raw is not None:
+            parts = [(user_text, raw == "markup")]
+        else:
+            block = tool_plan.block if tool_plan is not None else ""
+            shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+            parts = (_open_parts(vocab, shown) if prefill
+                     else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)
         reset = s.reread or not full.startswith(s.committed_text)
+        keep = -1  # >= 0: the cache's first ``keep`` tokens are kept, the rest is read
+        if reset and not s.n_images and not images:
+            # a rewritten history, or a template that renders it differently now: only what
+            # differs from the cache's tokens is read (images: cells are not tokens, re-read)
+            new = vocab.tokenize_parts(parts, add_special=True)
+            keep = prefix.keep(s.tokens, new)
         vision = self._open_vision() if images or (reset and s.images) else None
         vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
-        if reset:  # the template re-rendered history differently: re-read it all
+        if keep >= 0:
+            feed, base = new[keep:], keep
+            pending: list[image_turn.PendingImage] = []
+        elif reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(
                     f"session '{sid}' must re-read its conversation, but its images were not "
@@ -878,14 +981,16 @@ class EngineCore:
             n_prompt = len(feed) + image_turn.cells(pending)
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
-            handle = Generation(sid, reply=reply,
-                                outbox=self._outbox if streamed else None,
-                                interrupt=self._abort.arm)
+            handle = (resume.handle if resume is not None and resume.handle is not None
+                      else Generation(sid, reply=reply,
+                                      outbox=self._outbox if streamed else None,
+                                      interrupt=self._abort.arm))
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
-                ignore_eos=ignore_eos, images=pending, tools=tool_plan, logprobs=logprobs,
+                ignore_eos=ignore_eos, images=pending, tools=tool_plan, prefill=prefill,
+                logprobs=logprobs,
                 params=sampling.apply(s.params) if sampling is not None else None,
             )
             if tool_plan is not None and tool_plan.grammar is not None:
@@ -895,7 +1000,16 @@ class EngineCore:
             image_turn.release(pending)
             raise
         self._turn_counter += 1
-        if reset:
+        if resume is not None:  # the line after a fold: what it reads again is its cost
+            turn.folded = (resume.dropped, resume.summarised)
+            s.memory.reread_tokens += n_prompt
+        if keep >= 0 and not llama_cpp.llama_memory_seq_rm(self._mem, s.seq, keep, -1):
+            # a cache that cannot drop a tail (recurrent layers): read it all
+            turn.feed, turn.cached_cells, turn.prompt_tokens = list(new), 0, len(new)
+            keep = -1
+        if keep >= 0:
+            s.kept_prefix(turn, keep)
+        elif reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.reread_for(turn)
         turn.media = MediaMark.of(s)
@@ -904,9 +1018,11 @@ class EngineCore:
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
-        return SamplerChain(turn.params or s.params, self._need_vocab().vocab,
-                            grammar=turn.grammar, history=s.history,
-                            reply_tokens=turn.generated, logprobs=turn.logprobs)
+        # a summary: greedy; a line with its own sampling: the session's merged with it
+        params = turn.memo.params if turn.memo is not None else (turn.params or s.params)
+        return SamplerChain(params, self._need_vocab().vocab, grammar=turn.grammar,
+                            history=s.history, reply_tokens=turn.generated,
+                            logprobs=turn.logprobs)
 
     # ============================================================ engine thread: decoding
 
@@ -1146,6 +1262,9 @@ class EngineCore:
     ) -> None:
         replies.detach(t)
         self._vision_idle()
+        if t.memo is not None:
+            self._summary_ended(t, reason, error)
+            return
         if error is None and not t.generated and reason == "cancelled":
             # cancelled before the first token: as if the line was never said
             self._rollback(t)
@@ -1220,6 +1339,19 @@ def _plan_key(p: Plan) -> PlanKey:
 
 def _same_plan(a: Plan, b: Plan) -> bool:
     return _plan_key(a) == _plan_key(b)
+
+
+def _open_parts(vocab: Vocab, messages: list[dict[str, str]]) -> list[Part]:
+    """The prompt of a reply that continues the last (assistant) message of ``messages``:
+    rendered with that message open; an empty one is answered as a new reply."""
+    content = messages[-1]["content"]
+    if not content.strip():
+        return vocab.prompt_parts(messages[:-1], add_assistant=True)
+    parts = prefix.open_last(vocab.prompt_parts(messages, add_assistant=False), content)
+    if parts is None:
+        raise InvalidStateError("this model's chat template rewrites an assistant message's "
+                                "text: a reply cannot continue it (send a user line)")
+    return parts
 
 
 def _claim(s: Session) -> int:

@@ -38,7 +38,7 @@ from igi_sdk.errors import (
 from igi_sdk.events import Outbox, ReplyListener, SessionFigures, next_reply_id
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import _native, engine_state, futures, image_turn, snapshot
+from igi_sdk.runtime import _native, engine_state, futures, image_turn, oneshot_calls, snapshot
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import ContextShare
@@ -49,6 +49,10 @@ from igi_sdk.runtime.encoder import Encoder, EncoderRoom
 from igi_sdk.runtime.engine_ops import LoadOutcome
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.image_turn import ImageInput
+from igi_sdk.runtime.memory import MAX_PINNED
+from igi_sdk.runtime.memory import MODES as MEMORY_MODES
+from igi_sdk.runtime.oneshot import Tokenized
+from igi_sdk.runtime.oneshot_calls import Embeddings
 from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.sampling import (
     SamplingOverride,
@@ -276,27 +280,40 @@ class Engine:
         priority: int = 0,
         session_id: str | None = None,
         history: Sequence[tuple[str, str]] = (),
+        memory: str = "fold",
+        pinned: Sequence[str] = (),
     ) -> Future[str]:
-        """``history``: earlier turns of the conversation, (role, text) with role "user" or
-        "assistant" in order (a client that keeps its own transcript, as OpenAI-style clients
-        do); they are read into the cache with the session's first line."""
+        """``history``: earlier turns of the conversation, (role, text) with role "system",
+        "user", "assistant" or "tool" in order (a client that keeps its own transcript, as
+        OpenAI-style clients do); they are read into the cache with the session's first
+        line. ``memory``: "fold"
+        (turns that no longer fit the session's share are summarised out of the context) or
+        "off" (such a line is refused); ``pinned``: facts kept in every prompt
+        (runtime/memory.py)."""
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
-        turns = tuple((role, image_turn.clean(text)) for role, text in history)
-        if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
+        turns = _turns(history)
+        if turns is None:
             out: Future[str] = Future()
-            out.set_exception(InvalidStateError(
-                "history roles are 'system', 'user', 'assistant' and 'tool'"))
+            out.set_exception(InvalidStateError(_ROLES))
             return out
-        return self._submit(C.OpenSession(prompt, params, priority, session_id, turns))
+        if memory not in MEMORY_MODES or len(pinned) > MAX_PINNED:
+            out = Future()
+            out.set_exception(InvalidStateError(
+                f"memory is one of {MEMORY_MODES}, with at most {MAX_PINNED} pinned facts"))
+            return out
+        facts = tuple(image_turn.clean(p) for p in pinned if p.strip())
+        return self._submit(C.OpenSession(prompt, params, priority, session_id, turns,
+                                          memory, facts))
 
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,
                      session_id: str | None = None,
-                     history: Sequence[tuple[str, str]] = ()) -> str:
+                     history: Sequence[tuple[str, str]] = (), memory: str = "fold",
+                     pinned: Sequence[str] = ()) -> str:
         return _wait(self.open_session_async(system_prompt, sampling=sampling,
                                              priority=priority, session_id=session_id,
-                                             history=history))
+                                             history=history, memory=memory, pinned=pinned))
 
     def close_session_async(self, session_id: str) -> Future[None]:
         return self._submit(C.CloseSession(session_id))
@@ -334,10 +351,13 @@ class Engine:
         images: Sequence[ImageInput] = (),
         tools: ToolSpec | None = None,
         tool_results: Sequence[tuple[str, str]] = (),
+        history: Sequence[tuple[str, str]] | None = None,
+        raw: str | None = None,
         sampling: SamplingOverride | Mapping[str, object] | None = None,
         logprobs: int | None = None,
     ) -> Future[Generation]:
-        """Like :meth:`chat`, but returns a future of the handle at once."""
+        """Like :meth:`chat`, but returns a future of the handle at once. ``raw``: the text is
+        a prompt read as it is, without the chat template (:meth:`complete_async`)."""
         out: Future[Generation] = Future()
         if max_tokens < 1:
             out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
@@ -348,6 +368,11 @@ class Engine:
             out.set_exception(e)
             return out
         stops = tuple(s for s in stop if s)
+        turns = None if history is None else _turns(history)
+        if history is not None and turns is None:
+            refused: Future[Generation] = Future()
+            refused.set_exception(InvalidStateError(_ROLES))
+            return refused
         reply = next_reply_id()
         if listener is not None:
             self._core._outbox.subscribe(reply, listener)
@@ -358,8 +383,8 @@ class Engine:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
                                             streamed=listener is not None, tools=plan,
-                                            tool_results=results, sampling=line,
-                                            logprobs=logprobs))
+                                            tool_results=results, history=turns, raw=raw,
+                                            sampling=line, logprobs=logprobs))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
@@ -395,6 +420,32 @@ class Engine:
     def tokenize(self, text: str) -> list[int]:
         """Token ids of ``text`` for this model (special tokens parsed, no BOS added)."""
         return self._call(C.Tokenize(text))
+
+    # --- requests without a session (runtime/oneshot.py) ------------------------------------
+
+    def tokenize_async(self, text: str, *, add_special: bool = False,
+                       parse_special: bool = True) -> Future[Tokenized]:
+        """The token ids of ``text`` and each token's text."""
+        return self._submit(C.Tokenize(text, add_special, parse_special, with_pieces=True))
+
+    def detokenize_async(self, tokens: Sequence[int]) -> Future[str]:
+        return self._submit(C.Detokenize(tuple(tokens)))
+
+    def embed_async(self, inputs: Sequence[str | Sequence[int]], *,
+                    normalize: bool = True) -> Future[Embeddings]:
+        """One vector per input (a text, or token ids), in order: read a decode of
+        ``oneshot.EMBED_CTX`` tokens per engine command, so other replies decode between."""
+        return oneshot_calls.embed(self._submit, inputs, normalize)
+
+    def complete_async(self, prompt: str, *, sampling: SamplingParams | None = None,
+                       priority: int = 0, listener: ReplyListener | None = None,
+                       parse_special: bool = False, **options: Any) -> Future[Generation]:
+        """Continue a raw ``prompt`` (no chat template) in a session of its own, closed when
+        the reply ends. Its text is data unless ``parse_special`` (special-token text is then
+        the token, as llama-server reads a prompt: for a client that writes its own template
+        markup). ``options`` as :meth:`chat_async`'s."""
+        return oneshot_calls.complete(self, image_turn.clean(prompt), sampling, priority,
+                                      listener, "markup" if parse_special else "data", options)
 
     def snapshot_async(self, session_id: str) -> Future[bytes]:
         # captured on the engine thread; packed (one copy + the checksum) on the I/O thread
@@ -505,3 +556,15 @@ def _wait(fut: Future[T]) -> T:
             "a reply listener or a future's callback waited for the engine; they run on the "
             "thread that delivers the engine's outcomes: use the *_async methods there")
     return fut.result()
+
+
+_ROLES = "history roles are 'system', 'user', 'assistant' and 'tool'"
+
+
+def _turns(history: Sequence[tuple[str, str]]) -> tuple[tuple[str, str], ...] | None:
+    """A client's transcript as the engine reads it (image slots and NULs out: contents are
+    C text holding no image), None if a role is not one it reads."""
+    turns = tuple((role, image_turn.clean(text)) for role, text in history)
+    if any(role not in ("system", "user", "assistant", "tool") for role, _ in turns):
+        return None
+    return turns

@@ -23,6 +23,7 @@ from igi_sdk.errors import EngineUnavailableError, InvalidStateError
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native, snapshot
+from igi_sdk.runtime.memory import MAX_PINNED, Memory
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.session import Session
 
@@ -54,6 +55,9 @@ def capture(ctx: Any, s: Session, model: dict[str, Any], kv_fmt: str) -> tuple[b
         "priority": s.priority, "messages": s.messages, "committed_text": s.committed_text,
         "tokens": s.tokens, "pending": s.pending, "history": s.history[-4096:],
         "n_sampled": s.n_sampled, "image_cells": s.image_cells, "n_images": s.n_images,
+        # the memory policy and the turns folded out of the context: the whole transcript is
+        # ``archive`` then ``messages[head:]`` (a save without it: nothing was folded)
+        "memory": memory_meta(s.memory),
     }
     return snapshot.header(meta), kv  # the header is encoded here: the lists are live
 
@@ -157,6 +161,49 @@ class Saved(NamedTuple):
     priority: int
     image_cells: int
     n_images: int
+    memory: Memory
+
+
+MEMORY_FORMAT = 1
+
+
+def memory_meta(m: Memory) -> dict[str, Any]:
+    return {"format": MEMORY_FORMAT, "mode": m.mode, "system": m.system,
+            "pinned": list(m.pinned), "summary": m.summary, "head": m.head,
+            "archive": m.archive, "folds": m.folds, "summaries": m.summaries,
+            "dropped": m.dropped}
+
+
+def _messages(xs: object) -> bool:
+    return isinstance(xs, list) and all(
+        isinstance(m, dict) and isinstance(m.get("role"), str)
+        and isinstance(m.get("content"), str) for m in xs)
+
+
+def memory_fields(meta: dict[str, Any], messages: list[dict[str, str]]) -> Memory:
+    """The memory of a save (ValueError if it is damaged); a save from before memory
+    existed: nothing folded, its system prompt (if any) the whole head."""
+    raw = meta.get("memory")
+    if raw is None:
+        system = (messages[0]["content"] if messages and messages[0]["role"] == "system"
+                  else None)
+        return Memory(system=system, head=1 if system else 0)
+    if not isinstance(raw, dict) or raw.get("format") != MEMORY_FORMAT:
+        raise ValueError("'memory' is not a memory of a known format")
+    mode, system, pinned, summary = raw["mode"], raw["system"], raw["pinned"], raw["summary"]
+    if mode not in ("fold", "off") or not (system is None or isinstance(system, str)):
+        raise ValueError("'memory' has a bad mode or system prompt")
+    if not isinstance(pinned, list) or len(pinned) > MAX_PINNED or not all(
+            isinstance(p, str) for p in pinned) or not isinstance(summary, str):
+        raise ValueError("'memory' has bad pinned facts or summary")
+    if not _messages(raw["archive"]):
+        raise ValueError("'memory.archive' is not a list of chat messages")
+    numbers = [raw[k] for k in ("head", "folds", "summaries", "dropped")]
+    if not all(type(x) is int and x >= 0 for x in numbers) or raw["head"] > len(messages):
+        raise ValueError("'memory' has bad counts")
+    return Memory(mode=mode, system=system, pinned=tuple(pinned), summary=summary,
+                  head=raw["head"], archive=raw["archive"], folds=raw["folds"],
+                  summaries=raw["summaries"], dropped=raw["dropped"])
 
 
 def check(meta: dict[str, Any], kv: bytes | memoryview, *, model: dict[str, Any],
@@ -188,6 +235,7 @@ def apply(s: Session, saved: Saved, same_format: bool) -> None:
     s.messages, s.committed_text, s.tokens = saved.messages, saved.committed, saved.tokens
     s.pending, s.history, s.n_sampled = saved.pending, saved.history, saved.n_sampled
     s.image_cells, s.n_images = saved.image_cells, saved.n_images
+    s.memory = saved.memory
     if not same_format:
         # saved on a plan with another KV format (a q8_0 cache, restored on an f16 one):
         # llama.cpp cannot read those cells, so the conversation is read again on its
@@ -228,7 +276,8 @@ def fields(meta: dict[str, Any], n_vocab: int) -> Saved:
         raise ValueError("'image_cells' or 'n_images' is negative")
     return Saved(SamplingParams(**meta["params"]), messages, committed, token_list("tokens"),
                  token_list("pending"), token_list("history"), n_sampled,
-                 integer("priority", 0), image_cells, n_images)
+                 integer("priority", 0), image_cells, n_images,
+                 memory_fields(meta, messages))
 
 
 # what a save's header may take beside its KV bytes: the conversation's text, its tokens and

@@ -30,6 +30,10 @@ class GenerationResult:
     ttft_s: float  # request accepted -> first token sampled
     total_s: float
     cached_tokens: int = 0  # KV cells of the session the turn reused (prompt_tokens excludes them)
+    # turns of the conversation folded out of the context before this line, and of those the
+    # ones its memory summarises (runtime/memory.py)
+    dropped_turns: int = 0
+    summarised_turns: int = 0
     tool_calls: tuple[ToolCall, ...] = ()  # the calls the reply made (finish_reason "tool_calls")
 
     @property

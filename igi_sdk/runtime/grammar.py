@@ -20,6 +20,7 @@ import functools
 import json
 import re
 import threading
+from typing import Any
 
 import llama_cpp
 import llguidance
@@ -141,6 +142,40 @@ def compile_lark(lark: str) -> str:
 def closed_objects(schema_json: str) -> str:
     """:func:`_closed_objects`, for schemas compiled inside another grammar (tools)."""
     return _closed_objects(schema_json)
+
+
+def bounded_strings(schema_json: str, chars: int, items: int) -> str:
+    """The schema with ``maxLength: chars`` on every string it leaves unbounded (no maxLength,
+    enum, const or pattern) and ``maxItems: items`` on every such array: a tool call must close
+    within a reply's tokens, and a small model at a high temperature filled one unbounded
+    string until ``max_tokens`` cut the call (a reply with neither a call nor text)."""
+    tree = json.loads(schema_json)
+    for node in _schema_nodes(tree):
+        kind = node.get("type")
+        free = not any(k in node for k in ("enum", "const", "pattern"))
+        if kind == "string" and free and "maxLength" not in node:
+            node["maxLength"] = chars
+        elif kind == "array" and "maxItems" not in node:
+            node["maxItems"] = items
+    return json.dumps(tree)
+
+
+def _schema_nodes(tree: object) -> list[dict[str, Any]]:
+    """Every sub-schema of ``tree`` (maps only), found without recursion."""
+    out, todo = [], [tree]
+    while todo:  # schemas only: a property *named* "properties" is not a keyword
+        node = todo.pop()
+        if not isinstance(node, dict):
+            continue
+        out.append(node)
+        for key in _SCHEMA_MAPS:
+            if isinstance(node.get(key), dict):
+                todo.extend(node[key].values())
+        for key in _SCHEMA_LISTS:
+            if isinstance(node.get(key), list):
+                todo.extend(node[key])
+        todo.extend(node.get(key) for key in _SCHEMA_ONE)
+    return out
 
 
 def _closed_objects(schema_json: str) -> str:

@@ -12,7 +12,7 @@ import llama_cpp
 
 from igi_sdk.errors import ContextFullError, PromptTooLongError
 from igi_sdk.events import TokenLogprob
-from igi_sdk.runtime import image_turn
+from igi_sdk.runtime import image_turn, memory_turn
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import Admit, ContextShare
 from igi_sdk.runtime.generation import GenerationResult
@@ -114,6 +114,8 @@ def _length(t: Turn, tok: int) -> tuple[str, int | None] | None:
 
 
 def emit_upto(t: Turn, end: int) -> None:
+    if t.memo is not None:  # a summary (runtime/memory_turn.py): not the player's to see
+        return
     if end > t.emitted:
         lp: tuple[TokenLogprob, ...] = ()
         if t.lp:  # the tokens whose text this piece completes
@@ -138,6 +140,9 @@ def rollback(t: Turn, mem: Any) -> None:
     """Undo a turn that produced nothing: the conversation is as before the request (``mem``:
     the KV cache's, None while no placement is loaded)."""
     s = t.session
+    if t.memo is not None:  # a summary: the conversation was not changed by it
+        memory_turn.forget(t, mem)
+        return
     if mem is not None:  # else: trimmed when the parked state is put back
         llama_cpp.llama_memory_seq_rm(mem, s.seq, t.start_tokens, -1)
     s.rolled_back(t)
@@ -167,7 +172,7 @@ def commit(t: Turn, visible_end: int | None) -> int:
         emit_upto(t, visible_end)
     # NUL bytes (a byte-level token can decode to one) cannot go through the C chat
     # template: leave them out of both sides so the next turn's prefix still matches
-    s.committed(t.prompt_text, image_turn.clean(t.raw))
+    s.committed(t.prompt_text, image_turn.clean(t.raw), prefill=t.prefill)
     return visible_end
 
 
@@ -188,5 +193,7 @@ def settle(t: Turn, reason: str, error: BaseException | None, visible_end: int |
         ttft_s=(t.t_first or now) - t.t0,
         total_s=now - t.t0,
         cached_tokens=t.cached_cells,
+        dropped_turns=t.folded[0],
+        summarised_turns=t.folded[1],
         tool_calls=calls,
     ))

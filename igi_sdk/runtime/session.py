@@ -15,8 +15,14 @@ from typing import Any
 from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
 from igi_sdk.events import TokenLogprob
 from igi_sdk.runtime.generation import Generation
+from igi_sdk.runtime.memory import Memory, head_of
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
 from igi_sdk.runtime.tools import CallReader, ToolPlan
+
+# ``committed_text`` of a cache that holds a token prefix ending at no known place of the text
+# (kept from a rewritten conversation): no rendered prompt starts with it (contents are C text),
+# so the next line finds its prefix by tokens
+UNALIGNED = "\0"
 
 
 @dataclass
@@ -39,6 +45,8 @@ class Session:
     image_cells: int = 0
     n_images: int = 0
     images: list[Any] = field(default_factory=list)
+    # what stays in context past its share, and the turns that left it (runtime/memory.py)
+    memory: Memory = field(default_factory=Memory)
 
     @property
     def cells(self) -> int:
@@ -50,10 +58,18 @@ class Session:
         self.tokens, self.image_cells, self.reread = [], 0, False
         turn.start_tokens = 0
 
+    def kept_prefix(self, turn: Turn, keep: int) -> None:
+        """``turn`` reads its prompt after the first ``keep`` tokens of the cache, the rest of
+        which was dropped for it (runtime/prefix.py)."""
+        del self.tokens[keep:]
+        self.pending, self.reread, self.committed_text = [], False, UNALIGNED
+        turn.start_tokens, turn.start_pending = keep, []
+
     def begin(self, turn: Turn, messages: list[dict[str, str]], images: list[Any]) -> None:
         """A line starts ``turn``; the line is the last of ``messages`` (with its tool
-        results, the last few)."""
-        turn.start_messages = len(self.messages)
+        results, the last few; continuing the last assistant message, ``messages`` end with
+        it)."""
+        turn.start_messages = self.messages
         self.images.extend(images)
         self.n_images += len(images)
         self.pending = []
@@ -73,10 +89,15 @@ class Session:
         """The reply ended on ``token``, which the next line feeds first."""
         self.pending = [token]
 
-    def committed(self, prompt_text: str, said: str) -> None:
+    def committed(self, prompt_text: str, said: str, *, prefill: bool = False) -> None:
         """The reply joined the conversation (the cache holds all of it: a re-read in the
-        reply, :meth:`reread_in_reply`, is complete)."""
-        self.messages.append({"role": "assistant", "content": said})
+        reply, :meth:`reread_in_reply`, is complete); ``prefill``: it continued the last
+        assistant message, which now holds both."""
+        if prefill:
+            last = self.messages[-1]
+            self.messages[-1] = {**last, "content": last["content"] + said}
+        else:
+            self.messages.append({"role": "assistant", "content": said})
         self.committed_text = prompt_text + said
         self.reread = False
 
@@ -86,7 +107,9 @@ class Session:
         if turn.media is not None:
             turn.media.restore(self)
         self.pending = list(turn.start_pending)
-        self.messages = self.messages[:turn.start_messages]
+        # the conversation before the line (a history the line replaced comes back too)
+        self.messages = (turn.start_messages if turn.start_messages is not None
+                         else self.messages[:-1])
 
     def reread_in_reply(self) -> list[int]:
         """Its KV cells are gone while it replies: the tokens it held, to be read again ahead
@@ -130,11 +153,16 @@ class Turn:
     params: SamplingParams | None = None
     logprobs: int | None = None  # alternatives per token's logprobs (None: not asked)
     lp: list[TokenLogprob] = field(default_factory=list)  # sampled, text not yet emitted
-    start_messages: int = 0  # the conversation's messages before this line (rollback)
+    start_messages: list[dict[str, str]] | None = None  # the conversation before the line
+    prefill: bool = False  # the reply continues the last assistant message
     # a line with tools (runtime/tools.py): its plan, and the reader of the reply's calls
     # (None with tool_choice "none": the reply is text)
     tools: ToolPlan | None = None
     calls: CallReader | None = None
+    # a summary of turns leaving the context, written before the line (memory_turn.Summary);
+    # its text is not the line's reply
+    memo: Any = None
+    folded: tuple[int, int] = (0, 0)  # turns dropped / summarised before this line
 
 
 class SessionTable:
@@ -154,7 +182,7 @@ class SessionTable:
 
     def open(
         self, system_prompt: str | None, params: SamplingParams, priority: int, sid: str | None,
-        history: tuple[tuple[str, str], ...] = (),
+        history: tuple[tuple[str, str], ...] = (), memory: Memory | None = None,
     ) -> str:
         if not self.free_seqs:
             raise TooManySessionsError(
@@ -164,11 +192,13 @@ class SessionTable:
         if sid in self.by_id:
             raise SessionBusyError(f"session '{sid}' already exists")
         # image slots are already out of the prompt (Engine.open_session_async)
-        messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+        memory = memory or Memory()
+        memory.system = system_prompt or None
+        messages = head_of(memory)  # the system prompt, and the pinned facts after it
         # earlier turns: read into the cache with the first line (nothing is committed yet)
         messages += [{"role": role, "content": text} for role, text in history]
         seq = self.free_seqs.pop(0)
-        self.by_id[sid] = Session(sid, seq, params, priority, messages)
+        self.by_id[sid] = Session(sid, seq, params, priority, messages, memory=memory)
         return sid
 
     def remove(self, s: Session) -> None:

@@ -20,10 +20,14 @@ from dataclasses import dataclass, field
 
 from igi_sdk.errors import InvalidGrammarError, InvalidToolsError
 from igi_sdk.events import ToolCall
-from igi_sdk.runtime.grammar import closed_objects, compile_lark
+from igi_sdk.runtime.grammar import bounded_strings, closed_objects, compile_lark
 from igi_sdk.runtime.sampling import check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
+# a call's unbounded strings and arrays are held to these (grammar.bounded_strings): NPC
+# actions take names and short phrases, and a call must close within the reply's tokens
+ARG_CHARS = 96
+ARG_ITEMS = 8
 MAX_CALLS = 8  # calls in one reply with parallel_tool_calls (protocol.MAX_CALLS)
 CHOICES = ("auto", "none", "required")
 # one optional space between JSON tokens, as json_schema replies allow (grammar.JSON_OPTIONS)
@@ -179,7 +183,9 @@ def lark_grammar(spec: ToolSpec, schemas: Sequence[dict[str, object]]) -> str:
             continue
         call = {"type": "object",
                 "properties": {"name": {"const": t.name},
-                               "arguments": json.loads(closed_objects(json.dumps(schema)))},
+                               "arguments": json.loads(bounded_strings(
+                                   closed_objects(json.dumps(schema)),
+                                   ARG_CHARS, ARG_ITEMS))},
                 "required": ["name", "arguments"], "additionalProperties": False,
                 "x-guidance": _JSON_OPTIONS}
         bodies.append(f"call_{i}: %json {json.dumps(call, ensure_ascii=False)}")

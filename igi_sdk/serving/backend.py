@@ -20,6 +20,21 @@ class StreamHandle(Protocol):
     def cancel(self) -> None: ...
 
 
+class TokenizeResult(Protocol):
+    """Token ids and each one's text (``runtime.oneshot.Tokenized``)."""
+
+    tokens: list[int]
+    pieces: list[str] | None
+
+
+class EmbedResult(Protocol):
+    """One vector per input (``runtime.oneshot_calls.Embeddings``)."""
+
+    vectors: list[list[float]]
+    tokens: int
+    pooling: str
+
+
 # a reply's typed events: ReplyText*, then ReplyDone or ReplyFailed (igi_sdk/events.py); called
 # on the model side's outbox thread, never on the engine's
 StreamListener = Callable[[ReplyEvent], None]
@@ -53,6 +68,17 @@ class Backend(Protocol):
     def chat(self, request: P.Chat, listener: StreamListener) -> Future[StreamHandle]: ...
 
     def save_session(self, session: str, path: Path) -> Future[int]: ...
+
+    # 1.3: requests without a session (serving/oneshot.py)
+    def tokenize(self, request: P.Tokenize) -> Future[TokenizeResult]: ...
+
+    def detokenize(self, request: P.Detokenize) -> Future[str]: ...
+
+    def embed(self, request: P.Embed) -> Future[EmbedResult]: ...
+
+    def complete(self, request: P.Complete, listener: StreamListener) -> Future[StreamHandle]:
+        """A raw prompt's reply, streamed as ``chat``'s, in a session of its own."""
+        ...
 
     def restore_session(self, path: Path, session: str | None = None) -> Future[str]:
         """A session from a save file, with id ``session`` when given."""

@@ -33,6 +33,7 @@ from pydantic import ValidationError
 
 from igi_sdk.errors import IgiError, coded_error, save_io_error
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
+from igi_sdk.serving import oneshot
 from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
@@ -622,6 +623,20 @@ class SessionService:
         fut.add_done_callback(lambda f: self.later(lambda: started(f)))
         return None  # the stream answers
 
+    # --- 1.3: requests without a session (serving/oneshot.py) -------------------------------
+
+    def _on_tokenize(self, c: Client, msg_id: int, body: P.Tokenize) -> None:
+        oneshot.tokenize(self, c, msg_id, body)
+
+    def _on_detokenize(self, c: Client, msg_id: int, body: P.Detokenize) -> None:
+        oneshot.detokenize(self, c, msg_id, body)
+
+    def _on_embed(self, c: Client, msg_id: int, body: P.Embed) -> None:
+        oneshot.embed(self, c, msg_id, body)
+
+    def _on_complete(self, c: Client, msg_id: int, body: P.Complete) -> None:
+        oneshot.complete(self, c, msg_id, body)
+
     def _on_cancel(self, c: Client, msg_id: int, body: P.Cancel) -> C.CancelOk:
         known = body.request in c.streams
         handle = c.streams.get(body.request)
@@ -756,6 +771,9 @@ class SessionService:
                 persona=info.persona, priority=figures["priority"] if figures else 0,
                 busy=figures["busy"] if figures else False,
                 tokens=figures["tokens"] if figures else 0,
+                max_tokens=figures.get("max_tokens") if figures else None,
+                memory=figures.get("memory") if figures else None,  # type: ignore[arg-type]
+                dropped_turns=figures.get("dropped_turns") if figures else None,
                 idle_s=round(now - info.since, 3)))
         free = max(0, self._slots() - self._slots_taken())
         # orphans are held, but the next open_session or restore_session closes one (the
@@ -927,7 +945,9 @@ def _done(r: ChatResult) -> C.Done:
     return C.Done(text=r.text, finish_reason=r.finish_reason,
                   usage=C.Usage(prompt_tokens=r.prompt_tokens,
                                 completion_tokens=r.completion_tokens,
-                                cached_tokens=r.cached_tokens),
+                                cached_tokens=r.cached_tokens,
+                                dropped_turns=int(getattr(r, "dropped_turns", 0)),
+                                summarised_turns=int(getattr(r, "summarised_turns", 0))),
                   timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s),
                   tool_calls=[C.ToolCallBody(id=k.id, name=k.name, arguments=k.arguments)
                               for k in r.tool_calls])

@@ -56,7 +56,13 @@ from igi_sdk.runtime.image_decode import (
 )
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.speculative import SpeculativeConfig
-from igi_sdk.serving.backend import ReservationDone, StreamHandle, StreamListener
+from igi_sdk.serving.backend import (
+    EmbedResult,
+    ReservationDone,
+    StreamHandle,
+    StreamListener,
+    TokenizeResult,
+)
 from igi_sdk.sidecar import tool_wire
 from igi_sdk.tuning import (
     cached_before_backend,
@@ -423,7 +429,8 @@ class ModelHost:
             f"You are {request.persona}." if request.persona else None)
         return eng.open_session_async(system, priority=request.priority, sampling=sampling,
                                       session_id=request.name,
-                                      history=tool_wire.history_turns(request.history))
+                                      history=tool_wire.history_turns(request.history),
+                                      memory=request.memory, pinned=request.pinned)
 
     def close_session(self, session: str) -> Future[None]:
         try:
@@ -446,7 +453,9 @@ class ModelHost:
                                   json_schema=request.json_schema, listener=listener,
                                   images=ready, tools=tool_wire.spec(request),
                                   tool_results=[(r.id, r.content) for r in request.tool_results],
-                                  sampling=line, logprobs=request.logprobs)
+                                  sampling=line, logprobs=request.logprobs,
+                                  history=None if request.history is None
+                                  else tool_wire.history_turns(request.history))
 
         if not images or not eng.config.mmproj:  # (no projector: the engine says so)
             return start(images)  # type: ignore[return-value]
@@ -467,6 +476,41 @@ class ModelHost:
             return ImageBudget()  # an encoder this SDK cannot price: mtmd's own limit holds
         cells = eng.share.floor or eng.config.n_ctx // (2 * max(1, eng.config.max_sessions))
         return ImageBudget(image_token_cap(cells, self._image_limit), self._image_tile)
+
+    # --- 1.3: requests without a session (runtime/oneshot.py) --------------------------------
+
+    def tokenize(self, request: P.Tokenize) -> Future[TokenizeResult]:
+        try:
+            return self._engine().tokenize_async(  # type: ignore[return-value]
+                request.text, add_special=request.add_special,
+                parse_special=request.parse_special)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    def detokenize(self, request: P.Detokenize) -> Future[str]:
+        try:
+            return self._engine().detokenize_async(request.tokens)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    def embed(self, request: P.Embed) -> Future[EmbedResult]:
+        try:
+            return self._engine().embed_async(  # type: ignore[return-value]
+                request.input, normalize=request.normalize)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+
+    def complete(self, request: P.Complete, listener: StreamListener) -> Future[StreamHandle]:
+        try:
+            eng = self._engine()
+            sampling = SamplingParams(**request.sampling.model_dump(), repeat_last_n=64)
+        except Exception as e:  # noqa: BLE001
+            return _failed(e)
+        return eng.complete_async(  # type: ignore[return-value]
+            request.prompt, sampling=sampling, priority=request.priority, listener=listener,
+            parse_special=request.parse_special,
+            max_tokens=request.max_tokens, stop=request.stop, grammar=request.grammar,
+            json_schema=request.json_schema)
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         try:

@@ -40,7 +40,14 @@ from igi_sdk.events import (
     SessionFigures,
     next_reply_id,
 )
-from igi_sdk.serving.backend import Backend, ReservationDone, StreamHandle, StreamListener
+from igi_sdk.serving.backend import (
+    Backend,
+    EmbedResult,
+    ReservationDone,
+    StreamHandle,
+    StreamListener,
+    TokenizeResult,
+)
 from igi_sdk.upstream.client import CHARS_PER_TOKEN_CAP, UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import SchemaFormat, UpstreamConfig
 from igi_sdk.upstream.policy import LocalHealth, route
@@ -189,6 +196,14 @@ class RoutingBackend:
             if t.busy:
                 return _failed(SessionBusyError(
                     f"session '{request.session}' is answering another line"))
+            if request.history is not None:
+                if not request.text and request.history[-1:] and \
+                        request.history[-1].role == "assistant":
+                    return _failed(InvalidStateError(
+                        f"session '{request.session}' is routed to an upstream: its reply "
+                        "cannot continue an assistant turn (send a user line)"))
+                # the transcript the upstream is sent; a local copy is sent it with the line
+                t.turns = [(h.role, h.content) for h in request.history]
             t.busy = True
         where = route(self.cfg.policy, self.local.health(), cpu_tps=self._cpu_tps,
                       min_local_tps=self.cfg.min_local_tps, restored=t.restored)
@@ -203,6 +218,19 @@ class RoutingBackend:
         else:
             self._move_local(request, t, listener, handle, out)
         return out
+
+    # requests without a session: the local model answers them (its tokenizer, its vectors)
+    def tokenize(self, request: P.Tokenize) -> Future[TokenizeResult]:
+        return self.local.tokenize(request)
+
+    def detokenize(self, request: P.Detokenize) -> Future[str]:
+        return self.local.detokenize(request)
+
+    def embed(self, request: P.Embed) -> Future[EmbedResult]:
+        return self.local.embed(request)
+
+    def complete(self, request: P.Complete, listener: StreamListener) -> Future[StreamHandle]:
+        return self.local.complete(request, listener)
 
     def save_session(self, session: str, path: Path) -> Future[int]:
         with self._lock:

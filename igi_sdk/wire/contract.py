@@ -125,6 +125,11 @@ class SessionListing(Reply):
     priority: int
     busy: bool = Field(description="a reply is streaming in it")
     tokens: int = Field(description="tokens of the conversation in the model's context")
+    max_tokens: int | None = Field(None, description="1.3: the most tokens (KV cells) this "
+                                   "session may hold: its share of the context")
+    memory: Literal["fold", "off"] | None = Field(None, description="1.3: its memory policy")
+    dropped_turns: int | None = Field(None, description="1.3: turns folded out of its "
+                                      "context so far (its save keeps them)")
     idle_s: float = Field(description="seconds since it was opened, adopted or orphaned")
 
 
@@ -210,6 +215,25 @@ class StatsOk(Answer):
                                             "retries and failures")
 
 
+class TokenizeOk(Answer):
+    tokens: list[int] = Field(description="1.3: the text's token ids")
+    pieces: list[str] | None = Field(None, description="1.3: each token's text (with_pieces); "
+                                     "a token that is part of a UTF-8 character shows as the "
+                                     "replacement character")
+
+
+class DetokenizeOk(Answer):
+    text: str = Field(description="1.3: the tokens' text (special tokens spell their text)")
+
+
+class EmbedOk(Answer):
+    data: list[list[float]] = Field(description="1.3: one vector per input, in order")
+    tokens: int = Field(description="1.3: tokens read for all inputs together")
+    pooling: str = Field("mean", description="1.3: how token vectors became one: the "
+                         "model's own pooling (\"cls\", \"last\", \"mean\"), or \"mean\" for "
+                         "a model that declares none (a generative model)")
+
+
 # the body of the ``ok`` answering each request type; ``chat`` is answered by a stream instead
 OK_REPLIES: dict[str, type[Reply] | None] = {
     "hello": HelloOk,
@@ -230,6 +254,10 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
     "adopt_session": SessionOk,
     "set_priority": EmptyOk,
     "resume_stream": ResumeStreamOk,
+    "tokenize": TokenizeOk,
+    "detokenize": DetokenizeOk,
+    "embed": EmbedOk,
+    "complete": None,  # a stream, as chat's
 }
 
 
@@ -258,6 +286,11 @@ class Usage(Reply):
     cached_tokens: int = Field(0, description="1.2: tokens of the conversation already in "
                                "the session's cache, reused for this turn and not in "
                                "prompt_tokens")
+    dropped_turns: int = Field(0, description="1.3: turns of the conversation folded out of "
+                               "the context before this line (memory \"fold\")")
+    summarised_turns: int = Field(0, description="1.3: of those, the turns the memory "
+                                  "message summarises (0 with dropped_turns > 0: dropped "
+                                  "without a summary, no room to write one)")
 
 
 class Timings(Reply):
@@ -377,6 +410,9 @@ ERROR_CODES: dict[str, ErrorCode] = {
                                     "needs beyond the session's guaranteed floor (at chat, or "
                                     "as a stream error); retry when their replies end or "
                                     "they close"),
+    "invalid_input": ErrorCode(False, "1.3: detokenize/embed input the model cannot read: a "
+                                      "token id outside its vocabulary, or a model that cannot "
+                                      "embed (a reranker)"),
     "invalid_grammar": ErrorCode(False, "grammar or json_schema cannot be compiled"),
     "invalid_image": ErrorCode(False, "chat.images: an image that is not a PNG/JPEG llama.cpp "
                                       "can decode, pixels of a zero or absurd size or that do "

@@ -32,7 +32,8 @@ PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
             "images", "owners", "launch_token", "instance", "tools", "history_roles",
-            "line_sampling", "logprobs")
+            "line_sampling", "logprobs", "rewrite_history", "tokenize", "embed", "complete",
+            "memory")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -46,6 +47,7 @@ MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 # session's share of the context, checked before any template reads it
 MAX_TEXT_CHARS = MAX_STR_BYTES // 4
 MAX_HISTORY_TURNS = 256  # open_session.history: earlier turns a client may hand over
+MAX_PINNED = 16  # open_session.pinned: facts kept in every prompt
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
 # maps/arrays inside a request body, and inside a json_schema given as a JSON string: checked
@@ -246,6 +248,10 @@ class OpenSession(Strict):
     # earlier turns of a conversation the client kept itself (an OpenAI-style transcript),
     # read into the session's cache with its first line
     history: list[HistoryTurn] = Field(default_factory=list, max_length=MAX_HISTORY_TURNS)
+    # 1.3: a conversation past the session's share of the context: "fold" summarises its
+    # oldest turns out of the prompt, "off" refuses the line (prompt_too_long)
+    memory: Literal["fold", "off"] = "fold"
+    pinned: list[Text] = Field(default_factory=list, max_length=MAX_PINNED)  # in every prompt
 
 
 class ChatImage(Strict):
@@ -289,6 +295,10 @@ class Chat(Strict):
     tool_choice: Annotated[str, Field(min_length=1, max_length=64)] = "auto"
     parallel_tool_calls: bool = True
     tool_results: list[ToolResult] = Field(default_factory=list, max_length=MAX_TOOL_RESULTS)
+    # 1.3 ("rewrite_history"): the session's conversation after its system prompt, replaced
+    # before this line; the cache keeps the longest common token prefix. Ending with an
+    # assistant turn and ``text`` "": the reply continues that turn (prefill)
+    history: list[HistoryTurn] | None = Field(None, max_length=MAX_HISTORY_TURNS)
 
     @field_validator("json_schema")
     @classmethod
@@ -366,6 +376,60 @@ class Empty(Strict):
     pass
 
 
+# --- 1.3: tokenize, detokenize, embed, complete (no session: each answers one request) ----------
+MAX_EMBED_INPUTS = 64
+MAX_TOKEN_IDS = 4096  # token ids in one array (the msgpack array cap)
+TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class Tokenize(Strict):
+    text: Text
+    add_special: bool = False  # BOS/EOS as the model adds them to a prompt
+    with_pieces: bool = False  # also each token's text
+    # special-token text (``<|im_end|>``) read as that token, as llama-server's /tokenize does
+    parse_special: bool = True
+
+
+class Detokenize(Strict):
+    tokens: list[TokenId] = Field(max_length=MAX_TOKEN_IDS)
+
+
+class Embed(Strict):
+    """Texts, or token id arrays, to embed (one vector each, in order)."""
+
+    input: list[Text | Annotated[list[TokenId], Field(min_length=1, max_length=MAX_TOKEN_IDS)]] \
+        = Field(min_length=1, max_length=MAX_EMBED_INPUTS)
+    normalize: bool = True  # unit length (L2)
+
+
+class Complete(Strict):
+    """A raw prompt continued, no chat template: its text is data (special-token text is read
+    as text). Streamed as ``chat`` is; ``sampling`` as open_session's."""
+
+    prompt: Text
+    max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
+    stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
+        default_factory=list, max_length=8)
+    sampling: Sampling = Sampling()
+    grammar: Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    json_schema: dict[str, Any] | Annotated[str, Field(max_length=MAX_TEXT_CHARS)] | None = None
+    priority: Priority = 0
+    # special-token text in the prompt read as the token, as llama-server reads a prompt (a
+    # client that writes its own template markup: LLMUnity, CHIM); false: it is text
+    parse_special: bool = False
+
+    @field_validator("json_schema")
+    @classmethod
+    def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
+        return Chat._schema_as_map(v)  # as chat's
+
+    @model_validator(mode="after")
+    def _one_constraint(self) -> Complete:
+        if self.grammar is not None and self.json_schema is not None:
+            raise ValueError("give either grammar or json_schema, not both")
+        return self
+
+
 REQUESTS: dict[str, type[Strict]] = {
     "hello": Hello,
     "ping": Empty,
@@ -385,6 +449,10 @@ REQUESTS: dict[str, type[Strict]] = {
     "adopt_session": SessionRef,
     "set_priority": SetPriority,
     "resume_stream": ResumeStream,
+    "tokenize": Tokenize,
+    "detokenize": Detokenize,
+    "embed": Embed,
+    "complete": Complete,
 }
 
 # Replies / events the sidecar sends (type -> meaning); bodies are plain maps documented in

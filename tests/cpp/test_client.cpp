@@ -7,6 +7,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -500,4 +501,162 @@ TEST(Sidecar, SixtyFpsLoopIsNeverBlockedByPoll) {
     EXPECT_GT(tokens, 0u);
     EXPECT_LT(max_ms, 5.0);
     EXPECT_LT(p99, 1.0);
+}
+
+// ---- NPC actions (protocol 1.3 tools) --------------------------------------------------------
+
+namespace {
+
+std::vector<igi::ToolSpec> NpcTools() {
+    return {
+        {"follow", "Follow the player at a distance in metres.",
+         "{\"type\":\"object\",\"properties\":{\"distance\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":10}},"
+         "\"required\":[\"distance\"],\"additionalProperties\":false}"},
+        {"trade", "Offer the player an item for gold.",
+         "{\"type\":\"object\",\"properties\":{\"item\":{\"type\":\"string\"},\"price\":{\"type\":\"integer\",\"minimum\":1}},"
+         "\"required\":[\"item\",\"price\"],\"additionalProperties\":false}"},
+        {"attack", "Attack a target.",
+         "{\"type\":\"object\",\"properties\":{\"target\":{\"type\":\"string\",\"enum\":[\"player\",\"wolf\",\"bandit\"]}},"
+         "\"required\":[\"target\"],\"additionalProperties\":false}"},
+    };
+}
+
+// a call of a declared action whose arguments are valid against its schema
+void ExpectValidCall(const igi::ToolCall& call) {
+    igi::MsgValue args;
+    ASSERT_TRUE(call.Arguments(args)) << call.arguments;
+    EXPECT_EQ(call.id.rfind("call_", 0), 0u) << call.id;
+    if (call.name == "follow") {
+        ASSERT_TRUE(args.Find("distance") && args.Find("distance")->IsInt()) << call.arguments;
+        EXPECT_GE(args.GetInt("distance"), 1);
+        EXPECT_LE(args.GetInt("distance"), 10);
+        EXPECT_EQ(args.Size(), 1u);
+    } else if (call.name == "trade") {
+        ASSERT_TRUE(args.Find("item") && args.Find("item")->IsStr()) << call.arguments;
+        ASSERT_TRUE(args.Find("price") && args.Find("price")->IsInt()) << call.arguments;
+        EXPECT_GE(args.GetInt("price"), 1);
+        EXPECT_EQ(args.Size(), 2u);
+    } else if (call.name == "attack") {
+        std::string target = args.GetString("target");
+        EXPECT_TRUE(target == "player" || target == "wolf" || target == "bandit") << call.arguments;
+        EXPECT_EQ(args.Size(), 1u);
+    } else {
+        ADD_FAILURE() << "a call of an undeclared action: " << call.name;
+    }
+}
+
+std::vector<Event> Calls(const Game& g, uint64_t id) {
+    std::vector<Event> out;
+    for (const auto& e : g.events) if (e.kind == EventKind::ToolCall && e.id == id) out.push_back(e);
+    return out;
+}
+
+// one ToolCall event per call, in order, as the Done event lists them; i counts across tokens and calls
+void ExpectCallsOnce(const Game& g, uint64_t id, const Event& end) {
+    std::vector<Event> calls = Calls(g, id);
+    ASSERT_EQ(calls.size(), end.tool_calls.size());
+    std::set<std::string> ids;
+    for (size_t k = 0; k < calls.size(); ++k) {
+        EXPECT_EQ(calls[k].call.index, static_cast<int>(k));
+        EXPECT_EQ(calls[k].call.id, end.tool_calls[k].id);
+        EXPECT_EQ(calls[k].call.name, end.tool_calls[k].name);
+        EXPECT_EQ(calls[k].call.arguments, end.tool_calls[k].arguments);
+        EXPECT_EQ(calls[k].index, static_cast<int64_t>(g.Tokens(id).size() + k + 1));
+        ids.insert(calls[k].call.id);
+    }
+    EXPECT_EQ(ids.size(), calls.size()) << "ids are unique";
+}
+
+const double kCallSeconds = 300;  // no event comes until a call is whole: slow on a loaded 2-core machine
+
+}  // namespace
+
+TEST(Sidecar, ToolsRequiredGivesAValidCallOfADeclaredAction) {
+    NEED_SIDECAR();
+    Game g(Options(g_sidecar->Endpoint()));
+    ASSERT_TRUE(g.client->Start());
+    std::string session = g.OpenSession("", "You are Brom, a blacksmith in a fantasy game. You can follow the player, trade and attack.");
+    igi::ChatOptions o;
+    o.max_tokens = 96;
+    o.tools = NpcTools();
+    o.tool_choice = "required";
+    uint64_t chat = g.client->Chat(session, "Follow me to the mill, then we talk about swords.", o);
+    Event end = g.Answer(chat, kCallSeconds);
+    ASSERT_EQ(end.kind, EventKind::Done) << end.error.code << ": " << end.error.message;
+    EXPECT_EQ(end.finish_reason, "tool_calls");
+    ASSERT_GE(end.tool_calls.size(), 1u);
+    EXPECT_LE(end.tool_calls.size(), static_cast<size_t>(igi::kMaxParallelToolCalls));
+    for (const auto& call : end.tool_calls) ExpectValidCall(call);
+    ExpectCallsOnce(g, chat, end);
+    EXPECT_TRUE(g.Tokens(chat).empty()) << "a reply that is calls streams no text";
+    EXPECT_EQ(end.text, "");
+    std::printf("measured: required: %zu call(s), the first %s%s\n", end.tool_calls.size(), end.tool_calls[0].name.c_str(),
+                end.tool_calls[0].arguments.c_str());
+}
+
+TEST(Sidecar, ToolsNamedChoiceCallsThatActionAndAResultGetsAnAnswer) {
+    NEED_SIDECAR();
+    Game g(Options(g_sidecar->Endpoint()));
+    ASSERT_TRUE(g.client->Start());
+    std::string session = g.OpenSession("", "You are Brom, a blacksmith in a fantasy game. You can follow the player, trade and attack.");
+    igi::ChatOptions o;
+    o.max_tokens = 96;
+    o.tools = NpcTools();
+    o.tool_choice = "trade";
+    o.parallel_tool_calls = 0;
+    uint64_t chat = g.client->Chat(session, "What would you sell me?", o);
+    Event end = g.Answer(chat, kCallSeconds);
+    ASSERT_EQ(end.kind, EventKind::Done) << end.error.code << ": " << end.error.message;
+    EXPECT_EQ(end.finish_reason, "tool_calls");
+    ASSERT_EQ(end.tool_calls.size(), 1u) << "parallel_tool_calls false: one call";
+    EXPECT_EQ(end.tool_calls[0].name, "trade");
+    ExpectValidCall(end.tool_calls[0]);
+    ExpectCallsOnce(g, chat, end);
+
+    // the game does it and says what came of it; the NPC answers in words (choice none)
+    igi::ChatOptions then;
+    then.max_tokens = 24;
+    then.tools = NpcTools();
+    then.tool_choice = "none";
+    uint64_t answer = g.client->AnswerToolCalls(session, {{end.tool_calls[0].id, "The player bought it."}}, then);
+    Event reply = g.Answer(answer, kCallSeconds);
+    ExpectWholeStream(g, answer, reply);
+    EXPECT_GT(g.Tokens(answer).size(), 0u);
+    EXPECT_TRUE(Calls(g, answer).empty());
+    EXPECT_TRUE(reply.tool_calls.empty());
+    EXPECT_NE(reply.finish_reason, "tool_calls");
+    std::printf("measured: trade call %s; answer: \"%s\"\n", end.tool_calls[0].arguments.c_str(), reply.text.c_str());
+}
+
+TEST(Sidecar, ToolsInvalidDeclarationsAreRefusedTyped) {
+    NEED_SIDECAR();
+    Game g(Options(g_sidecar->Endpoint()));
+    ASSERT_TRUE(g.client->Start());
+    std::string session = g.OpenSession();
+    // refused here, unsent
+    igi::ChatOptions bad;
+    bad.tools = {{"open door", "", ""}};
+    Event local = g.Answer(g.client->Chat(session, "Open it.", bad), 5);
+    EXPECT_EQ(local.kind, EventKind::Error);
+    EXPECT_EQ(local.error.code, igi::errc::kInvalidBody);
+    EXPECT_NE(local.error.message.find("tools[0].name"), std::string::npos) << local.error.message;
+    EXPECT_FALSE(local.error.retryable);
+    EXPECT_EQ(g.Answer(g.client->AnswerToolCalls(session, {}), 5).error.code, igi::errc::kInvalidBody);
+    // the same sent raw: the sidecar refuses it with the same code
+    for (const char* name : {"open door", "auto"}) {
+        igi::MsgValue body = igi::MsgValue::Map();
+        body.Set("session", igi::MsgValue::Str(session));
+        body.Set("text", igi::MsgValue::Str("Open it."));
+        igi::MsgValue tools = igi::MsgValue::Array();
+        igi::MsgValue tool = igi::MsgValue::Map();
+        tool.Set("name", igi::MsgValue::Str(name));
+        tools.Push(std::move(tool));
+        body.Set("tools", std::move(tools));
+        Event remote = g.Answer(g.client->Request("chat", body), 30);
+        EXPECT_EQ(remote.kind, EventKind::Error) << name;
+        EXPECT_EQ(remote.error.code, "invalid_body") << name;
+    }
+    // the session talks on
+    Event fine = g.Answer(g.client->Chat(session, "Hello.", 4), 60);
+    EXPECT_EQ(fine.kind, EventKind::Done) << fine.error.code;
 }

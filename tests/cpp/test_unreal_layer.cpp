@@ -2,7 +2,8 @@
 // own .cpp files compiled and linked against the runnable UE stub (ue_stub/UEStubRuntime.cpp)
 // and the core, driven against the real sidecar it starts itself (`igi-sdk serve`, the default
 // model): a sidecar killed mid-reply, two PIE game instances in one process, EndPlay and session
-// slots, a failed restore, a dedicated server, the level-load hook, and a line's options. The
+// slots, a failed restore, a dedicated server, the level-load hook, a line's options, and an NPC's
+// actions (protocol 1.3 tools: OnAction, AnswerAction, the reply from the result). The
 // engine's main loop is this file's: it ticks the core ticker once per "frame". Not run in the
 // Unreal Editor: the engine's own classes are the stub's.
 #include <gtest/gtest.h>
@@ -444,6 +445,88 @@ TEST_F(UnrealLayer, GrammarSchemaSamplingStopAndImagesReachTheSidecar) {
     auto h = SayAndWait(hot, "Hello.", 20);
     ASSERT_TRUE(h->failed) << Describe(*h);
     EXPECT_EQ(Narrow(h->error.Code), "invalid_body") << Narrow(h->error.Message);
+}
+
+// ---- NPC actions (protocol 1.3 tools) ---------------------------------------------------------
+
+// What a game's Blueprint would bind to OnAction: it records the call, does it, and answers.
+class UActionListener : public UObject {
+public:
+    UIgiNpcDialogueComponent* Npc = nullptr;
+    std::vector<FIgiActionCall> Calls;
+    std::vector<std::string> Order;
+    bool bAnswered = false;
+    void HandleAction(const FIgiActionCall& Call) {
+        Calls.push_back(Call);
+        Order.push_back("action " + Narrow(Call.Name));
+        bAnswered = Npc->AnswerAction(Call.CallId, TEXT("Done: ") + Call.Name);
+    }
+    void HandleDone(const FString&, const FString& Finish) { Order.push_back("done " + Narrow(Finish)); }
+    void HandleError(const FIgiError& Error) { Order.push_back("error " + Narrow(Error.Code)); }
+};
+
+TEST_F(UnrealLayer, AnNpcActsTheGameAnswersAndTheNpcRepliesFromTheResult) {
+    FGame game;
+    ASSERT_TRUE(game.Ready());
+    auto action = [](const char* name, const char* description, const char* schema) {
+        FIgiAction a;
+        a.Name = Wide(name);
+        a.Description = Wide(description);
+        a.ParametersJson = Wide(schema);
+        return a;
+    };
+    FNpc npc(game, "npc.actions", false, [&](UIgiNpcDialogueComponent& c) {
+        c.SystemPrompt = TEXT("You are Brom, a blacksmith in a fantasy game. You can follow the player, trade and attack.");
+        c.Sampling.Temperature = 0.f;
+        c.MaxTokens = 32;
+        c.Actions.Add(action("follow", "Follow the player.",
+            "{\"type\":\"object\",\"properties\":{\"distance\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":10}},\"required\":[\"distance\"]}"));
+        c.Actions.Add(action("trade", "Offer the player an item for gold.",
+            "{\"type\":\"object\",\"properties\":{\"item\":{\"type\":\"string\"},\"price\":{\"type\":\"integer\",\"minimum\":1}},\"required\":[\"item\",\"price\"]}"));
+        c.Actions.Add(action("attack", "Attack a target.",
+            "{\"type\":\"object\",\"properties\":{\"target\":{\"type\":\"string\",\"enum\":[\"player\",\"wolf\",\"bandit\"]}},\"required\":[\"target\"]}"));
+        c.ActionChoice = TEXT("required");
+        c.bParallelActions = false;
+    });
+    ASSERT_TRUE(npc.Open());
+    UActionListener* listener = NewObject<UActionListener>();
+    listener->Npc = npc.C;
+    npc.C->OnAction.AddDynamic(listener, &UActionListener::HandleAction);
+    npc.C->OnDone.AddDynamic(listener, &UActionListener::HandleDone);
+    npc.C->OnError.AddDynamic(listener, &UActionListener::HandleError);
+
+    npc.C->Say(TEXT("Follow me to the mill, smith."));
+    // the reply that acts (its call answered from OnAction), then the one from the result
+    FramesUntil([&] { return listener->Order.size() >= 3; }, 300);
+    std::string order;
+    for (const auto& o : listener->Order) order += o + "; ";
+    ASSERT_EQ(listener->Calls.size(), 1u) << order;
+    const FIgiActionCall& call = listener->Calls[0];
+    const std::string name = Narrow(call.Name);
+    EXPECT_TRUE(name == "follow" || name == "trade" || name == "attack") << name;
+    EXPECT_EQ(Narrow(call.CallId).rfind("call_", 0), 0u);
+    igi::ToolCall parsed;
+    parsed.arguments = Narrow(call.ArgumentsJson);
+    igi::MsgValue args;
+    EXPECT_TRUE(parsed.Arguments(args)) << parsed.arguments;
+    EXPECT_TRUE(listener->bAnswered) << "answered from OnAction, during the reply";
+    ASSERT_EQ(listener->Order.size(), 3u) << order;
+    EXPECT_EQ(listener->Order[0], "action " + name);
+    EXPECT_EQ(listener->Order[1], "done tool_calls");
+    EXPECT_TRUE(listener->Order[2] == "done stop" || listener->Order[2] == "done length") << order;
+    EXPECT_EQ(npc.C->GetLastActionCalls().Num(), 0) << "the reply after the result only talked (choice none)";
+    EXPECT_EQ(npc.C->GetUnansweredActions().Num(), 0);
+
+    // a broken declaration: the line fails typed, unsent; a call nobody made cannot be answered
+    npc.C->Actions.Add(action("open door", "", ""));
+    npc.C->Say(TEXT("Open the door."));
+    FramesUntil([&] { return listener->Order.size() >= 4; }, 10);
+    ASSERT_GE(listener->Order.size(), 4u);
+    EXPECT_EQ(listener->Order[3], "error invalid_body");
+    EXPECT_FALSE(npc.C->AnswerAction(TEXT("call_nope"), TEXT("x")));
+    EXPECT_EQ(listener->Order.back(), "error unknown_action_call");
+    std::printf("measured: the NPC called %s%s\n", name.c_str(), parsed.arguments.c_str());
+    delete listener;
 }
 
 // ---- crash recovery (last: it replaces the process's sidecar) ----------------------------------

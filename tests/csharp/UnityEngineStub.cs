@@ -176,6 +176,11 @@ namespace UnityEngine.Events
     {
         public void Invoke(T0 arg0, T1 arg1) { }
     }
+
+    public class UnityEvent<T0, T1, T2> : UnityEventBase
+    {
+        public void Invoke(T0 arg0, T1 arg1, T2 arg2) { }
+    }
 }
 
 namespace UnityEngine.SceneManagement

@@ -1,4 +1,4 @@
-// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.2, works with 1.1 and 1.0).
+// IgiClient: the engine-agnostic client of the igi-sdk sidecar (protocol 1.3, works with 1.2, 1.1 and 1.0).
 //
 // API summary
 //   var client = new IgiClient(new IgiClientOptions { Endpoint = "tcp://127.0.0.1:5599",
@@ -12,6 +12,8 @@
 //   r.OnOk(body => ...).OnError(err => ...).OnCompleted(req => ...);  r.Session, r.GetLong(...)
 //   IgiStream s = client.Chat(sessionId, "Hello!", new ChatOptions { MaxTokens = 64 })
 //       .OnToken(piece => ...).OnDone(stream => ... stream.Text ...).OnError(err => ...);
+//   client.Chat(sessionId, "Follow me!", new ChatOptions { Tools = new[] { follow, trade },  // 1.3
+//       ToolChoice = ActionChoice.Auto }).OnAction(call => ...)    // NpcActions.cs; AnswerActions(...)
 //   client.Chat(sessionId, "What do you see?", new ChatOptions { Images = new[] {
 //       IgiImage.FromEncoded(png), IgiImage.FromRgba32(texture.GetRawTextureData(), w, h) } });
 //   client.Cancel(s); client.SaveSession(id, "brom"); client.RestoreSession("brom"[, "npc.brom"]);
@@ -154,6 +156,8 @@ namespace Igi.Sdk
             // callbacks run outside the lock: they may call the client
             if (item.Type == "token" && isStream)
                 ((IgiStream)request).AddToken(MsgValue.GetLong(item.Body, "i"), MsgValue.GetString(item.Body, "text", ""));
+            else if (item.Type == "tool_call" && isStream)
+                ((IgiStream)request).AddActionCall(MsgValue.GetLong(item.Body, "i"), item.Body);
             else if (ends && item.Type == "error")
                 request.Fail(new IgiError(MsgValue.GetString(item.Body, "code", "error"),
                     MsgValue.GetString(item.Body, "message", ""), MsgValue.GetBool(item.Body, "retryable")));
@@ -236,10 +240,65 @@ namespace Igi.Sdk
             if (chat.Grammar != null) body["grammar"] = chat.Grammar;
             if (chat.JsonSchema != null) body["json_schema"] = chat.JsonSchema;
             string refusal = text == null ? "text is required" : TooLong("text", text, TextLimit)
-                ?? TooLong("grammar", chat.Grammar, TextLimit) ?? ImagesProblem(chat.Images);
+                ?? TooLong("grammar", chat.Grammar, TextLimit) ?? ImagesProblem(chat.Images)
+                ?? ActionRules.Problem(chat.Tools, chat.ToolChoice, chat.ToolResults, TextLimit,
+                    chat.Grammar != null || chat.JsonSchema != null);
             bool images = chat.Images != null && chat.Images.Length > 0;
             if (images && refusal == null) body["images"] = ImagesBody(chat.Images);
-            return (IgiStream)Submit("chat", body, refusal, session, images ? IgiFeatures.Images : null);
+            bool tools = refusal == null && AddActions(body, chat);
+            string feature = images && tools ? IgiFeatures.Images + " " + IgiFeatures.Tools
+                : images ? IgiFeatures.Images : tools ? IgiFeatures.Tools : null;
+            return (IgiStream)Submit("chat", body, refusal, session, feature);
+        }
+
+        /// <summary>Protocol 1.3: sends what came of the NPC's action calls; the reply continues
+        /// from them (a stream like <see cref="Chat"/>'s). <paramref name="chat"/>: the line's
+        /// options (declare the actions again to let the NPC act once more; its ToolResults are
+        /// replaced by <paramref name="results"/>).</summary>
+        public IgiStream AnswerActions(string session, ActionResult[] results, ChatOptions chat = null)
+        {
+            var answer = new ChatOptions();
+            if (chat != null)
+            {
+                answer.MaxTokens = chat.MaxTokens;
+                answer.Stop = chat.Stop;
+                answer.Grammar = chat.Grammar;
+                answer.JsonSchema = chat.JsonSchema;
+                answer.Images = chat.Images;
+                answer.Tools = chat.Tools;
+                answer.ToolChoice = chat.ToolChoice;
+                answer.ParallelToolCalls = chat.ParallelToolCalls;
+            }
+            answer.ToolResults = results ?? new ActionResult[0];
+            if (answer.ToolResults.Length == 0)
+            {
+                // refused here: a reply continues from results, so there must be some
+                return (IgiStream)Submit("chat", null, "tool_results is empty: nothing to answer", session);
+            }
+            return Chat(session, "", answer);
+        }
+
+        // tools, tool_choice, parallel_tool_calls, tool_results (only those given); true when any was
+        static bool AddActions(Dictionary<string, object> body, ChatOptions chat)
+        {
+            bool any = false;
+            if (chat.Tools != null && chat.Tools.Length > 0)
+            {
+                var list = new List<object>(chat.Tools.Length);
+                foreach (var action in chat.Tools) list.Add(action.ToWire());
+                body["tools"] = list;
+                any = true;
+            }
+            if (chat.ToolChoice != null) { body["tool_choice"] = chat.ToolChoice; any = true; }
+            if (chat.ParallelToolCalls.HasValue) { body["parallel_tool_calls"] = chat.ParallelToolCalls.Value; any = true; }
+            if (chat.ToolResults != null && chat.ToolResults.Length > 0)
+            {
+                var list = new List<object>(chat.ToolResults.Length);
+                foreach (var result in chat.ToolResults) list.Add(result.ToWire());
+                body["tool_results"] = list;
+                any = true;
+            }
+            return any;
         }
 
         static string ImagesProblem(IgiImage[] images)

@@ -415,11 +415,12 @@ namespace Igi.Sdk
             {
                 var f = waiting[0];
                 waiting.RemoveAt(0);
-                if (f.Feature != null && !info.HasFeature(f.Feature))
+                string missing = f.Feature != null ? info.MissingFeature(f.Feature) : null;
+                if (missing != null)
                 {
                     // this sidecar would ignore what the request is for: refuse it unsent
                     Forward(f.Id, "error", ErrorBody(IgiError.Unsupported, f.Type + " needs the protocol feature '" +
-                        f.Feature + "', which the sidecar at " + options.Endpoint + " does not offer", false));
+                        missing + "', which the sidecar at " + options.Endpoint + " does not offer", false));
                     continue;
                 }
                 inflight[f.Id] = f;
@@ -526,7 +527,7 @@ namespace Igi.Sdk
                 // the sidecar is back (or was only stalled): greet it again to learn which
                 if (!greeted && helloId == 0) SendHello();
             }
-            if (type != "ok" && type != "error" && type != "token" && type != "done") return; // heartbeat, or newer
+            if (type != "ok" && type != "error" && type != "token" && type != "tool_call" && type != "done") return; // heartbeat, or newer
             InFlight f;
             if (!inflight.TryGetValue(id, out f)) return;
             // any answer but a refusal to read it means the sidecar took the message: its lease
@@ -542,7 +543,8 @@ namespace Igi.Sdk
             if (f.ResumeOf != 0) { OnResumeAnswer(f, type, body); return; }
             if (f.IsStream)
             {
-                if (type == "token") OnToken(f, body);
+                // a tool_call event counts in the same `i` sequence as tokens (protocol 1.3)
+                if (type == "token" || type == "tool_call") OnToken(f, type, body);
                 else if (type == "done" || type == "error")
                 {
                     inflight.Remove(id);
@@ -562,14 +564,14 @@ namespace Igi.Sdk
         // Tokens go to the game in order, each once. A gap in `i` means events were lost (a
         // reconnect the transport hid, e.g. libzmq's own): ask the sidecar to replay from the
         // last one delivered, and drop what comes out of order meanwhile.
-        void OnToken(InFlight f, Dictionary<string, object> body)
+        void OnToken(InFlight f, string type, Dictionary<string, object> body)
         {
             long i = MsgValue.GetLong(body, "i");
             bool canResume = info != null && info.HasFeature(IgiFeatures.ResumeStream);
             if (i == f.LastToken + 1 || !canResume)
             {
                 f.LastToken = Math.Max(f.LastToken, i);
-                Forward(f.Id, "token", body);
+                Forward(f.Id, type, body);
                 return;
             }
             if (i <= f.LastToken || f.ResumeAsked) return;

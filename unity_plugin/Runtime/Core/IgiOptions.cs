@@ -97,5 +97,17 @@ namespace Igi.Sdk
         /// (the model needs its vision projector). A <c>&lt;__media__&gt;</c> in the text places
         /// each, in order; without markers they go before the text.</summary>
         public IgiImage[] Images;
+        /// <summary>Protocol 1.3 feature tools: the actions the NPC may take with this reply
+        /// (at most 32; see <see cref="NpcAction"/>). Each call comes as an
+        /// <see cref="ActionCall"/> (<see cref="IgiStream.OnAction"/>) and in done's tool_calls.</summary>
+        public NpcAction[] Tools;
+        /// <summary>tool_choice: <see cref="ActionChoice.Auto"/> (null), <see cref="ActionChoice.None"/>,
+        /// <see cref="ActionChoice.Required"/>, or a declared action's name (exactly that one).</summary>
+        public string ToolChoice;
+        /// <summary>parallel_tool_calls: false, at most one call per reply; true (null), up to 8.</summary>
+        public bool? ParallelToolCalls;
+        /// <summary>tool_results: what came of the previous reply's calls (at most 16); the
+        /// reply continues from them (the line's text may then be "").</summary>
+        public ActionResult[] ToolResults;
     }
 }

@@ -23,8 +23,19 @@ namespace Igi.Sdk
         /// <summary>Set when it failed.</summary>
         public IgiError Error { get; private set; }
         /// <summary>Seconds without any event of this request before it fails with
-        /// <c>timeout</c>; the clock restarts with every event. May be changed while pending.</summary>
-        public double TimeoutSeconds;
+        /// <c>timeout</c>; the clock restarts with every event. May be changed while pending
+        /// (on the thread that pumps): the wait under way is lengthened or shortened too.</summary>
+        public double TimeoutSeconds
+        {
+            get { return timeoutSeconds; }
+            set
+            {
+                DeadlineAt += value - timeoutSeconds;
+                timeoutSeconds = value;
+            }
+        }
+
+        double timeoutSeconds;
 
         internal double DeadlineAt; // client clock seconds, set by the client
 
@@ -36,7 +47,7 @@ namespace Igi.Sdk
         {
             Id = id;
             Type = type;
-            TimeoutSeconds = timeoutSeconds;
+            this.timeoutSeconds = timeoutSeconds;
         }
 
         /// <summary>Runs once with the ok body.</summary>
@@ -129,13 +140,20 @@ namespace Igi.Sdk
         /// the answer's "session" field, which a chat's done does not have).</summary>
         public readonly string SessionId;
         readonly StringBuilder text = new StringBuilder();
+        readonly List<ActionCall> calls = new List<ActionCall>();
         Action<string> tokenCallbacks;
+        Action<ActionCall> actionCallbacks;
 
         /// <summary>The reply so far (the tokens joined; after done, done's text).</summary>
         public string Text { get { return text.ToString(); } }
-        /// <summary>The i of the last token delivered (tokens count 1, 2, 3, ...).</summary>
+        /// <summary>The i of the last token (or, protocol 1.3, action call) delivered: the
+        /// events of a reply count 1, 2, 3, ...</summary>
         public long LastTokenIndex { get; private set; }
-        /// <summary>done's finish_reason: stop, stop_string, length or cancelled.</summary>
+        /// <summary>Protocol 1.3: the actions the NPC called in this reply, in order (as their
+        /// events came; after done, done's tool_calls).</summary>
+        public IList<ActionCall> ActionCalls { get { return calls.AsReadOnly(); } }
+        /// <summary>done's finish_reason: stop, stop_string, length, cancelled, or (1.3)
+        /// tool_calls when the reply ended in action calls.</summary>
         public string FinishReason { get { return GetString("finish_reason"); } }
         /// <summary>cancel was asked for this stream.</summary>
         public bool CancelRequested { get; internal set; }
@@ -150,6 +168,15 @@ namespace Igi.Sdk
         public IgiStream OnToken(Action<string> callback)
         {
             if (!IsDone) tokenCallbacks += callback;
+            return this;
+        }
+
+        /// <summary>Protocol 1.3: runs for every action the NPC calls, in order, as soon as the
+        /// call is complete (before done). A call done lists that came without its event (a
+        /// resumed stream) runs just before done.</summary>
+        public IgiStream OnAction(Action<ActionCall> callback)
+        {
+            if (!IsDone) actionCallbacks += callback;
             return this;
         }
 
@@ -177,6 +204,23 @@ namespace Igi.Sdk
             return true;
         }
 
+        /// <summary>False for a repeated event (see <see cref="AddToken"/>).</summary>
+        internal bool AddActionCall(long index, Dictionary<string, object> body)
+        {
+            if (IsDone || index <= LastTokenIndex) return false;
+            LastTokenIndex = index;
+            var call = ActionCall.FromWire(body, calls.Count);
+            calls.Add(call);
+            RaiseAction(call);
+            return true;
+        }
+
+        void RaiseAction(ActionCall call)
+        {
+            var callbacks = actionCallbacks;
+            if (callbacks != null) callbacks(call);
+        }
+
         internal override void Succeed(Dictionary<string, object> body)
         {
             string full = MsgValue.GetString(body, "text");
@@ -185,6 +229,27 @@ namespace Igi.Sdk
                 text.Length = 0;
                 text.Append(full);
             }
+            // done's tool_calls are the reply's calls: one whose event was not seen is raised now
+            var listed = MsgValue.GetList(body, "tool_calls");
+            if (listed != null && !IsDone)
+            {
+                var seen = new Dictionary<string, ActionCall>();
+                foreach (var call in calls) seen[call.Id] = call;
+                var ordered = new List<ActionCall>(listed.Count);
+                foreach (object item in listed)
+                {
+                    var map = item as Dictionary<string, object>;
+                    if (map == null) continue;
+                    ActionCall known;
+                    string id = MsgValue.GetString(map, "id", "");
+                    if (seen.TryGetValue(id, out known)) { ordered.Add(known); continue; }
+                    var call = ActionCall.FromWire(map, ordered.Count);
+                    ordered.Add(call);
+                    RaiseAction(call);
+                }
+                calls.Clear();
+                calls.AddRange(ordered);
+            }
             base.Succeed(body);
         }
 
@@ -192,6 +257,7 @@ namespace Igi.Sdk
         {
             base.ClearCallbacks();
             tokenCallbacks = null;
+            actionCallbacks = null;
         }
     }
 }

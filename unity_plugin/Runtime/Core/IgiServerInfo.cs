@@ -33,6 +33,15 @@ namespace Igi.Sdk
 
         public bool HasFeature(string feature) { return Features.Contains(feature); }
 
+        /// <summary>The first of <paramref name="features"/> (names separated by spaces) this
+        /// sidecar does not offer; null when it offers them all.</summary>
+        public string MissingFeature(string features)
+        {
+            foreach (string feature in features.Split(' '))
+                if (feature.Length > 0 && !Features.Contains(feature)) return feature;
+            return null;
+        }
+
         public static IgiServerInfo FromHello(Dictionary<string, object> body)
         {
             var info = new IgiServerInfo();
@@ -73,6 +82,9 @@ namespace Igi.Sdk
         public const string Owners = "owners";
         /// <summary>Protocol 1.2: hello.token, the launch token that makes a client the game.</summary>
         public const string LaunchToken = "launch_token";
+        /// <summary>Protocol 1.3: chat.tools, tool_choice, parallel_tool_calls, tool_results,
+        /// <c>tool_call</c> events (NPC actions: <see cref="NpcAction"/>).</summary>
+        public const string Tools = "tools";
     }
 
     public enum IgiConnectionState

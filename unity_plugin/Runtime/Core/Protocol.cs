@@ -6,7 +6,7 @@ namespace Igi.Sdk
     public static class Protocol
     {
         public const int Version = 1;
-        public const int Minor = 2;
+        public const int Minor = 3;
         public const long MaxId = 9007199254740991L; // 2^53 - 1
         /// <summary>The largest message the sidecar reads (PROTOCOL.md §7: one 16 MiB image and
         /// 1 MiB for the rest of a chat); hello's limits.max_message_bytes says it again.</summary>

@@ -225,21 +225,39 @@ namespace Igi.Sdk.Unity
                 if (_claimed && !_acquiring && _sidecar != null && _sidecar.IsReady) Acquire();
                 return true;
             }
+            var chat = LineOptions();
+            if (images != null && images.Length > 0) chat.Images = images;
+            AddActions(chat, actionChoice);
+            Follow(Client.Chat(_session, playerLine, chat), chat);
+            return true;
+        }
+
+        // the options every line is sent with (a follow-up to action results too)
+        ChatOptions LineOptions()
+        {
             var chat = new ChatOptions { MaxTokens = maxTokens };
             var stops = NonEmpty(stopStrings);
             if (stops.Length > 0) chat.Stop = stops;
-            if (images != null && images.Length > 0) chat.Images = images;
             if (!string.IsNullOrEmpty(jsonSchema)) chat.JsonSchema = jsonSchema;
             else if (!string.IsNullOrEmpty(grammar)) chat.Grammar = grammar;
-            IgiStream stream = Client.Chat(_session, playerLine, chat);
+            return chat;
+        }
+
+        // the reply's events become the component's (the stream is the NPC's current reply)
+        void Follow(IgiStream stream, ChatOptions chat)
+        {
             _stream = stream;
+            BeginReply(stream, chat);
             stream.OnToken(piece => { if (!_destroyed) RaiseToken(piece); })
+                .OnAction(call => { if (!_destroyed) RaiseAction(call); })
                 .OnDone(done =>
                 {
                     if (_destroyed) return;
                     LastReply = done.Text;
                     LastFinishReason = done.FinishReason;
+                    EndReply(done);
                     RaiseReply(done.Text);
+                    SendAnswersIfComplete();
                 })
                 .OnError(error =>
                 {
@@ -249,7 +267,6 @@ namespace Igi.Sdk.Unity
                     if (error.Code == "unknown_session") _session = null; // gone (closed by a load_model): open again on the next Say
                     RaiseError(error.Code, error.Message);
                 });
-            return true;
         }
 
         /// <summary>Stops the reply (the player walked away). It still ends with OnReply, holding the text said so far.</summary>

@@ -10,4 +10,9 @@ namespace Igi.Sdk.Unity
     /// <summary>An error's stable code and its human message, for the Inspector.</summary>
     [Serializable]
     public sealed class ErrorEvent : UnityEvent<string, string> { }
+
+    /// <summary>An action the NPC called, for the Inspector: its name, its arguments (JSON
+    /// text) and the call's id (what <see cref="NpcDialogue.AnswerAction"/> answers).</summary>
+    [Serializable]
+    public sealed class ActionEvent : UnityEvent<string, string, string> { }
 }

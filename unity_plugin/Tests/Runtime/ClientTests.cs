@@ -37,18 +37,18 @@ namespace Igi.Sdk.Tests
 
         [Test]
         [Timeout(30000)]
-        public void HelloIsAutomaticAndAdvertisesProtocol12()
+        public void HelloIsAutomaticAndAdvertisesProtocol13()
         {
             var client = Connect();
             Assert.AreEqual(1, client.Server.Protocol);
-            Assert.AreEqual(2, client.Server.Minor);
+            Assert.AreEqual(3, client.Server.Minor);
             Assert.IsTrue(client.IsGame, "a sidecar started without a launch token takes every client as the game");
             Assert.AreEqual("connection", client.Server.OwnerScope, "no owner key given");
             Assert.AreEqual(15.0, client.Server.LeaseSeconds);
             Assert.IsNotNull(client.Server.Model);
             foreach (var feature in new[] { IgiFeatures.Goodbye, IgiFeatures.Leases, IgiFeatures.ListSessions,
                 IgiFeatures.AdoptSession, IgiFeatures.SetPriority, IgiFeatures.ResumeStream, IgiFeatures.JsonSchemaString,
-                IgiFeatures.Images, IgiFeatures.Owners, IgiFeatures.LaunchToken })
+                IgiFeatures.Images, IgiFeatures.Owners, IgiFeatures.LaunchToken, IgiFeatures.Tools })
                 Assert.IsTrue(client.Server.HasFeature(feature), "feature " + feature);
             Assert.AreEqual(32000, client.Server.MaxTextChars);
             var ping = Pumping.Ok(client, client.Ping());

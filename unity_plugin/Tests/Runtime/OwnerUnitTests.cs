@@ -75,7 +75,7 @@ namespace Igi.Sdk.Tests
             var hello = HelloBody(0);
             Assert.AreEqual(Owner, hello["owner"]);
             Assert.AreEqual(Token, hello["token"]);
-            Assert.AreEqual(2L, hello["minor"]);
+            Assert.AreEqual((long)Protocol.Minor, hello["minor"]);
             Assert.IsTrue(client.IsGame);
             Assert.AreEqual("key", client.Server.OwnerScope);
             Assert.IsTrue(client.Server.HasFeature(IgiFeatures.Owners) && client.Server.HasFeature(IgiFeatures.LaunchToken));
@@ -258,7 +258,7 @@ namespace Igi.Sdk.Tests
             };
             Start(o => { o.OwnerKey = Owner; o.LaunchToken = Token; });
             var second = HelloBody(1);
-            Assert.AreEqual(2L, second["minor"], "still a 1.1 hello: minor and lease_s kept");
+            Assert.AreEqual((long)Protocol.Minor, second["minor"], "still a 1.1 hello: minor and lease_s kept");
             Assert.IsTrue(second.ContainsKey("lease_s"));
             Assert.AreEqual(1, client.Server.Minor);
             Assert.IsTrue(client.IsGame);

@@ -305,6 +305,13 @@ void UIgiNpcDialogueComponent::RunWhenOpen(TFunction<void()> Work, TFunction<voi
 void UIgiNpcDialogueComponent::Remember(const FString& Line, const FString& Reply)
 {
 	const int32 Keep = FMath::Clamp(RecoveryTurns, 0, MaxHistory);
+	if (Line.IsEmpty() && Transcript.Num() > 0 && !Transcript[Transcript.Num() - 1].bPlayer)
+	{
+		// the reply that continued from action results: one NPC turn with the calls' reply
+		FTurn& Last = Transcript[Transcript.Num() - 1];
+		Last.Text = Last.Text.IsEmpty() ? Reply : Last.Text + TEXT(" ") + Reply;
+		return;
+	}
 	FTurn Player;
 	Player.bPlayer = true;
 	Player.Text = Line;
@@ -356,6 +363,123 @@ void UIgiNpcDialogueComponent::SayWithOptions(const FString& Line, const FIgiCha
 	Say(Line, Options, MoveTemp(Callbacks));
 }
 
+// ---- actions (protocol 1.3 tools) ------------------------------------------------------------
+
+FIgiChatOptions UIgiNpcDialogueComponent::WithActions(const FIgiChatOptions& Options, const FString& Choice) const
+{
+	FIgiChatOptions Out = Options;
+	if (Out.Actions.Num() == 0 && Actions.Num() > 0)
+	{
+		Out.Actions = Actions;
+		Out.ActionChoice = Choice == TEXT("auto") ? FString() : Choice;
+		Out.bParallelActions = bParallelActions;
+	}
+	return Out;
+}
+
+void UIgiNpcDialogueComponent::BeginReply()
+{
+	// calls left unanswered belong to the last reply: a new line drops them
+	CurrentCalls.Empty();
+	Unanswered.Empty();
+	Answers.Empty();
+}
+
+void UIgiNpcDialogueComponent::EndReply(const TArray<FIgiActionCall>& Calls)
+{
+	LastCalls = Calls;
+	Unanswered = Calls;
+	CurrentCalls.Empty();
+	// answers given during the reply to calls it did not end with are dropped
+	TArray<FIgiActionResult> Kept;
+	for (const FIgiActionResult& Answer : Answers)
+	{
+		for (const FIgiActionCall& Call : Unanswered)
+		{
+			if (Call.CallId == Answer.CallId)
+			{
+				Kept.Add(Answer);
+				break;
+			}
+		}
+	}
+	Answers = Kept;
+}
+
+bool UIgiNpcDialogueComponent::IsAnswered(const FString& CallId) const
+{
+	for (const FIgiActionResult& Answer : Answers)
+	{
+		if (Answer.CallId == CallId)
+		{
+			return true;
+		}
+	}
+	return false;
+}
+
+bool UIgiNpcDialogueComponent::AnswerAction(const FString& CallId, const FString& Result)
+{
+	// during the reply its calls so far; afterwards the calls it ended with
+	const TArray<FIgiActionCall>& Calls = CurrentChat != 0 ? CurrentCalls : Unanswered;
+	bool bWaiting = false;
+	for (const FIgiActionCall& Call : Calls)
+	{
+		bWaiting = bWaiting || Call.CallId == CallId;
+	}
+	if (!bWaiting || IsAnswered(CallId))
+	{
+		const FString Why = FString(TEXT("no call ")) + CallId + TEXT(" of this NPC is waiting for an answer");
+		OnError.Broadcast(MakeError(TEXT("unknown_action_call"), *Why));
+		return false;
+	}
+	FIgiActionResult Answer;
+	Answer.CallId = CallId;
+	Answer.Result = Result;
+	Answers.Add(Answer);
+	if (CurrentChat == 0)
+	{
+		SendAnswersIfComplete();
+	}
+	return true;
+}
+
+TArray<FIgiActionCall> UIgiNpcDialogueComponent::GetUnansweredActions() const
+{
+	TArray<FIgiActionCall> Left;
+	for (const FIgiActionCall& Call : Unanswered)
+	{
+		if (!IsAnswered(Call.CallId))
+		{
+			Left.Add(Call);
+		}
+	}
+	return Left;
+}
+
+void UIgiNpcDialogueComponent::SendAnswersIfComplete()
+{
+	if (Unanswered.Num() == 0 || Answers.Num() < Unanswered.Num() || CurrentChat != 0 || bEndedPlay)
+	{
+		return;
+	}
+	FIgiChatOptions Options = LastLineOptions;
+	// in the order of the calls
+	for (const FIgiActionCall& Call : Unanswered)
+	{
+		for (const FIgiActionResult& Answer : Answers)
+		{
+			if (Answer.CallId == Call.CallId)
+			{
+				Options.ActionResults.Add(Answer);
+			}
+		}
+	}
+	Options = WithActions(Options, ActionChoiceAfterResults);
+	// the continuation is heard like a line said with Say (OnToken, OnAction, OnDone, OnError)
+	SayWithOptions(FString(), Options);
+}
+
 uint64 UIgiNpcDialogueComponent::Say(const FString& Line, FIgiCallbacks Callbacks)
 {
 	return Say(Line, ChatOptions, MoveTemp(Callbacks));
@@ -404,6 +528,43 @@ uint64 UIgiNpcDialogueComponent::SendLine(const FString& Line, const FIgiChatOpt
 	FIgiCallbacks Callbacks;
 	Callbacks.OnToken = Shared->OnToken;
 	Callbacks.OnDoneBody = Shared->OnDoneBody;
+	Callbacks.OnAction = [WeakThis, Shared](const FIgiActionCall& Call)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->CurrentCalls.Add(Call);
+			Self->OnAction.Broadcast(Call);
+		}
+		if (Shared->OnAction)
+		{
+			Shared->OnAction(Call);
+		}
+	};
+	Callbacks.OnDoneActions = [WeakThis, Shared](const TArray<FIgiActionCall>& Calls)
+	{
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			// a call done lists whose event was not seen (a resumed stream) is raised now
+			for (const FIgiActionCall& Call : Calls)
+			{
+				bool bSeen = false;
+				for (const FIgiActionCall& Seen : Self->CurrentCalls)
+				{
+					bSeen = bSeen || Seen.CallId == Call.CallId;
+				}
+				if (!bSeen)
+				{
+					Self->CurrentCalls.Add(Call);
+					Self->OnAction.Broadcast(Call);
+				}
+			}
+			Self->EndReply(Calls);
+		}
+		if (Shared->OnDoneActions)
+		{
+			Shared->OnDoneActions(Calls);
+		}
+	};
 	Callbacks.OnDone = [WeakThis, Line, Shared](const FString& Text, const FString& FinishReason)
 	{
 		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
@@ -418,6 +579,11 @@ uint64 UIgiNpcDialogueComponent::SendLine(const FString& Line, const FIgiChatOpt
 		if (Shared->OnDone)
 		{
 			Shared->OnDone(Text, FinishReason);
+		}
+		// every call answered during the reply: it continues from the results now
+		if (UIgiNpcDialogueComponent* Self = WeakThis.Get())
+		{
+			Self->SendAnswersIfComplete();
 		}
 	};
 	const FString Asked = Session;
@@ -442,7 +608,17 @@ uint64 UIgiNpcDialogueComponent::SendLine(const FString& Line, const FIgiChatOpt
 			Shared->OnError(Error);
 		}
 	};
-	CurrentChat = Subsystem->Chat(Session, Line, Options, MaxTokens, MoveTemp(Callbacks));
+	const FIgiChatOptions Sent = WithActions(Options, ActionChoice);
+	if (Sent.ActionResults.Num() == 0)
+	{
+		// what a continuation from action results is sent with (its own actions added then)
+		LastLineOptions = Options;
+		LastLineOptions.Actions.Empty();
+		LastLineOptions.ActionChoice.Empty();
+		LastLineOptions.Images.Empty();
+	}
+	BeginReply();
+	CurrentChat = Subsystem->Chat(Session, Line, Sent, MaxTokens, MoveTemp(Callbacks));
 	return CurrentChat;
 }
 

@@ -297,11 +297,26 @@ void UIgiSdkSubsystem::Dispatch(igi::Event& Event)
 			Callbacks->OnToken(IgiUnreal::FromUtf8(Event.text));
 		}
 		return;  // the stream goes on
+	case igi::EventKind::ToolCall:
+		if (Callbacks->OnAction)
+		{
+			Callbacks->OnAction(IgiUnreal::ToActionCall(Event.call));
+		}
+		return;  // the stream goes on
 	case igi::EventKind::Done:
 		Pending.Remove(Event.id);  // terminal (before the callbacks: they may send again)
 		if (Callbacks->OnDoneBody)
 		{
 			Callbacks->OnDoneBody(Event.body);
+		}
+		if (Callbacks->OnDoneActions)
+		{
+			TArray<FIgiActionCall> Calls;
+			for (const igi::ToolCall& Call : Event.tool_calls)
+			{
+				Calls.Add(IgiUnreal::ToActionCall(Call));
+			}
+			Callbacks->OnDoneActions(Calls);
 		}
 		if (Callbacks->OnDone)
 		{
@@ -410,6 +425,28 @@ igi::MsgValue UIgiSdkSubsystem::ChatExtra(const FIgiChatOptions& Options)
 	return Extra;
 }
 
+igi::ChatOptions UIgiSdkSubsystem::ToolOptions(const FIgiChatOptions& Options, int32 MaxTokens)
+{
+	igi::ChatOptions Out;
+	Out.max_tokens = MaxTokens;
+	Out.extra = ChatExtra(Options);
+	for (const FIgiAction& Action : Options.Actions)
+	{
+		Out.tools.push_back(igi::ToolSpec{IgiUnreal::ToUtf8(Action.Name), IgiUnreal::ToUtf8(Action.Description),
+			IgiUnreal::ToUtf8(Action.ParametersJson)});
+	}
+	Out.tool_choice = IgiUnreal::ToUtf8(Options.ActionChoice);
+	if (!Options.bParallelActions && Options.Actions.Num() > 0)
+	{
+		Out.parallel_tool_calls = 0;
+	}
+	for (const FIgiActionResult& Result : Options.ActionResults)
+	{
+		Out.tool_results.push_back(igi::ToolResult{IgiUnreal::ToUtf8(Result.CallId), IgiUnreal::ToUtf8(Result.Result)});
+	}
+	return Out;
+}
+
 uint64 UIgiSdkSubsystem::OpenSession(const FString& SystemPrompt, const FString& Name, int32 Priority, FIgiCallbacks Callbacks)
 {
 	igi::MsgValue Body = igi::MsgValue::Map();
@@ -434,7 +471,16 @@ uint64 UIgiSdkSubsystem::Chat(const FString& Session, const FString& Text, const
 		return Send("chat", igi::MsgValue::Map(), MoveTemp(Callbacks));
 	}
 	const int32 MaxTokens = Options.MaxTokens > 0 ? Options.MaxTokens : DefaultMaxTokens;
-	const uint64 Id = Client->Chat(IgiUnreal::ToUtf8(Session), IgiUnreal::ToUtf8(Text), FMath::Clamp(MaxTokens, 1, 4096), ChatExtra(Options));
+	uint64 Id = 0;
+	if (Options.Actions.Num() > 0 || Options.ActionResults.Num() > 0 || !Options.ActionChoice.IsEmpty())
+	{
+		// protocol 1.3 actions: the core checks them and refuses a broken line unsent (invalid_body)
+		Id = Client->Chat(IgiUnreal::ToUtf8(Session), IgiUnreal::ToUtf8(Text), ToolOptions(Options, FMath::Clamp(MaxTokens, 1, 4096)));
+	}
+	else
+	{
+		Id = Client->Chat(IgiUnreal::ToUtf8(Session), IgiUnreal::ToUtf8(Text), FMath::Clamp(MaxTokens, 1, 4096), ChatExtra(Options));
+	}
 	Pending.Add(Id, MakeShared<FIgiCallbacks>(MoveTemp(Callbacks)));
 	return Id;
 }

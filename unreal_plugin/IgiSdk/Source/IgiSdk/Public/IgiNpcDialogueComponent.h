@@ -50,6 +50,44 @@ public:
 	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
 	bool bKeepSessionOnEndPlay = false;
 
+	// protocol 1.3: what the NPC may do besides talking (at most 32), sent with every line whose
+	// options declare none of their own. Each call comes through OnAction; answer it with
+	// AnswerAction, and once every call of the reply is answered the reply continues from the
+	// results (OnToken, then OnDone).
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk|Actions")
+	TArray<FIgiAction> Actions;
+
+	// auto (empty: talk or act), none (only talk), required (act), or an action's name
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk|Actions")
+	FString ActionChoice;
+
+	// the choice for the reply that continues from the game's results: none (default) makes the
+	// NPC talk, so a required choice cannot loop
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk|Actions")
+	FString ActionChoiceAfterResults = TEXT("none");
+
+	// false: at most one action per reply
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk|Actions")
+	bool bParallelActions = true;
+
+	// an action the NPC called (main thread, in order, before the reply's OnDone)
+	UPROPERTY(BlueprintAssignable, Category = "igi-sdk|Actions")
+	FIgiActionSignature OnAction;
+
+	// What came of the call CallId ("The player paid 30 gold."); may be called from OnAction
+	// itself. False (and OnError unknown_action_call) for a call that is not waiting for an
+	// answer.
+	UFUNCTION(BlueprintCallable, Category = "igi-sdk|Actions")
+	bool AnswerAction(const FString& CallId, const FString& Result);
+
+	// the calls of the last reply that have no answer yet
+	UFUNCTION(BlueprintPure, Category = "igi-sdk|Actions")
+	TArray<FIgiActionCall> GetUnansweredActions() const;
+
+	// the calls the last reply made (empty when it only talked)
+	UFUNCTION(BlueprintPure, Category = "igi-sdk|Actions")
+	TArray<FIgiActionCall> GetLastActionCalls() const { return LastCalls; }
+
 	// the turns kept to open the NPC again after a sidecar crash (player lines and replies,
 	// at most 256); 0: a crash starts the conversation over
 	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
@@ -134,6 +172,11 @@ private:
 	void Remember(const FString& Line, const FString& Reply);
 	void Restore(const FString& Name, const FString& Target, TSharedRef<FIgiCallbacks> Callbacks, bool bRetried);
 	uint64 SendLine(const FString& Line, const FIgiChatOptions& Options, TSharedRef<FIgiCallbacks> Callbacks, bool bRetried);
+	FIgiChatOptions WithActions(const FIgiChatOptions& Options, const FString& Choice) const;
+	void BeginReply();
+	void EndReply(const TArray<FIgiActionCall>& Calls);
+	void SendAnswersIfComplete();
+	bool IsAnswered(const FString& CallId) const;
 
 	FString Session;
 	int32 SessionGeneration = 0;
@@ -147,4 +190,10 @@ private:
 	TArray<FTurn> Transcript;
 	TArray<TFunction<void()>> WhenOpen;  // lines said before the session opened
 	TArray<TFunction<void(const FIgiError&)>> WhenOpenFails;
+	// actions: the calls of the reply under way, those of the last reply, the answers so far
+	TArray<FIgiActionCall> CurrentCalls;
+	TArray<FIgiActionCall> LastCalls;
+	TArray<FIgiActionCall> Unanswered;
+	TArray<FIgiActionResult> Answers;
+	FIgiChatOptions LastLineOptions;  // the options of the line the calls answer (without actions)
 };

@@ -148,6 +148,8 @@ public:
 	// the open_session / chat body fields of the plugin's structs (empty fields left out)
 	static igi::MsgValue SamplingBody(const FIgiSampling& Sampling);
 	static igi::MsgValue ChatExtra(const FIgiChatOptions& Options);
+	// a line with actions (protocol 1.3) as the core client takes it
+	static igi::ChatOptions ToolOptions(const FIgiChatOptions& Options, int32 MaxTokens);
 
 private:
 	struct FLevelLoad

@@ -86,6 +86,65 @@ struct IGISDK_API FIgiImage
 	TArray<uint8> Data;
 };
 
+// An action an NPC may take besides talking (protocol 1.3, a "tool" on the wire): its name, what
+// it does (the model reads this) and the JSON Schema of its arguments object.
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiAction
+{
+	GENERATED_BODY()
+
+	// [A-Za-z0-9_-], 1..64 characters; not auto, none or required
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	FString Name;
+
+	// at most 2000 characters
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk", meta = (MultiLine = true))
+	FString Description;
+
+	// the arguments' JSON Schema as JSON text, e.g. {"type": "object", "properties": {"target":
+	// {"type": "string", "enum": ["wolf", "bandit"]}}, "required": ["target"]}; empty: any object
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk", meta = (MultiLine = true))
+	FString ParametersJson;
+};
+
+// One call of an action the NPC made. Its arguments are JSON text valid against the action's
+// schema (the sidecar constrains decoding to it).
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiActionCall
+{
+	GENERATED_BODY()
+
+	// what AnswerAction answers ("call_...")
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	FString CallId;
+
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	FString Name;
+
+	// the arguments object as JSON text
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	FString ArgumentsJson;
+
+	// its place in the reply (0, 1, ...)
+	UPROPERTY(BlueprintReadOnly, Category = "igi-sdk")
+	int32 Index = 0;
+};
+
+// What came of one call, sent with the next line (tool_results).
+USTRUCT(BlueprintType)
+struct IGISDK_API FIgiActionResult
+{
+	GENERATED_BODY()
+
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	FString CallId;
+
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk", meta = (MultiLine = true))
+	FString Result;
+};
+
+DECLARE_DYNAMIC_MULTICAST_DELEGATE_OneParam(FIgiActionSignature, const FIgiActionCall&, Call);
+
 // One line's options (chat's fields). Empty ones are not sent.
 USTRUCT(BlueprintType)
 struct IGISDK_API FIgiChatOptions
@@ -111,6 +170,23 @@ struct IGISDK_API FIgiChatOptions
 	// at most 4; each goes before the text, or where the text holds <__media__>
 	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
 	TArray<FIgiImage> Images;
+
+	// protocol 1.3: what the NPC may do with this reply (at most 32; not with Grammar or
+	// JsonSchema); empty: the NPC component's Actions
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	TArray<FIgiAction> Actions;
+
+	// auto (empty), none, required, or an action's name (exactly that action)
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	FString ActionChoice;
+
+	// false: at most one action per reply
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	bool bParallelActions = true;
+
+	// what came of the previous reply's calls: the reply continues from them (at most 16)
+	UPROPERTY(EditAnywhere, BlueprintReadWrite, Category = "igi-sdk")
+	TArray<FIgiActionResult> ActionResults;
 };
 
 UENUM(BlueprintType)
@@ -154,6 +230,10 @@ struct FIgiCallbacks
 	TFunction<void(const FString& Text, const FString& FinishReason)> OnDone;
 	// a chat's whole `done` body (usage, timings), just before OnDone
 	TFunction<void(const igi::MsgValue& Body)> OnDoneBody;
+	// protocol 1.3: each action call as soon as it is whole (before OnDone)
+	TFunction<void(const FIgiActionCall& Call)> OnAction;
+	// a chat's calls, as done lists them (empty: it only talked), just before OnDone
+	TFunction<void(const TArray<FIgiActionCall>& Calls)> OnDoneActions;
 	TFunction<void(const igi::MsgValue& Body)> OnOk;
 	TFunction<void(const FIgiError& Error)> OnError;
 };
@@ -168,6 +248,16 @@ namespace IgiUnreal
 	inline FString FromUtf8(const std::string& Text)
 	{
 		return FString(UTF8_TO_TCHAR(Text.c_str()));
+	}
+
+	inline FIgiActionCall ToActionCall(const igi::ToolCall& Call)
+	{
+		FIgiActionCall Out;
+		Out.CallId = FromUtf8(Call.id);
+		Out.Name = FromUtf8(Call.name);
+		Out.ArgumentsJson = FromUtf8(Call.arguments);
+		Out.Index = Call.index;
+		return Out;
 	}
 
 	inline FIgiError ToError(const igi::Error& Error)

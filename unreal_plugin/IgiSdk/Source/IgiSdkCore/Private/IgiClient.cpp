@@ -13,6 +13,7 @@
 #include <set>
 #include <thread>
 
+#include "IgiJson.h"
 #include "IgiZmtp.h"
 
 namespace igi {
@@ -31,6 +32,74 @@ const char* ToString(ConnectionState s) {
 bool ServerInfo::Has(const char* feature) const {
     for (const auto& f : features) if (f == feature) return true;
     return false;
+}
+
+bool ToolCall::Arguments(MsgValue& out) const {
+    return ParseJson(arguments, out) && out.IsMap();
+}
+
+bool IsValidToolName(const std::string& name) {
+    if (name.empty() || name.size() > 64) return false;
+    if (name == "auto" || name == "none" || name == "required") return false;
+    for (char c : name) {
+        bool ok = (c >= 'A' && c <= 'Z') || (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9') || c == '_' || c == '-';
+        if (!ok) return false;
+    }
+    return true;
+}
+
+namespace {
+
+// characters as the sidecar counts them: code points (UTF-8 continuation bytes not counted)
+int64_t CodePoints(const std::string& s) {
+    int64_t n = 0;
+    for (char c : s) if ((static_cast<unsigned char>(c) & 0xc0) != 0x80) ++n;
+    return n;
+}
+
+}  // namespace
+
+std::string ToolsProblem(const ChatOptions& o, int64_t max_text_chars) {
+    const size_t count = o.tools.size();
+    if (count > static_cast<size_t>(kMaxTools))
+        return "tools has " + std::to_string(count) + " tools (limit " + std::to_string(kMaxTools) + ")";
+    if (count > 0 && (o.extra.Find("grammar") || o.extra.Find("json_schema")))
+        return "tools constrain the reply themselves: give no grammar or json_schema with them";
+    std::set<std::string> names;
+    for (size_t i = 0; i < count; ++i) {
+        const ToolSpec& t = o.tools[i];
+        const std::string at = "tools[" + std::to_string(i) + "]";
+        if (!IsValidToolName(t.name))
+            return at + ".name '" + t.name.substr(0, 80) + "' is not 1-64 of [A-Za-z0-9_-] (nor auto, none, required)";
+        if (!names.insert(t.name).second) return at + ".name '" + t.name + "' is declared twice";
+        if (CodePoints(t.description) > 2000) return at + ".description is longer than 2000 characters";
+        if (!t.parameters_json.empty()) {
+            MsgValue schema;
+            std::string why;
+            if (!ParseJson(t.parameters_json, schema, &why)) return at + ".parameters is not JSON: " + why;
+            if (!schema.IsMap()) return at + ".parameters is not a JSON object (a JSON Schema)";
+            const MsgValue* type = schema.Find("type");
+            if (type && !(type->IsStr() && type->AsString() == "object"))
+                return at + ".parameters must describe an object (type: object)";
+        }
+    }
+    const std::string& choice = o.tool_choice;
+    if (!choice.empty() && choice != "auto" && choice != "none") {
+        if (count == 0) return "tool_choice '" + choice.substr(0, 64) + "' with no tools declared";
+        if (choice != "required" && names.count(choice) == 0)
+            return "tool_choice '" + choice.substr(0, 64) + "' is not auto, none, required or a declared tool";
+    }
+    if (o.tool_results.size() > static_cast<size_t>(kMaxToolResults))
+        return "tool_results has " + std::to_string(o.tool_results.size()) + " results (limit " +
+               std::to_string(kMaxToolResults) + ")";
+    for (size_t i = 0; i < o.tool_results.size(); ++i) {
+        const ToolResult& r = o.tool_results[i];
+        const std::string at = "tool_results[" + std::to_string(i) + "]";
+        if (r.id.empty() || r.id.size() > 64) return at + ".id must be 1-64 characters";
+        if (CodePoints(r.content) > max_text_chars)
+            return at + ".content is longer than " + std::to_string(max_text_chars) + " characters";
+    }
+    return std::string();
 }
 
 // an envelope up to its body's value: shared by EncodeEnvelope and the frame path, which writes
@@ -204,6 +273,7 @@ struct Client::Impl {
     int hello_backoff_ms = kFirstBackoffMs * 5;
     bool farewell = false;   // goodbye answered: quiet until the game asks for something
     bool refused = false;    // the sidecar is not ours, or refused us: no reconnect until told
+    std::string refusal_code;  // why (the code the requests in flight ended with)
     bool readopt_after_hello = false;
     bool down = false;
     bool ever_connected = false;
@@ -233,6 +303,17 @@ struct Client::Impl {
     void Post(Event e) {
         std::lock_guard<std::mutex> lock(in_mutex);
         inbox.push_back(std::move(e));
+    }
+
+    // a request refused here, unsent: its Error event comes with the next Poll
+    uint64_t RefuseUnsent(const char* code, const std::string& message) {
+        uint64_t id = ++last_id;
+        Event e;
+        e.kind = EventKind::Error;
+        e.id = id;
+        e.error = Error{code, message, false};
+        Post(std::move(e));
+        return id;
     }
 
     uint64_t Submit(const char* type, const MsgValue& body, bool stream, const char* feature, const std::string& session) {
@@ -323,7 +404,10 @@ struct Client::Impl {
                 f.queued_at = Clock::now();
                 if (f.type != "goodbye") farewell = false;
                 if (refused) {
-                    Forward(f.id, "error", ErrorBody(errc::kUnavailable, "the sidecar was refused: " + last_transport_error, false));
+                    // the refusal's own code (wrong_sidecar, forbidden, ...): a request queued
+                    // while hello was being refused ends as the ones in flight did
+                    const std::string code = refusal_code.empty() ? std::string(errc::kUnavailable) : refusal_code;
+                    Forward(f.id, "error", ErrorBody(code.c_str(), "the sidecar was refused: " + last_transport_error, false));
                     break;
                 }
                 waiting.push_back(std::move(f));
@@ -526,7 +610,7 @@ struct Client::Impl {
             down = false;
             if (!greeted && hello_id == 0) SendHello();  // back, or only stalled: greet to learn which
         }
-        if (type != "ok" && type != "error" && type != "token" && type != "done") return;  // heartbeat, newer types
+        if (type != "ok" && type != "error" && type != "token" && type != "tool_call" && type != "done") return;  // heartbeat, newer types
         auto it = inflight.find(id);
         if (it == inflight.end()) return;
         InFlight& f = it->second;
@@ -538,7 +622,8 @@ struct Client::Impl {
         if (f.type == "hello") { OnHelloAnswer(id, type, body); return; }
         if (f.resume_of != 0) { OnResumeAnswer(id, type, body); return; }
         if (f.stream) {
-            if (type == "token") OnToken(f, body);
+            // a tool_call event counts in the same `i` sequence as tokens (protocol 1.3)
+            if (type == "token" || type == "tool_call") OnToken(f, type == "tool_call", body);
             else if (type == "done" || type == "error") {
                 inflight.erase(it);
                 Forward(id, type.c_str(), std::move(body));
@@ -555,15 +640,16 @@ struct Client::Impl {
 
     // Tokens reach the game in order, each once. A gap in `i` means events were lost: ask for a
     // replay from the last one delivered; replayed duplicates are dropped.
-    void OnToken(InFlight& f, const MsgValue& body) {
+    void OnToken(InFlight& f, bool call, const MsgValue& body) {
         int64_t i = body.GetInt("i", 0);
         if (i == f.last_token + 1 || !info.Has("resume_stream")) {
             f.last_token = std::max(f.last_token, i);
             Event e;
-            e.kind = EventKind::Token;
+            e.kind = call ? EventKind::ToolCall : EventKind::Token;
             e.id = f.id;
             e.index = i;
-            e.text = body.GetString("text");
+            if (call) e.call = ReadCall(body, 0);
+            else e.text = body.GetString("text");
             Post(std::move(e));
             return;
         }
@@ -659,6 +745,7 @@ struct Client::Impl {
 
     void Refuse(const char* code, const std::string& message) {
         refused = true;
+        refusal_code = code;
         last_transport_error = message;
         // the state change is posted before the failures it causes: whoever sees a request
         // fail with the refusal's code already reads State() == Refused
@@ -788,12 +875,25 @@ struct Client::Impl {
             e.kind = EventKind::Done;
             e.text = body.GetString("text");
             e.finish_reason = body.GetString("finish_reason");
+            if (const MsgValue* calls = body.Find("tool_calls")) {
+                for (size_t k = 0; k < calls->Size(); ++k)
+                    if (calls->At(k).IsMap()) e.tool_calls.push_back(ReadCall(calls->At(k), static_cast<int>(k)));
+            }
             e.body = std::move(body);
         } else {
             e.kind = EventKind::Error;
             e.error = Error{body.GetString("code", "error"), body.GetString("message"), body.GetBool("retryable")};
         }
         Post(std::move(e));
+    }
+
+    static ToolCall ReadCall(const MsgValue& body, int fallback_index) {
+        ToolCall c;
+        c.index = static_cast<int>(body.GetInt("index", fallback_index));
+        c.id = body.GetString("id");
+        c.name = body.GetString("name");
+        c.arguments = body.GetString("arguments", "{}");
+        return c;
     }
 
     void PostState(ConnectionState s, const MsgValue* hello) {
@@ -896,6 +996,52 @@ uint64_t Client::Chat(const std::string& session, const std::string& text, int m
     b.Set("text", MsgValue::Str(text));
     b.Set("max_tokens", MsgValue::Int(max_tokens));
     return impl_->Submit("chat", b, true, nullptr, session);
+}
+
+uint64_t Client::Chat(const std::string& session, const std::string& text, const ChatOptions& options) {
+    MsgValue b = options.extra.IsMap() ? options.extra : MsgValue::Map();
+    b.Set("session", MsgValue::Str(session));
+    b.Set("text", MsgValue::Str(text));
+    b.Set("max_tokens", MsgValue::Int(options.max_tokens));
+    bool tools = false;
+    if (!options.tools.empty()) {
+        MsgValue list = MsgValue::Array();
+        for (const ToolSpec& t : options.tools) {
+            MsgValue tool = MsgValue::Map();
+            tool.Set("name", MsgValue::Str(t.name));
+            tool.Set("description", MsgValue::Str(t.description));
+            // JSON text: the sidecar reads the schema (the client needs no tree of it)
+            if (!t.parameters_json.empty()) tool.Set("parameters", MsgValue::Str(t.parameters_json));
+            list.Push(std::move(tool));
+        }
+        b.Set("tools", std::move(list));
+        tools = true;
+    }
+    if (!options.tool_choice.empty()) { b.Set("tool_choice", MsgValue::Str(options.tool_choice)); tools = true; }
+    if (options.parallel_tool_calls >= 0) {
+        b.Set("parallel_tool_calls", MsgValue::Bool(options.parallel_tool_calls != 0));
+        tools = true;
+    }
+    if (!options.tool_results.empty()) {
+        MsgValue list = MsgValue::Array();
+        for (const ToolResult& r : options.tool_results) {
+            MsgValue result = MsgValue::Map();
+            result.Set("id", MsgValue::Str(r.id));
+            result.Set("content", MsgValue::Str(r.content));
+            list.Push(std::move(result));
+        }
+        b.Set("tool_results", std::move(list));
+        tools = true;
+    }
+    std::string problem = ToolsProblem(options, Info().max_text_chars);
+    if (!problem.empty()) return impl_->RefuseUnsent(errc::kInvalidBody, problem);
+    return impl_->Submit("chat", b, true, tools ? "tools" : nullptr, session);
+}
+
+uint64_t Client::AnswerToolCalls(const std::string& session, std::vector<ToolResult> results, ChatOptions options) {
+    if (results.empty()) return impl_->RefuseUnsent(errc::kInvalidBody, "tool_results is empty: nothing to answer");
+    options.tool_results = std::move(results);
+    return Chat(session, std::string(), options);
 }
 
 uint64_t Client::Cancel(uint64_t chat_id) {

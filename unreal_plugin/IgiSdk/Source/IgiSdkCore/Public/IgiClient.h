@@ -24,7 +24,7 @@
 namespace igi {
 
 const int kProtocolVersion = 1;
-const int kProtocolMinor = 2;
+const int kProtocolMinor = 3;
 const int64_t kMaxMessageBytes = 17825792;  // PROTOCOL.md §7, until hello's limits say otherwise
 
 // Codes the client itself produces (the sidecar never sends them).
@@ -35,6 +35,7 @@ const char* const kWrongSidecar = "wrong_sidecar";       // the sidecar is not t
 const char* const kUnsupported = "unsupported";          // the sidecar lacks the protocol feature
 const char* const kMessageTooLarge = "message_too_large";  // over the protocol's size limit, not sent
 const char* const kStopped = "stopped";                  // the client stopped before an answer
+const char* const kInvalidBody = "invalid_body";         // refused here, unsent (the sidecar's code)
 }  // namespace errc
 
 struct Error {
@@ -46,17 +47,67 @@ struct Error {
 enum class ConnectionState : uint8_t { Connecting, Ready, Unavailable, Refused, Closed };
 IGISDKCORE_API const char* ToString(ConnectionState s);
 
-enum class EventKind : uint8_t { Ok, Token, Done, Error, State };
+// ---- NPC actions (protocol 1.3, feature "tools") ----------------------------------------------
+
+// An action the NPC may take with a reply (a tool on the wire).
+struct ToolSpec {
+    std::string name;             // [A-Za-z0-9_-], 1..64; not auto, none or required
+    std::string description;      // at most 2000 characters (what the model reads)
+    std::string parameters_json;  // the arguments' JSON Schema (an object's); empty: any object
+};
+
+// What came of one call, for the next line's tool_results.
+struct ToolResult {
+    std::string id;       // the call's id (1..64 characters)
+    std::string content;  // what happened, for the model to read
+};
+
+// One call the model made: a ToolCall event, or an entry of a Done event's tool_calls.
+struct IGISDKCORE_API ToolCall {
+    int index = 0;          // its place in the reply (0, 1, ...)
+    std::string id;         // "call_..."; what its ToolResult answers
+    std::string name;       // a declared action's name
+    std::string arguments;  // JSON text of an object valid against the action's schema
+    // The arguments parsed (an object as a map); false if they are not a JSON object, which
+    // the sidecar never sends.
+    bool Arguments(MsgValue& out) const;
+};
+
+const int kMaxTools = 32;
+const int kMaxToolResults = 16;
+const int kMaxParallelToolCalls = 8;
+
+IGISDKCORE_API bool IsValidToolName(const std::string& name);
+
+// A chat's options. Empty fields are not sent.
+struct ChatOptions {
+    int max_tokens = 256;
+    std::vector<ToolSpec> tools;        // at most 32
+    std::string tool_choice;            // empty (auto), "none", "required", or a declared tool's name
+    int parallel_tool_calls = -1;       // -1: not sent (true); 0: at most one call; 1: up to 8
+    std::vector<ToolResult> tool_results;  // the previous reply's calls answered (at most 16)
+    MsgValue extra = MsgValue::Map();   // more chat fields as they go on the wire (stop, grammar, images)
+};
+
+// Why these options break the protocol's rules for tools (empty when they do not): names,
+// counts, lengths, a tool_choice that names no declared tool, parameters that are not a JSON
+// object schema, tools with a grammar or json_schema in `extra`. Chat() refuses such a line
+// unsent (an Error event, invalid_body).
+IGISDKCORE_API std::string ToolsProblem(const ChatOptions& options, int64_t max_text_chars = 32000);
+
+enum class EventKind : uint8_t { Ok, Token, Done, Error, State, ToolCall };
 
 struct Event {
     EventKind kind = EventKind::Ok;
     uint64_t id = 0;
     std::string text;           // Token: the piece; Done: the whole reply
-    int64_t index = 0;          // Token: its `i` (1, 2, 3, ... none skipped or repeated)
-    std::string finish_reason;  // Done
+    int64_t index = 0;          // Token and ToolCall: its `i` (1, 2, 3, ... across both kinds)
+    std::string finish_reason;  // Done (protocol 1.3: "tool_calls" when the reply ended in calls)
     Error error;                // Error (and State Refused: why)
     ConnectionState state = ConnectionState::Connecting;  // State
     MsgValue body;              // Ok and Done: the reply body (Token: left empty)
+    ToolCall call;              // ToolCall: the call, as soon as it is complete
+    std::vector<ToolCall> tool_calls;  // Done: every call of the reply (empty: it only talked)
 };
 
 struct IGISDKCORE_API ServerInfo {
@@ -118,6 +169,16 @@ public:
                          const std::string& persona = std::string());
     uint64_t Chat(const std::string& session, const std::string& text, int max_tokens = 256,
                   MsgValue extra = MsgValue::Map());
+    // Protocol 1.3: a line with actions (tools, tool_choice, parallel_tool_calls, tool_results);
+    // each call comes as a ToolCall event, and in the Done event's tool_calls. Options that
+    // break the rules (ToolsProblem) end in an Error event (invalid_body) without being sent; a
+    // sidecar without the "tools" feature: unsupported.
+    uint64_t Chat(const std::string& session, const std::string& text, const ChatOptions& options);
+    // What came of the last reply's calls: the reply continues from them (a stream like
+    // Chat's). `options`: the line's (declare the tools again to let the NPC act once more);
+    // its tool_results are replaced by `results`.
+    uint64_t AnswerToolCalls(const std::string& session, std::vector<ToolResult> results,
+                             ChatOptions options = ChatOptions());
     uint64_t Cancel(uint64_t chat_id);
     uint64_t SetPriority(const std::string& session, int priority);
     uint64_t ListSessions();

@@ -1,0 +1,141 @@
+"""The service's rules for the requests that hold no session (protocol 1.3): ``tokenize``,
+``detokenize``, ``embed`` and ``complete``. Called from :class:`SessionService` on its thread,
+with its bookkeeping; the model work goes to the backend as futures, as every request's does.
+
+Caps: an ``embed`` or a ``complete`` counts as one of the client's streams while it runs
+(``max_streams_per_client``); a ``complete`` also holds a session slot while it runs (its
+reply is decoded in a session of its own, closed at its end), counted as a session being
+opened against the client's cap, so that it cannot take a slot from the game's NPCs.
+"""
+
+from __future__ import annotations
+
+import time
+from concurrent.futures import Future
+from typing import TYPE_CHECKING
+
+from pydantic import ValidationError
+
+from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyText
+from igi_sdk.serving.backend import EmbedResult, StreamHandle
+from igi_sdk.serving.clients import Client
+from igi_sdk.serving.ownership import StreamLog
+from igi_sdk.wire import contract as C
+from igi_sdk.wire import protocol as P
+
+if TYPE_CHECKING:
+    from igi_sdk.serving.service import SessionService
+
+
+def tokenize(svc: SessionService, c: Client, msg_id: int, body: P.Tokenize) -> None:
+    svc._need_model()
+    fut = svc.backend.tokenize(body)
+    svc._answer(c.identity, msg_id, fut, "tokenize", lambda t: C.TokenizeOk(
+        tokens=t.tokens, **({"pieces": t.pieces} if body.with_pieces else {})))
+
+
+def detokenize(svc: SessionService, c: Client, msg_id: int, body: P.Detokenize) -> None:
+    svc._need_model()
+    svc._answer(c.identity, msg_id, svc.backend.detokenize(body), "detokenize",
+                lambda text: C.DetokenizeOk(text=text))
+
+
+def embed(svc: SessionService, c: Client, msg_id: int, body: P.Embed) -> None:
+    svc._need_model()
+    if _duplicate(svc, c, msg_id, "embed"):
+        return
+    _stream_room(svc, c)
+    c.streams[msg_id] = None  # counted as a stream while it runs (it cannot be cancelled)
+
+    def ended() -> None:
+        c.streams.pop(msg_id, None)
+        c.cancel_pending.discard(msg_id)
+
+    def answered(e: EmbedResult) -> C.EmbedOk:
+        ended()
+        return C.EmbedOk(data=e.vectors, tokens=e.tokens, pooling=e.pooling)
+
+    svc._answer(c.identity, msg_id, svc.backend.embed(body), "embed", answered, ended)
+
+
+def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> None:
+    """A stream as ``chat``'s: ``token`` events, then ``done`` or ``error``."""
+    from igi_sdk.serving.service import _done, _error_body, _ok, _typed
+
+    svc._need_model()
+    if _duplicate(svc, c, msg_id, "complete"):
+        return
+    _stream_room(svc, c)
+    svc._session_room(c)  # its own session for the reply's length: a slot of the client's
+    identity, ignored = c.identity, svc._ignored
+    events = c.logs[msg_id] = StreamLog()
+    c.opening += 1
+
+    def ended() -> None:  # the service thread
+        if msg_id in c.streams:
+            del c.streams[msg_id]
+            c.opening -= 1
+        c.cancel_pending.discard(msg_id)
+        events.ended_at = time.monotonic()
+
+    said = 0
+
+    def listener(event: ReplyEvent) -> None:  # the outbox thread: encodes, the service sends
+        nonlocal said
+        if isinstance(event, ReplyText):
+            said += 1
+            token = P.encode(msg_id, "token", C.Token(text=event.text, i=said).model_dump())
+            svc.later(lambda: svc._send_logged(identity, events, token))
+            return
+        if isinstance(event, ReplyDone):
+            try:
+                frame = _ok(msg_id, _done(event.result), ignored, "done")
+            except ValidationError as e:
+                frame = P.encode(msg_id, "error", _error_body(_typed(e, "complete")))
+        elif isinstance(event, ReplyFailed):
+            frame = P.encode(msg_id, "error", _error_body(_typed(event.error, "complete")))
+        else:
+            return  # a tool call: a completion declares no tools, so none comes
+
+        def end() -> None:
+            events.terminal = frame
+            svc._send(identity, frame)
+            ended()
+
+        svc.later(end)
+
+    c.streams[msg_id] = None  # reserved: the stream may end before the handle arrives
+
+    def started(f: Future[StreamHandle]) -> None:  # the service thread
+        try:
+            handle = f.result()
+        except Exception as e:  # noqa: BLE001 - answered, typed
+            ended()
+            events.terminal = P.encode(msg_id, "error", _error_body(_typed(e, "complete")))
+            svc._error(identity, msg_id, _typed(e, "complete"))
+            return
+        if msg_id in c.streams:
+            c.streams[msg_id] = handle
+        if msg_id in c.cancel_pending:
+            c.cancel_pending.discard(msg_id)
+            handle.cancel()
+
+    fut = svc.backend.complete(body, listener)
+    fut.add_done_callback(lambda f: svc.later(lambda: started(f)))
+
+
+def _duplicate(svc: SessionService, c: Client, msg_id: int, what: str) -> bool:
+    """Whether ``msg_id`` is running already: answered with id 0, as chat's duplicate is (an
+    error carrying the id would read as the end of the request still running under it)."""
+    if msg_id not in c.streams:
+        return False
+    svc._error(c.identity, 0, P.ProtocolError(
+        "duplicate_id", f"request id {msg_id} is still running; this {what} was ignored and "
+        "that request goes on"))
+    return True
+
+
+def _stream_room(svc: SessionService, c: Client) -> None:
+    if len(c.streams) >= svc.cfg.max_streams_per_client:
+        raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
+                              "this client; wait for one to finish", retryable=True)
