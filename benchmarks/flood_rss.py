@@ -37,7 +37,7 @@ from igi_sdk.wire import protocol as P
 def _message(kind: str) -> bytes:
     if kind == "ping":
         return P.encode(1, "ping", {})
-    return P.encode(1, "open_session", {"persona": "é" * P.MAX_TEXT_CHARS, "name": "x"})
+    return P.encode(1, "open_session", {"persona": "é" * 32_000, "name": "x"})
 
 
 def flood(endpoint: str, kind: str, seconds: float) -> None:

@@ -34,7 +34,7 @@ from igi_sdk.client import BridgeError, Client
 from igi_sdk.wire import protocol as P
 
 TURN = ("The siege lasted nine winters, and the smith forged every hinge of the gate. " * 420
-        )[:P.MAX_TEXT_CHARS]
+        )[:32_000]
 HISTORY = [{"role": ("user", "assistant")[i % 2], "content": TURN}
            for i in range(P.MAX_HISTORY_TURNS)]
 

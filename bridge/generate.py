@@ -234,6 +234,12 @@ def vectors() -> list[Vector]:
         _req("request_open_session_defaults", 4, "open_session", {},
              "every open_session field has a default"),
         _req("request_chat", 5, "chat", chat_body, "answered by token events and one done"),
+        _req("request_chat_line_sampling", 5, "chat",
+             {**chat_body, "sampling": {"temperature": 1.0, "seed": 99, "frequency_penalty": 0.5,
+                                        "logit_bias": {"15043": -100.0, "29871": 2.5}},
+              "logprobs": 2},
+             "1.3: this line's own sampling (the rest stays the session's) and each token's "
+             "logprob with its 2 likeliest alternatives"),
         _req("request_chat_json_schema", 5, "chat",
              {"session": SID, "text": "Your price?", "json_schema": {
                  "type": "object", "properties": {"price": {"type": "integer"}},
@@ -380,6 +386,13 @@ def vectors() -> list[Vector]:
              "invalid_body", 30, "saved sessions are names, not paths"),
         _bad("invalid_sampling_range", _env(31, "open_session", {"sampling": {
             "temperature": -1.0}}), "invalid_body", 31, "temperature is 0..5"),
+        _bad("invalid_chat_logprobs_range", _env(46, "chat", {"session": SID, "text": "hi",
+                                                              "logprobs": 21}),
+             "invalid_body", 46, f"logprobs is 0..{P.MAX_LOGPROBS}"),
+        _bad("invalid_chat_logit_bias", _env(47, "chat", {
+            "session": SID, "text": "hi", "sampling": {"logit_bias": {"15043": 101.0}}}),
+             "invalid_body", 47, "a bias is -100..100 (a token id past the vocabulary: "
+             "invalid_sampling, where the model is known)"),
         _bad("invalid_frame_negative", _env(32, "frame", {"frame": -1, "frame_time_ms": 16.6}),
              "invalid_body", 32, ""),
         _bad("invalid_hello_protocol_missing", _env(33, "hello", {"engine": "unity"}),
@@ -423,6 +436,12 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_open_session", 4, "ok", {"session": SID}, ""),
         _rep("event_token_1", 5, "token", {"text": "Swords", "i": 1}, "first piece of chat 5"),
         _rep("event_token_2", 5, "token", {"text": ", traveller.", "i": 2}, ""),
+        _rep("event_token_logprobs", 5, "token", {"text": "Swords", "i": 1, "logprobs": [
+            {"token": "Sw", "logprob": -0.25, "top": [{"token": "Sw", "logprob": -0.25},
+                                                      {"token": "Ax", "logprob": -1.75}]},
+            {"token": "ords", "logprob": -0.015625, "top": [
+                {"token": "ords", "logprob": -0.015625}, {"token": "ord", "logprob": -4.5}]}]},
+             "1.3, a chat with logprobs 2: the tokens whose text this piece completes"),
         _rep("event_done", 5, "done", {
             "text": "Swords, traveller.", "finish_reason": "stop",
             "usage": {"prompt_tokens": 41, "completion_tokens": 5, "cached_tokens": 0},

@@ -46,11 +46,23 @@ class ReplyResult(Protocol):
 
 
 @dataclass(frozen=True)
+class TokenLogprob:
+    """A sampled token's text and log-probability, and its likeliest alternatives'
+    (``top``: (text, logprob), most likely first)."""
+
+    token: str
+    logprob: float
+    top: tuple[tuple[str, float], ...] = ()
+
+
+@dataclass(frozen=True)
 class ReplyText:
-    """Text of reply ``reply`` as it is produced (stop strings already held back)."""
+    """Text of reply ``reply`` as it is produced (stop strings already held back);
+    ``logprobs``: the tokens whose text it completes, for a reply that asked for them."""
 
     reply: int
     text: str
+    logprobs: tuple[TokenLogprob, ...] = ()
 
 
 @dataclass(frozen=True)

@@ -83,7 +83,7 @@ def test_refusals_come_back_as_the_same_http_errors(parser: BodyParser) -> None:
     bodies = [
         b'{"messages":' + b"[" * 100_000 + b" " * (1 << 20),  # more values than a request has
         ('{"messages":[{"role":"user","content":"' + "\\u00e9" * (1 << 20) + '"}]}').encode(),
-        b'{"messages": [{"role": "user", "content": "hi"}], "n": 2}' + b" " * (1 << 20),
+        b'{"messages": [{"role": "user", "content": "hi"}], "mirostat": 2}' + b" " * (1 << 20),
         b'{"messages": [{"role": "user", "content": "hi"' + b" " * (1 << 20),  # cut short
     ]
     for body in bodies:

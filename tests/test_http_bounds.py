@@ -47,7 +47,8 @@ def test_an_answered_error_raises_nothing_afterwards(http: TestClient) -> None:
     # the ASGI stack clears the traceback of an exception it has answered: a frozen error
     # raised there, after the response, and the server dropped the keep-alive connection
     for _ in range(2):
-        _error(http.post(URL, json={"n": 2, "messages": [{"role": "user", "content": "Hi"}]}),
+        _error(http.post(URL, json={"top_logprobs": 2,
+                                    "messages": [{"role": "user", "content": "Hi"}]}),
                400, "invalid_argument")
 
 
@@ -82,7 +83,7 @@ def test_image_count_and_size_are_refused_before_decoding(http: TestClient) -> N
 def test_a_transcript_over_one_message_is_413_not_a_dropped_request(http: TestClient) -> None:
     # 150 turns of 32 000 four-byte characters: 19 MB of history, more than the sidecar's
     # socket takes in one message (it drops such a message unanswered)
-    turn = "\N{GRINNING FACE}" * P.MAX_TEXT_CHARS
+    turn = "\N{GRINNING FACE}" * 32_000
     msgs = [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(150)]
     body = json.dumps({"messages": [*msgs, {"role": "user", "content": "And?"}]},
                       ensure_ascii=False).encode()

@@ -1,5 +1,5 @@
-"""A mod is not the game: the HTTP face's conversations have a mod's share of the session slots,
-and the game's own sessions open whatever the face holds (the real sidecar, the official
+"""A mod is not the game: the HTTP face's conversations may take every session slot, and the
+game's own sessions open whatever the face holds, idle or replying (the real sidecar, the official
 ``openai`` client, the game's protocol client with the launch token)."""
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def test_the_game_opens_its_sessions_whatever_the_mods_hold(sidecar) -> None:
     try:
         assert game.hello()["game"] is True
         st = game.stats()
-        assert st["sessions"] <= 2  # a mod's share of four slots
+        assert st["sessions"] <= 4  # the face may hold every slot (its conversations)
         for j in range(4):  # every slot: the face's idle conversations make way
             game.open_session("You are an NPC.", name=f"npc{j}")
         # now the face is refused, typed, while the game holds every slot

@@ -17,7 +17,6 @@ from igi_sdk.errors import PromptTooLongError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 from igi_sdk.runtime.text import Vocab
-from igi_sdk.wire import protocol as P
 from tests.test_bridge import stop
 
 GREEDY = SamplingParams(temperature=0.0)
@@ -80,7 +79,7 @@ def test_over_the_wire_the_refusal_is_typed(tmp_path: Path, tiny_llama: Path) ->
     c = Client(endpoint, timeout=60)
     try:
         c.wait_ready(60)
-        turn = "x" * (P.MAX_TEXT_CHARS - 10)
+        turn = "x" * 31_990  # 200 turns: 6.4 MB of history
         history = [{"role": ("user", "assistant")[i % 2], "content": turn} for i in range(200)]
         sid = c.open_session("You are Brom.", history=history, memory="off")
         with pytest.raises(BridgeError) as e:

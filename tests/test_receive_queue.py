@@ -145,7 +145,7 @@ s.setsockopt(zmq.SNDHWM, 0)
 s.setsockopt(zmq.SNDTIMEO, 2000)
 s.connect(sys.argv[1])
 # dear to handle (a 32 000-character persona, parsed whole, then refused), cheap to send
-m = P.encode(1, "open_session", {"persona": "\\u00e9" * P.MAX_TEXT_CHARS, "name": "x"})
+m = P.encode(1, "open_session", {"persona": "\\u00e9" * 32_000, "name": "x"})
 sent = 0
 for _ in range(int(sys.argv[2])):
     try:

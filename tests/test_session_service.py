@@ -173,3 +173,22 @@ def test_a_client_silent_while_its_reply_runs_keeps_its_lease(
         now[0] += 1.0
         svc.heartbeat()
     assert b"mod" in svc.clients and svc.clients[b"mod"].streams
+
+
+def test_the_face_may_reply_on_every_slot_and_still_makes_way_for_the_game(service) -> None:
+    svc, kept = service
+    face = Peer(svc, kept, b"http", local=True)
+    assert face.hello[1]["limits"]["max_sessions_per_client"] == 4  # every slot
+    assert face.hello[1]["limits"]["max_streams_per_client"] >= 4
+    for j in range(4):  # four conversations replying at once (a mod had half the slots)
+        assert face.call("open_session", {"name": f"c{j}", "persona": ""})[0] == "ok"
+        face.tell("chat", {"session": f"c{j}", "text": "a long line"})  # never ends
+    assert len(svc.clients[b"http"].streams) == 4
+    game = Peer(svc, kept, b"game", token=TOKEN)
+    # every slot replying: the face's least recently used conversation is closed for the game
+    assert game.call("open_session", {"name": "npc", "persona": ""})[0] == "ok"
+    left = {svc.sessions.by_id[sid].name for sid in svc.sessions.owned(b"http")}
+    assert len(left) == 3 and len(svc.sessions) == 4
+    # another mod still has half the slots
+    mod = Peer(svc, kept, b"mod")
+    assert mod.hello[1]["limits"]["max_sessions_per_client"] == 2

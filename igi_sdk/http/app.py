@@ -21,7 +21,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import anyio
@@ -29,7 +29,7 @@ from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 
 from igi_sdk.client import BridgeError, ChatStream, Client, LocalConnect, SidecarUnavailable
-from igi_sdk.http import extra_routes
+from igi_sdk.http import extra_routes, sampling_options
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
@@ -37,7 +37,6 @@ from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
 from igi_sdk.http.guard import ForeignGuard, Gate
 from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
-from igi_sdk.wire import protocol as P
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 
@@ -115,7 +114,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         st = await stats(request)
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
-                                         "owned_by": "igi-sdk"}]
+                                         "owned_by": "igi-sdk",
+                                         **sampling_options.model_limits(st)}]
         return JSONResponse({"object": "list", "data": data})
 
     # embeddings, completions, llama-server's native routes (http/extra_routes.py)
@@ -198,8 +198,21 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
                                           results),
                                      media_type="text/event-stream",
                                      headers={"Cache-Control": "no-cache"})
+
+        async def give_up_idle() -> str | None:
+            """The least recently used idle conversation, given up for another choice."""
+            async with lock:
+                victim = table.least_recent_idle(but=match.conversation.session)
+                if victim is not None:
+                    table.forget(victim)
+                return victim
+
+        more = [asyncio.ensure_future(_choice(client(), req, parsed, k, priority, inward,
+                                              request.is_disconnected, give_up_idle))
+                for k in range(1, req.choices())]
         try:
             done = await _finished(turn, inward, first, request.is_disconnected)
+            extra = list(await asyncio.gather(*more))
         except _ClientGone:
             # nobody reads this reply: it stops, and its session closes (the transcript is no
             # longer the client's)
@@ -208,9 +221,11 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             raise HttpError(499, "cancelled", "the client went away") from None
         finally:
             match.conversation.busy = False
+            for task in more:
+                task.cancel()
         table.answered_turns(match.conversation, [*http_tools.line_turns(line, results),
                                                   http_tools.reply_turn(done)])
-        return JSONResponse(_completion(turn, req, done))
+        return JSONResponse(_completion(turn, req, done, extra))
 
     return app
 
@@ -257,6 +272,8 @@ class _Turn:
     created: int
     # the reply's events, handed to the event loop as the sidecar sends them (_follow)
     queue: asyncio.Queue[object]
+    # its tokens' logprobs as the sidecar sent them (a line that asked for them)
+    logprobs: list[dict[str, Any]] = field(default_factory=list)
 
 
 def _stats(client: Any) -> dict[str, Any]:
@@ -377,8 +394,8 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
 
 def _line_options(req: ChatOptions, images: list[bytes]) -> dict[str, Any]:
     """The ``chat`` options of the request's line."""
-    options: dict[str, Any] = {"max_tokens": min(req.reply_tokens(), P.MAX_TOKENS),
-                               "stop": req.stops()}
+    options: dict[str, Any] = {"max_tokens": req.reply_tokens(), "stop": req.stops(),
+                               **sampling_options.chat_options(req)}
     fmt = req.response_format
     if fmt is not None and fmt.type == "json_object":
         options["json_schema"] = {"type": "object"}
@@ -443,6 +460,44 @@ def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> 
     return turn
 
 
+async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority: int,
+                  inward: Inward, gone: Gone, room: Callable[[], Awaitable[str | None]]
+                  ) -> Choice:
+    """Choice ``k`` of a request with ``n`` > 1: a session of its own, opened with the
+    request's transcript, answering the line with its own seed, then closed (choices are not
+    conversations the face keeps)."""
+    conv = Conversation(f"choice-{uuid.uuid4().hex}", parsed.system)
+    options = {**_line_options(req, parsed.images), **http_tools.chat_options(req),
+               **sampling_options.chat_options(req, k)}
+    if parsed.results:
+        options["tool_results"] = [{"id": i, "content": c} for i, c in parsed.results]
+    opened, evicted = False, list[str]()
+    try:
+        for attempt in range(4):
+            try:
+                if not opened or evicted:  # (opened: only the idle conversations close)
+                    await asyncio.to_thread(_prepare, c, req,
+                                            Match(conv, not opened, tuple(parsed.history)),
+                                            priority, evicted, False)
+                opened, evicted = True, []
+                turn = _send(c, conv, parsed.line, options)
+                first = await _next_piece(turn, inward, gone)
+                break
+            except HttpError as e:
+                # every slot taken, or the context's cells: an idle conversation makes way
+                if e.code not in ("too_many_sessions", "context_full") or attempt == 3:
+                    raise
+                victim = await room()
+                if victim is None:
+                    raise
+                evicted = [victim]
+        done = await _finished(turn, inward, first, gone)
+        return done, turn.logprobs
+    finally:
+        with anyio.CancelScope(shield=True):
+            await asyncio.to_thread(_close_quietly_any, lambda: c, conv.session)
+
+
 class _StartFailed(Exception):
     """The line failed after its session was opened (the retry must open it again)."""
 
@@ -453,14 +508,9 @@ class _StartFailed(Exception):
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
           priority: int) -> None:
-    sampling: dict[str, Any] = {}
-    if req.temperature is not None:
-        sampling["temperature"] = req.temperature
-    if req.top_p is not None:
-        sampling["top_p"] = req.top_p
-    if req.seed is not None:
-        sampling["seed"] = req.seed
-    c.open_session(conv.system, name=conv.session, priority=priority, sampling=sampling,
+    # the session's own sampling stays the default: each line carries the request's
+    # (sampling_options.line_sampling), so a later request is sampled as it asks
+    c.open_session(conv.system, name=conv.session, priority=priority, sampling={},
                    history=[http_tools.wire_turn(t) for t in history])
 
 
@@ -518,24 +568,50 @@ def _finish_reason(done: dict[str, Any]) -> str:
     return reason if reason in ("length", "tool_calls") else "stop"
 
 
-def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any]
-                ) -> dict[str, Any]:
+Choice = tuple[dict[str, Any], list[dict[str, Any]]]  # a reply's done body, its logprobs
+
+
+def _completion(turn: _Turn, req: ChatOptions, done: dict[str, Any],
+                extra: list[Choice] | None = None) -> dict[str, Any]:
+    """The completion; ``extra``: the other choices' when ``n`` > 1."""
+    extra = extra or []
+    choices = [(done, turn.logprobs), *extra]
+    usage = _usage(done)
+    for more, _ in extra:  # every choice's reply counts, as OpenAI bills them
+        usage["completion_tokens"] += _usage(more)["completion_tokens"]
+        usage["total_tokens"] += _usage(more)["completion_tokens"]
     return {"id": turn.id, "object": "chat.completion", "created": turn.created,
             "model": req.model or "igi-sdk",
-            "choices": [{"index": 0, "message": http_tools.message(done),
-                         "finish_reason": _finish_reason(done), "logprobs": None}],
-            "usage": _usage(done)}
+            "choices": [{"index": i, "message": http_tools.message(d),
+                         "finish_reason": _finish_reason(d), "logprobs": _lp(req, lp)}
+                        for i, (d, lp) in enumerate(choices)],
+            "usage": usage}
+
+
+def _lp(req: ChatOptions, lps: list[dict[str, Any]]) -> dict[str, Any] | None:
+    if not req.logprobs:
+        return None
+    return {"content": sampling_options.openai_logprobs(lps), "refusal": None}
 
 
 def _chunk(turn: _Turn, req: ChatOptions, delta: dict[str, Any],
-           finish: str | None = None) -> bytes:
+           finish: str | None = None, lps: list[dict[str, Any]] | None = None) -> bytes:
     body = {"id": turn.id, "object": "chat.completion.chunk", "created": turn.created,
             "model": req.model or "igi-sdk",
-            "choices": [{"index": 0, "delta": delta, "finish_reason": finish, "logprobs": None}]}
+            "choices": [{"index": 0, "delta": delta, "finish_reason": finish,
+                         "logprobs": None if lps is None else _lp(req, lps)}]}
     return b"data: " + json.dumps(body).encode() + b"\n\n"
 
 
 _END = object()
+
+
+@dataclass(frozen=True)
+class _Logprobbed:
+    """A text piece of a reply that asked for logprobs, with its tokens'."""
+
+    text: str
+    logprobs: list[dict[str, Any]]
 
 
 def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
@@ -553,7 +629,12 @@ def _follow(turn: _Turn, loop: asyncio.AbstractEventLoop) -> None:
     def sink(rtype: str, body: dict[str, Any]) -> None:
         if rtype == "token":
             stream.pieces.append(body["text"])
-            hand_on(body["text"])
+            lps = body.get("logprobs")
+            if lps:  # the piece with the tokens it completes (a streamed chunk carries them)
+                turn.logprobs.extend(lps)
+                hand_on(_Logprobbed(body["text"], lps))
+            else:
+                hand_on(body["text"])
         elif rtype == "tool_call":
             hand_on(http_tools.piece_of(body))
         elif rtype == "done":
@@ -586,6 +667,10 @@ async def _next_piece(turn: _Turn, inward: Inward, gone: Gone | None = None) -> 
                     raise HttpError(503, "unavailable", "no answer from the sidecar") from None
                 continue
         if isinstance(piece, BridgeError):
+            if piece.code == "cancelled":  # the face cancels only replies nobody reads: the
+                # game took this session's slot (its open_session is never refused)
+                raise HttpError(503, "preempted", "the game needed this conversation's "
+                                "session slot; send the request again")
             raise from_code(piece.code, piece.message)
         return piece
 
@@ -636,6 +721,8 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
         yield _chunk(turn, req, {"role": "assistant", "content": ""})
         if isinstance(first, str):
             yield _chunk(turn, req, {"content": first})
+        elif isinstance(first, _Logprobbed):
+            yield _chunk(turn, req, {"content": first.text}, lps=first.logprobs)
         elif isinstance(first, http_tools.CallPiece):
             yield _chunk(turn, req, http_tools.call_delta(first))
         n = 0
@@ -653,10 +740,13 @@ async def _sse(turn: _Turn, req: ChatOptions, table: Conversations,
             if isinstance(piece, http_tools.CallPiece):
                 yield _chunk(turn, req, http_tools.call_delta(piece))
                 continue
-            assert isinstance(piece, str)
             n += 1
             if n % 8 == 0 and await request.is_disconnected():
                 return  # the finally below cancels the reply
+            if isinstance(piece, _Logprobbed):
+                yield _chunk(turn, req, {"content": piece.text}, lps=piece.logprobs)
+                continue
+            assert isinstance(piece, str)
             yield _chunk(turn, req, {"content": piece})
         done = turn.stream.done or {}
         yield _chunk(turn, req, {}, _finish_reason(done))

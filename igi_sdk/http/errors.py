@@ -9,7 +9,9 @@ _STATUS = {
     "malformed": 400, "invalid_body": 400, "invalid_argument": 400, "invalid_grammar": 400,
     "invalid_image": 400, "invalid_sampling": 400, "vision_unavailable": 400,
     "unknown_session": 400, "invalid_state": 400,
-    "prompt_too_long": 413,
+    # OpenAI's own answer to a prompt over the context (a 400 its clients and LiteLLM map to
+    # their context-window error): see from_code
+    "prompt_too_long": 400,
     "too_many_sessions": 429, "busy": 429, "session_busy": 429, "context_full": 429,
     "session_owned": 429,
     "loading": 503, "no_model": 503, "engine_unavailable": 503, "engine_closed": 503,
@@ -27,13 +29,13 @@ RETRY_AFTER_S = 1
 class HttpError(Exception):
     """Not frozen: the ASGI stack clears ``__traceback__`` on the exceptions it has answered."""
 
-    def __init__(self, status: int, code: str, message: str) -> None:
+    def __init__(self, status: int, code: str, message: str, param: str | None = None) -> None:
         super().__init__(status, code, message)
-        self.status, self.code, self.message = status, code, message
+        self.status, self.code, self.message, self.param = status, code, message, param
 
     def body(self) -> dict[str, dict[str, str | None]]:
         return {"error": {"message": self.message, "type": _TYPE.get(self.status, "server_error"),
-                          "param": None, "code": self.code}}
+                          "param": self.param, "code": self.code}}
 
     def headers(self) -> dict[str, str]:
         return {"Retry-After": str(RETRY_AFTER_S)} if self.status in (429, 503, 504) else {}
@@ -41,4 +43,7 @@ class HttpError(Exception):
 
 def from_code(code: str, message: str) -> HttpError:
     """The HTTP error for a sidecar error ``code``."""
+    if code == "prompt_too_long":  # OpenAI's shape, and the words its clients look for
+        return HttpError(400, "context_length_exceeded", "This model's maximum context length "
+                         f"is exceeded: {message}", param="messages")
     return HttpError(_STATUS.get(code, 500), code, message)

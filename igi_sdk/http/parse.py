@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from pydantic import ValidationError
 
+from igi_sdk.http import sampling_options
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.conversations import Turn
 from igi_sdk.http.errors import HttpError
@@ -71,8 +72,7 @@ def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
         first = max(e.errors(include_url=False), key=lambda err: len(err.get("loc", ())))
         where = ".".join(str(x) for x in first.get("loc", ()))
         raise HttpError(400, "invalid_body", f"{where}: {first.get('msg')}") from None
-    if req.n != 1:
-        raise HttpError(400, "invalid_argument", "n must be 1: one reply per request")
+    sampling_options.check(req)
     fmt = req.response_format
     schema = fmt.json_schema.schema_ if fmt is not None and fmt.json_schema is not None else None
     if schema is not None and P.nesting(schema, P.MAX_NESTING) > P.MAX_NESTING:

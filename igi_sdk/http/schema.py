@@ -1,8 +1,11 @@
 """The Chat Completions request the HTTP face accepts, bounded before anything reads it.
 
 Unknown fields are ignored, as llama-server and most local servers do: mods send the options of
-whichever server they were written for. What the face cannot honour is refused with a 400
-(``n`` other than 1, a role it does not know)."""
+whichever server they were written for; an explicit ``null`` is the field left out. Every
+sampler is honoured or refused with a 400 (http/sampling_options.py), and what the face cannot
+honour otherwise is refused too (a role it does not know). A text is bounded by the body's
+bytes and the protocol's text bound, not by OpenAI's chat limits: what does not fit the
+session's context is a 400 ``context_length_exceeded``."""
 
 from __future__ import annotations
 
@@ -14,6 +17,7 @@ from igi_sdk.wire import protocol as P
 
 MAX_MESSAGES = P.MAX_HISTORY_TURNS + 2  # the history, a system prompt and the new line
 MAX_BODY_BYTES = 32 << 20  # what the face reads of a request at most (images included)
+MAX_CHOICES = 8  # n: each choice is a session of its own (docs/openai.md)
 
 Text = Annotated[str, Field(max_length=P.MAX_TEXT_CHARS)]
 
@@ -116,27 +120,61 @@ class ChatOptions(Loose):
     transcript is split off (a large body is parsed in another process, and only this, the
     texts and the images come back)."""
 
-    model: Annotated[str, Field(max_length=256)] = ""
-    stream: bool = False
+    # (None everywhere: a client's explicit null is the default)
+    model: Annotated[str, Field(max_length=256)] | None = None
+    stream: bool | None = None
     stream_options: StreamOptions | None = None
-    max_tokens: int | None = Field(None, ge=1, le=P.MAX_TOKENS)
-    max_completion_tokens: int | None = Field(None, ge=1, le=P.MAX_TOKENS)
+    # clamped to what a reply may take (sampling_options.max_tokens), not refused
+    max_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
+    max_completion_tokens: int | None = Field(None, ge=1, le=2**31 - 1)
     temperature: float | None = Field(None, ge=0.0, le=2.0)
     top_p: float | None = Field(None, gt=0.0, le=1.0)
-    seed: int | None = Field(None, ge=0, le=2**31 - 1)
+    top_k: int | None = Field(None, ge=-1, le=100_000)  # llama-server's; 0 or -1: off
+    min_p: float | None = Field(None, ge=0.0, le=1.0)
+    repeat_penalty: float | None = Field(None, ge=0.5, le=3.0)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0)
+    logit_bias: dict[Annotated[str, Field(pattern=r"^[0-9]{1,10}$")],
+                     Annotated[float, Field(ge=-100.0, le=100.0)]] | None = Field(
+        None, max_length=P.MAX_LOGIT_BIAS)
+    seed: int | None = Field(None, ge=-1, le=2**63 - 1)  # -1: a random one, as no seed
+    logprobs: bool | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=P.MAX_LOGPROBS)
     stop: Annotated[str, Field(max_length=64)] | Annotated[
         list[Annotated[str, Field(min_length=1, max_length=64)]], Field(max_length=8)] | None = None
     response_format: ResponseFormat | None = None
-    n: int = Field(1, ge=1, le=128)
+    n: int | None = Field(None, ge=1, le=MAX_CHOICES)
     user: Annotated[str, Field(max_length=256)] | None = None
     prompt_cache_key: Annotated[str, Field(max_length=256)] | None = None
     # function calling (http/tools.py)
     tools: Annotated[list[ToolParam], Field(max_length=P.MAX_TOOLS)] | None = None
     tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
     parallel_tool_calls: bool | None = None
+    # llama-server's samplers that do not run here: refused unless neutral (sampling_options)
+    typical_p: float | None = None
+    tfs_z: float | None = None
+    mirostat: float | None = None
+    mirostat_tau: float | None = None
+    mirostat_eta: float | None = None
+    dynatemp_range: float | None = None
+    dynatemp_exponent: float | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    dry_multiplier: float | None = None
+    dry_base: float | None = None
+    dry_allowed_length: float | None = None
+    dry_penalty_last_n: float | None = None
+    top_n_sigma: float | None = None
+    repeat_last_n: float | None = None
+    penalty_last_n: float | None = None
+    best_of: float | None = None
+    n_probs: float | None = None
 
     def reply_tokens(self) -> int:
-        return self.max_completion_tokens or self.max_tokens or 256
+        return max(1, min(self.max_completion_tokens or self.max_tokens or 256, P.MAX_TOKENS))
+
+    def choices(self) -> int:
+        return self.n or 1
 
     def stops(self) -> list[str]:
         if self.stop is None:

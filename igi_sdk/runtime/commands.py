@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 from igi_sdk.planner import Plan
 from igi_sdk.runtime.background_load import LoadDone
 from igi_sdk.runtime.image_turn import ImageInput
-from igi_sdk.runtime.sampling import SamplingParams
+from igi_sdk.runtime.sampling import SamplingOverride, SamplingParams
 from igi_sdk.runtime.tools import ToolPlan
 
 
@@ -60,6 +60,8 @@ class StartReply(Command):
     images: tuple[ImageInput, ...]
     reply: int
     streamed: bool  # someone subscribed to the reply's events in the outbox
+    sampling: SamplingOverride | None = None  # the line's own sampling (validated)
+    logprobs: int | None = None
     # 1.3: the line's tools made ready (runtime/tools.py), and the results of the previous
     # reply's calls as (call id, content), read before the line's text
     tools: ToolPlan | None = None

@@ -68,7 +68,7 @@ from igi_sdk.runtime.image_turn import ImageInput, MediaMark
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.placement import Placement
-from igi_sdk.runtime.sampling import SamplerChain
+from igi_sdk.runtime.sampling import SamplerChain, SamplingOverride
 from igi_sdk.runtime.session import Session, SessionTable, Turn
 from igi_sdk.runtime.speculative import Proposal
 from igi_sdk.runtime.text import Part, Vocab, parts_after
@@ -832,7 +832,7 @@ class EngineCore:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
                                 c.tool_results, c.history, raw=c.raw,
-                                resume=resume)
+                                resume=resume, sampling=c.sampling, logprobs=c.logprobs)
 
     def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
         """Fold the session's oldest turns out of the context when the line would not fit
@@ -917,6 +917,8 @@ class EngineCore:
         raw: str | None = None,
         *,
         resume: memory_turn.Resume | None = None,
+        sampling: SamplingOverride | None = None,
+        logprobs: int | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -988,6 +990,8 @@ class EngineCore:
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
                 cached_cells=base, start_pending=list(s.pending), order=self._turn_counter + 1,
                 ignore_eos=ignore_eos, images=pending, tools=tool_plan, prefill=prefill,
+                logprobs=logprobs,
+                params=sampling.apply(s.params) if sampling is not None else None,
             )
             if tool_plan is not None and tool_plan.grammar is not None:
                 turn.grammar, turn.calls = tool_plan.grammar, tools.CallReader()
@@ -1014,9 +1018,11 @@ class EngineCore:
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
-        params = turn.memo.params if turn.memo is not None else s.params  # a summary: greedy
+        # a summary: greedy; a line with its own sampling: the session's merged with it
+        params = turn.memo.params if turn.memo is not None else (turn.params or s.params)
         return SamplerChain(params, self._need_vocab().vocab, grammar=turn.grammar,
-                            history=s.history, reply_tokens=turn.generated)
+                            history=s.history, reply_tokens=turn.generated,
+                            logprobs=turn.logprobs)
 
     # ============================================================ engine thread: decoding
 

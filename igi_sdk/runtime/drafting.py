@@ -197,8 +197,9 @@ class Drafting:
             rec = self._session(s)
             context = [*s.tokens, t.feed[0]]
             # sampled sessions: the step's draws, reproducible from the session's seed and step
-            rng = (np.random.default_rng([s.params.seed, s.n_sampled, 0x5bec])
-                   if not s.params.greedy else None)
+            params = t.params or s.params  # the reply's sampling (its line's own)
+            rng = (np.random.default_rng([params.seed, s.n_sampled, 0x5bec])
+                   if not params.greedy else None)
             if rec.ngram is not None:
                 t0 = time.perf_counter()
                 guess = rec.ngram.propose(context, cap)
@@ -212,7 +213,7 @@ class Drafting:
             if drafter is not None:
                 k = choose_k(rec.of("model"), self.costs, self.prior, policy, "model", cap)
                 if k > 0:
-                    requests.append(DraftRequest(s.seq, context, k, s.params, s.history, rng))
+                    requests.append(DraftRequest(s.seq, context, k, params, s.history, rng))
         if lookups:
             self.costs.add_draft("ngram", lookup_s / lookups, decay)
         if requests and drafter is not None:
@@ -227,8 +228,10 @@ class Drafting:
         """Most tokens ``t`` may have drafted this step (0: none). Off for grammar replies: a
         drafter proposes unconstrained text that the grammar would mostly refuse."""
         s, cfg = t.session, self.config.speculative
-        if len(t.feed) != 1 or t.grammar is not None or t.chain is None or s.n_images:
-            return 0  # the draft cannot see images
+        if (len(t.feed) != 1 or t.grammar is not None or t.chain is None or s.n_images
+                or t.logprobs is not None):
+            # the draft cannot see images; a verified draft has no logprobs of its own
+            return 0
         return min(cfg.k,
                    t.max_tokens - len(t.generated) - 1,  # the reply's last token needs no draft
                    self.config.n_ctx - len(s.tokens) - 3)  # as a plain step, the context allows

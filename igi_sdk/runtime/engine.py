@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -30,6 +30,7 @@ from igi_sdk import threads
 from igi_sdk.errors import (
     EngineClosedError,
     EngineUnavailableError,
+    InvalidSamplingError,
     InvalidStateError,
     PromptTooLongError,
     UnknownSessionError,
@@ -53,7 +54,12 @@ from igi_sdk.runtime.memory import MODES as MEMORY_MODES
 from igi_sdk.runtime.oneshot import Tokenized
 from igi_sdk.runtime.oneshot_calls import Embeddings
 from igi_sdk.runtime.overrides import LoadReport
-from igi_sdk.runtime.sampling import SamplingParams, prepare_grammar
+from igi_sdk.runtime.sampling import (
+    SamplingOverride,
+    SamplingParams,
+    line_sampling,
+    prepare_grammar,
+)
 from igi_sdk.runtime.session import Session
 from igi_sdk.runtime.text import Vocab
 from igi_sdk.runtime.tools import ToolPlan, ToolSpec
@@ -347,12 +353,19 @@ class Engine:
         tool_results: Sequence[tuple[str, str]] = (),
         history: Sequence[tuple[str, str]] | None = None,
         raw: str | None = None,
+        sampling: SamplingOverride | Mapping[str, object] | None = None,
+        logprobs: int | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once. ``raw``: the text is
         a prompt read as it is, without the chat template (:meth:`complete_async`)."""
+        out: Future[Generation] = Future()
         if max_tokens < 1:
-            out: Future[Generation] = Future()
             out.set_exception(PromptTooLongError("max_tokens must be at least 1"))
+            return out
+        try:
+            line = line_sampling(sampling, logprobs)
+        except InvalidSamplingError as e:
+            out.set_exception(e)
             return out
         stops = tuple(s for s in stop if s)
         turns = None if history is None else _turns(history)
@@ -370,7 +383,8 @@ class Engine:
             fut = self._submit(C.StartReply(session_id, user_text, max_tokens, stops, g,
                                             ignore_eos, tuple(images), reply,
                                             streamed=listener is not None, tools=plan,
-                                            tool_results=results, history=turns, raw=raw))
+                                            tool_results=results, history=turns, raw=raw,
+                                            sampling=line, logprobs=logprobs))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
@@ -392,7 +406,10 @@ class Engine:
     def chat(self, session_id: str, user_text: str, **options: Any) -> Generation:
         """Add the player's line and start the NPC's reply; returns at once with a handle.
 
-        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``images`` (a list of
+        Options: ``max_tokens``, ``stop``, ``grammar``, ``json_schema``, ``sampling`` (this
+        line's own settings: a map of SamplingParams fields, or a SamplingOverride),
+        ``logprobs`` (0..20: each text event carries its tokens' logprobs with that many
+        alternatives), ``images`` (a list of
         :class:`ImageInput`; needs ``EngineConfig.mmproj``; where they go in the line:
         runtime/image_turn.py), ``ignore_eos`` (keep
         generating past end-of-turn tokens: benchmarks want exact lengths), ``listener(event)``

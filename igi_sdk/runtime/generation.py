@@ -8,7 +8,15 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from igi_sdk.errors import IgiError
-from igi_sdk.events import Outbox, ReplyDone, ReplyFailed, ReplyText, ReplyToolCall, ToolCall
+from igi_sdk.events import (
+    Outbox,
+    ReplyDone,
+    ReplyFailed,
+    ReplyText,
+    ReplyToolCall,
+    TokenLogprob,
+    ToolCall,
+)
 
 
 @dataclass(frozen=True)
@@ -94,11 +102,11 @@ class Generation:
 
     # --- engine side ------------------------------------------------------------------------
 
-    def _emit(self, text: str) -> None:
+    def _emit(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         if text:
             self._events.put(text)
             if self.outbox is not None:
-                self.outbox.post(ReplyText(self.reply, text))
+                self.outbox.post(ReplyText(self.reply, text, logprobs))
 
     def _emit_call(self, call: ToolCall) -> None:
         """A complete call: to listeners only (iterating a handle yields text)."""

@@ -11,6 +11,7 @@ from typing import Any
 import llama_cpp
 
 from igi_sdk.errors import ContextFullError, PromptTooLongError
+from igi_sdk.events import TokenLogprob
 from igi_sdk.runtime import image_turn, memory_turn
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import Admit, ContextShare
@@ -87,6 +88,8 @@ def take(t: Turn, tok: int, vocab: Vocab) -> tuple[str, int | None] | None:
         t.generated.append(tok)
         return "stop", None
     t.generated.append(tok)
+    if t.logprobs is not None and t.chain is not None and t.chain.last is not None:
+        t.lp.append(token_logprob(t.chain.last, tok, vocab))
     t.raw += t.decoder.decode(vocab.piece(tok))
     if t.calls is not None:  # a call's text is never shown, nor cut by a stop string
         for call in t.calls.read(t.raw):
@@ -114,8 +117,23 @@ def emit_upto(t: Turn, end: int) -> None:
     if t.memo is not None:  # a summary (runtime/memory_turn.py): not the player's to see
         return
     if end > t.emitted:
-        t.handle._emit(t.raw[t.emitted : end])
+        lp: tuple[TokenLogprob, ...] = ()
+        if t.lp:  # the tokens whose text this piece completes
+            lp, t.lp = tuple(t.lp), []
+        t.handle._emit(t.raw[t.emitted : end], lp)
         t.emitted = end
+
+
+def token_logprob(last: tuple[float, list[tuple[int, float]]], tok: int,
+                  vocab: Vocab) -> TokenLogprob:
+    """A sampled token's logprobs (SamplerChain.last) with the tokens' texts."""
+    logprob, top = last
+    return TokenLogprob(_text(vocab, tok), logprob,
+                        tuple((_text(vocab, i), lp) for i, lp in top))
+
+
+def _text(vocab: Vocab, tok: int) -> str:
+    return vocab.piece(tok).decode("utf-8", "replace")
 
 
 def rollback(t: Turn, mem: Any) -> None:

@@ -14,6 +14,7 @@ import json
 import math
 import re
 from collections import deque
+from collections.abc import Mapping
 from typing import Any
 
 import llama_cpp
@@ -66,6 +67,21 @@ MAX_SCHEMA_WORK_CHARS = 1 << 19
 MAX_PATTERN_REPEAT_PRODUCT = MAX_SCHEMA_REPEAT**2
 
 
+def bias_pairs(v: object) -> object:
+    """A logit_bias map ({token id or its decimal text: bias}) as sorted (id, bias) pairs."""
+    if isinstance(v, dict):
+        v = list(v.items())
+    if isinstance(v, (list, tuple)):
+        try:  # "15" and 15 are one token: the last given counts
+            pairs = sorted({int(k): float(b) for k, b in v}.items())
+        except (TypeError, ValueError):
+            raise ValueError("logit_bias maps token ids to numbers") from None
+        if any(k < 0 or not -100.0 <= b <= 100.0 for k, b in pairs):
+            raise ValueError("logit_bias maps token ids (>= 0) to biases from -100 to 100")
+        return tuple(pairs)
+    return v
+
+
 class SamplingParams(BaseModel):
     """How a session picks tokens. ``temperature == 0`` is greedy (deterministic)."""
 
@@ -78,13 +94,38 @@ class SamplingParams(BaseModel):
     repeat_penalty: float = Field(1.1, ge=0.5, le=3.0)
     repeat_last_n: int = Field(64, ge=0, le=4096)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    # OpenAI's penalties, over the repeat penalty's window (as llama.cpp's penalties sampler)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
+    # (token id, bias added to its logit), sorted by id; given as a map too (wire keys: text)
+    logit_bias: tuple[tuple[int, float], ...] = Field((), max_length=300)
 
-    @field_validator("temperature", "top_p", "min_p", "repeat_penalty")
+    @field_validator("temperature", "top_p", "min_p", "repeat_penalty", "frequency_penalty",
+                     "presence_penalty")
     @classmethod
     def _finite(cls, v: float) -> float:
         if not math.isfinite(v):
             raise ValueError("must be a finite number")
         return v
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias(cls, v: object) -> object:
+        return bias_pairs(v)
+
+    def merged(self, line: dict[str, object]) -> SamplingParams:
+        """These settings with ``line``'s (a line's own sampling: its fields that are set)."""
+        given = {k: v for k, v in line.items() if v is not None}
+        if not given:
+            return self
+        return SamplingParams.create(**{**self.model_dump(), **given})
+
+    def check_vocab(self, n_vocab: int) -> None:
+        """InvalidSamplingError for a logit_bias token the vocabulary does not have."""
+        bad = [k for k, _ in self.logit_bias if k >= n_vocab]
+        if bad:
+            raise InvalidSamplingError(f"logit_bias names token {bad[0]}; this model's "
+                                       f"vocabulary has {n_vocab} tokens (0 to {n_vocab - 1})")
 
     @classmethod
     def create(cls, **values: object) -> SamplingParams:
@@ -98,6 +139,53 @@ class SamplingParams(BaseModel):
     @property
     def greedy(self) -> bool:
         return self.temperature == 0.0
+
+
+class SamplingOverride(BaseModel):
+    """A line's own sampling (``chat.sampling``): the fields it sets replace the session's
+    for that reply only."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repeat_penalty: float | None = None
+    seed: int | None = None
+    frequency_penalty: float | None = None
+    presence_penalty: float | None = None
+    logit_bias: tuple[tuple[int, float], ...] | None = None
+
+    @field_validator("logit_bias", mode="before")
+    @classmethod
+    def _bias_pairs(cls, v: object) -> object:
+        return None if v is None else bias_pairs(v)
+
+    def apply(self, params: SamplingParams) -> SamplingParams:
+        """``params`` with this line's settings (InvalidSamplingError if they break a bound)."""
+        return params.merged(self.model_dump(exclude_none=True))
+
+
+MAX_LOGPROBS = 20
+# where the likeliest tokens are looked for first: within exp(-3) and exp(-9.2) of the best
+_LP_NEAR = (np.float32(0.05), np.float32(1e-4))
+
+
+def line_sampling(sampling: SamplingOverride | Mapping[str, object] | None,
+                  logprobs: int | None) -> SamplingOverride | None:
+    """A line's sampling checked (InvalidSamplingError), as the engine thread takes it."""
+    if logprobs is not None and not 0 <= logprobs <= MAX_LOGPROBS:
+        raise InvalidSamplingError(f"logprobs is from 0 to {MAX_LOGPROBS}")
+    if sampling is None or isinstance(sampling, SamplingOverride):
+        return sampling
+    try:
+        line = SamplingOverride(**sampling)  # type: ignore[arg-type]
+        line.apply(SamplingParams())  # its bounds, checked here rather than on the engine
+    except ValidationError as e:
+        parts = [f"{'.'.join(map(str, err['loc']))}: {err['msg']}" for err in e.errors()]
+        raise InvalidSamplingError("invalid sampling settings: " + "; ".join(parts)) from None
+    return line
 
 
 # llama_token_data as numpy sees it (id, logit, p)
@@ -163,9 +251,24 @@ class SamplerChain:
         grammar: str | None,
         history: list[int],
         reply_tokens: list[int],
+        logprobs: int | None = None,
     ) -> None:
         self.params = params
         self.n_vocab = llama_cpp.llama_vocab_n_tokens(vocab)
+        params.check_vocab(self.n_vocab)
+        # logprobs: how many alternatives each sampled token reports (None: no logprobs);
+        # ``last``: the sampled token's (logprob, [(id, logprob)] of the likeliest), set by
+        # every sample (engine thread)
+        self.logprobs = logprobs
+        self.last: tuple[float, list[tuple[int, float]]] | None = None
+        self._lp_row: np.ndarray | None = None
+        self._lp_lse = 0.0
+        self._lp_top: list[tuple[int, float]] = []
+        # logit_bias as arrays (added before the penalties, as llama.cpp's chain orders them)
+        self._bias_ids = np.array([k for k, _ in params.logit_bias], dtype=np.intp)
+        self._bias = np.array([b for _, b in params.logit_bias], dtype=np.float32)
+        self._freq = np.float32(params.frequency_penalty)
+        self._presence = np.float32(params.presence_penalty)
         sparams = llama_cpp.llama_sampler_chain_default_params()
         self.chain = llama_cpp.llama_sampler_chain_init(sparams)
         self._n = 0  # samplers in the chain
@@ -178,8 +281,11 @@ class SamplerChain:
         self._masked: np.ndarray | None = None
         self._cells: np.ndarray | None = None
         self._penalty = np.float32(params.repeat_penalty)
-        penalized = params.repeat_penalty != 1.0 and params.repeat_last_n > 0
-        if penalized and self.n_vocab >= NUMPY_PENALTY_MIN_VOCAB:
+        openai = params.frequency_penalty != 0.0 or params.presence_penalty != 0.0
+        penalized = (params.repeat_penalty != 1.0 or openai) and params.repeat_last_n > 0
+        # (OpenAI's penalties, and any with a logit bias: numpy, which applies both in order)
+        if penalized and (self.n_vocab >= NUMPY_PENALTY_MIN_VOCAB or openai
+                          or len(self._bias_ids)):
             # (ids past the vocabulary match no candidate in llama.cpp either)
             self._window = deque((t for t in history[-params.repeat_last_n:]
                                   if 0 <= t < self.n_vocab), maxlen=params.repeat_last_n)
@@ -237,7 +343,11 @@ class SamplerChain:
             row = logits_row(ctx, batch_index, self.n_vocab)
             undo = self._penalize(row)
             try:
+                if self.logprobs is not None:
+                    self._lp_prepare(row)
                 tok = llama_cpp.llama_sampler_sample(self.chain, ctx, batch_index)
+                if self.logprobs is not None:
+                    self._lp_finish(row, tok)
             finally:
                 if undo is not None:
                     row[undo[0]] = undo[1]
@@ -245,13 +355,52 @@ class SamplerChain:
                 self._window.append(tok)
             return tok
         # what llama_sampler_sample does, on logits the grammar has masked
-        _cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)  # arr is in it
+        cells, arr = self._candidates(ctx, batch_index, self.grammar.n_vocab)  # arr is in it
+        masked = None
+        if self.logprobs is not None:  # the samplers rewrite the cells: a copy of the logits
+            masked = cells["logit"].copy()
+            self._lp_prepare(masked)
         llama_cpp.llama_sampler_apply(self.chain, ctypes.byref(arr))
         if not 0 <= arr.selected < arr.size:
             raise InferenceError("the sampler chain selected no token")
         tok = int(arr.data[arr.selected].id)
+        if masked is not None:
+            self._lp_finish(masked, tok)
         self.accept(tok)
         return tok
+
+    def _lp_prepare(self, logits: np.ndarray) -> None:
+        """The log-softmax normaliser of ``logits`` (the row the token is drawn from, after
+        the penalties, the biases and a grammar's mask; before truncation and temperature,
+        as OpenAI reports them) and its ``logprobs`` likeliest tokens. One exp pass over the
+        row into a buffer of this chain's; the likeliest are looked for among the tokens
+        nearest the best (a whole-row partition only where fewer than ``logprobs`` are within 9
+        nats of it)."""
+        top = min(self.logprobs or 0, len(logits))
+        buf = self._lp_row
+        if buf is None or len(buf) != len(logits):
+            buf = self._lp_row = np.empty(len(logits), dtype=np.float32)
+        best = float(logits.max())
+        np.subtract(logits, np.float32(best), out=buf)
+        np.exp(buf, out=buf)
+        # (numpy's pairwise float32 sum: exact enough, and a float64 one converts the row)
+        self._lp_lse = lse = best + math.log(float(buf.sum()))
+        if not top:
+            self._lp_top = []
+            return
+        for near in _LP_NEAR:  # within 3 nats of the best, then 9: few tokens to sort
+            ids = np.flatnonzero(buf >= near)
+            if len(ids) >= top:
+                break
+        else:
+            ids = np.argpartition(buf, -top)[-top:]
+        if len(ids) > top:
+            ids = ids[np.argpartition(logits[ids], -top)[-top:]]
+        order = ids[np.argsort(-logits[ids], kind="stable")]
+        self._lp_top = [(int(i), float(logits[i]) - lse) for i in order]
+
+    def _lp_finish(self, logits: np.ndarray, tok: int) -> None:
+        self.last = (float(logits[tok]) - self._lp_lse, self._lp_top)
 
     def _argmax(self, ctx: llama_cpp.llama_context_p, batch_index: int) -> int:
         """The greedy pick (-1: leave it to llama.cpp): the first largest logit after the
@@ -268,6 +417,9 @@ class SamplerChain:
                 np.copyto(pick, row, where=self.grammar.allowed())
             tok = int(pick.argmax())
             best = pick.item(tok)
+            if self.logprobs is not None:
+                self._lp_prepare(pick)
+                self._lp_finish(pick, tok)
         finally:
             if undo is not None:
                 row[undo[0]] = undo[1]
@@ -277,12 +429,24 @@ class SamplerChain:
         """The repeat penalty applied to ``row`` in place, as llama.cpp's penalties sampler
         does to its candidates (logit * p where <= 0, logit / p above); returns what to put
         back (ids, their logits), None if nothing changed."""
-        if not self._window:
+        if not self._window and not len(self._bias_ids):
             return None
-        ids = np.fromiter(set(self._window), dtype=np.intp)
-        kept = row[ids]
-        p = self._penalty
-        row[ids] = np.where(kept <= 0, kept * p, kept / p)
+        counts: dict[int, int] = {}
+        for t in self._window or ():
+            counts[t] = counts.get(t, 0) + 1
+        seen = np.fromiter(counts, dtype=np.intp, count=len(counts))
+        ids = np.union1d(seen, self._bias_ids) if len(self._bias_ids) else seen
+        kept = row[ids]  # (a copy: fancy indexing)
+        if len(self._bias_ids):
+            row[self._bias_ids] += self._bias
+        if len(seen):
+            p = self._penalty
+            now = row[seen]
+            now = np.where(now <= 0, now * p, now / p)
+            if self._freq or self._presence:
+                n = np.fromiter(counts.values(), dtype=np.float32, count=len(counts))
+                now = now - (n * self._freq + self._presence)
+            row[seen] = now
         return ids, kept
 
     def _candidates(self, ctx: llama_cpp.llama_context_p, batch_index: int,

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from igi_sdk.errors import SessionBusyError, TooManySessionsError, UnknownSessionError
+from igi_sdk.events import TokenLogprob
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.memory import Memory, head_of
 from igi_sdk.runtime.sampling import SamplerChain, SamplingParams
@@ -148,6 +149,10 @@ class Turn:
     t_first: float | None = None
     images: list[Any] = field(default_factory=list)  # image_turn.PendingImage, in order
     media: Any = None  # image_turn.MediaMark at the start (rollback)
+    # this reply's sampling (the session's, or merged with its line's own: chat.sampling)
+    params: SamplingParams | None = None
+    logprobs: int | None = None  # alternatives per token's logprobs (None: not asked)
+    lp: list[TokenLogprob] = field(default_factory=list)  # sampled, text not yet emitted
     start_messages: list[dict[str, str]] | None = None  # the conversation before the line
     prefill: bool = False  # the reply continues the last assistant message
     # a line with tools (runtime/tools.py): its plan, and the reader of the reply's calls

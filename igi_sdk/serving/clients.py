@@ -37,10 +37,18 @@ class Client:
 
 def slot_cap(c: Client, slots: int, configured: int | None) -> int:
     """How many sessions ``c`` may hold: so a stranger cannot take every slot from the game, a
-    client that is not the game gets half of them (``configured``: one cap for all)."""
+    client that is not the game gets half of them (``configured``: one cap for all). The HTTP
+    face (``local``) may hold every slot: its sessions are many clients' conversations, and
+    the game takes a slot from them whenever it needs one, busy or not
+    (SessionService._session_room)."""
     if configured is not None:
         return configured
-    return slots if c.game else max(1, -(-slots // 2))
+    return slots if c.game or c.local else max(1, -(-slots // 2))
+
+
+def stream_cap(c: Client, slots: int, configured: int) -> int:
+    """How many replies ``c`` may stream at once: the face, one per session slot."""
+    return max(configured, slots) if c.local else configured
 
 
 def make_room(clients: dict[bytes, Client], max_clients: int, holds_sessions: set[bytes]) -> None:

@@ -126,6 +126,11 @@ class Sessions:
                 if info.owner in owners and not info.replying]
         return min(idle)[1] if idle else None
 
+    def least_recent(self, owners: set[bytes]) -> str | None:
+        """The session of one of ``owners`` used longest ago, replying or not."""
+        held = [(info.used, sid) for sid, info in self.by_id.items() if info.owner in owners]
+        return min(held)[1] if held else None
+
     def expired(self, ttl_s: float) -> list[str]:
         now = time.monotonic()
         return [sid for sid in self.orphans() if now - self.by_id[sid].since > ttl_s]

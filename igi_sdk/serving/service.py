@@ -35,7 +35,7 @@ from igi_sdk.errors import IgiError, coded_error, save_io_error
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving import oneshot
 from igi_sdk.serving.backend import Backend, ChatResult
-from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap
+from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
 from igi_sdk.serving.ownership import (
     LEGACY_SCOPE,
@@ -381,7 +381,8 @@ class SessionService:
             limits=C.Limits(
                 max_message_bytes=P.MAX_MESSAGE_BYTES, max_text_chars=P.MAX_TEXT_CHARS,
                 max_tokens=P.MAX_TOKENS, max_sessions_per_client=self._client_cap(c),
-                max_streams_per_client=self.cfg.max_streams_per_client))
+                max_streams_per_client=stream_cap(c, self._slots(),
+                                                  self.cfg.max_streams_per_client)))
 
     def _on_ping(self, c: Client, msg_id: int, body: P.Empty) -> C.PingOk:
         return C.PingOk(t=time.time())
@@ -474,6 +475,10 @@ class SessionService:
             # client that is not the game (a mod) makes way; its owner opens it anew
             strangers = {ident for ident, other in self.clients.items() if not other.game}
             victim = self.sessions.least_recent_idle(strangers)
+            if victim is None:  # the face may hold every slot: its least recent one goes,
+                # replying or not (its HTTP client is answered 503 and sends again)
+                faces = {ident for ident in strangers if self.clients[ident].local}
+                victim = self.sessions.least_recent(faces)
             if victim is not None:
                 log.info("closing session %s of another client: the game needs its slot",
                          victim)
@@ -541,7 +546,7 @@ class SessionService:
                 "duplicate_id", f"request id {msg_id} is already streaming; this chat was "
                 "ignored and that stream goes on"))
             return None
-        if len(c.streams) >= self.cfg.max_streams_per_client:
+        if len(c.streams) >= stream_cap(c, self._slots(), self.cfg.max_streams_per_client):
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
         images = sum(len(i.data or i.pixels or b"") for i in body.images)
@@ -568,9 +573,12 @@ class SessionService:
             if isinstance(event, ReplyText):
                 said += 1
                 # a validated model per token costs under 3 us over a plain dict (1.3 -> 3.9 us
-                # per encoded token), nothing beside a decode step; both fields are always
-                # set, so model_dump() is its wire body without wire()'s bookkeeping
-                token = P.encode(msg_id, "token", C.Token(text=event.text, i=said).model_dump())
+                # per encoded token), nothing beside a decode step; its fields are set but
+                # logprobs (asked for by the line), so model_dump() without nulls is its wire
+                # body, without wire()'s bookkeeping
+                token = P.encode(msg_id, "token", C.Token(
+                    text=event.text, i=said, logprobs=_logprobs(event)).model_dump(
+                        exclude_none=True))
                 self.later(lambda: self._send_logged(identity, events, token))
                 return
             if isinstance(event, ReplyToolCall):  # 1.3: counted with the token events
@@ -849,6 +857,7 @@ class SessionService:
         return None  # answered when granted, or with cannot_free / deadline_missed
 
     def _on_stats(self, c: Client, msg_id: int, body: P.Empty) -> C.StatsOk:
+        model = self.backend.status()
         # the model side's figures (pacing_delay_s; sessions, plan, memory, reshards, engine
         # while a model is loaded; arbiter while it runs) are validated into their fields
         return C.StatsOk.model_validate({
@@ -857,9 +866,22 @@ class SessionService:
             "errors": self.errors, "last_frame": self.last_frame,
             "reservations": self.reservations[-4:],
             "control_latency_ms": self.latency.summary(),
-            "orphaned_sessions": len(self.sessions.orphans()),
+            "orphaned_sessions": len(self.sessions.orphans()), "limits": self._limits(model),
             "watching_pid": self._pid_watch, "launch_token": self.cfg.launch_token is not None,
-            **self.transport.figures(), **self.backend.status()})
+            **self.transport.figures(), **model})
+
+    def _limits(self, model: dict[str, Any]) -> dict[str, int]:
+        """What one request may ask (``stats.limits``), ``model``: the backend's status."""
+        out = {"max_tokens": P.MAX_TOKENS, "max_text_chars": P.MAX_TEXT_CHARS,
+               "max_message_bytes": P.MAX_MESSAGE_BYTES, "session_slots": self._slots()}
+        engine = model.get("engine")
+        context = engine.get("context") if isinstance(engine, dict) else None
+        n_ctx = context.get("n_ctx") if isinstance(context, dict) else None
+        if isinstance(context, dict) and isinstance(n_ctx, int):
+            out["n_ctx"] = n_ctx
+            most = context.get("max_per_session")
+            out["n_ctx_per_session"] = most if isinstance(most, int) else n_ctx
+        return out
 
     def _on_shutdown(self, c: Client, msg_id: int, body: P.Empty) -> C.EmptyOk:
         self._game_only(c, "shut it down")
@@ -950,3 +972,12 @@ def _save_key(folder: Path, name: str) -> str:
     """A save's key among the saves in flight: its folder and its name without case (one file
     on Windows and macOS)."""
     return f"{folder}{os.sep}{name.lower()}"
+
+
+def _logprobs(event: ReplyText) -> list[C.TokenLogprob] | None:
+    """A text event's logprobs in their wire shape (None: the line asked for none)."""
+    if not event.logprobs:
+        return None
+    return [C.TokenLogprob(token=t.token, logprob=t.logprob,
+                           top=[C.TopLogprob(token=a, logprob=b) for a, b in t.top])
+            for t in event.logprobs]

@@ -446,11 +446,14 @@ class ModelHost:
             return _failed(e)
 
         def start(ready: Sequence[ImageInput]) -> Future[Generation]:
+            line = (None if request.sampling is None
+                    else request.sampling.model_dump(exclude_none=True))
             return eng.chat_async(request.session, request.text, max_tokens=request.max_tokens,
                                   stop=request.stop, grammar=request.grammar,
                                   json_schema=request.json_schema, listener=listener,
                                   images=ready, tools=tool_wire.spec(request),
                                   tool_results=[(r.id, r.content) for r in request.tool_results],
+                                  sampling=line, logprobs=request.logprobs,
                                   history=None if request.history is None
                                   else tool_wire.history_turns(request.history))
 

@@ -534,12 +534,22 @@ def session_key(session: str) -> str:
 def request_body(request: P.Chat, sampling: P.Sampling, messages: list[dict[str, object]],
                  key: str, schema_format: SchemaFormat = "json_schema") -> dict[str, object]:
     """The chat completion request for one line (OpenAI fields, plus ``top_k``/``min_p`` and
-    a GBNF ``grammar``, which vLLM, SGLang and llama-server read and others ignore)."""
+    a GBNF ``grammar``, which vLLM, SGLang and llama-server read and others ignore). The
+    line's own sampling (``chat.sampling``) overrides the session's."""
+    if request.sampling is not None:
+        sampling = sampling.model_copy(update=request.sampling.model_dump(exclude_none=True))
     body: dict[str, object] = {
         "messages": messages, "stream": True, "stream_options": {"include_usage": True},
         "max_tokens": request.max_tokens, "temperature": sampling.temperature,
         "top_p": sampling.top_p, "top_k": sampling.top_k, "min_p": sampling.min_p,
         "seed": sampling.seed, "prompt_cache_key": key}
+    # OpenAI's names (llama-server's for the repeat penalty), sent only when set
+    for name, neutral in (("frequency_penalty", 0.0), ("presence_penalty", 0.0),
+                          ("repeat_penalty", 1.1)):
+        if getattr(sampling, name) != neutral:
+            body[name] = getattr(sampling, name)
+    if sampling.logit_bias:
+        body["logit_bias"] = {str(k): v for k, v in sampling.logit_bias.items()}
     if request.stop:
         body["stop"] = list(request.stop)
     if isinstance(request.json_schema, dict):

@@ -179,6 +179,12 @@ class StatsOk(Answer):
     control_latency_ms: dict[str, LatencyFigures] | None = Field(
         None, description="per request type answered by the socket thread: how long it took")
     orphaned_sessions: int | None = Field(None, description="sessions waiting to be adopted")
+    limits: dict[str, int] | None = Field(None, description="1.3: what one request may ask: "
+                                          "max_tokens (a reply), max_text_chars, "
+                                          "max_message_bytes, session_slots (sessions, and "
+                                          "replies at once, in all), n_ctx and "
+                                          "n_ctx_per_session (the most one conversation "
+                                          "holds) while a model is loaded")
     watching_pid: int | None = Field(None, description="the game process whose end ends the "
                                      "sidecar; null if none")
     launch_token: bool | None = Field(None, description="the sidecar was started with a "
@@ -255,9 +261,23 @@ OK_REPLIES: dict[str, type[Reply] | None] = {
 }
 
 
+class TopLogprob(Reply):
+    token: str
+    logprob: float
+
+
+class TokenLogprob(Reply):
+    token: str = Field(description="the sampled token's text")
+    logprob: float = Field(description="its natural-log probability")
+    top: list[TopLogprob] = Field(default_factory=list, description="the likeliest tokens "
+                                  "(chat.logprobs of them), most likely first")
+
+
 class Token(Reply):
     text: str = Field(description="the next piece of visible text (never empty)")
     i: int = Field(ge=1, description="1, 2, 3, ... within this stream")
+    logprobs: list[TokenLogprob] | None = Field(None, description="1.3, with chat.logprobs: "
+                                                "the tokens whose text this piece completes")
 
 
 class Usage(Reply):

@@ -32,7 +32,7 @@ PROTOCOL_MINOR = 3  # additions a client of an older minor can ignore
 FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority",
             "resume_stream", "json_schema_string", "session_names", "draft_model",
             "images", "owners", "launch_token", "instance", "tools", "history_roles",
-            "rewrite_history", "tokenize", "embed", "complete",
+            "line_sampling", "logprobs", "rewrite_history", "tokenize", "embed", "complete",
             "memory")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
@@ -42,7 +42,10 @@ MAX_IMAGE_BYTES = 16 << 20
 MAX_IMAGES = 4
 MAX_MESSAGE_BYTES = MAX_IMAGE_BYTES + (1 << 20)
 MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
-MAX_TEXT_CHARS = 32_000
+# a text field (a line, a history turn, a system prompt): what one msgpack str holds of
+# 4-byte characters; what a conversation may hold is bounded by the message's bytes and the
+# session's share of the context, checked before any template reads it
+MAX_TEXT_CHARS = MAX_STR_BYTES // 4
 MAX_HISTORY_TURNS = 256  # open_session.history: earlier turns a client may hand over
 MAX_PINNED = 16  # open_session.pinned: facts kept in every prompt
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
@@ -116,6 +119,16 @@ class LoadModel(Strict):
     mmproj: Annotated[str, Field(min_length=1, max_length=1024)] | None = None
 
 
+MAX_LOGIT_BIAS = 300  # entries of a logit_bias map (a msgpack map holds at most 256)
+MAX_LOGPROBS = 20  # alternatives per token event (chat.logprobs)
+# a token id of logit_bias: an int, or the same as decimal text (JSON object keys are text)
+BiasKey = Annotated[str, Field(pattern=r"^[0-9]{1,10}$")] | Annotated[int, Field(ge=0,
+                                                                                le=2**31 - 1)]
+LogitBias = Annotated[dict[BiasKey, Annotated[float, Field(ge=-100.0, le=100.0,
+                                                           allow_inf_nan=False)]],
+                      Field(max_length=MAX_LOGIT_BIAS)]
+
+
 class Sampling(Strict):
     temperature: float = Field(0.7, ge=0.0, le=5.0, allow_inf_nan=False)
     top_p: float = Field(0.95, gt=0.0, le=1.0, allow_inf_nan=False)
@@ -123,6 +136,27 @@ class Sampling(Strict):
     min_p: float = Field(0.05, ge=0.0, le=1.0, allow_inf_nan=False)
     repeat_penalty: float = Field(1.1, ge=0.5, le=3.0, allow_inf_nan=False)
     seed: int = Field(0, ge=0, le=2**32 - 1)
+    # 1.3 ("line_sampling"): OpenAI's penalties (subtracted from a token's logit: frequency
+    # times its count in the penalty window, presence once if it is there) and logit biases
+    # (added to the token's logit; a token id past the vocabulary is invalid_argument)
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: LogitBias = Field(default_factory=dict)
+
+
+class LineSampling(Strict):
+    """1.3 (``"line_sampling"``): ``chat.sampling``, the session's sampling overridden for
+    one line; a field left out (or nil) keeps the session's value."""
+
+    temperature: float | None = Field(None, ge=0.0, le=5.0, allow_inf_nan=False)
+    top_p: float | None = Field(None, gt=0.0, le=1.0, allow_inf_nan=False)
+    top_k: int | None = Field(None, ge=0, le=100_000)
+    min_p: float | None = Field(None, ge=0.0, le=1.0, allow_inf_nan=False)
+    repeat_penalty: float | None = Field(None, ge=0.5, le=3.0, allow_inf_nan=False)
+    seed: int | None = Field(None, ge=0, le=2**32 - 1)
+    frequency_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    presence_penalty: float | None = Field(None, ge=-2.0, le=2.0, allow_inf_nan=False)
+    logit_bias: LogitBias | None = None
 
 
 Priority = Annotated[int, Field(ge=-100, le=100)]
@@ -252,6 +286,10 @@ class Chat(Strict):
     # images the NPC sees with this line (a model loaded with its mmproj); where they go:
     # PROTOCOL.md, ``chat``
     images: list[ChatImage] = Field(default_factory=list, max_length=MAX_IMAGES)
+    # 1.3: this line's sampling ("line_sampling"), and the log-probabilities of each token
+    # sampled with its ``logprobs`` most likely alternatives ("logprobs")
+    sampling: LineSampling | None = None
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
     # 1.3 ("tools"): what the reply may call (PROTOCOL.md, "Tools")
     tools: list[ToolDef] = Field(default_factory=list, max_length=MAX_TOOLS)
     tool_choice: Annotated[str, Field(min_length=1, max_length=64)] = "auto"
