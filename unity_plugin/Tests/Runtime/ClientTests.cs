@@ -50,7 +50,7 @@ namespace Igi.Sdk.Tests
                 IgiFeatures.AdoptSession, IgiFeatures.SetPriority, IgiFeatures.ResumeStream, IgiFeatures.JsonSchemaString,
                 IgiFeatures.Images, IgiFeatures.Owners, IgiFeatures.LaunchToken, IgiFeatures.Tools })
                 Assert.IsTrue(client.Server.HasFeature(feature), "feature " + feature);
-            Assert.AreEqual(32000, client.Server.MaxTextChars);
+            Assert.AreEqual(262144, client.Server.MaxTextChars, "hello.limits (1.3; 32 000 before)");
             var ping = Pumping.Ok(client, client.Ping());
             Assert.Greater(ping.GetDouble("t"), 1.0e9);
             Assert.IsTrue(client.RoutingId.StartsWith("igi-", StringComparison.Ordinal));
@@ -218,10 +218,11 @@ namespace Igi.Sdk.Tests
             var client = Connect();
             string session = Open(client);
             string emoji = "\U0001F600";
-            string atLimit = string.Concat(Enumerable.Repeat(emoji, 32000)); // 64000 UTF-16 units
+            int limit = (int)client.Server.MaxTextChars; // hello.limits: 262 144 code points
+            string atLimit = string.Concat(Enumerable.Repeat(emoji, limit)); // twice as many UTF-16 units
             var local = client.Chat(session, atLimit + emoji);
             var error = Pumping.Fails(client, local, "invalid_body");
-            StringAssert.Contains("32001", error.Message, "refused here, counted in code points");
+            StringAssert.Contains((limit + 1).ToString(), error.Message, "refused here, counted in code points");
             // at the limit the client sends it, and the sidecar agrees on the count (what it
             // answers is about the context, not the body)
             var sent = client.Chat(session, atLimit, new ChatOptions { MaxTokens = 1 });
