@@ -43,6 +43,8 @@ class ReplyResult(Protocol):
     total_s: float
     cached_tokens: int
     tool_calls: tuple[ToolCall, ...]  # 1.3: the calls it made (empty: none)
+    dropped_turns: int  # 1.3: turns its memory folded out of the context for it
+    summarised_turns: int  # ... of them in the summary it wrote
 
 
 @dataclass(frozen=True)

@@ -18,6 +18,7 @@ from igi_sdk.runtime import commands as C
 from igi_sdk.runtime import oneshot, oneshot_calls
 from igi_sdk.runtime.engine import Engine, EngineConfig
 from igi_sdk.runtime.sampling import SamplingParams
+from igi_sdk.wire import protocol as P
 
 
 @pytest.fixture(scope="module")
@@ -137,7 +138,7 @@ def test_openai_inputs_and_their_bounds() -> None:
     assert S.EmbeddingsRequest.model_validate({"input": [1, 2]}).inputs() == [[1, 2]]
     assert S.EmbeddingsRequest.model_validate({"input": [[1], [2]]}).inputs() == [[1], [2]]
     for bad in ({"input": []}, {"input": ["a"] * 65}, {"input": [-1]},
-                {"input": "x" * 32_001}):
+                {"input": "x" * (P.MAX_TEXT_CHARS + 1)}):
         with pytest.raises(ValueError):
             S.EmbeddingsRequest.model_validate(bad)
     with pytest.raises(HttpError):

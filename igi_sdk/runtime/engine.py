@@ -444,8 +444,14 @@ class Engine:
         the reply ends. Its text is data unless ``parse_special`` (special-token text is then
         the token, as llama-server reads a prompt: for a client that writes its own template
         markup). ``options`` as :meth:`chat_async`'s."""
-        return oneshot_calls.complete(self, image_turn.clean(prompt), sampling, priority,
-                                      listener, "markup" if parse_special else "data", options)
+        text, raw = image_turn.clean(prompt), "markup" if parse_special else "data"
+
+        def start(sid: str, relay: ReplyListener) -> Future[Generation]:
+            return self.chat_async(sid, text, raw=raw, listener=relay, **options)
+
+        return oneshot_calls.complete(
+            lambda: self.open_session_async(None, sampling=sampling, priority=priority),
+            start, self.close_session_async, listener)
 
     def snapshot_async(self, session_id: str) -> Future[bytes]:
         # captured on the engine thread; packed (one copy + the checksum) on the I/O thread

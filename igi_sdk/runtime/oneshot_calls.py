@@ -8,16 +8,11 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
 
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyListener
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.oneshot import EmbedChunk
-from igi_sdk.runtime.sampling import SamplingParams
-
-if TYPE_CHECKING:
-    from igi_sdk.runtime.engine import Engine
 
 
 @dataclass(frozen=True)
@@ -59,11 +54,13 @@ def embed(submit: Callable[[C.Command], Future], inputs: Sequence[str | Sequence
     return out
 
 
-def complete(engine: Engine, prompt: str, sampling: SamplingParams | None, priority: int,
-             listener: ReplyListener | None, raw: str,
-             options: dict[str, Any]) -> Future[Generation]:
+def complete(open_session: Callable[[], Future[str]],
+             start: Callable[[str, ReplyListener], Future[Generation]],
+             close: Callable[[str], object],
+             listener: ReplyListener | None) -> Future[Generation]:
     """Open a session, start the raw reply in it, and close it when the reply ends (or the
-    reply is refused): the session's slot is held only while the completion runs."""
+    reply is refused): the session's slot is held only while the completion runs. The
+    engine's calls are handed in, so that this module stays below the engine."""
     out: Future[Generation] = Future()
 
     def opened(f: Future[str]) -> None:  # the outbox thread
@@ -75,7 +72,7 @@ def complete(engine: Engine, prompt: str, sampling: SamplingParams | None, prior
 
         def relay(event: ReplyEvent) -> None:
             if isinstance(event, ReplyDone | ReplyFailed):
-                engine.close_session_async(sid)  # queued: the reply has ended
+                close(sid)  # queued: the reply has ended
             if listener is not None:
                 listener(event)
 
@@ -83,15 +80,13 @@ def complete(engine: Engine, prompt: str, sampling: SamplingParams | None, prior
             try:
                 handle = g.result()
             except BaseException as e:  # noqa: BLE001 - refused: nothing was said
-                engine.close_session_async(sid)
+                close(sid)
                 out.set_exception(e)
                 return
             out.set_result(handle)
 
         # always streamed into the outbox: the reply's end is what closes the session
-        engine.chat_async(sid, prompt, raw=raw, listener=relay,
-                          **options).add_done_callback(started)
+        start(sid, relay).add_done_callback(started)
 
-    engine.open_session_async(None, sampling=sampling, priority=priority).add_done_callback(
-        opened)
+    open_session().add_done_callback(opened)
     return out

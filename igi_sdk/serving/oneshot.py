@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING
 from pydantic import ValidationError
 
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyText
+from igi_sdk.serving.answers import done_body, error_body, ok_frame, typed
 from igi_sdk.serving.backend import EmbedResult, StreamHandle
 from igi_sdk.serving.clients import Client
 from igi_sdk.serving.ownership import StreamLog
@@ -60,7 +61,6 @@ def embed(svc: SessionService, c: Client, msg_id: int, body: P.Embed) -> None:
 
 def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> None:
     """A stream as ``chat``'s: ``token`` events, then ``done`` or ``error``."""
-    from igi_sdk.serving.service import _done, _error_body, _ok, _typed
 
     svc._need_model()
     if _duplicate(svc, c, msg_id, "complete"):
@@ -89,11 +89,11 @@ def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> N
             return
         if isinstance(event, ReplyDone):
             try:
-                frame = _ok(msg_id, _done(event.result), ignored, "done")
+                frame = ok_frame(msg_id, done_body(event.result), ignored, "done")
             except ValidationError as e:
-                frame = P.encode(msg_id, "error", _error_body(_typed(e, "complete")))
+                frame = P.encode(msg_id, "error", error_body(typed(e, "complete")))
         elif isinstance(event, ReplyFailed):
-            frame = P.encode(msg_id, "error", _error_body(_typed(event.error, "complete")))
+            frame = P.encode(msg_id, "error", error_body(typed(event.error, "complete")))
         else:
             return  # a tool call: a completion declares no tools, so none comes
 
@@ -111,8 +111,8 @@ def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> N
             handle = f.result()
         except Exception as e:  # noqa: BLE001 - answered, typed
             ended()
-            events.terminal = P.encode(msg_id, "error", _error_body(_typed(e, "complete")))
-            svc._error(identity, msg_id, _typed(e, "complete"))
+            events.terminal = P.encode(msg_id, "error", error_body(typed(e, "complete")))
+            svc._error(identity, msg_id, typed(e, "complete"))
             return
         if msg_id in c.streams:
             c.streams[msg_id] = handle

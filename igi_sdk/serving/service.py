@@ -34,7 +34,11 @@ from pydantic import ValidationError
 from igi_sdk.errors import IgiError, coded_error, save_io_error
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving import oneshot
-from igi_sdk.serving.backend import Backend, ChatResult
+from igi_sdk.serving.answers import done_body as _done
+from igi_sdk.serving.answers import error_body as _error_body
+from igi_sdk.serving.answers import ok_frame as _ok
+from igi_sdk.serving.answers import typed as _typed
+from igi_sdk.serving.backend import Backend
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
 from igi_sdk.serving.ownership import (
@@ -929,43 +933,6 @@ class _Latency:
                                       p99=round(s[min(len(s) - 1, int(len(s) * 0.99))], 3),
                                       max=round(s[-1], 3), n=len(s))
         return out
-
-
-def _ok(msg_id: int, reply: C.Answer, ignored: tuple[str, ...], msg_type: str = "ok") -> bytes:
-    """The frame of an answer (``ok``, or a stream's ``done``), naming the request's fields
-    this sidecar did not know. ``ignored`` goes last, as it always has on the wire (a model
-    built with it would send it first: inherited fields come first)."""
-    body = reply.wire()
-    if ignored:
-        body["ignored"] = list(ignored)
-    return P.encode(msg_id, msg_type, body)
-
-
-def _done(r: ChatResult) -> C.Done:
-    return C.Done(text=r.text, finish_reason=r.finish_reason,
-                  usage=C.Usage(prompt_tokens=r.prompt_tokens,
-                                completion_tokens=r.completion_tokens,
-                                cached_tokens=r.cached_tokens,
-                                dropped_turns=int(getattr(r, "dropped_turns", 0)),
-                                summarised_turns=int(getattr(r, "summarised_turns", 0))),
-                  timings=C.Timings(ttft_s=r.ttft_s, total_s=r.total_s),
-                  tool_calls=[C.ToolCallBody(id=k.id, name=k.name, arguments=k.arguments)
-                              for k in r.tool_calls])
-
-
-def _error_body(e: P.ProtocolError) -> dict[str, object]:
-    return C.ErrorBody(code=e.code, message=e.message, retryable=e.retryable).wire()
-
-
-def _typed(e: object, msg_type: str) -> P.ProtocolError:
-    """The wire error for any failure: typed errors keep their code; anything else is a bug."""
-    if isinstance(e, P.ProtocolError):
-        return e
-    if isinstance(e, IgiError):
-        return P.ProtocolError(e.code, e.message, retryable=e.retryable)
-    log.error("request %s failed: %r", msg_type, e,
-              exc_info=e if isinstance(e, BaseException) else None)
-    return P.ProtocolError("internal", f"internal error: {e}")
 
 
 def _save_key(folder: Path, name: str) -> str:

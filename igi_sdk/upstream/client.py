@@ -51,6 +51,8 @@ class UpstreamReply:
     replica: str
     attempts: int
     tool_calls: tuple[ToolCall, ...] = ()  # an upstream's calls are not read (tools are local)
+    dropped_turns: int = 0  # the upstream keeps its own context: nothing is folded here
+    summarised_turns: int = 0
 
 
 class UpstreamCall:
