@@ -1,5 +1,5 @@
 """The service's rules for the requests that hold no session (protocol 1.3): ``tokenize``,
-``detokenize``, ``embed`` and ``complete``. Called from :class:`SessionService` on its thread,
+``detokenize``, ``embed`` and ``complete``. Called from the session service (serving/service.py) on its thread,
 with its bookkeeping; the model work goes to the backend as futures, as every request's does.
 
 Caps: an ``embed`` or a ``complete`` counts as one of the client's streams while it runs
@@ -11,37 +11,72 @@ opened against the client's cap, so that it cannot take a slot from the game's N
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from concurrent.futures import Future
-from typing import TYPE_CHECKING
+from typing import Protocol, TypeVar
 
 from pydantic import ValidationError
 
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyText
 from igi_sdk.serving.answers import done_body, error_body, ok_frame, typed
-from igi_sdk.serving.backend import EmbedResult, StreamHandle
+from igi_sdk.serving.backend import Backend, EmbedResult, StreamHandle
 from igi_sdk.serving.clients import Client
 from igi_sdk.serving.ownership import StreamLog
 from igi_sdk.wire import contract as C
 from igi_sdk.wire import protocol as P
 
-if TYPE_CHECKING:
-    from igi_sdk.serving.service import SessionService
+_T = TypeVar("_T")
 
 
-def tokenize(svc: SessionService, c: Client, msg_id: int, body: P.Tokenize) -> None:
+class _StreamCap(Protocol):
+    @property
+    def max_streams_per_client(self) -> int: ...
+
+
+class Service(Protocol):
+    """What these requests use of the session service (serving/service.py): a protocol, so
+    that this module sits below the service and imports nothing of it."""
+
+    @property
+    def backend(self) -> Backend: ...
+
+    @property
+    def cfg(self) -> _StreamCap: ...
+
+    @property
+    def _ignored(self) -> tuple[str, ...]: ...
+
+    def later(self, fn: Callable[[], None]) -> None: ...
+
+    def _send(self, identity: bytes, frame: bytes) -> None: ...
+
+    def _send_logged(self, identity: bytes, log: StreamLog, frame: bytes) -> None: ...
+
+    def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None: ...
+
+    def _answer(self, identity: bytes, msg_id: int, fut: Future[_T], msg_type: str,
+                ok: Callable[[_T], C.Answer],
+                failed: Callable[[], None] | None = None) -> None: ...
+
+    def _need_model(self) -> None: ...
+
+    def _session_room(self, c: Client) -> None: ...
+
+
+def tokenize(svc: Service, c: Client, msg_id: int, body: P.Tokenize) -> None:
     svc._need_model()
     fut = svc.backend.tokenize(body)
     svc._answer(c.identity, msg_id, fut, "tokenize", lambda t: C.TokenizeOk(
         tokens=t.tokens, **({"pieces": t.pieces} if body.with_pieces else {})))
 
 
-def detokenize(svc: SessionService, c: Client, msg_id: int, body: P.Detokenize) -> None:
+def detokenize(svc: Service, c: Client, msg_id: int, body: P.Detokenize) -> None:
     svc._need_model()
     svc._answer(c.identity, msg_id, svc.backend.detokenize(body), "detokenize",
                 lambda text: C.DetokenizeOk(text=text))
 
 
-def embed(svc: SessionService, c: Client, msg_id: int, body: P.Embed) -> None:
+def embed(svc: Service, c: Client, msg_id: int, body: P.Embed) -> None:
     svc._need_model()
     if _duplicate(svc, c, msg_id, "embed"):
         return
@@ -59,7 +94,7 @@ def embed(svc: SessionService, c: Client, msg_id: int, body: P.Embed) -> None:
     svc._answer(c.identity, msg_id, svc.backend.embed(body), "embed", answered, ended)
 
 
-def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> None:
+def complete(svc: Service, c: Client, msg_id: int, body: P.Complete) -> None:
     """A stream as ``chat``'s: ``token`` events, then ``done`` or ``error``."""
 
     svc._need_model()
@@ -124,7 +159,7 @@ def complete(svc: SessionService, c: Client, msg_id: int, body: P.Complete) -> N
     fut.add_done_callback(lambda f: svc.later(lambda: started(f)))
 
 
-def _duplicate(svc: SessionService, c: Client, msg_id: int, what: str) -> bool:
+def _duplicate(svc: Service, c: Client, msg_id: int, what: str) -> bool:
     """Whether ``msg_id`` is running already: answered with id 0, as chat's duplicate is (an
     error carrying the id would read as the end of the request still running under it)."""
     if msg_id not in c.streams:
@@ -135,7 +170,7 @@ def _duplicate(svc: SessionService, c: Client, msg_id: int, what: str) -> bool:
     return True
 
 
-def _stream_room(svc: SessionService, c: Client) -> None:
+def _stream_room(svc: Service, c: Client) -> None:
     if len(c.streams) >= svc.cfg.max_streams_per_client:
         raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                               "this client; wait for one to finish", retryable=True)
