@@ -1,6 +1,7 @@
 """The service's rules for the requests that hold no session (protocol 1.3): ``tokenize``,
 ``detokenize``, ``embed`` and ``complete``. Called from the session service
-(serving/service.py) on its thread, with its bookkeeping; the model work goes to the backend as futures, as every request's does.
+(serving/service.py) on its thread, with its bookkeeping; the model work goes to the
+backend as futures, as every request's does.
 
 Caps: an ``embed`` or a ``complete`` counts as one of the client's streams while it runs
 (``max_streams_per_client``); a ``complete`` also holds a session slot while it runs (its
