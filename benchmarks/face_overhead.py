@@ -58,6 +58,9 @@ class _Result:
     ttft_s: float
     total_s: float
     cached_tokens: int = 0
+    tool_calls: tuple[()] = ()  # events.ReplyResult: no calls
+    dropped_turns: int = 0
+    summarised_turns: int = 0
 
 
 class Instant:
