@@ -444,21 +444,24 @@ def vectors() -> list[Vector]:
              "1.3, a chat with logprobs 2: the tokens whose text this piece completes"),
         _rep("event_done", 5, "done", {
             "text": "Swords, traveller.", "finish_reason": "stop",
-            "usage": {"prompt_tokens": 41, "completion_tokens": 5, "cached_tokens": 0},
+            "usage": {"prompt_tokens": 41, "completion_tokens": 5, "cached_tokens": 0,
+                      "dropped_turns": 0, "summarised_turns": 0},
             "timings": {"ttft_s": 0.042, "total_s": 0.118}}, "the text is the tokens joined"),
         _rep("event_tool_call", 5, "tool_call", {
-            "i": 1, "index": 0, "id": "call_5f0c2a9e1b7d4c3a", "name": "follow",
-            "arguments": '{"distance": 2}'}, "1.3: a call, sent once its closing tag is read"),
+            "id": "call_5f0c2a9e1b7d4c3a", "name": "follow", "arguments": '{"distance": 2}',
+            "i": 1, "index": 0}, "1.3: a call, sent once its closing tag is read"),
         _rep("event_done_tool_calls", 5, "done", {
             "text": "", "finish_reason": "tool_calls",
-            "usage": {"prompt_tokens": 180, "completion_tokens": 19, "cached_tokens": 0},
+            "usage": {"prompt_tokens": 180, "completion_tokens": 19, "cached_tokens": 0,
+                      "dropped_turns": 0, "summarised_turns": 0},
             "timings": {"ttft_s": 0.05, "total_s": 0.3},
             "tool_calls": [{"id": "call_5f0c2a9e1b7d4c3a", "name": "follow",
                             "arguments": '{"distance": 2}'}]},
              "1.3: a reply that ended in calls"),
         _rep("event_done_cancelled", 5, "done", {
             "text": "Swords", "finish_reason": "cancelled",
-            "usage": {"prompt_tokens": 41, "completion_tokens": 2, "cached_tokens": 0},
+            "usage": {"prompt_tokens": 41, "completion_tokens": 2, "cached_tokens": 0,
+                      "dropped_turns": 0, "summarised_turns": 0},
             "timings": {"ttft_s": 0.042, "total_s": 0.07}},
              "a cancelled stream still ends with done"),
         _rep("reply_ok_cancel", 6, "ok", {"cancelled": True}, ""),
@@ -481,9 +484,11 @@ def vectors() -> list[Vector]:
         _rep("reply_ok_set_priority", 14, "ok", {}, ""),
         _rep("reply_ok_list_sessions", 15, "ok", {"sessions": [
             {"session": SID, "owner": "you", "persona": "brom", "priority": 50, "busy": False,
-             "tokens": 57, "idle_s": 3.5},
+             "tokens": 57, "max_tokens": 2304, "memory": "fold", "dropped_turns": 0,
+             "idle_s": 3.5},
             {"session": "npc.brom", "owner": "orphaned", "persona": "brom", "priority": 0,
-             "busy": False, "tokens": 112, "idle_s": 20.25}], "free_slots": 5, "others": 1,
+             "busy": False, "tokens": 112, "max_tokens": 2304, "memory": "fold",
+             "dropped_turns": 12, "idle_s": 20.25}], "free_slots": 5, "others": 1,
             "reclaimable": 1},
              "reclaimable (1.2): orphaned sessions an open_session would close when no slot "
              "is free"),

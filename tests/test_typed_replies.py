@@ -103,6 +103,11 @@ def _session(r: Recorder) -> None:
             assert "no answer" in str(e) and time.monotonic() < deadline, e
     r.ok("load_model", {"path": "smol.gguf", "n_ctx": 2048, "max_sessions": 4})
     r.ok("ping")
+    tokens = r.ok("tokenize", {"text": "Halt!", "with_pieces": True})["tokens"]
+    r.ok("detokenize", {"tokens": tokens})
+    r.ok("embed", {"input": ["a guard at the gate", "a gate guard"]})
+    raw = r.send("complete", {"prompt": "Once upon a time", "max_tokens": 4})
+    assert r.until(raw, ("done", "error"))[0] == "done"
     r.ok("frame", {"frame": 1, "frame_time_ms": 16.6, "target_frame_time_ms": 16.6,
                    "vram_used": 2**30, "vram_budget": 2**32})
     r.ok("reserve_vram", {"bytes": 2**20, "deadline_frames": 10})
