@@ -212,7 +212,7 @@ def test_streamed_tool_calls_reassemble_to_the_same_calls(api) -> None:
     messages: list[Any] = [{"role": "system", "content": SYSTEM},
                            {"role": "user", "content": "Attack the bandit, then wait."}]
     body: dict[str, Any] = dict(model="smol", tools=ACTIONS, tool_choice="required",
-                                parallel_tool_calls=False, max_tokens=96, temperature=0.0)
+                                parallel_tool_calls=False, max_tokens=192, temperature=0.0)
     calls: dict[int, dict[str, str]] = {}
     finish = None
     for chunk in api.chat.completions.create(**body, messages=messages, user="streamed",
