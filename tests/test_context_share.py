@@ -144,19 +144,48 @@ def test_a_long_reply_ends_at_its_share_and_the_others_still_speak(engine) -> No
     assert ctx["used"] == sum(i["tokens"] for i in engine.session_info().values())
 
 
-def test_a_line_that_waits_for_cells_is_retryable_and_fits_once_they_come_back(engine) -> None:
+def test_the_rule_reclaims_idle_cells_least_recent_first_and_only_when_it_makes_room() -> None:
+    share = ContextShare.of(1024, 4)  # floor 128; others idle: room 640
+    claims = {"old": 300, "new": 300, "small": 100}
+    # room with these claims: 1024 - 300 - 300 - 128 = 296
+    assert share.to_reclaim(296, claims, ["old", "new", "small"]) == []  # it fits already
+    assert share.to_reclaim(400, claims, ["old", "new", "small"]) == ["old"]  # +172
+    assert share.to_reclaim(400, claims, ["small", "new", "old"]) == ["new"]  # small gives 0
+    assert share.to_reclaim(640, claims, ["old", "new"]) == ["old", "new"]
+    # more than every idle session could give back: nobody re-reads for nothing
+    assert share.to_reclaim(640, claims, ["old"]) == []
+
+
+def test_a_line_waits_only_for_cells_a_reply_holds_and_fits_once_it_ends(engine) -> None:
     hog = engine.open_session("You are the hog.", sampling=SAMPLING)
     npc = engine.open_session("You are Mira.", sampling=SAMPLING)
-    engine.chat(hog, _line(engine, 560), max_tokens=4).result(timeout=60)
+    long = engine.chat(hog, _line(engine, 560), max_tokens=60, ignore_eos=True)
+    next(iter(long))  # replying: its cells are in use
     line = _line(engine, 300)  # beyond its floor, into the pool the hog holds
     with pytest.raises(ContextFullError) as err:
         engine.chat(npc, line, max_tokens=4)
     assert err.value.retryable and err.value.code == "context_full"
     before = engine.session_info()[npc]["tokens"]
     assert before == 0  # nothing of the refused line stayed
-    engine.close_session(hog)  # the cells come back
+    long.result(timeout=120)  # idle now: its cells may be taken back
     res = engine.chat(npc, line, max_tokens=4).result(timeout=60)
     assert res.prompt_tokens > 290
+    assert engine.session_info()[hog]["tokens"] == 0  # it gave its cells back
+
+
+def test_an_idle_npcs_cells_go_to_a_talking_one_which_is_never_cut_for_them(engine) -> None:
+    hog = engine.open_session("You are the hog.", sampling=SAMPLING)
+    npc = engine.open_session("You are Mira.", sampling=SAMPLING)
+    first = engine.chat(hog, _line(engine, 560), max_tokens=4).result(timeout=60)
+    # Mira's reply grows past the room the idle hog leaves (1024 - 2 * 128 - 560 cells)
+    res = engine.chat(npc, "Tell me a long story.", max_tokens=300,
+                      ignore_eos=True).result(timeout=120)
+    assert res.completion_tokens == 300  # max_tokens ended it, not its room
+    assert engine.status()["step"]["reclaimed"] >= 1
+    # the hog reads its conversation again with its next line, and answers
+    again = engine.chat(hog, "And you?", max_tokens=4).result(timeout=60)
+    assert again.cached_tokens == 0 and again.prompt_tokens > first.prompt_tokens
+    assert again.completion_tokens >= 1
 
 
 def test_a_line_longer_than_the_context_is_prompt_too_long(engine) -> None:
@@ -173,11 +202,12 @@ def test_a_restore_beyond_the_room_is_retryable(engine) -> None:
     saved = engine.snapshot(big)
     engine.close_session(big)
     hog = engine.open_session(None, sampling=SAMPLING)
-    engine.chat(hog, _line(engine, 560), max_tokens=2).result(timeout=60)
-    # the hog and the idle slots' floors leave less than the save holds
+    long = engine.chat(hog, _line(engine, 560), max_tokens=60, ignore_eos=True)
+    next(iter(long))
+    # the replying hog and the idle slots' floors leave less than the save holds
     with pytest.raises(ContextFullError):
         engine.restore(saved)
-    engine.close_session(hog)
+    long.result(timeout=120)  # idle now: its cells go to the restore
     assert engine.restore(saved)
 
 
@@ -187,7 +217,8 @@ def test_a_restore_beyond_the_room_is_retryable(engine) -> None:
 def test_on_the_wire_the_bystander_speaks_and_a_wait_is_retryable(engine, tiny_llama,
                                                                    tmp_path) -> None:
     """Two clients of a real sidecar (n_ctx 1024, 4 slots): one client's lines cannot take the
-    cells the other's session is guaranteed; stats show the share."""
+    cells the other's session is guaranteed; a line waits only while a reply holds the cells
+    it needs; stats show the share."""
     models = tmp_path / "models"
     models.mkdir()
     shutil.copy(tiny_llama, models / "tiny.gguf")
@@ -205,15 +236,20 @@ def test_on_the_wire_the_bystander_speaks_and_a_wait_is_retryable(engine, tiny_l
         with pytest.raises(BridgeError) as err:
             hog.chat(h, _line(engine, 1000), max_tokens=4).result()
         assert err.value.code == "prompt_too_long" and not err.value.retryable
-        hog.chat(h, _line(engine, 600), max_tokens=4).result()
+        long = hog.chat(h, _line(engine, 600), max_tokens=30, ignore_eos=True)
+        next(iter(long))  # replying: the cells it holds are in use
         with pytest.raises(BridgeError) as err:
             npc.chat(n, _line(engine, 300), max_tokens=4).result()
         assert err.value.code == "context_full" and err.value.retryable
         done = npc.chat(n, "Hello there.", max_tokens=12, ignore_eos=True).result()
         assert done["usage"]["completion_tokens"] == 12
+        long.result()
         ctx = npc.request("stats")["engine"]["context"]
         assert ctx["floor"] == 128 and ctx["max_per_session"] == 640
         assert 600 < ctx["used"] <= 1024
+        # idle now: the hog's cells go to the line that waited for them
+        assert npc.chat(n, _line(engine, 300), max_tokens=4).result()["usage"][
+            "prompt_tokens"] > 290
     finally:
         hog.close()
         npc.close()

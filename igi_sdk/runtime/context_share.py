@@ -76,3 +76,19 @@ class ContextShare:
         idle = max(0, self.slots - len(claims))
         total = sum(self.reserved(c) for c in claims.values()) + idle * self.floor
         return {sid: self.n_ctx - (total - self.reserved(c)) for sid, c in claims.items()}
+
+    def to_reclaim(self, need: int, claims: dict[str, int], idle: list[str]) -> list[str]:
+        """The idle sessions (of ``idle``, taken in its order) whose cells must go so that a
+        session may claim ``need`` while the other open sessions claim ``claims`` (by id):
+        dropping one returns what it claims beyond its floor. None at all when even every
+        idle session's cells would not make the room (they would be re-read for nothing)."""
+        room = self.room(claims.values())
+        out = []
+        for sid in idle:
+            if room >= need:
+                break
+            gain = self.reserved(claims[sid]) - self.floor
+            if gain > 0:
+                room += gain
+                out.append(sid)
+        return out if room >= need else []

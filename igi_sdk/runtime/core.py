@@ -137,7 +137,7 @@ class EngineCore:
         # target_s: the last step's target length (longer while NPCs wait to start beside
         # talking ones: scheduler.step_target); chunk: its token budget
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
-                           "interrupted": 0, "target_s": 0.0}
+                           "interrupted": 0, "target_s": 0.0, "reclaimed": 0}
         self._drafting = Drafting(config, self._take)
         self.crowd = CrowdWatch(config.talking)  # engine thread writes, stats reads
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
@@ -979,6 +979,7 @@ class EngineCore:
             base = len(s.tokens) + s.image_cells
         try:
             n_prompt = len(feed) + image_turn.cells(pending)
+            self._reclaim_idle(base + n_prompt + 2, but=s)  # as check_prompt counts it
             others = [_claim(o) for o in self._sessions.values() if o is not s]
             replies.check_prompt(self.config, n_prompt, base, pending, self.share, others)
             handle = (resume.handle if resume is not None and resume.handle is not None
@@ -1037,6 +1038,12 @@ class EngineCore:
         if not turns:
             return
         rooms = self._rooms()
+        for t in turns:  # a reply at its room grows into idle sessions' cells first
+            claim = _claim(t.session)
+            if t.generated and claim >= rooms[t.session.id]:
+                left = max(1, t.max_tokens - len(t.generated))
+                if self._reclaim_idle(min(self.share.most, claim + left + 1), but=t.session):
+                    rooms = self._rooms()
         by_seq = {t.session.seq: t for t in turns}
         decision = scheduler.decide(
             [scheduler.Reply(t.session.seq, t.session.priority, t.order, len(t.feed),
@@ -1134,6 +1141,28 @@ class EngineCore:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, pos0 + done, -1)
             s.decoded(t.feed[:done])
             del t.feed[:done]
+
+    def _reclaim_idle(self, need: int, but: Session | None) -> bool:
+        """Idle sessions give their KV cells back, background and least recently spoken
+        first, until a session other than them (``but``) may claim ``need`` cells; each reads
+        its conversation again with its next line. Without this an idle NPC kept its cells
+        until it closed: a talking NPC's line waited for them and its reply was cut at its
+        room while nobody used them."""
+        if self._mem is None or self.share.admit(
+                need, [_claim(o) for o in self._sessions.values() if o is not but]
+        ) is not Admit.WAIT:
+            return False
+        claims = {o.id: _claim(o) for o in self._sessions.values() if o is not but}
+        idle = sorted((o for o in self._sessions.values()
+                       if o is not but and o.turn is None and o.cells and o.rereadable),
+                      key=lambda o: (o.priority, o.last_line))
+        gone = self.share.to_reclaim(need, claims, [o.id for o in idle])
+        for sid in gone:
+            o = self._sessions[sid]
+            llama_cpp.llama_memory_seq_rm(self._mem, o.seq, -1, -1)
+            o.cache_lost()
+        self.step_stats["reclaimed"] += len(gone)
+        return bool(gone)
 
     def _rooms(self) -> dict[str, int]:
         """The cells each open session may claim now (runtime/context_share.py)."""
@@ -1313,6 +1342,7 @@ class EngineCore:
     def _admit_restore(self, cells: int) -> None:
         """A restored session holding ``cells`` must fit its share, as a line must (and its
         next reply token)."""
+        self._reclaim_idle(cells + 1, but=None)
         verdict = self.share.admit(cells + 1, [_claim(o) for o in self._sessions.values()])
         if verdict is Admit.NEVER:
             raise InvalidStateError(

@@ -47,6 +47,7 @@ class Session:
     images: list[Any] = field(default_factory=list)
     # what stays in context past its share, and the turns that left it (runtime/memory.py)
     memory: Memory = field(default_factory=Memory)
+    last_line: int = 0  # the order of its latest line: idle cells go least recent first
 
     @property
     def cells(self) -> int:
@@ -75,6 +76,7 @@ class Session:
         self.pending = []
         self.messages = messages
         self.turn = turn
+        self.last_line = turn.order
 
     def decoded(self, tokens: list[int]) -> None:
         """``tokens`` are in the KV cache now."""
@@ -117,6 +119,12 @@ class Session:
         (a rollback or an error mid-way leaves a partial cache: the next line re-reads it)."""
         tokens, self.tokens, self.reread = self.tokens, [], True
         return tokens
+
+    @property
+    def rereadable(self) -> bool:
+        """Whether its conversation can be read again from its messages (a restored session
+        with images cannot: saves hold the KV state, not the images)."""
+        return self.n_images <= len(self.images)
 
     def cache_lost(self) -> None:
         """Its KV cells are gone: the next line reads the conversation again."""
