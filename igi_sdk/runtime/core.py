@@ -78,6 +78,9 @@ from igi_sdk.runtime.vision import VisionContext
 __all__ = ["EngineCore"]
 
 T = TypeVar("T")
+# the fewest tokens a session takes from another's cache (below, a template's opening markup:
+# nothing worth the search)
+SHARED_PREFIX_MIN = 16
 log = logging.getLogger("igi_sdk.runtime")
 
 
@@ -137,7 +140,8 @@ class EngineCore:
         # target_s: the last step's target length (longer while NPCs wait to start beside
         # talking ones: scheduler.step_target); chunk: its token budget
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
-                           "interrupted": 0, "target_s": 0.0, "reclaimed": 0}
+                           "interrupted": 0, "target_s": 0.0, "reclaimed": 0,
+                           "shared_prefix_tokens": 0}
         self._drafting = Drafting(config, self._take)
         self.crowd = CrowdWatch(config.talking)  # engine thread writes, stats reads
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
@@ -1013,9 +1017,37 @@ class EngineCore:
         elif reset:
             llama_cpp.llama_memory_seq_rm(self._mem, s.seq, -1, -1)
             s.reread_for(turn)
+        if not s.tokens and not pending and not s.n_images:
+            self._share_prefix(turn)
         turn.media = MediaMark.of(s)
         s.begin(turn, messages, list(images))
         return handle
+
+    def _share_prefix(self, t: Turn) -> None:
+        """A line whose session's cache is empty starts from the longest prefix of its prompt
+        that another session's cache holds: llama.cpp's unified cache lets sequences share
+        cells, so nothing is copied or recomputed. NPCs with one system prompt (and tool
+        block), a request's other choices (``n`` > 1) and a conversation re-read after its
+        cells went to another read only what differs."""
+        s, model = t.session, self._model
+        if (self._drafting.drafter is not None or model is None  # the draft's cache lacks it
+                or llama_cpp.llama_model_is_recurrent(model)  # a state, not cells: no prefix
+                or llama_cpp.llama_model_is_hybrid(model)):
+            return
+        best, donor = 0, None
+        for o in self._sessions.values():
+            if o is not s and not o.n_images and len(o.tokens) > best:
+                n = prefix.keep(o.tokens, t.feed)
+                if n > best:
+                    best, donor = n, o
+        if donor is None or best < SHARED_PREFIX_MIN:
+            return
+        llama_cpp.llama_memory_seq_cp(self._mem, donor.seq, s.seq, 0, best)
+        s.decoded(t.feed[:best])
+        del t.feed[:best]
+        t.cached_cells += best
+        t.prompt_tokens -= best  # what the line reads
+        self.step_stats["shared_prefix_tokens"] += best
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
