@@ -29,13 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
-
 from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving import oneshot
-from igi_sdk.serving.answers import done_body as _done
-from igi_sdk.serving.answers import error_body as _error_body
 from igi_sdk.serving.answers import ok_frame as _ok
 from igi_sdk.serving.answers import typed as _typed
 from igi_sdk.serving.backend import Backend
@@ -51,6 +46,7 @@ from igi_sdk.serving.ownership import (
     key_scope,
     prune_logs,
 )
+from igi_sdk.serving.streaming import stream_reply
 from igi_sdk.wire import contract as C
 from igi_sdk.wire import protocol as P
 
@@ -555,76 +551,15 @@ class SessionService:
                                   "this client; wait for one to finish", retryable=True)
         images = sum(len(i.data or i.pixels or b"") for i in body.images)
         self.images.take(c, images)
-        identity, ignored = c.identity, self._ignored
-        events = c.logs[msg_id] = StreamLog()
         sid = body.session
         self.sessions.reply_started(sid)
 
-        def ended() -> None:  # on the service thread
-            if msg_id in c.streams:  # once per stream
-                del c.streams[msg_id]
-                self.sessions.reply_ended(sid)
-                self.images.give_back(c, images)
-            c.cancel_pending.discard(msg_id)
-            events.ended_at = time.monotonic()
+        def released() -> None:  # on the service thread, once
+            self.sessions.reply_ended(sid)
+            self.images.give_back(c, images)
 
-        said = 0  # token events of this stream so far (outbox thread only)
-
-        def listener(event: ReplyEvent) -> None:  # on the model side's outbox thread
-            # it encodes the frame here, off the service thread; the stream's log (socket-thread
-            # state, for resume_stream) is appended and the frame sent there, in event order
-            nonlocal said
-            if isinstance(event, ReplyText):
-                said += 1
-                # a validated model per token costs under 3 us over a plain dict (1.3 -> 3.9 us
-                # per encoded token), nothing beside a decode step; its fields are set but
-                # logprobs (asked for by the line), so model_dump() without nulls is its wire
-                # body, without wire()'s bookkeeping
-                token = P.encode(msg_id, "token", C.Token(
-                    text=event.text, i=said, logprobs=_logprobs(event)).model_dump(
-                        exclude_none=True))
-                self.later(lambda: self._send_logged(identity, events, token))
-                return
-            if isinstance(event, ReplyToolCall):  # 1.3: counted with the token events
-                said += 1
-                k = event.call
-                call = P.encode(msg_id, "tool_call", C.ToolCallEvent(
-                    i=said, index=k.index, id=k.id, name=k.name, arguments=k.arguments).wire())
-                self.later(lambda: self._send_logged(identity, events, call))
-                return
-            if isinstance(event, ReplyDone):
-                try:
-                    frame = _ok(msg_id, _done(event.result), ignored, "done")
-                except ValidationError as e:  # figures the contract does not allow: a bug
-                    frame = P.encode(msg_id, "error", _error_body(_typed(e, "chat")))
-            else:
-                frame = P.encode(msg_id, "error", _error_body(_typed(event.error, "chat")))
-
-            def end() -> None:  # on the service thread
-                events.terminal = frame
-                self._send(identity, frame)
-                ended()
-
-            self.later(end)
-
-        c.streams[msg_id] = None  # reserved: the stream may end before the handle arrives
-
-        def started(f: Future) -> None:  # on the service thread
-            try:
-                handle = f.result()
-            except Exception as e:  # noqa: BLE001 - answered, typed
-                ended()
-                events.terminal = P.encode(msg_id, "error", _error_body(_typed(e, "chat")))
-                self._error(identity, msg_id, _typed(e, "chat"))
-                return
-            if msg_id in c.streams:
-                c.streams[msg_id] = handle
-            if msg_id in c.cancel_pending:
-                c.cancel_pending.discard(msg_id)
-                handle.cancel()
-
-        fut = self.backend.chat(body, listener)
-        fut.add_done_callback(lambda f: self.later(lambda: started(f)))
+        stream_reply(self, c, msg_id, "chat", lambda listener: self.backend.chat(body, listener),
+                     released)
         return None  # the stream answers
 
     # --- 1.3: requests without a session (serving/oneshot.py) -------------------------------
@@ -940,11 +875,3 @@ def _save_key(folder: Path, name: str) -> str:
     on Windows and macOS)."""
     return f"{folder}{os.sep}{name.lower()}"
 
-
-def _logprobs(event: ReplyText) -> list[C.TokenLogprob] | None:
-    """A text event's logprobs in their wire shape (None: the line asked for none)."""
-    if not event.logprobs:
-        return None
-    return [C.TokenLogprob(token=t.token, logprob=t.logprob,
-                           top=[C.TopLogprob(token=a, logprob=b) for a, b in t.top])
-            for t in event.logprobs]
