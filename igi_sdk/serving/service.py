@@ -30,10 +30,10 @@ from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.serving import oneshot
+from igi_sdk.serving import oneshot, tool_results
 from igi_sdk.serving.answers import ok_frame as _ok
 from igi_sdk.serving.answers import typed as _typed
-from igi_sdk.serving.backend import Backend
+from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
 from igi_sdk.serving.ownership import (
@@ -502,13 +502,15 @@ class SessionService:
         if name is not None:
             body = body.model_copy(update={"name": engine_id(c.scope, name)})
         self._answer_session(c, msg_id, self.backend.open_session(body), "open_session",
-                             name, body.persona)
+                             name, body.persona, tool_results.of_history(body.history))
 
     def _answer_session(self, c: Client, msg_id: int, fut: Future[str], msg_type: str,
-                        name: str | None = None, persona: str = "") -> None:
+                        name: str | None = None, persona: str = "",
+                        calls: tool_results.Calls = None) -> None:
         """Answer an open/restore with the new session, which counts against the client's cap
         (and holds its name in its scope) from now until the answer. ``name`` is the wire
-        name (None: the engine's id is the name)."""
+        name (None: the engine's id is the name); ``calls``: those of its last reply, which
+        its first line's results may answer (None: not known, as for a restored session)."""
         c.opening += 1
         scoped = (c.scope, name) if name is not None else None
         if scoped is not None:
@@ -522,7 +524,7 @@ class SessionService:
         def opened(sid: str) -> C.SessionOk:
             settled()
             wire = name if name is not None else sid
-            self.sessions.add(sid, c.identity, c.scope, wire, persona)
+            self.sessions.add(sid, c.identity, c.scope, wire, persona, calls)
             if self.clients.get(c.identity) is not c:  # it left meanwhile: adoptable
                 self.sessions.orphan(sid)
             return C.SessionOk(session=wire)
@@ -549,17 +551,24 @@ class SessionService:
         if len(c.streams) >= stream_cap(c, self._slots(), self.cfg.max_streams_per_client):
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
+        sid = body.session
+        info = self.sessions.by_id[sid]
+        # the results answer the last reply's calls: the session's, or its new history's
+        calls = info.calls if body.history is None else tool_results.of_history(body.history)
+        tool_results.check(body.tool_results, calls)
         images = sum(len(i.data or i.pixels or b"") for i in body.images)
         self.images.take(c, images)
-        sid = body.session
         self.sessions.reply_started(sid)
 
         def released() -> None:  # on the service thread, once
             self.sessions.reply_ended(sid)
             self.images.give_back(c, images)
 
+        def answered(result: ChatResult) -> None:  # on the service thread
+            info.calls = tool_results.after_reply(calls, result)
+
         stream_reply(self, c, msg_id, "chat", lambda listener: self.backend.chat(body, listener),
-                     released)
+                     released, answered)
         return None  # the stream answers
 
     # --- 1.3: requests without a session (serving/oneshot.py) -------------------------------

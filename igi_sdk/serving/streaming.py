@@ -18,7 +18,7 @@ from pydantic import ValidationError
 
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
 from igi_sdk.serving.answers import done_body, error_body, ok_frame, typed
-from igi_sdk.serving.backend import StreamHandle, StreamListener
+from igi_sdk.serving.backend import ChatResult, StreamHandle, StreamListener
 from igi_sdk.serving.clients import Client
 from igi_sdk.serving.ownership import StreamLog
 from igi_sdk.wire import contract as C
@@ -42,12 +42,14 @@ class StreamHost(Protocol):
 
 def stream_reply(host: StreamHost, c: Client, msg_id: int, msg_type: str,
                  start: Callable[[StreamListener], Future[StreamHandle]],
-                 released: Callable[[], None]) -> None:
+                 released: Callable[[], None],
+                 answered: Callable[[ChatResult], None] | None = None) -> None:
     """Starts the stream of request ``msg_id`` (a ``msg_type``) with ``start(listener)``, the
     backend's call, and answers it to ``c`` as it goes. ``released`` runs once, on the
     service thread, when the stream ends (what the request held besides its stream: a
-    session's reply in progress, image bytes, a session slot). Called on the service thread,
-    once the request passed its checks."""
+    session's reply in progress, image bytes, a session slot); ``answered``, there too, with
+    the reply's result when it ends with ``done``. Called on the service thread, once the
+    request passed its checks."""
     identity, ignored = c.identity, host._ignored
     events = c.logs[msg_id] = StreamLog()
 
@@ -82,15 +84,19 @@ def stream_reply(host: StreamHost, c: Client, msg_id: int, msg_type: str,
                 i=said, index=k.index, id=k.id, name=k.name, arguments=k.arguments).wire())
             host.later(lambda: host._send_logged(identity, events, call))
             return
+        result = None
         if isinstance(event, ReplyDone):
+            result = event.result
             try:
-                frame = ok_frame(msg_id, done_body(event.result), ignored, "done")
+                frame = ok_frame(msg_id, done_body(result), ignored, "done")
             except ValidationError as e:  # figures the contract does not allow: a bug
                 frame = P.encode(msg_id, "error", error_body(typed(e, msg_type)))
         else:
             frame = P.encode(msg_id, "error", error_body(typed(event.error, msg_type)))
 
         def end() -> None:  # on the service thread
+            if result is not None and answered is not None:
+                answered(result)
             events.terminal = frame
             host._send(identity, frame)
             ended()
