@@ -136,6 +136,11 @@ class InvalidToolsError(InvalidGrammarError):
     code = "invalid_body"
 
 
+class UnknownToolCallError(InvalidToolsError):
+    """A tool result naming a call that the reply it answers did not make (its id matches none
+    of that reply's calls). Nothing was changed: the session is as before the request."""
+
+
 class InvalidImageError(IgiError, ValueError):
     """Image bytes that are not a PNG/JPEG llama.cpp can decode, pixels whose size is zero,
     absurd or does not match the buffer, or images that do not match the line's media markers.

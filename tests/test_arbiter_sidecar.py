@@ -11,7 +11,7 @@ from igi_sdk.arbiter import PlanLadder
 from igi_sdk.arbiter.ladder import arbiter_workload
 from igi_sdk.client import Client
 from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 from tests.test_planner import GPU_PROFILE
 
 MIB = 1024**2

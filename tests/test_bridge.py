@@ -21,20 +21,9 @@ import zmq
 from igi_sdk.client import BridgeError, Client, SidecarUnavailable
 from igi_sdk.serving.server import PID_POLL_S, is_loopback
 from igi_sdk.wire import protocol as P
+from tests.sidecars import free_port, start_sidecar, stop
 
 GREEDY = {"temperature": 0.0, "seed": 1}
-
-
-def start_sidecar(model_dir: Path, endpoint: str, *extra: str) -> subprocess.Popen:
-    cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
-           "--model-dir", str(model_dir), "--ctx", "2048", "--threads", "2", *extra]
-    return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc.poll() is None:
-        proc.kill()
-    proc.wait(10)
 
 
 @pytest.fixture(scope="module")
@@ -391,7 +380,7 @@ def test_curve_keys_required_and_enforced(model_dir, tmp_path) -> None:
     keys = tmp_path / "keys"
     subprocess.run([sys.executable, "-m", "igi_sdk.cli", "keys", str(keys)], check=True,
                    capture_output=True, timeout=60)
-    port = _free_port()
+    port = free_port()
     proc = start_sidecar(model_dir, f"tcp://127.0.0.1:{port}", "--curve-secret",
                          str(keys / "server.key_secret"), "--curve-clients", str(keys / "clients"))
     try:
@@ -421,14 +410,6 @@ def test_loopback_detection() -> None:
     assert is_loopback("tcp://127.0.0.1:5599") and is_loopback("tcp://[::1]:1")
     assert is_loopback("ipc:///tmp/x") and is_loopback("tcp://localhost:1")
     assert not is_loopback("tcp://0.0.0.0:1") and not is_loopback("tcp://192.168.1.4:1")
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def test_async_client(sidecar) -> None:

@@ -19,7 +19,7 @@ from igi_sdk.model import read_inventory, spec_with, write_synthetic_gguf
 from igi_sdk.planner import Plan, PlanResult, Workload, typical_prompt
 from igi_sdk.tuning import autoplan
 from igi_sdk.tuning.autoplan import Beside, BudgetPlanner, DryRun
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 from tests.test_planner import GPU_PROFILE
 
 MIB = 1024**2

@@ -15,7 +15,7 @@ import pytest
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.serving.server import Server, ServerConfig
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 from tests.test_server_caps import _client, _reply, _Stalled
 
 

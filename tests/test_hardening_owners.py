@@ -14,7 +14,7 @@ import zmq
 
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import stop
+from tests.sidecars import stop
 
 TOKEN = "launch-token-of-the-test-game-01"
 OWNER_A = "owner-key-aaaaaaaaaaaaaaaa"

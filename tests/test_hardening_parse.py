@@ -11,7 +11,7 @@ import pytest
 import zmq
 
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 from tests.test_hardening_server import _next, _raw_session
 
 

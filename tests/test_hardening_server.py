@@ -15,7 +15,7 @@ import zmq
 from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.client import Client
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 
 
 @pytest.fixture(scope="module")

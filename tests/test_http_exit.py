@@ -12,8 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from tests.test_bridge import stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, stop, wait_http
 
 LINE = {"model": "smol", "max_tokens": 1500,
         "messages": [{"role": "user", "content": "Tell a very long story about a dragon."}]}
@@ -24,7 +23,7 @@ def _exit_after_game_dies(model_dir: Path, tmp_path: Path, in_flight: int) -> fl
     """Seconds from the game's death to the sidecar's exit, with ``in_flight`` streamed and
     ``in_flight`` plain requests being answered at that moment."""
     game = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
-    port = _free_port()
+    port = free_port()
     base = f"http://127.0.0.1:{port}"
     proc = subprocess.Popen(
         [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
@@ -32,7 +31,7 @@ def _exit_after_game_dies(model_dir: Path, tmp_path: Path, in_flight: int) -> fl
          "smol.gguf", "--threads", "2", "--ctx", "2048", "--game-pid", str(game.pid),
          "--http", f"127.0.0.1:{port}"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
-        _wait_http(base, 90)
+        wait_http(base, 90)
         streaming = threading.Event()
 
         def streamed() -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import base64
 import json
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -17,49 +16,23 @@ import openai
 import pytest
 
 from igi_sdk.client import Client
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import free_port, http_sidecar, openai_api, start_sidecar, stop, wait_http
+
+# what HTTP test modules imported from here before tests/sidecars.py held it: use tests/sidecars.py
+_free_port, _wait_http = free_port, wait_http
 
 NPC = "You are Brom, the village blacksmith. Answer in one short sentence."
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def _wait_http(base: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.1)
-    raise AssertionError("the HTTP face did not come up")
-
-
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
-    d = tmp_path_factory.mktemp("http-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-http') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "4",
-                         "--http", f"127.0.0.1:{port}")
-    probe = Client(ep, timeout=60)
-    probe.wait_ready(60)
-    probe.close()
-    base = f"http://127.0.0.1:{port}"
-    _wait_http(base)
-    yield base, ep
-    stop(proc)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "4") as f:
+        yield f
 
 
 @pytest.fixture
 def api(face) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{face[0]}/v1", api_key="unused", max_retries=0)
+    return openai_api(face[0])
 
 
 def test_models_and_health(face, api) -> None:
@@ -189,7 +162,7 @@ def test_an_api_key_is_required_when_one_is_set_and_off_loopback(tmp_path, defau
                           "smol.gguf", "--http", "0.0.0.0:1"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode != 0 and "api-key" in out.stderr
-    port = _free_port()
+    port = free_port()
     ep = f"ipc://{tmp_path / 'b.sock'}"
     proc = start_sidecar(d, ep, "--model", "smol.gguf", "--http", f"127.0.0.1:{port}",
                          "--api-key-file", str(key))
@@ -203,10 +176,10 @@ def test_an_api_key_is_required_when_one_is_set_and_off_loopback(tmp_path, defau
                     break
             except httpx.HTTPError:
                 time.sleep(0.1)
-        wrong = openai.OpenAI(base_url=f"{base}/v1", api_key="x" * 24, max_retries=0)
+        wrong = openai_api(base, api_key="x" * 24)
         with pytest.raises(openai.AuthenticationError):
             wrong.models.list()
-        right = openai.OpenAI(base_url=f"{base}/v1", api_key="k" * 24, max_retries=0)
+        right = openai_api(base, api_key="k" * 24)
         assert [m.id for m in right.models.list().data] == ["smol.gguf"]
     finally:
         stop(proc)

@@ -21,8 +21,7 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.http.guard import Gate, refusal
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, start_sidecar, stop, wait_http
 
 GATE = Gate.for_bind("127.0.0.1", 8080, loopback=True)
 JSON_POST = {"host": ["127.0.0.1:8080"], "content-type": ["application/json"]}
@@ -82,13 +81,13 @@ def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str, int]]:
     d = tmp_path_factory.mktemp("guard-models")
     shutil.copy(default_model, d / "smol.gguf")
     ep = f"ipc://{tmp_path_factory.mktemp('ipc-guard') / 's.sock'}"
-    port = _free_port()
+    port = free_port()
     proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "4",
                          "--http", f"127.0.0.1:{port}")
     probe = Client(ep, timeout=60)
     probe.wait_ready(60)
     base = f"http://127.0.0.1:{port}"
-    _wait_http(base, 60)
+    wait_http(base, 60)
     yield base, ep, port
     probe.close()
     stop(proc)
@@ -246,7 +245,7 @@ def test_the_face_listens_on_a_socket_asyncio_turns_nagle_off_on() -> None:
     reply written in two parts waited for the client's delayed ACK (44 ms a request)."""
     from igi_sdk.http.serve import listen
 
-    sock = listen("127.0.0.1", _free_port())
+    sock = listen("127.0.0.1", free_port())
     try:
         assert sock.proto == socket.IPPROTO_TCP
     finally:

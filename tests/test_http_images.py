@@ -22,8 +22,7 @@ from igi_sdk.client import Client
 from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
 from igi_sdk.wire import protocol as P
 from tests.images import card, png
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, start_sidecar, stop, wait_http
 
 NPC = "You are Brom, the blacksmith. Describe what the player shows you."
 
@@ -45,7 +44,7 @@ def face(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     shutil.copy(vlm.model, d / "tiny-vl.gguf")
     shutil.copy(vlm.mmproj, d / "mmproj-tiny-vl.gguf")
     ep = f"ipc://{tmp_path_factory.mktemp('ipc-http-img') / 's.sock'}"
-    port = _free_port()
+    port = free_port()
     proc = start_sidecar(d, ep, "--model", "tiny-vl.gguf", "--mmproj", "mmproj-tiny-vl.gguf",
                          "--max-sessions", "4", "--prefill-chunk", "48", "--no-arbiter",
                          "--http", f"127.0.0.1:{port}")
@@ -56,7 +55,7 @@ def face(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         finally:
             probe.close()
         base = f"http://127.0.0.1:{port}"
-        _wait_http(base)
+        wait_http(base)
         yield base
     finally:
         stop(proc)

@@ -14,8 +14,7 @@ import openai
 import pytest
 
 from igi_sdk.client import Client
-from tests.test_bridge import stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, stop, wait_http
 
 TOKEN = "launch-token-of-the-test-game-03"
 
@@ -24,7 +23,7 @@ TOKEN = "launch-token-of-the-test-game-03"
 @pytest.fixture()
 def sidecar(tmp_path, default_model, request):
     shutil.copy(default_model, tmp_path / "smol.gguf")
-    endpoint, port = f"ipc://{tmp_path / 's.sock'}", _free_port()
+    endpoint, port = f"ipc://{tmp_path / 's.sock'}", free_port()
     env = {**os.environ, "IGI_SDK_TOKEN": TOKEN}
     orphan_ttl = getattr(request, "param", 300.0)
     proc = subprocess.Popen(
@@ -34,7 +33,7 @@ def sidecar(tmp_path, default_model, request):
          "--http", f"127.0.0.1:{port}"],
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     base = f"http://127.0.0.1:{port}"
-    _wait_http(base, 90)
+    wait_http(base, 90)
     yield endpoint, base
     stop(proc)
 

@@ -3,35 +3,22 @@ cannot close the conversations it has given up on), and come back with their tra
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import openai
 import pytest
 
-from igi_sdk.client import Client
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar
 
 LONG = " ".join(f"The ledger lists item {i} for the smithy." for i in range(50))  # ~550 tokens
 
 
 @pytest.fixture(scope="module")
 def small_face(tmp_path_factory, default_model) -> Iterator[str]:
-    d = tmp_path_factory.mktemp("room-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-room') / 's.sock'}"
-    port = _free_port()
     # 1024 cells, two slots: each keeps 256, one conversation may hold up to 768
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "2", "--ctx", "1024",
-                         "--http", f"127.0.0.1:{port}")
-    probe = Client(ep, timeout=60)
-    probe.wait_ready(60)
-    probe.close()
-    base = f"http://127.0.0.1:{port}"
-    _wait_http(base)
-    yield base
-    stop(proc)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "2",
+                      "--ctx", "1024") as (base, _):
+        yield base
 
 
 def test_an_idle_conversation_gives_its_cells_to_a_line_that_needs_them(small_face) -> None:

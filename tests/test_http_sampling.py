@@ -5,7 +5,6 @@ later turns, logit_bias, logprobs (streamed and not), ``n`` choices, nulls, limi
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
@@ -13,31 +12,21 @@ import httpx
 import openai
 import pytest
 
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar, openai_api
 
 STORY = [{"role": "user", "content": "Tell me a story about a dragon."}]
 
 
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[str]:
-    d = tmp_path_factory.mktemp("http-sampling")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-sampling') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "8", "--ctx", "4096",
-                         "--http", f"127.0.0.1:{port}")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(base, 120)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "8", "--ctx", "4096",
+                      ready_s=120) as (base, _):
         yield base
-    finally:
-        stop(proc)
 
 
 @pytest.fixture
 def api(face) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{face}/v1", api_key="unused", max_retries=0, timeout=300)
+    return openai_api(face, timeout=300)
 
 
 def _text(api: openai.OpenAI, **kw) -> str:

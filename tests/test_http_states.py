@@ -16,8 +16,8 @@ import uvicorn
 
 from igi_sdk.client import Client
 from igi_sdk.http.app import HttpConfig, build_app
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import NPC, _free_port
+from tests.sidecars import free_port, start_sidecar, stop
+from tests.test_http_face import NPC
 
 HELLO = {"messages": [{"role": "user", "content": "Hello there."}], "max_tokens": 2}
 
@@ -28,7 +28,7 @@ def bare(tmp_path_factory: pytest.TempPathFactory, default_model) -> Iterator[tu
     d = tmp_path_factory.mktemp("http-bare")
     shutil.copy(default_model, d / "smol.gguf")
     ep = f"ipc://{tmp_path_factory.mktemp('ipc-http-bare') / 's.sock'}"
-    port = _free_port()
+    port = free_port()
     proc = start_sidecar(d, ep, "--max-sessions", "6", "--http", f"127.0.0.1:{port}")
     base = f"http://127.0.0.1:{port}"
     try:
@@ -106,7 +106,7 @@ def keyed_face(bare: tuple[str, str]) -> Iterator[tuple[str, str, str, Callable[
     finally:
         game.close()
     owner = secrets.token_urlsafe(24)
-    port = _free_port()
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(build_app(HttpConfig(endpoint=ep, owner=owner)),
                                            host="127.0.0.1", port=port, log_level="warning",
                                            lifespan="on"))

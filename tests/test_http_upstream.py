@@ -25,8 +25,7 @@ from igi_sdk.serving.server import Server, ServerConfig
 from igi_sdk.sidecar import HostConfig, ModelHost
 from igi_sdk.upstream import UpstreamConfig
 from igi_sdk.upstream.routing import RoutingBackend
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, start_sidecar, stop, wait_http
 
 NPC = "You are Brom, the village blacksmith. Answer in one short sentence."
 KEY = "upstream-test-key-0123456789"
@@ -35,7 +34,7 @@ KEY = "upstream-test-key-0123456789"
 @pytest.fixture(scope="module")
 def upstream(default_model) -> Iterator[str]:
     """The upstream's base URL (ending in /v1)."""
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen([sys.executable, str(Path(__file__).with_name("upstream_server.py")),
                              str(default_model), str(port), KEY],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -83,13 +82,13 @@ def _sidecar(tmp_path_factory, default_model, *extra: str) -> tuple[subprocess.P
 @pytest.fixture(scope="module")
 def remote(tmp_path_factory, default_model, upstream) -> Iterator[tuple[str, str]]:
     """A sidecar serving every session upstream, with its HTTP face: (endpoint, http base)."""
-    port = _free_port()
+    port = free_port()
     proc, ep = _sidecar(tmp_path_factory, default_model, "--upstream", upstream,
                         "--upstream-policy", "remote", "--http", f"127.0.0.1:{port}",
                         # llama-cpp-python's server reads a schema from json_object only
                         "--upstream-schema-format", "json_object")
     base = f"http://127.0.0.1:{port}"
-    _wait_http(base)
+    wait_http(base)
     yield ep, base
     stop(proc)
 
@@ -171,13 +170,13 @@ def test_json_schema_replies_come_back_valid_from_the_upstream(remote, upstream)
 
 def test_an_unreachable_upstream_is_a_typed_retryable_error(tmp_path_factory,
                                                            default_model) -> None:
-    gone = f"http://127.0.0.1:{_free_port()}/v1"  # nothing listens there
-    port = _free_port()
+    gone = f"http://127.0.0.1:{free_port()}/v1"  # nothing listens there
+    port = free_port()
     proc, ep = _sidecar(tmp_path_factory, default_model, "--upstream", gone,
                         "--upstream-policy", "remote", "--upstream-retries", "1",
                         "--http", f"127.0.0.1:{port}")
     try:
-        _wait_http(f"http://127.0.0.1:{port}")
+        wait_http(f"http://127.0.0.1:{port}")
         oa = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="-", max_retries=0)
         with pytest.raises(openai.APIStatusError) as http_error:
             oa.chat.completions.create(model="any", max_tokens=4,

@@ -18,7 +18,7 @@ import zmq
 from igi_sdk.cli import ENDPOINT_LINE
 from igi_sdk.client import Client, WrongSidecar
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import stop
+from tests.sidecars import stop
 
 INSTANCE = "mygame-4242-1.a_b"
 

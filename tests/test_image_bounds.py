@@ -330,7 +330,7 @@ def vlm(tmp_path_factory: pytest.TempPathFactory) -> VLMFiles:
 @pytest.fixture(scope="module")
 def sidecar(vlm: VLMFiles, tmp_path_factory: pytest.TempPathFactory
             ) -> Iterator[tuple[str, int]]:
-    from tests.test_bridge import start_sidecar, stop
+    from tests.sidecars import start_sidecar, stop
 
     d = tmp_path_factory.mktemp("vlm-models")
     shutil.copy(vlm.model, d / "tiny-vl.gguf")

@@ -12,69 +12,10 @@ import numpy as np
 import pytest
 
 from igi_sdk.errors import InvalidSamplingError
-from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, loader
-from igi_sdk.runtime.loader import ContextSettings
-from igi_sdk.runtime.sampling import SamplerChain, SamplingOverride, logits_row, step_seed
-
-
-@pytest.fixture(scope="module")
-def decoded(tiny_llama):
-    """A context whose last decode left logits rows 0 and 1, and its vocabulary."""
-    inv = read_inventory(tiny_llama)
-    loaded = loader.load(tiny_llama, inv, Plan.all_cpu(), ContextSettings(256, 1, 64, 1,
-                                                                           n_outputs=2))
-    batch = llama_cpp.llama_batch_init(2, 0, 1)
-    for i, tok in enumerate((5, 77)):
-        batch.token[i], batch.pos[i], batch.n_seq_id[i] = tok, i, 1
-        batch.seq_id[i][0], batch.logits[i] = 0, 1
-    batch.n_tokens = 2
-    assert llama_cpp.llama_decode(loaded.ctx, batch) == 0
-    try:
-        yield loaded.ctx, llama_cpp.llama_model_get_vocab(loaded.model)
-    finally:
-        llama_cpp.llama_batch_free(batch)
-        loader.free(loaded)
-
-
-def _reference(params: SamplingParams, n_vocab: int, history: list[int]):
-    """llama.cpp's own chain: logit bias, penalties (repeat, frequency, presence), then the
-    greedy pick or top-k/top-p/min-p/temperature."""
-    chain = llama_cpp.llama_sampler_chain_init(llama_cpp.llama_sampler_chain_default_params())
-    if params.logit_bias:
-        arr = (llama_cpp.llama_logit_bias * len(params.logit_bias))(
-            *[llama_cpp.llama_logit_bias(t, b) for t, b in params.logit_bias])
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_logit_bias(
-            n_vocab, len(params.logit_bias), arr))
-    pen = llama_cpp.llama_sampler_init_penalties(
-        n_vocab, params.repeat_last_n, params.repeat_penalty, params.frequency_penalty,
-        params.presence_penalty)
-    for tok in history[-params.repeat_last_n:]:
-        llama_cpp.llama_sampler_accept(pen, tok)
-    llama_cpp.llama_sampler_chain_add(chain, pen)
-    if params.greedy:
-        llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_greedy())
-        return chain
-    for s in (llama_cpp.llama_sampler_init_top_k(params.top_k),
-              llama_cpp.llama_sampler_init_top_p(params.top_p, 1),
-              llama_cpp.llama_sampler_init_min_p(params.min_p, 1),
-              llama_cpp.llama_sampler_init_temp(params.temperature)):
-        llama_cpp.llama_sampler_chain_add(chain, s)
-    return chain
-
-
-def _sample_ref(chain, params: SamplingParams, ctx, idx: int, step: int) -> int:
-    if params.greedy:
-        return llama_cpp.llama_sampler_sample(chain, ctx, idx)
-    llama_cpp.llama_sampler_chain_add(chain, llama_cpp.llama_sampler_init_dist(
-        step_seed(params.seed, step)))
-    try:
-        return llama_cpp.llama_sampler_sample(chain, ctx, idx)
-    finally:
-        n = llama_cpp.llama_sampler_chain_n(chain)
-        llama_cpp.llama_sampler_free(llama_cpp.llama_sampler_chain_remove(chain, n - 1))
-
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
+from igi_sdk.runtime.sampling import SamplerChain, SamplingOverride, logits_row
+from tests.reference_sampling import assert_same_picks
 
 PARAMS = [
     SamplingParams(temperature=0.0, repeat_penalty=1.0, frequency_penalty=1.5,
@@ -91,28 +32,17 @@ PARAMS = [
 
 @pytest.mark.parametrize("params", PARAMS, ids=range(len(PARAMS)))
 def test_penalties_and_biases_pick_what_llama_cpp_picks(decoded, params) -> None:
-    ctx, vocab = decoded
-    n = llama_cpp.llama_vocab_n_tokens(vocab)
+    n = llama_cpp.llama_vocab_n_tokens(decoded[1])
     rng = np.random.default_rng(3)
     history = [int(t) for t in rng.integers(0, 60, 40)]  # repeats: counts above one
-    ours = SamplerChain(params, vocab, grammar=None, history=history, reply_tokens=[])
-    ref = _reference(params, n, history)
-    try:
-        for step in range(60):
-            idx = step % 2
-            row = logits_row(ctx, idx, n)
-            crafted = rng.standard_normal(n).astype(np.float32) * 3
-            # the penalized and biased tokens near the top: the penalties decide the pick
-            crafted[history[-6:]] = crafted.max() + np.float32(0.05) * (step % 5)
-            row[:] = crafted
-            got = ours.sample(ctx, idx, step)
-            assert np.array_equal(row, crafted)  # the row is put back
-            want = _sample_ref(ref, params, ctx, idx, step)
-            assert got == want, (step, got, want)
-            history.append(got)
-    finally:
-        ours.close()
-        llama_cpp.llama_sampler_free(ref)
+
+    def craft(step: int) -> np.ndarray:
+        crafted = rng.standard_normal(n).astype(np.float32) * 3
+        # the penalized and biased tokens near the top: the penalties decide the pick
+        crafted[history[-6:]] = crafted.max() + np.float32(0.05) * (step % 5)
+        return crafted
+
+    assert_same_picks(decoded, params, history, craft)
 
 
 def test_a_bias_for_a_token_past_the_vocabulary_is_refused(decoded) -> None:

@@ -17,7 +17,7 @@ from igi_sdk.errors import PromptTooLongError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 from igi_sdk.runtime.text import Vocab
-from tests.test_bridge import stop
+from tests.sidecars import stop
 
 GREEDY = SamplingParams(temperature=0.0)
 TURN = "Tell me of the old war, the siege, and the smith who forged the gate. " * 440

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import json
 import math
-import shutil
 from collections.abc import Iterator
 
 import httpx
@@ -16,8 +15,7 @@ import pytest
 
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar, openai_api
 
 SIMILAR = ("The blacksmith forges a sword from iron.", "A smith hammers iron into a blade.")
 UNRELATED = "The tax office opens on Monday mornings."
@@ -30,19 +28,8 @@ def _cos(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
-    d = tmp_path_factory.mktemp("oneshot-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-oneshot') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "4",
-                         "--http", f"127.0.0.1:{port}")
-    probe = Client(ep, timeout=60)
-    probe.wait_ready(60)
-    probe.close()
-    base = f"http://127.0.0.1:{port}"
-    _wait_http(base)
-    yield base, ep
-    stop(proc)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "4") as f:
+        yield f
 
 
 @pytest.fixture
@@ -54,7 +41,7 @@ def client(face) -> Iterator[Client]:
 
 @pytest.fixture
 def api(face) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{face[0]}/v1", api_key="unused", max_retries=0)
+    return openai_api(face[0])
 
 
 # --- the protocol ------------------------------------------------------------------------------

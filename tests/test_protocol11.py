@@ -15,7 +15,7 @@ import zmq
 
 from igi_sdk.client import BridgeError, Client
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 
 GREEDY = {"temperature": 0.0, "seed": 1}
 # the game's owner key: its runs (connections) share their sessions, nobody else sees them

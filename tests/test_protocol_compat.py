@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from igi_sdk.client import Client
-from tests.test_bridge import stop
+from tests.sidecars import stop
 from tests.test_protocol11 import Raw
 
 TOKEN = "compat-test-launch-token-0001"

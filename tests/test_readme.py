@@ -20,7 +20,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import stat
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from igi_sdk.model.synthetic_vlm import write_synthetic_vlm
 from igi_sdk.planner import Plan
 from igi_sdk.profile import DeviceProfile, Profile
 from tests.images import card, png
+from tests.sidecars import free_port
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 QUICK_START = [
@@ -100,12 +100,6 @@ def _subcommand(cmd: str) -> str:
     words = shlex.split(cmd.split("|")[-1], comments=True)
     assert words[0] == ".venv/bin/igi-sdk", cmd
     return words[1]
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 # --- what runs the README ----------------------------------------------------------------------
@@ -220,7 +214,7 @@ def _run(cmd: str, cwd: Path, env: dict[str, str], stdin: str = "") -> subproces
 
 def _check_serve(cmd: str, workdir: Path, env: dict[str, str], game: subprocess.Popen) -> None:
     with_game = GAME_PID in cmd
-    cmd = _on_port(cmd.replace(GAME_PID, f"--game-pid {game.pid}"), _free_port())
+    cmd = _on_port(cmd.replace(GAME_PID, f"--game-pid {game.pid}"), free_port())
     sidecar = Sidecar(cmd, workdir, env)
     try:
         line = sidecar.wait_ready()
@@ -316,7 +310,7 @@ def _snippet(code: str, workdir: Path, env: dict[str, str], port: int | None = N
 def test_readme_client_snippets(workdir: Path, env: dict[str, str]) -> None:
     snippets = python_snippets()
     serve = next(c for c in shell_commands() if _subcommand(c) == "serve")  # the default one
-    port = _free_port()
+    port = free_port()
     sidecar = Sidecar(_on_port(serve, port), workdir, env)
     try:
         sidecar.wait_ready()
@@ -329,7 +323,7 @@ def test_readme_client_snippets(workdir: Path, env: dict[str, str]) -> None:
     secure = next(c for c in shell_commands() if "--curve-secret" in c)
     shutil.rmtree(workdir / shlex.split(keys, comments=True)[2], ignore_errors=True)
     _run(keys, workdir, env)
-    port = _free_port()
+    port = free_port()
     sidecar = Sidecar(_on_port(secure, port), workdir, env)
     try:
         sidecar.wait_ready()

@@ -19,7 +19,7 @@ from benchmarks import transport_abort as T
 from igi_sdk.client import Client
 from igi_sdk.serving.flood import FloodGuard, ReceiveQueues
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import stop
+from tests.sidecars import stop
 
 
 def _guard() -> FloodGuard:

@@ -1,15 +1,19 @@
 """The session service's rules in-process: no socket, a fake model side, a transport that keeps
 what it was given. Who the game is, whose sessions make way for the game's, and the orphan rule
-for a peer that never leaves (the HTTP face)."""
+for a peer that never leaves (the HTTP face); which calls a line's tool results may answer."""
 
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from igi_sdk.events import ReplyDone, ReplyToolCall, ToolCall
+from igi_sdk.serving.backend import StreamListener
 from igi_sdk.serving.service import ServerConfig, SessionService
 from igi_sdk.wire import protocol as P
 from tests.test_server_caps import _Stalled
@@ -192,3 +196,105 @@ def test_the_face_may_reply_on_every_slot_and_still_makes_way_for_the_game(servi
     # another mod still has half the slots
     mod = Peer(svc, kept, b"mod")
     assert mod.hello[1]["limits"]["max_sessions_per_client"] == 2
+
+
+@dataclass(frozen=True)
+class _Done:
+    text: str = ""
+    finish_reason: str = "stop"
+    prompt_tokens: int = 4
+    completion_tokens: int = 3
+    ttft_s: float = 0.0
+    total_s: float = 0.0
+    cached_tokens: int = 0
+    tool_calls: tuple[ToolCall, ...] = ()
+    dropped_turns: int = 0
+    summarised_turns: int = 0
+
+
+class _Calling(_Stalled):
+    """A model side whose reply to the line "act" is two calls, and to any other line text."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lines: list[P.Chat] = []
+
+    def chat(self, request: P.Chat, listener: StreamListener) -> Future[Any]:
+        self.lines.append(request)
+        calls = (ToolCall(0, "call_follow", "follow", "{}"),
+                 ToolCall(1, "call_trade", "trade", "{}")) if request.text == "act" else ()
+        for call in calls:
+            listener(ReplyToolCall(0, call))
+        listener(ReplyDone(0, _Done("" if calls else "Well met.",
+                                    "tool_calls" if calls else "stop", tool_calls=calls)))
+        f: Future[Any] = Future()
+        f.set_result(None)
+        return f
+
+
+def _results(*ids: str) -> list[dict[str, str]]:
+    return [{"id": i, "content": "done"} for i in ids]
+
+
+@pytest.fixture()
+def calling(tmp_path: Path) -> tuple[SessionService, _Calling, Peer]:
+    """The service over a model side that calls, and the game connected to it."""
+    kept, model = Kept(), _Calling()
+    svc = SessionService(ServerConfig(endpoint="inproc://unused", model_dir=tmp_path),
+                         model, kept)  # type: ignore[arg-type]
+    svc.model_name = "calling.gguf"
+    return svc, model, Peer(svc, kept, b"game")
+
+
+def _chat(peer: Peer, body: dict[str, Any]) -> tuple[str, dict[str, Any]]:
+    """A chat's terminal frame (its ``done`` or ``error``), past its ``tool_call`` events."""
+    msg_id = peer.tell("chat", body)
+    for ident, frame in peer.kept.sent:
+        rid, rtype, rbody = P.decode_reply(frame)
+        if ident == peer.identity and rid == msg_id and rtype in ("done", "error"):
+            return rtype, rbody
+    raise AssertionError("the chat did not end")
+
+
+def test_tool_results_answer_only_the_calls_of_the_sessions_last_reply(calling) -> None:
+    svc, model, game = calling
+    game.call("open_session", {"name": "lydia", "persona": ""})
+    # no reply yet: a result answers nothing, and is refused before the model sees the line
+    rtype, body = _chat(game, {"session": "lydia", "text": "",
+                                     "tool_results": _results("call_follow")})
+    assert (rtype, body["code"]) == ("error", "invalid_body") and "call_follow" in body["message"]
+    assert _chat(game, {"session": "lydia", "text": "act"})[0] == "done"
+    lines = len(model.lines)
+    # a result naming a call the reply did not make: typed, and nothing lost
+    rtype, body = _chat(game, {"session": "lydia", "text": "",
+                                     "tool_results": _results("call_follow", "call_fly")})
+    assert (rtype, body["code"]) == ("error", "invalid_body")
+    assert "call_fly" in body["message"] and "call_follow, call_trade" in body["message"]
+    assert len(model.lines) == lines and not svc.clients[b"game"].streams
+    # the session is as it was: the right results are taken, the reply after them makes no
+    # calls, and results of the calls before it are refused then
+    assert _chat(game, {"session": "lydia", "text": "",
+                              "tool_results": _results("call_trade", "call_follow")}
+                     )[0] == "done"
+    assert [r.id for r in model.lines[-1].tool_results] == ["call_trade", "call_follow"]
+    assert _chat(game, {"session": "lydia", "text": "",
+                              "tool_results": _results("call_trade")})[1]["code"] == \
+        "invalid_body"
+
+
+def test_a_history_given_says_which_calls_the_results_answer(calling) -> None:
+    game = calling[2]
+    called = [{"role": "user", "content": "Follow me."},
+              {"role": "assistant", "content": "", "tool_calls": [
+                  {"id": "call_1", "name": "follow", "arguments": "{}"},
+                  {"id": "call_2", "name": "trade", "arguments": "{}"}]},
+              {"role": "tool", "content": "following", "tool_call_id": "call_1"}]
+    game.call("open_session", {"name": "lydia", "persona": "", "history": called})
+    assert _chat(game, {"session": "lydia", "text": "",
+                              "tool_results": _results("call_2")})[0] == "done"
+    # a line that rewrites the conversation: its history's calls, not the session's
+    assert _chat(game, {"session": "lydia", "text": "", "history": called,
+                              "tool_results": _results("call_1")})[0] == "done"
+    plain = [*called, {"role": "user", "content": "Thanks."}]
+    assert _chat(game, {"session": "lydia", "text": "", "history": plain,
+                              "tool_results": _results("call_1")})[1]["code"] == "invalid_body"

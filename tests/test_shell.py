@@ -416,7 +416,7 @@ def test_control_plane_answers_while_a_long_prompt_is_read(small_model, tmp_path
 
     from igi_sdk.client import Client
     from igi_sdk.serving.server import ServerConfig
-    from tests.test_bridge import start_sidecar, stop
+    from tests.sidecars import start_sidecar, stop
 
     path, _ = small_model
     shutil.copy(path, tmp_path / "m.gguf")

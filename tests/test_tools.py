@@ -9,13 +9,14 @@ import llguidance
 import pytest
 from pydantic import ValidationError
 
-from igi_sdk.errors import InvalidToolsError
+from igi_sdk.errors import InvalidToolsError, UnknownToolCallError
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.conversations import Conversations
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.parse import read
 from igi_sdk.runtime import tools
 from igi_sdk.runtime.grammar import LIMITS
+from igi_sdk.serving import tool_results
 from igi_sdk.wire import protocol as P
 
 FOLLOW = ("follow", "Follow the player.", {"type": "object", "properties": {
@@ -245,3 +246,51 @@ def test_a_transcript_with_calls_and_results_continues_its_conversation() -> Non
     assert http_tools.message(done) == {"role": "assistant", "content": None, "tool_calls": [
         {"id": "call_ab", "type": "function",
          "function": {"name": "follow", "arguments": '{"distance": 3}'}}]}
+
+
+def test_a_tool_message_must_answer_a_call_of_the_assistant_message_before_it() -> None:
+    def call(i: str) -> dict[str, object]:
+        return {"id": i, "type": "function", "function": {"name": "follow", "arguments": "{}"}}
+
+    asked = [{"role": "user", "content": "Follow me."},
+             {"role": "assistant", "content": None, "tool_calls": [call("call_1"), call("call_2")]}]
+    answered = [*asked, {"role": "tool", "tool_call_id": "call_2", "content": "ok"},
+                {"role": "tool", "tool_call_id": "call_1", "content": "ok"}]
+    assert read(json.dumps({"messages": answered}).encode()).results == (
+        ("call_2", "ok"), ("call_1", "ok"))
+    later = [*answered, {"role": "assistant", "content": "I follow."},
+             {"role": "user", "content": "Stop."}]
+    assert read(json.dumps({"messages": later}).encode()).line == "Stop."
+    bad = {
+        "an id no call has": [*asked, {"role": "tool", "tool_call_id": "call_9", "content": "x"}],
+        "no call before it": [{"role": "user", "content": "hi"},
+                              {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+        "a call of an earlier message": [*answered, {"role": "assistant", "content": "Done."},
+                                         {"role": "tool", "tool_call_id": "call_1",
+                                          "content": "x"}],
+        "a user line between": [*asked, {"role": "user", "content": "Well?"},
+                                {"role": "tool", "tool_call_id": "call_1", "content": "x"}],
+    }
+    for why, messages in bad.items():
+        with pytest.raises(HttpError) as e:
+            read(json.dumps({"messages": messages}).encode())
+        assert e.value.status == 400 and "tool" in e.value.message, why
+
+
+def test_which_calls_a_lines_results_may_answer() -> None:
+    def turns(*raw: dict[str, object]) -> list[P.HistoryTurn]:
+        return [P.HistoryTurn.model_validate(t) for t in raw]
+
+    asked = {"role": "assistant", "content": "", "tool_calls": [
+        {"id": "call_1", "name": "follow", "arguments": "{}"}]}
+    answer = {"role": "tool", "content": "ok", "tool_call_id": "call_1"}
+    assert tool_results.of_history(turns(asked)) == {"call_1"}
+    assert tool_results.of_history(turns(asked, answer)) == {"call_1"}
+    assert tool_results.of_history(turns(asked, {"role": "user", "content": "hi"})) == set()
+    assert tool_results.of_history([]) == set()
+    ok = [P.ToolResult(id="call_1", content="ok")]
+    tool_results.check(ok, frozenset({"call_1", "call_2"}))
+    tool_results.check(ok, None)  # not known (a restored session): not checked
+    with pytest.raises(UnknownToolCallError) as e:
+        tool_results.check(ok, frozenset())
+    assert e.value.code == "invalid_body" and "call_1" in e.value.message

@@ -5,9 +5,7 @@ over the OpenAI HTTP face with the official ``openai`` package: a Mantella-style
 from __future__ import annotations
 
 import json
-import shutil
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -15,8 +13,7 @@ import openai
 import pytest
 
 from igi_sdk.client import BridgeError, Client, ToolCall
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar
 
 jsonschema = pytest.importorskip("jsonschema")
 
@@ -83,17 +80,9 @@ def verdict(text: str, calls: list[tuple[str, str]], why: object = None) -> str:
 
 @pytest.fixture(scope="module")
 def sidecar(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
-    d: Path = tmp_path_factory.mktemp("tools-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-tools') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--http", f"127.0.0.1:{port}")
-    base = f"http://127.0.0.1:{port}"
-    try:
-        _wait_http(base, 240)  # a loaded 2-core host starts it slowly
+    # a loaded 2-core host starts it slowly
+    with http_sidecar(tmp_path_factory, default_model, ready_s=240) as (base, ep):
         yield ep, base
-    finally:
-        stop(proc)
 
 
 @pytest.fixture(scope="module")

@@ -15,7 +15,7 @@ from pydantic import BaseModel
 from bridge import generate as G  # the repository's generator
 from igi_sdk.wire import contract as C
 from igi_sdk.wire import protocol as P
-from tests.test_bridge import start_sidecar, stop
+from tests.sidecars import start_sidecar, stop
 
 GREEDY = {"temperature": 0.0, "seed": 1}
 

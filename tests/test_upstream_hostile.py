@@ -21,8 +21,7 @@ from benchmarks.hostile_upstream import HUNG_UP, MODE, STOP, Hostile
 from igi_sdk.errors import UpstreamUnavailableError
 from igi_sdk.upstream.client import MAX_BODY_BYTES, UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import UpstreamConfig
-from tests.test_bridge import stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import free_port, stop, wait_http
 
 
 @pytest.fixture(scope="module")
@@ -101,7 +100,7 @@ def test_an_http_client_that_leaves_ends_its_silent_upstream_line(
     """Over the HTTP face, a client that disconnects while the upstream sends nothing (only
     keep-alives) ends the upstream call at once, not at the line's deadline."""
     shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
-    port = _free_port()
+    port = free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint",
          f"ipc://{tmp_path / 's.sock'}", "--model-dir", str(tmp_path), "--model", "tiny.gguf",
@@ -111,7 +110,7 @@ def test_an_http_client_that_leaves_ends_its_silent_upstream_line(
         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
-        _wait_http(base, 60)
+        wait_http(base, 60)
         MODE["chat"] = "keepalive"
         HUNG_UP.clear()
         body = {"model": "m", "max_tokens": 8, "stream": stream,

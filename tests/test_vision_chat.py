@@ -255,7 +255,7 @@ WIRE_GREEDY = {"temperature": 0.0, "repeat_penalty": 1.0}
 
 @pytest.fixture(scope="module")
 def sidecar(vlm: VLMFiles, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    from tests.test_bridge import start_sidecar, stop
+    from tests.sidecars import start_sidecar, stop
 
     d = tmp_path_factory.mktemp("vlm-models")
     shutil.copy(vlm.model, d / "tiny-vl.gguf")
@@ -557,7 +557,7 @@ def test_under_the_arbiter_the_encoder_borrows_vram_from_the_model_and_gives_it_
     room and back; the words are those of the sidecar without an arbiter."""
     import json
 
-    from tests.test_bridge import start_sidecar, stop
+    from tests.sidecars import start_sidecar, stop
     from tests.test_planner import GPU_PROFILE
 
     shutil.copy(vlm.model, tmp_path / "tiny-vl.gguf")

@@ -30,7 +30,7 @@ from pydantic import BaseModel, ValidationError
 from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
 from igi_sdk.http import extra_schema as S
 from igi_sdk.http.errors import HttpError, from_code
-from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
+from igi_sdk.http.json_bound import refuse_unbounded
 
 M = TypeVar("M", bound=BaseModel)
 _INLINE_BODY = 64 << 10  # parsed on the event loop itself; larger ones on a worker thread
@@ -329,12 +329,7 @@ async def _read(request: Request, model: type[M]) -> M:
 
 
 def _parse(data: bytes, model: type[M]) -> M:
-    if over_values(data):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
-                        "JSON values")
-    if over_escapes(data):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
-                        "escaped characters")
+    refuse_unbounded(data)
     try:
         return model.model_validate_json(data)
     except ValidationError as e:

@@ -12,6 +12,8 @@ of steps so that no body costs more than a bounded walk.
 
 from __future__ import annotations
 
+from igi_sdk.http.errors import HttpError
+
 # what a request within the schema's caps needs at most (256 turns of 20 parts, each part a
 # few values: ~16k), with room for the fields an OpenAI client adds that the face ignores
 MAX_VALUES = 1 << 15
@@ -81,3 +83,16 @@ def over_values(body: bytes | bytearray, limit: int = MAX_VALUES,
             if backslashes % 2 == 0:  # an odd run escapes the quote
                 break
         pos = end + 1
+
+
+def refuse_unbounded(body: bytes | bytearray, values_are: str = "") -> None:
+    """A 413 for a body with more JSON values or escaped characters than a parse may take:
+    checked before pydantic's parse, which holds the GIL for as long as the body has them.
+    ``values_are``: what the values of this route's body are, for the message."""
+    if over_values(body):
+        note = f" ({values_are})" if values_are else ""
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
+                        f"JSON values{note}")
+    if over_escapes(body):
+        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
+                        "escaped characters (send its text as UTF-8, not \\u escapes)")

@@ -16,7 +16,7 @@ from igi_sdk.http import sampling_options
 from igi_sdk.http import tools as http_tools
 from igi_sdk.http.conversations import Turn
 from igi_sdk.http.errors import HttpError
-from igi_sdk.http.json_bound import MAX_ESCAPES, MAX_VALUES, over_escapes, over_values
+from igi_sdk.http.json_bound import refuse_unbounded
 from igi_sdk.http.schema import ChatCompletionRequest, ChatOptions
 from igi_sdk.wire import protocol as P
 
@@ -53,12 +53,7 @@ def read(body: bytes | bytearray) -> Parsed:
 
 def _parse(body: bytes | bytearray) -> ChatCompletionRequest:
     # pydantic parses in one call that holds the GIL, for as long as the body has values
-    if over_values(body):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_VALUES} "
-                        "JSON values (messages, parts and fields together)")
-    if over_escapes(body):
-        raise HttpError(413, "request_too_large", f"the body holds more than {MAX_ESCAPES} "
-                        "escaped characters (send its text as UTF-8, not \\u escapes)")
+    refuse_unbounded(body, "messages, parts and fields together")
     try:
         # pydantic's JSON reader refuses nesting past its own recursion limit (a 400 here),
         # so the body is not scanned for nesting first: that walk held the GIL for seconds

@@ -42,6 +42,26 @@ def check(req: ChatCompletionRequest) -> None:
                         "among the request's tools")
     if choice == "required" and not tools:
         raise HttpError(400, "invalid_argument", "tool_choice 'required' needs tools")
+    answers_calls(req.messages)
+
+
+def answers_calls(messages: list[Message]) -> None:
+    """Every ``tool`` message answers a call of the assistant message that its run of tool
+    messages follows, by the call's id (a transcript is the whole conversation: the calls are
+    in it). OpenAI refuses anything else, with the same 400."""
+    calls: set[str] | None = None  # those of the assistant message the run follows
+    for k, m in enumerate(messages):
+        if m.role != "tool":
+            calls = ({c.id for c in m.tool_calls} if m.role == "assistant" and m.tool_calls
+                     else None)
+        elif calls is None:
+            raise HttpError(400, "invalid_argument", f"messages[{k}]: messages with role "
+                            "'tool' must be a response to a preceding message with "
+                            "'tool_calls'")
+        elif (m.tool_call_id or "") not in calls:
+            raise HttpError(400, "invalid_argument", f"messages[{k}]: tool_call_id "
+                            f"'{m.tool_call_id or ''}' is not among the tool_calls of the "
+                            "assistant message it follows")
 
 
 def choice_of(req: ChatOptions) -> str | None:

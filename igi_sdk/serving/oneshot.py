@@ -11,18 +11,13 @@ opened against the client's cap, so that it cannot take a slot from the game's N
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Protocol, TypeVar
 
-from pydantic import ValidationError
-
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyFailed, ReplyText
-from igi_sdk.serving.answers import done_body, error_body, ok_frame, typed
-from igi_sdk.serving.backend import Backend, EmbedResult, StreamHandle
+from igi_sdk.serving.backend import Backend, EmbedResult
 from igi_sdk.serving.clients import Client
-from igi_sdk.serving.ownership import StreamLog
+from igi_sdk.serving.streaming import StreamHost, stream_reply
 from igi_sdk.wire import contract as C
 from igi_sdk.wire import protocol as P
 
@@ -34,7 +29,7 @@ class _StreamCap(Protocol):
     def max_streams_per_client(self) -> int: ...
 
 
-class Service(Protocol):
+class Service(StreamHost, Protocol):
     """What these requests use of the session service (serving/service.py): a protocol, so
     that this module sits below the service and imports nothing of it."""
 
@@ -43,17 +38,6 @@ class Service(Protocol):
 
     @property
     def cfg(self) -> _StreamCap: ...
-
-    @property
-    def _ignored(self) -> tuple[str, ...]: ...
-
-    def later(self, fn: Callable[[], None]) -> None: ...
-
-    def _send(self, identity: bytes, frame: bytes) -> None: ...
-
-    def _send_logged(self, identity: bytes, log: StreamLog, frame: bytes) -> None: ...
-
-    def _error(self, identity: bytes, msg_id: int, e: P.ProtocolError) -> None: ...
 
     def _answer(self, identity: bytes, msg_id: int, fut: Future[_T], msg_type: str,
                 ok: Callable[[_T], C.Answer],
@@ -96,68 +80,20 @@ def embed(svc: Service, c: Client, msg_id: int, body: P.Embed) -> None:
 
 
 def complete(svc: Service, c: Client, msg_id: int, body: P.Complete) -> None:
-    """A stream as ``chat``'s: ``token`` events, then ``done`` or ``error``."""
-
+    """A stream as ``chat``'s (serving/streaming.py): ``token`` events, then ``done`` or
+    ``error``."""
     svc._need_model()
     if _duplicate(svc, c, msg_id, "complete"):
         return
     _stream_room(svc, c)
     svc._session_room(c)  # its own session for the reply's length: a slot of the client's
-    identity, ignored = c.identity, svc._ignored
-    events = c.logs[msg_id] = StreamLog()
     c.opening += 1
 
-    def ended() -> None:  # the service thread
-        if msg_id in c.streams:
-            del c.streams[msg_id]
-            c.opening -= 1
-        c.cancel_pending.discard(msg_id)
-        events.ended_at = time.monotonic()
+    def released() -> None:  # the service thread, once
+        c.opening -= 1
 
-    said = 0
-
-    def listener(event: ReplyEvent) -> None:  # the outbox thread: encodes, the service sends
-        nonlocal said
-        if isinstance(event, ReplyText):
-            said += 1
-            token = P.encode(msg_id, "token", C.Token(text=event.text, i=said).model_dump())
-            svc.later(lambda: svc._send_logged(identity, events, token))
-            return
-        if isinstance(event, ReplyDone):
-            try:
-                frame = ok_frame(msg_id, done_body(event.result), ignored, "done")
-            except ValidationError as e:
-                frame = P.encode(msg_id, "error", error_body(typed(e, "complete")))
-        elif isinstance(event, ReplyFailed):
-            frame = P.encode(msg_id, "error", error_body(typed(event.error, "complete")))
-        else:
-            return  # a tool call: a completion declares no tools, so none comes
-
-        def end() -> None:
-            events.terminal = frame
-            svc._send(identity, frame)
-            ended()
-
-        svc.later(end)
-
-    c.streams[msg_id] = None  # reserved: the stream may end before the handle arrives
-
-    def started(f: Future[StreamHandle]) -> None:  # the service thread
-        try:
-            handle = f.result()
-        except Exception as e:  # noqa: BLE001 - answered, typed
-            ended()
-            events.terminal = P.encode(msg_id, "error", error_body(typed(e, "complete")))
-            svc._error(identity, msg_id, typed(e, "complete"))
-            return
-        if msg_id in c.streams:
-            c.streams[msg_id] = handle
-        if msg_id in c.cancel_pending:
-            c.cancel_pending.discard(msg_id)
-            handle.cancel()
-
-    fut = svc.backend.complete(body, listener)
-    fut.add_done_callback(lambda f: svc.later(lambda: started(f)))
+    stream_reply(svc, c, msg_id, "complete",
+                 lambda listener: svc.backend.complete(body, listener), released)
 
 
 def _duplicate(svc: Service, c: Client, msg_id: int, what: str) -> bool:

@@ -50,6 +50,9 @@ class SessionInfo:
     since: float = field(default_factory=time.monotonic)  # owned or orphaned since
     used: float = field(default_factory=time.monotonic)  # a reply last started or ended
     replying: int = 0  # replies running
+    # the ids of the calls its last reply made, which a line's tool_results may answer
+    # (serving/tool_results.py); None: not known (restored from a save)
+    calls: frozenset[str] | None = frozenset()
 
 
 class Sessions:
@@ -85,8 +88,9 @@ class Sessions:
         waiting = [(info.since, sid) for sid, info in self.by_id.items() if info.owner is None]
         return [sid for _, sid in sorted(waiting)]
 
-    def add(self, sid: str, owner: bytes, scope: str, name: str, persona: str = "") -> None:
-        self.by_id[sid] = SessionInfo(owner, scope, name, persona)
+    def add(self, sid: str, owner: bytes, scope: str, name: str, persona: str = "",
+            calls: frozenset[str] | None = frozenset()) -> None:
+        self.by_id[sid] = SessionInfo(owner, scope, name, persona, calls=calls)
         self.by_name[(scope, name)] = sid
 
     def orphan(self, sid: str) -> None:

@@ -29,16 +29,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
-from pydantic import ValidationError
-
 from igi_sdk.errors import IgiError, coded_error, save_io_error
-from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText, ReplyToolCall
-from igi_sdk.serving import oneshot
-from igi_sdk.serving.answers import done_body as _done
-from igi_sdk.serving.answers import error_body as _error_body
+from igi_sdk.serving import oneshot, tool_results
 from igi_sdk.serving.answers import ok_frame as _ok
 from igi_sdk.serving.answers import typed as _typed
-from igi_sdk.serving.backend import Backend
+from igi_sdk.serving.backend import Backend, ChatResult
 from igi_sdk.serving.clients import Client, ImageBytes, make_room, slot_cap, stream_cap
 from igi_sdk.serving.game_process import alive, is_ancestor
 from igi_sdk.serving.ownership import (
@@ -51,6 +46,7 @@ from igi_sdk.serving.ownership import (
     key_scope,
     prune_logs,
 )
+from igi_sdk.serving.streaming import stream_reply
 from igi_sdk.wire import contract as C
 from igi_sdk.wire import protocol as P
 
@@ -506,13 +502,15 @@ class SessionService:
         if name is not None:
             body = body.model_copy(update={"name": engine_id(c.scope, name)})
         self._answer_session(c, msg_id, self.backend.open_session(body), "open_session",
-                             name, body.persona)
+                             name, body.persona, tool_results.of_history(body.history))
 
     def _answer_session(self, c: Client, msg_id: int, fut: Future[str], msg_type: str,
-                        name: str | None = None, persona: str = "") -> None:
+                        name: str | None = None, persona: str = "",
+                        calls: tool_results.Calls = None) -> None:
         """Answer an open/restore with the new session, which counts against the client's cap
         (and holds its name in its scope) from now until the answer. ``name`` is the wire
-        name (None: the engine's id is the name)."""
+        name (None: the engine's id is the name); ``calls``: those of its last reply, which
+        its first line's results may answer (None: not known, as for a restored session)."""
         c.opening += 1
         scoped = (c.scope, name) if name is not None else None
         if scoped is not None:
@@ -526,7 +524,7 @@ class SessionService:
         def opened(sid: str) -> C.SessionOk:
             settled()
             wire = name if name is not None else sid
-            self.sessions.add(sid, c.identity, c.scope, wire, persona)
+            self.sessions.add(sid, c.identity, c.scope, wire, persona, calls)
             if self.clients.get(c.identity) is not c:  # it left meanwhile: adoptable
                 self.sessions.orphan(sid)
             return C.SessionOk(session=wire)
@@ -553,78 +551,24 @@ class SessionService:
         if len(c.streams) >= stream_cap(c, self._slots(), self.cfg.max_streams_per_client):
             raise P.ProtocolError("busy", f"{len(c.streams)} replies are already streaming for "
                                   "this client; wait for one to finish", retryable=True)
+        sid = body.session
+        info = self.sessions.by_id[sid]
+        # the results answer the last reply's calls: the session's, or its new history's
+        calls = info.calls if body.history is None else tool_results.of_history(body.history)
+        tool_results.check(body.tool_results, calls)
         images = sum(len(i.data or i.pixels or b"") for i in body.images)
         self.images.take(c, images)
-        identity, ignored = c.identity, self._ignored
-        events = c.logs[msg_id] = StreamLog()
-        sid = body.session
         self.sessions.reply_started(sid)
 
-        def ended() -> None:  # on the service thread
-            if msg_id in c.streams:  # once per stream
-                del c.streams[msg_id]
-                self.sessions.reply_ended(sid)
-                self.images.give_back(c, images)
-            c.cancel_pending.discard(msg_id)
-            events.ended_at = time.monotonic()
+        def released() -> None:  # on the service thread, once
+            self.sessions.reply_ended(sid)
+            self.images.give_back(c, images)
 
-        said = 0  # token events of this stream so far (outbox thread only)
+        def answered(result: ChatResult) -> None:  # on the service thread
+            info.calls = tool_results.after_reply(calls, result)
 
-        def listener(event: ReplyEvent) -> None:  # on the model side's outbox thread
-            # it encodes the frame here, off the service thread; the stream's log (socket-thread
-            # state, for resume_stream) is appended and the frame sent there, in event order
-            nonlocal said
-            if isinstance(event, ReplyText):
-                said += 1
-                # a validated model per token costs under 3 us over a plain dict (1.3 -> 3.9 us
-                # per encoded token), nothing beside a decode step; its fields are set but
-                # logprobs (asked for by the line), so model_dump() without nulls is its wire
-                # body, without wire()'s bookkeeping
-                token = P.encode(msg_id, "token", C.Token(
-                    text=event.text, i=said, logprobs=_logprobs(event)).model_dump(
-                        exclude_none=True))
-                self.later(lambda: self._send_logged(identity, events, token))
-                return
-            if isinstance(event, ReplyToolCall):  # 1.3: counted with the token events
-                said += 1
-                k = event.call
-                call = P.encode(msg_id, "tool_call", C.ToolCallEvent(
-                    i=said, index=k.index, id=k.id, name=k.name, arguments=k.arguments).wire())
-                self.later(lambda: self._send_logged(identity, events, call))
-                return
-            if isinstance(event, ReplyDone):
-                try:
-                    frame = _ok(msg_id, _done(event.result), ignored, "done")
-                except ValidationError as e:  # figures the contract does not allow: a bug
-                    frame = P.encode(msg_id, "error", _error_body(_typed(e, "chat")))
-            else:
-                frame = P.encode(msg_id, "error", _error_body(_typed(event.error, "chat")))
-
-            def end() -> None:  # on the service thread
-                events.terminal = frame
-                self._send(identity, frame)
-                ended()
-
-            self.later(end)
-
-        c.streams[msg_id] = None  # reserved: the stream may end before the handle arrives
-
-        def started(f: Future) -> None:  # on the service thread
-            try:
-                handle = f.result()
-            except Exception as e:  # noqa: BLE001 - answered, typed
-                ended()
-                events.terminal = P.encode(msg_id, "error", _error_body(_typed(e, "chat")))
-                self._error(identity, msg_id, _typed(e, "chat"))
-                return
-            if msg_id in c.streams:
-                c.streams[msg_id] = handle
-            if msg_id in c.cancel_pending:
-                c.cancel_pending.discard(msg_id)
-                handle.cancel()
-
-        fut = self.backend.chat(body, listener)
-        fut.add_done_callback(lambda f: self.later(lambda: started(f)))
+        stream_reply(self, c, msg_id, "chat", lambda listener: self.backend.chat(body, listener),
+                     released, answered)
         return None  # the stream answers
 
     # --- 1.3: requests without a session (serving/oneshot.py) -------------------------------
@@ -940,11 +884,3 @@ def _save_key(folder: Path, name: str) -> str:
     on Windows and macOS)."""
     return f"{folder}{os.sep}{name.lower()}"
 
-
-def _logprobs(event: ReplyText) -> list[C.TokenLogprob] | None:
-    """A text event's logprobs in their wire shape (None: the line asked for none)."""
-    if not event.logprobs:
-        return None
-    return [C.TokenLogprob(token=t.token, logprob=t.logprob,
-                           top=[C.TopLogprob(token=a, logprob=b) for a, b in t.top])
-            for t in event.logprobs]

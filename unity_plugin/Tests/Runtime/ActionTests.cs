@@ -11,12 +11,11 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Sidecar")]
-    public class ActionTests
+    public class ActionTests : ClientFixture
     {
         // a call is one reply generated without any event until its closing tag: on a loaded
         // 2-core machine that may take longer than the default 60 s between events
         const double CallSeconds = 300;
-        readonly List<IgiClient> clients = new List<IgiClient>();
 
         public static readonly NpcAction Follow = new NpcAction("follow", "Follow the player at a distance in metres.",
             ActionParameters.Object().Integer("distance", "metres behind the player", minimum: 1, maximum: 10));
@@ -28,16 +27,7 @@ namespace Igi.Sdk.Tests
 
         IgiClient Connect()
         {
-            var client = Pumping.Connect(Sidecar.Shared.Endpoint, o => o.StreamTimeoutSeconds = CallSeconds);
-            clients.Add(client);
-            return client;
-        }
-
-        [TearDown]
-        public void DisposeClients()
-        {
-            foreach (var client in clients) client.Dispose();
-            clients.Clear();
+            return Connect(Sidecar.Shared.Endpoint, o => o.StreamTimeoutSeconds = CallSeconds);
         }
 
         static string Open(IgiClient client)

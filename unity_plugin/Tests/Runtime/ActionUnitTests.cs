@@ -12,28 +12,8 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Client")]
-    public class ActionUnitTests
+    public class ActionUnitTests : FakeClientFixture
     {
-        FakeTransport fake;
-        IgiClient client;
-
-        [SetUp]
-        public void NewFake() { fake = new FakeTransport(); }
-
-        [TearDown]
-        public void DisposeClient()
-        {
-            if (client != null) client.Dispose();
-            client = null;
-        }
-
-        static Dictionary<string, object> Map(params object[] pairs)
-        {
-            var map = new Dictionary<string, object>();
-            for (int i = 0; i < pairs.Length; i += 2) map[(string)pairs[i]] = pairs[i + 1];
-            return map;
-        }
-
         static Dictionary<string, object> HelloWithTools()
         {
             var ok = FakeTransport.HelloOk();

@@ -9,22 +9,11 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Sidecar")]
-    public class ClientTests
+    public class ClientTests : ClientFixture
     {
-        readonly List<IgiClient> clients = new List<IgiClient>();
-
         IgiClient Connect(Action<IgiClientOptions> configure = null)
         {
-            var client = Pumping.Connect(Sidecar.Shared.Endpoint, configure);
-            clients.Add(client);
-            return client;
-        }
-
-        [TearDown]
-        public void DisposeClients()
-        {
-            foreach (var client in clients) client.Dispose();
-            clients.Clear();
+            return Connect(Sidecar.Shared.Endpoint, configure);
         }
 
         static string Unique(string prefix) { return prefix + "." + Guid.NewGuid().ToString("N").Substring(0, 8); }

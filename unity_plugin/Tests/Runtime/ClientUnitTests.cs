@@ -10,37 +10,8 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Client")]
-    public class ClientUnitTests
+    public class ClientUnitTests : FakeClientFixture
     {
-        FakeTransport fake;
-        IgiClient client;
-
-        IgiClient Start(Action<IgiClientOptions> configure = null, bool waitReady = true)
-        {
-            var options = new IgiClientOptions { TransportFactory = () => fake };
-            if (configure != null) configure(options);
-            client = new IgiClient(options);
-            if (waitReady) Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 5, "fake hello");
-            return client;
-        }
-
-        [SetUp]
-        public void NewFake() { fake = new FakeTransport(); }
-
-        [TearDown]
-        public void DisposeClient()
-        {
-            if (client != null) client.Dispose();
-            client = null;
-        }
-
-        static Dictionary<string, object> Map(params object[] pairs)
-        {
-            var map = new Dictionary<string, object>();
-            for (int i = 0; i < pairs.Length; i += 2) map[(string)pairs[i]] = pairs[i + 1];
-            return map;
-        }
-
         [Test]
         [Timeout(10000)]
         public void UnknownReplyTypesAndFieldsAreIgnored()

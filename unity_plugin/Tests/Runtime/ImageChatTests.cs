@@ -12,7 +12,7 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Sidecar")]
-    public class ImageChatTests
+    public class ImageChatTests : ClientFixture
     {
         const int W = 64, H = 64;
         const string Line = "What do you think of this sword?";
@@ -21,7 +21,6 @@ namespace Igi.Sdk.Tests
 
         static Sidecar vision;
         static readonly object VisionLock = new object();
-        readonly List<IgiClient> clients = new List<IgiClient>();
 
         /// <summary>The VLM's sidecar, started on first use and shared by these tests (as
         /// <see cref="Sidecar.Shared"/> is: NUnit 2.6 and 3 agree on no fixture set-up attribute).</summary>
@@ -73,18 +72,9 @@ namespace Igi.Sdk.Tests
             return dir;
         }
 
-        [TearDown]
-        public void DisposeClients()
-        {
-            foreach (var client in clients) client.Dispose();
-            clients.Clear();
-        }
-
         IgiClient Connect(Sidecar sidecar)
         {
-            var client = Pumping.Connect(sidecar.Endpoint);
-            clients.Add(client);
-            return client;
+            return Connect(sidecar.Endpoint);
         }
 
         static string Open(IgiClient client)

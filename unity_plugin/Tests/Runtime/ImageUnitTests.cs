@@ -10,11 +10,8 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Client")]
-    public class ImageUnitTests
+    public class ImageUnitTests : FakeClientFixture
     {
-        FakeTransport fake;
-        IgiClient client;
-
         void Start(bool offerImages = true)
         {
             fake.OnRequest = (id, type, body) =>
@@ -28,16 +25,6 @@ namespace Igi.Sdk.Tests
             };
             client = new IgiClient(new IgiClientOptions { TransportFactory = () => fake });
             Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 5, "fake hello");
-        }
-
-        [SetUp]
-        public void NewFake() { fake = new FakeTransport(); }
-
-        [TearDown]
-        public void DisposeClient()
-        {
-            if (client != null) client.Dispose();
-            client = null;
         }
 
         Dictionary<string, object> SentBody(IgiRequest request)

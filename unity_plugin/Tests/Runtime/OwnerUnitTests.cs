@@ -12,39 +12,10 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Client")]
-    public class OwnerUnitTests
+    public class OwnerUnitTests : FakeClientFixture
     {
         const string Owner = "owner-key_0123456789abcdef";
         const string Token = "launch-token_0123456789ABCDEF";
-
-        FakeTransport fake;
-        IgiClient client;
-
-        [SetUp]
-        public void NewFake() { fake = new FakeTransport(); }
-
-        [TearDown]
-        public void DisposeClient()
-        {
-            if (client != null) client.Dispose();
-            client = null;
-        }
-
-        IgiClient Start(Action<IgiClientOptions> configure, bool waitReady = true)
-        {
-            var options = new IgiClientOptions { TransportFactory = () => fake };
-            configure(options);
-            client = new IgiClient(options);
-            if (waitReady) Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 5, "fake hello");
-            return client;
-        }
-
-        static Dictionary<string, object> Map(params object[] pairs)
-        {
-            var map = new Dictionary<string, object>();
-            for (int i = 0; i < pairs.Length; i += 2) map[(string)pairs[i]] = pairs[i + 1];
-            return map;
-        }
 
         static Dictionary<string, object> Hello12(bool game, string owner)
         {

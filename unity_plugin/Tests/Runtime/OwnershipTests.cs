@@ -12,11 +12,10 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Sidecar")]
-    public class OwnershipTests
+    public class OwnershipTests : ClientFixture
     {
         const int MaxSessions = 4;
         Sidecar sidecar;
-        readonly List<IgiClient> clients = new List<IgiClient>();
 
         [TestFixtureSetUp]
         public void StartSidecar()
@@ -30,18 +29,9 @@ namespace Igi.Sdk.Tests
             if (sidecar != null) sidecar.Dispose();
         }
 
-        [TearDown]
-        public void DisposeClients()
-        {
-            foreach (var client in clients) client.Dispose();
-            clients.Clear();
-        }
-
         IgiClient Connect(Sidecar on, string owner = null, string token = null)
         {
-            var client = Pumping.Connect(on.Endpoint, o => { o.OwnerKey = owner; o.LaunchToken = token; });
-            clients.Add(client);
-            return client;
+            return Connect(on.Endpoint, o => { o.OwnerKey = owner; o.LaunchToken = token; });
         }
 
         IgiClient Game(string owner = null) { return Connect(sidecar, owner ?? IgiKeys.New(), sidecar.Token); }
@@ -83,8 +73,7 @@ namespace Igi.Sdk.Tests
         public void AWrongTokenIsForbiddenAndTheSidecarKeepsServing()
         {
             var refusals = new List<IgiError>();
-            var wrong = new IgiClient(new IgiClientOptions { Endpoint = sidecar.Endpoint, LaunchToken = IgiKeys.New(), OwnerKey = IgiKeys.New() });
-            clients.Add(wrong);
+            var wrong = DisposedAtEnd(new IgiClient(new IgiClientOptions { Endpoint = sidecar.Endpoint, LaunchToken = IgiKeys.New(), OwnerKey = IgiKeys.New() }));
             wrong.HelloRefused += refusals.Add;
             // pumped one event at a time: the refusal is delivered before the failure it caused
             var ping = wrong.Ping();

@@ -12,30 +12,8 @@ namespace Igi.Sdk.Tests
 {
     [TestFixture]
     [Category("Client")]
-    public class WireRuleTests
+    public class WireRuleTests : FakeClientFixture
     {
-        FakeTransport fake;
-        IgiClient client;
-
-        [SetUp]
-        public void NewFake() { fake = new FakeTransport(); }
-
-        [TearDown]
-        public void DisposeClient()
-        {
-            if (client != null) client.Dispose();
-            client = null;
-        }
-
-        IgiClient Start(Action<IgiClientOptions> configure = null, bool waitReady = true)
-        {
-            var options = new IgiClientOptions { TransportFactory = () => fake };
-            if (configure != null) configure(options);
-            client = new IgiClient(options);
-            if (waitReady) Pumping.Until(client, () => client.State == IgiConnectionState.Ready, 5, "fake hello");
-            return client;
-        }
-
         static Dictionary<string, object> HelloOk(string instance, string model, bool loading = false, double lease = 15)
         {
             var body = FakeTransport.HelloOk();
