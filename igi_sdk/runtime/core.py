@@ -118,7 +118,8 @@ class EngineCore:
         self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
         self._table = SessionTable(config.max_sessions)
         # who may take how many KV cells: one line cannot starve the other sessions
-        self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor)
+        self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor,
+                                     config.session_ctx)
         self._sessions: dict[str, Session] = self._table.by_id  # the table's, by id
         self._turn_counter = 0
         self._commands: queue.SimpleQueue[C.Command] = queue.SimpleQueue()
