@@ -159,8 +159,12 @@ def test_llamaserver_prompt_forms_and_their_bounds() -> None:
     assert prompts([1, "a", 2]) == [[1, "a", 2]]  # texts and ids: one prompt
     assert prompts([[1, 2], "a"]) == [[1, 2], "a"]  # a list holding a list: several
     assert prompts(["a", "b"]) == ["a", "b"]  # only texts: several, as llama-server reads it
+    assert prompts({"prompt_string": "a"}) == ["a"]  # llama-server's prompt object
+    assert prompts([[1], {"prompt_string": "a"}]) == [[1], "a"]
+    with pytest.raises(HttpError):  # no images in a raw prompt
+        prompts({"prompt_string": "a", "multimodal_data": ["iVBORw0KGgo="]})
     for bad in ([], [-1], [True], [1.5], [[]], [[1]] * (S.MAX_PROMPTS + 1),
-                [1] * (P.MAX_TOKEN_IDS + 1), {"prompt_string": "a"}):
+                [1] * (P.MAX_TOKEN_IDS + 1), {"text": "a"}):
         with pytest.raises(ValueError):
             prompts(bad)
     with pytest.raises(HttpError):

@@ -26,6 +26,8 @@ PromptId = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
 MixedPrompt = Annotated[list[Text | PromptId], Field(min_length=1, max_length=P.MAX_TOKEN_IDS)]
 MAX_PROMPTS = 8  # prompts in one /completion request
 Prompt = str | list[str | int]
+
+
 # llama-server's logit_bias: [[token id or text, bias], ...] or {"id or text": bias}; a bias of
 # false bans the token (sent as -100, the most the wire takes: no sampler keeps such a token)
 Bias = Annotated[float, Field(strict=True, ge=-100.0, le=100.0, allow_inf_nan=False)] \
@@ -41,6 +43,20 @@ class Loose(BaseModel):
 
 class StreamOptions(Loose):
     include_usage: bool = False
+
+
+class JsonPrompt(Loose):
+    """llama-server's prompt object: its text, and images (``multimodal_data``), which a raw
+    prompt here does not take (a 400: images go through /v1/chat/completions)."""
+
+    prompt_string: Text
+    multimodal_data: Annotated[list[Text], Field(max_length=16)] | Text | None = None
+
+    def text(self) -> str:
+        if self.multimodal_data:
+            raise HttpError(400, "invalid_argument", "a /completion prompt takes no images "
+                            "(multimodal_data); send them to /v1/chat/completions")
+        return self.prompt_string
 
 
 class EmbeddingsRequest(Loose):
@@ -145,8 +161,8 @@ class CompletionsRequest(_Sampled):
 class NativeCompletionRequest(_Sampled):
     """llama-server's /completion, with the fields LLMUnity and CHIM send."""
 
-    prompt: Text | MixedPrompt | Annotated[list[Text | MixedPrompt],
-                                          Field(min_length=1, max_length=MAX_PROMPTS)]
+    prompt: Text | MixedPrompt | JsonPrompt | Annotated[
+        list[Text | MixedPrompt | JsonPrompt], Field(min_length=1, max_length=MAX_PROMPTS)]
     logit_bias: Annotated[list[tuple[PromptId | BiasText, Bias]],
                           Field(max_length=MAX_BIAS_ENTRIES)] \
         | Annotated[dict[BiasText, Bias], Field(max_length=MAX_BIAS_ENTRIES)] | None = None
@@ -171,11 +187,15 @@ class NativeCompletionRequest(_Sampled):
         p = self.prompt
         if isinstance(p, str):
             return [p]
-        if any(isinstance(x, list) for x in p) or all(isinstance(x, str) for x in p):
+        if isinstance(p, JsonPrompt):
+            return [p.text()]
+        if any(isinstance(x, list | JsonPrompt) for x in p) \
+                or all(isinstance(x, str) for x in p):
             if len(p) > MAX_PROMPTS:
                 raise HttpError(400, "invalid_argument", f"at most {MAX_PROMPTS} prompts in "
                                 "one request")
-            return list(p)  # type: ignore[arg-type]  # each a text or a mixed prompt
+            return [x.text() if isinstance(x, JsonPrompt) else x  # type: ignore[misc]
+                    for x in p]  # each a text, a prompt object or a mixed prompt
         return [p]  # type: ignore[list-item]  # texts and token ids: one prompt
 
     def bias_entries(self) -> list[tuple[int | str, float]]:
