@@ -275,6 +275,8 @@ def test_native_completion_takes_llama_servers_prompt_forms(face) -> None:
     assert warm["tokens_evaluated"] == len(tokens) and warm["tokens_predicted"] == 0
     bad = _completion(base, prompt=[*tokens, 10**8])  # not in the vocabulary: typed, no reply
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+    bad = _completion(base, prompt=[text, [*tokens, 10**8]])  # checked before any is read
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
     bad = _completion(base, prompt=[tokens, text], stream=True)
     assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
     many = _completion(base, prompt=[text] * 9)  # a list of prompts is capped

@@ -151,6 +151,8 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
                                      "usage": {"prompt_tokens": n}}, req, "") for n in counts]
             return JSONResponse(finals[0] if len(finals) == 1 else finals)
         if len(prompts) > 1:  # one after another, each in a session of its own
+            for p in prompts:  # every prompt's ids checked before the first is read
+                await _check_ids(client, p)
             results = []
             for p in prompts:
                 done = await (await _start(client, p, options, request)).finished(request)
@@ -306,15 +308,22 @@ async def _count(client: Callable[[], Client], prompt: S.Prompt) -> int:
     if isinstance(prompt, str):
         out = await _call(client, lambda c: c.tokenize(prompt, add_special=True))
         return len(out["tokens"])
+    await _check_ids(client, prompt)
     n, ids = 0, [x for x in prompt if isinstance(x, int)]
-    if ids:
-        await _call(client, lambda c: c.detokenize(ids))  # invalid_input: not in the vocabulary
     for i, x in enumerate(prompt):
         if isinstance(x, str):
             out = await _call(client, lambda c, x=x, i=i: c.tokenize(  # type: ignore[misc]
                 x, add_special=i == 0))
             n += len(out["tokens"])
     return n + len(ids)
+
+
+async def _check_ids(client: Callable[[], Client], prompt: S.Prompt) -> None:
+    """400 ``invalid_input`` for a token id outside the vocabulary (the sidecar's detokenize
+    checks them, and reads nothing)."""
+    ids = [x for x in prompt if isinstance(x, int)] if not isinstance(prompt, str) else []
+    if ids:
+        await _call(client, lambda c: c.detokenize(ids))
 
 
 async def _start(client: Callable[[], Client], prompt: S.Prompt, options: dict[str, Any],
