@@ -673,6 +673,9 @@ def cmd_serve(args: argparse.Namespace) -> int:
     if not 1 <= args.talking <= args.max_sessions:
         raise UsageError(f"--talking is NPCs talking at once, 1 to --max-sessions "
                          f"({args.max_sessions}); got {args.talking}")
+    if not 0 <= args.session_ctx <= args.ctx:
+        raise UsageError(f"--session-ctx is the tokens one session may hold, 0 (none) to --ctx "
+                         f"({args.ctx}); got {args.session_ctx}")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     from igi_sdk.guest import run_behind_the_game
     from igi_sdk.guest.logs import configure_logging
@@ -735,7 +738,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         draft_ngram=args.draft_ngram, exact_verify=args.exact_verify,
         vision_gpu=args.vision_gpu or args.vision_borrow,
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
-        context_floor=args.context_floor,
+        context_floor=args.context_floor, session_ctx=args.session_ctx,
         vram_cap=parse_size(args.vram) if args.vram else None, talking=args.talking,
     )
     _more_descriptors()
@@ -1170,6 +1173,10 @@ def build_parser() -> argparse.ArgumentParser:
                     help="KV cells every session slot keeps (default: ctx / (2 x max-sessions)); "
                          "one session holds at most ctx - (max-sessions - 1) x floor, so a "
                          "line cannot starve the other NPCs; 0: first come, first served")
+    sv.add_argument("--session-ctx", type=int, default=0, metavar="N",
+                    help="KV cells (tokens) one session may hold at most, prompt and reply "
+                         "(default 0: what the context floors leave it); a longer prompt is "
+                         "refused (prompt_too_long; over HTTP 400 context_length_exceeded)")
     sv.add_argument("--max-clients", type=int, default=64,
                     help="connected clients at most (the longest-silent one holding nothing "
                          "makes room for a newcomer)")

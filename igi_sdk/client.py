@@ -406,10 +406,11 @@ class Client:
         return self.request("embed", {"input": items, "normalize": normalize},
                             timeout=max(self.timeout, 600.0))
 
-    def complete(self, prompt: str, **options: Any) -> ChatStream:
+    def complete(self, prompt: str | list[str | int], **options: Any) -> ChatStream:
         """Continue a raw prompt (no chat template; its text is data), streamed as
-        :meth:`chat` is. ``options``: ``max_tokens``, ``stop``, ``sampling`` (a map as
-        open_session's), ``grammar``, ``json_schema``, ``priority``."""
+        :meth:`chat` is; a prompt may also be texts and token ids in order (the ids read as
+        given). ``options``: ``max_tokens``, ``stop``, ``sampling`` (a map as open_session's),
+        ``grammar``, ``json_schema``, ``priority``, ``parse_special``."""
         if not self._greeted:
             self.hello()
         return ChatStream(self, self.send("complete", {"prompt": prompt, **options}))

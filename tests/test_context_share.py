@@ -60,6 +60,23 @@ def test_claims_never_add_up_past_the_context() -> None:
     assert all(c >= share.floor for c in claims.values())
 
 
+def test_a_session_cap_bounds_what_one_session_holds_however_free_the_context() -> None:
+    # llama-server's --ctx-size 512 --parallel 2: a slot holds 256 tokens at most
+    share = ContextShare.of(512, 2, cap=256)
+    assert share.most == 256 and share.floor == 128  # the floors leave 384: the cap is less
+    assert share.room([]) == share.room([0]) == 256  # the other slot idle: still the cap
+    assert share.rooms({"a": 10, "b": 0}) == {"a": 256, "b": 256}
+    assert share.admit(256, []) is Admit.OK
+    assert share.admit(257, []) is Admit.NEVER  # refused outright, never waited for
+    assert share.admit(200, [400]) is Admit.WAIT  # the cap does not add cells to the pool
+    # a cap below the floor cuts the floor: no slot keeps cells it may never use
+    small = ContextShare.of(1024, 2, cap=100)
+    assert small.floor == 100 and small.most == 100
+    assert ContextShare.of(512, 2).most == 384  # no cap: as before
+    with pytest.raises(ValueError):
+        ContextShare.of(512, 2, cap=-1)
+
+
 def test_rooms_agree_with_room() -> None:
     share = ContextShare.of(2048, 8)
     claims = {"a": 900, "b": 10, "c": 300}

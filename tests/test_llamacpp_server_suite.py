@@ -73,6 +73,7 @@ def test_stand_in_translates_llama_server_arguments(tmp_path: Path) -> None:
     assert args[:3] == ["serve", "--http", "127.0.0.1:8123"]
     assert args[args.index("--ctx") + 1] == "512"
     assert args[args.index("--max-sessions") + 1] == "2"
+    assert args[args.index("--session-ctx") + 1] == "256"  # llama-server's per-slot context
     key_file = Path(args[args.index("--api-key-file") + 1])
     assert key_file.read_text() == "sk-0123456789abcdef"
     assert key_file.stat().st_mode & 0o077 == 0  # the key is readable by its owner only

@@ -19,6 +19,7 @@ from tests.sidecars import http_sidecar, openai_api
 
 SIMILAR = ("The blacksmith forges a sword from iron.", "A smith hammers iron into a blade.")
 UNRELATED = "The tax office opens on Monday mornings."
+SESSION_CTX = 512  # serve --session-ctx: the most one session (a completion's too) may hold
 
 
 def _cos(a: list[float], b: list[float]) -> float:
@@ -28,7 +29,8 @@ def _cos(a: list[float], b: list[float]) -> float:
 
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str]]:
-    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "4") as f:
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "4",
+                      "--session-ctx", str(SESSION_CTX)) as f:
         yield f
 
 
@@ -237,3 +239,69 @@ def test_native_bad_requests_are_typed_4xx(face) -> None:
     r = httpx.post(f"{base}/tokenize", content=b"content=x",
                    headers={"content-type": "text/plain"})
     assert r.status_code == 415  # the guard: no body a web page could send
+
+
+def _completion(base: str, **body: object) -> httpx.Response:
+    return httpx.post(f"{base}/completion", json={"temperature": 0, "n_predict": 6, **body},
+                      timeout=120)
+
+
+def test_native_completion_takes_llama_servers_prompt_forms(face) -> None:
+    base = face[0]
+    text = "I believe the meaning of life is"
+    tokens = httpx.post(f"{base}/tokenize", json={"content": text, "add_special": True}
+                        ).json()["tokens"]
+    one = _completion(base, prompt=tokens)
+    assert one.status_code == 200 and isinstance(one.json()["content"], str)
+    assert one.json()["content"] == _completion(base, prompt=text).json()["content"]
+    both = _completion(base, prompt=[tokens, text])  # a list of prompts: a list of results
+    assert both.status_code == 200 and isinstance(both.json(), list)
+    assert [r["content"] for r in both.json()] == [one.json()["content"]] * 2
+    mixed = _completion(base, prompt=[1, 2, 3, 4, 5, 6, text, 7, 8, 9, 10, text])
+    assert mixed.status_code == 200 and isinstance(mixed.json()["content"], str)
+    warm = _completion(base, prompt=tokens, n_predict=0).json()
+    assert warm["tokens_evaluated"] == len(tokens) and warm["tokens_predicted"] == 0
+    bad = _completion(base, prompt=[*tokens, 10**8])  # not in the vocabulary: typed, no reply
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+    bad = _completion(base, prompt=[text, [*tokens, 10**8]])  # checked before any is read
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_input"
+    bad = _completion(base, prompt=[tokens, text], stream=True)
+    assert bad.status_code == 400 and bad.json()["error"]["code"] == "invalid_argument"
+    many = _completion(base, prompt=[text] * 9)  # a list of prompts is capped
+    assert many.status_code == 400
+
+
+def test_native_completion_honours_llama_servers_logit_bias_forms(face) -> None:
+    base = face[0]
+    prompt = "The capital of France is"
+    first = _completion(base, prompt=prompt, n_predict=1).json()["content"]
+    top = httpx.post(f"{base}/tokenize", json={"content": first}).json()["tokens"]
+    assert len(top) == 1  # one greedy token
+    for bias in ([[top[0], False]], {str(top[0]): -100}, [[first, -100]], {first: False}):
+        r = _completion(base, prompt=prompt, n_predict=1, logit_bias=bias)
+        assert r.status_code == 200, (bias, r.text)
+        assert r.json()["content"] != first, bias  # banned: another token comes first
+    favoured = _completion(base, prompt=prompt, n_predict=1, logit_bias=[[" banana", 100]])
+    assert favoured.json()["content"] == httpx.post(
+        f"{base}/detokenize", json={"tokens": httpx.post(
+            f"{base}/tokenize", json={"content": " banana"}).json()["tokens"][:1]}
+    ).json()["content"]
+    for bad in ([[10**8, 1]], [[top[0], True]], [[top[0], 200]]):
+        r = _completion(base, prompt=prompt, n_predict=1, logit_bias=bad)
+        assert r.status_code == 400, bad
+
+
+def test_a_prompt_over_the_session_cap_is_refused_typed(face, client) -> None:
+    base = face[0]
+    long_prompt = "word " * (SESSION_CTX + 50)  # a token a word at least: over the cap
+    r = _completion(base, prompt=long_prompt)
+    assert r.status_code == 400
+    assert r.json()["error"]["code"] == "context_length_exceeded"
+    assert "exceeds the available context size" in r.json()["error"]["message"]
+    with pytest.raises(BridgeError) as e:
+        client.complete(long_prompt, max_tokens=4).result()
+    assert e.value.code == "prompt_too_long"
+    # what the context's floors would leave a session (4096 - 3 x 512) is far more: the cap
+    assert client.stats()["limits"]["n_ctx_per_session"] == SESSION_CTX
+    short = _completion(base, prompt="word " * (SESSION_CTX // 4))
+    assert short.status_code == 200

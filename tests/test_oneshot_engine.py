@@ -81,8 +81,15 @@ def test_bad_embed_inputs_are_refused_typed(engine) -> None:
         engine.embed_async(["word " * (oneshot.EMBED_CTX + 10)]).result(300)
     with pytest.raises(InvalidInputError):
         engine.embed_async([[10**8]]).result(300)
-    with pytest.raises(InvalidInputError):
-        engine.embed_async([""]).result(300)
+
+
+def test_an_empty_text_is_embedded_as_the_bos_token_alone(engine) -> None:
+    # a model that adds no BOS (SmolLM2) has no tokens for "": read as its BOS, not refused
+    bos = engine._call(lambda: oneshot.empty_text_token(engine._core._need_vocab()))
+    out = engine.embed_async(["", "a memory", [bos]]).result(300)
+    assert len(out.vectors) == 3 and len(out.vectors[0]) > 1
+    assert out.vectors[0] == pytest.approx(out.vectors[2], abs=1e-5)
+    assert out.vectors[0] != pytest.approx(out.vectors[1], abs=1e-3)
 
 
 def test_a_raw_completion_gives_its_session_back(engine) -> None:
@@ -96,6 +103,26 @@ def test_a_raw_completion_gives_its_session_back(engine) -> None:
             break
         threading.Event().wait(0.02)
     assert len(engine.sessions()) == before
+
+
+def test_a_prompt_of_token_ids_reads_as_its_text(engine) -> None:
+    text = "1, 2, 3, 4,"
+    ids = engine.tokenize_async(text, add_special=True).result(10).tokens
+    greedy = SamplingParams(temperature=0.0)
+
+    def said(prompt: str | list[str | int]) -> str:
+        return engine.complete_async(prompt, max_tokens=6, sampling=greedy).result(300) \
+            .result(300).text
+
+    head = engine.detokenize_async(ids[:2]).result(10)
+    rest = text[len(head):]
+    assert engine.tokenize_async(rest).result(10).tokens == ids[2:]  # the test's own premise
+    assert said(ids) == said(text) == said([*ids[:2], rest])  # ids, text, both: one prompt
+    with pytest.raises(InvalidInputError):  # an id outside the vocabulary: refused, typed
+        engine.complete_async([*ids, 10**8], max_tokens=2).result(300)
+    # the special ids are explicit: they are read as the tokens they are
+    im_start = engine.tokenize_async("<|im_start|>").result(10).tokens
+    assert oneshot.mixed_pieces([*im_start, "user", 5]) == (tuple(im_start), "user", (5,))
 
 
 def test_tokenize_parses_special_text_only_when_asked(engine) -> None:
@@ -121,6 +148,43 @@ def test_llamaserver_defaults_map_to_a_complete() -> None:
     seeds = {S.NativeCompletionRequest(prompt="x").complete_options()["sampling"]["seed"]
              for _ in range(8)}
     assert len(seeds) > 1  # no seed: a random one each time
+
+
+def test_llamaserver_prompt_forms_and_their_bounds() -> None:
+    def prompts(p: object) -> list:
+        return S.NativeCompletionRequest.model_validate({"prompt": p}).prompts()
+
+    assert prompts("a") == ["a"]
+    assert prompts([1, 2, 3]) == [[1, 2, 3]]  # token ids: one prompt
+    assert prompts([1, "a", 2]) == [[1, "a", 2]]  # texts and ids: one prompt
+    assert prompts([[1, 2], "a"]) == [[1, 2], "a"]  # a list holding a list: several
+    assert prompts(["a", "b"]) == ["a", "b"]  # only texts: several, as llama-server reads it
+    assert prompts({"prompt_string": "a"}) == ["a"]  # llama-server's prompt object
+    assert prompts([[1], {"prompt_string": "a"}]) == [[1], "a"]
+    with pytest.raises(HttpError):  # no images in a raw prompt
+        prompts({"prompt_string": "a", "multimodal_data": ["iVBORw0KGgo="]})
+    for bad in ([], [-1], [True], [1.5], [[]], [[1]] * (S.MAX_PROMPTS + 1),
+                [1] * (P.MAX_TOKEN_IDS + 1), {"text": "a"}):
+        with pytest.raises(ValueError):
+            prompts(bad)
+    with pytest.raises(HttpError):
+        prompts(["a"] * (S.MAX_PROMPTS + 1))
+
+
+def test_llamaserver_logit_bias_forms() -> None:
+    def entries(b: object) -> list:
+        return S.NativeCompletionRequest.model_validate(
+            {"prompt": "x", "logit_bias": b}).bias_entries()
+
+    assert entries([[15, -100], [" the", 2.5]]) == [(15, -100.0), (" the", 2.5)]
+    assert entries({"15": False, " cat": 1}) == [(15, -100.0), (" cat", 1.0)]  # false: banned
+    assert entries([]) == entries(None) == []
+    for bad in ([[15, 101]], [[-1, 1]], [[15]], {"a": "1"}, [[15, 1]] * 257):
+        with pytest.raises(ValueError):
+            entries(bad)
+    for bad in ([[15, True]], {f"w{i}": 1 for i in range(S.MAX_BIAS_TEXTS + 1)}):
+        with pytest.raises(HttpError):
+            entries(bad)
 
 
 @pytest.mark.parametrize("body", [{"mirostat": 1}, {"tfs_z": 0.9}, {"typical_p": 0.5},

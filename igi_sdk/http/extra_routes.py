@@ -7,8 +7,15 @@ Each is one protocol request without a session (``tokenize``, ``detokenize``, ``
 JSON values counted before it is parsed, the ForeignGuard middleware on the whole app, typed
 errors), and the request shapes are bounded pydantic models (http/extra_schema.py).
 A raw prompt sent here is read as llama-server reads one: special-token text in it is the
-token (LLMUnity and CHIM write their own ChatML markup into it); the protocol's ``complete``
-reads it as text unless asked (``parse_special``).
+token; the protocol's ``complete`` reads it as text unless asked (``parse_special``). Chosen so
+because the clients of these routes write the chat template themselves (LLMUnity and CHIM send
+``<|im_start|>user ... <|im_end|>`` inside the prompt): read as text, their markup would reach
+the model as ordinary characters and every reply would degrade. The mod that builds such a
+prompt owns it, player text in it included; a game that puts player text in a prompt itself
+uses chat (the template's markup only is special there) or ``complete`` without parse_special.
+Token ids in a /completion prompt are explicit and read as they are, special ones too (an id
+outside the vocabulary is a 400 ``invalid_input``); a ``logit_bias`` text is tokenized as
+llama-server does (special-token text is text).
 """
 
 from __future__ import annotations
@@ -130,12 +137,28 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
     @app.post("/completion", response_model=None)
     async def completion(request: Request) -> Response:
         req = await body(request, S.NativeCompletionRequest)
+        prompts = req.prompts()
+        options = req.complete_options()
+        bias = await _logit_bias(client, req)
+        if bias:
+            options["sampling"]["logit_bias"] = bias
+        if len(prompts) > 1 and req.stream:
+            raise HttpError(400, "invalid_argument", "several prompts are answered whole: send "
+                            "them with stream false (or one request per prompt)")
         if req.n_predict == 0:  # the prompt only (LLMUnity's warm-up): nothing to generate
-            out = await _call(client, lambda c: c.tokenize(req.prompt, add_special=True))
-            n = len(out["tokens"])
-            return JSONResponse(_native_final({"text": "", "finish_reason": "length",
-                                               "usage": {"prompt_tokens": n}}, req, ""))
-        reply = await _start(client, req.prompt, req.complete_options(), request)
+            counts = [await _count(client, p) for p in prompts]
+            finals = [_native_final({"text": "", "finish_reason": "length",
+                                     "usage": {"prompt_tokens": n}}, req, "") for n in counts]
+            return JSONResponse(finals[0] if len(finals) == 1 else finals)
+        if len(prompts) > 1:  # one after another, each in a session of its own
+            for p in prompts:  # every prompt's ids checked before the first is read
+                await _check_ids(client, p)
+            results = []
+            for p in prompts:
+                done = await (await _start(client, p, options, request)).finished(request)
+                results.append(_native_final(done, req, done["text"]))
+            return JSONResponse(results)
+        reply = await _start(client, prompts[0], options, request)
         if not req.stream:
             done = await reply.finished(request)
             return JSONResponse(_native_final(done, req, done["text"]))
@@ -261,7 +284,49 @@ class _Gone(Exception):
     """The HTTP client disconnected."""
 
 
-async def _start(client: Callable[[], Client], prompt: str, options: dict[str, Any],
+async def _logit_bias(client: Callable[[], Client],
+                      req: S.NativeCompletionRequest) -> dict[str, float]:
+    """``logit_bias`` as the wire's {token id: bias}: a text's tokens (tokenized as
+    llama-server does: no BOS, special-token text is text) each get its bias."""
+    entries = req.bias_entries()
+    texts = sorted({k for k, _ in entries if isinstance(k, str)})
+    outs = await asyncio.gather(*(_call(client, lambda c, t=t: c.tokenize(  # type: ignore[misc]
+        t, add_special=False, parse_special=False)) for t in texts))
+    tokens_of = {t: list(o["tokens"]) for t, o in zip(texts, outs, strict=True)}
+    bias: dict[str, float] = {}
+    for key, value in entries:
+        for tok in [key] if isinstance(key, int) else tokens_of[key]:
+            bias[str(tok)] = value
+    if len(bias) > S.MAX_BIAS_ENTRIES:
+        raise HttpError(400, "invalid_argument", f"logit_bias names {len(bias)} tokens; at "
+                        f"most {S.MAX_BIAS_ENTRIES}")
+    return bias
+
+
+async def _count(client: Callable[[], Client], prompt: S.Prompt) -> int:
+    """A prompt's tokens, without reading it (``n_predict`` 0); its token ids checked."""
+    if isinstance(prompt, str):
+        out = await _call(client, lambda c: c.tokenize(prompt, add_special=True))
+        return len(out["tokens"])
+    await _check_ids(client, prompt)
+    n, ids = 0, [x for x in prompt if isinstance(x, int)]
+    for i, x in enumerate(prompt):
+        if isinstance(x, str):
+            out = await _call(client, lambda c, x=x, i=i: c.tokenize(  # type: ignore[misc]
+                x, add_special=i == 0))
+            n += len(out["tokens"])
+    return n + len(ids)
+
+
+async def _check_ids(client: Callable[[], Client], prompt: S.Prompt) -> None:
+    """400 ``invalid_input`` for a token id outside the vocabulary (the sidecar's detokenize
+    checks them, and reads nothing)."""
+    ids = [x for x in prompt if isinstance(x, int)] if not isinstance(prompt, str) else []
+    if ids:
+        await _call(client, lambda c: c.detokenize(ids))
+
+
+async def _start(client: Callable[[], Client], prompt: S.Prompt, options: dict[str, Any],
                  request: Request) -> _Reply:
     """Send the ``complete`` and wait for its first piece (a refusal is a 4xx, not a stream
     that starts and fails)."""

@@ -20,6 +20,21 @@ Text = Annotated[str, Field(max_length=P.MAX_TEXT_CHARS)]
 TokenId = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Tokens = Annotated[list[TokenId], Field(min_length=1, max_length=P.MAX_TOKEN_IDS)]
 Stop = Annotated[str, Field(max_length=64)]
+# llama-server's /completion prompt: a text, texts and token ids in order (one prompt), or a
+# list of prompts (answered by a list of results, one after another, in order)
+PromptId = Annotated[int, Field(strict=True, ge=0, le=2**31 - 1)]
+MixedPrompt = Annotated[list[Text | PromptId], Field(min_length=1, max_length=P.MAX_TOKEN_IDS)]
+MAX_PROMPTS = 8  # prompts in one /completion request
+Prompt = str | list[str | int]
+
+
+# llama-server's logit_bias: [[token id or text, bias], ...] or {"id or text": bias}; a bias of
+# false bans the token (sent as -100, the most the wire takes: no sampler keeps such a token)
+Bias = Annotated[float, Field(strict=True, ge=-100.0, le=100.0, allow_inf_nan=False)] \
+    | Annotated[bool, Field(strict=True)]
+BiasText = Annotated[str, Field(min_length=1, max_length=256)]
+MAX_BIAS_ENTRIES = 256  # the wire's logit_bias map holds at most this many tokens
+MAX_BIAS_TEXTS = 64  # texts to tokenize for one request's logit_bias
 
 
 class Loose(BaseModel):
@@ -28,6 +43,20 @@ class Loose(BaseModel):
 
 class StreamOptions(Loose):
     include_usage: bool = False
+
+
+class JsonPrompt(Loose):
+    """llama-server's prompt object: its text, and images (``multimodal_data``), which a raw
+    prompt here does not take (a 400: images go through /v1/chat/completions)."""
+
+    prompt_string: Text
+    multimodal_data: Annotated[list[Text], Field(max_length=16)] | Text | None = None
+
+    def text(self) -> str:
+        if self.multimodal_data:
+            raise HttpError(400, "invalid_argument", "a /completion prompt takes no images "
+                            "(multimodal_data); send them to /v1/chat/completions")
+        return self.prompt_string
 
 
 class EmbeddingsRequest(Loose):
@@ -132,7 +161,11 @@ class CompletionsRequest(_Sampled):
 class NativeCompletionRequest(_Sampled):
     """llama-server's /completion, with the fields LLMUnity and CHIM send."""
 
-    prompt: Text
+    prompt: Text | MixedPrompt | JsonPrompt | Annotated[
+        list[Text | MixedPrompt | JsonPrompt], Field(min_length=1, max_length=MAX_PROMPTS)]
+    logit_bias: Annotated[list[tuple[PromptId | BiasText, Bias]],
+                          Field(max_length=MAX_BIAS_ENTRIES)] \
+        | Annotated[dict[BiasText, Bias], Field(max_length=MAX_BIAS_ENTRIES)] | None = None
     n_predict: int | None = Field(None, ge=-2, le=1 << 20)
     stream: bool | None = False
     top_k: int | None = Field(None, ge=-1, le=100_000)
@@ -146,6 +179,45 @@ class NativeCompletionRequest(_Sampled):
     tfs_z: float | None = None
     typical_p: float | None = None
     n_probs: int | None = Field(None, ge=0, le=100)
+
+    def prompts(self) -> list[Prompt]:
+        """The request's prompts, as llama-server reads its ``prompt``: a list holding a list,
+        or only texts, is several prompts; a list of texts and token ids with one id at least
+        is one prompt."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if isinstance(p, JsonPrompt):
+            return [p.text()]
+        if any(isinstance(x, list | JsonPrompt) for x in p) \
+                or all(isinstance(x, str) for x in p):
+            if len(p) > MAX_PROMPTS:
+                raise HttpError(400, "invalid_argument", f"at most {MAX_PROMPTS} prompts in "
+                                "one request")
+            return [x.text() if isinstance(x, JsonPrompt) else x  # type: ignore[misc]
+                    for x in p]  # each a text, a prompt object or a mixed prompt
+        return [p]  # type: ignore[list-item]  # texts and token ids: one prompt
+
+    def bias_entries(self) -> list[tuple[int | str, float]]:
+        """``logit_bias`` as (token id or text, bias) pairs, in order; a key of digits is a
+        token id (llama-server's map form), false is -100 (banned), true is refused."""
+        given = self.logit_bias
+        if not given:
+            return []
+        pairs = list(given.items()) if isinstance(given, dict) else list(given)
+        out: list[tuple[int | str, float]] = []
+        for key, bias in pairs:
+            if bias is True:
+                raise HttpError(400, "invalid_argument", "a logit_bias is a number, or false "
+                                "to ban the token")
+            value = -100.0 if bias is False else float(bias)
+            if isinstance(key, str) and key.isascii() and key.isdigit() and len(key) <= 10:
+                key = int(key)
+            out.append((key, value))
+        if len({k for k, _ in out if isinstance(k, str)}) > MAX_BIAS_TEXTS:
+            raise HttpError(400, "invalid_argument", f"logit_bias holds at most "
+                            f"{MAX_BIAS_TEXTS} texts")
+        return out
 
     def max_tokens(self) -> int:
         n = self.n_predict

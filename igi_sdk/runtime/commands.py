@@ -71,6 +71,9 @@ class StartReply(Command):
     # the text is a raw prompt (``complete``), without the chat template: "data" (special-token
     # text is text) or "markup" (read as llama-server reads a prompt: such text is the token)
     raw: str | None = None
+    # a raw prompt given (partly) as token ids, in order: texts and runs of ids
+    # (runtime/oneshot.py's mixed_tokens); ``text`` is then its texts joined
+    mixed: tuple[str | tuple[int, ...], ...] | None = None
     needs_model: ClassVar[bool] = True
 
 

@@ -37,6 +37,10 @@ class EngineConfig:
     # past it only into cells no other slot's floor needs. -1 = n_ctx // (2 * max_sessions)
     # (half the context as floors, half a pool shared first come, first served); 0 = none
     context_floor: int = -1
+    # the most KV cells one session may hold (0: what the floors leave it): a prompt longer
+    # than that is refused (PromptTooLongError), a reply ends when its session reaches it. The
+    # game's own per-NPC budget, as llama-server's per-slot context (n_ctx / --parallel)
+    session_ctx: int = 0
     # one decode step's target duration: prompts are fed in chunks that take about this long,
     # so commands wait at most about one such step (copy-compute plans feed at least a whole
     # ubatch, since each chunk streams the CPU-resident weights once)

@@ -121,7 +121,8 @@ class EngineCore:
         self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
         self._table = SessionTable(config.max_sessions)
         # who may take how many KV cells: one line cannot starve the other sessions
-        self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor)
+        self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor,
+                                     config.session_ctx)
         self._sessions: dict[str, Session] = self._table.by_id  # the table's, by id
         self._turn_counter = 0
         self._commands: queue.SimpleQueue[C.Command] = queue.SimpleQueue()
@@ -836,7 +837,8 @@ class EngineCore:
         return self._start_turn(c.session_id, c.text, c.max_tokens, c.stop, c.grammar,
                                 c.ignore_eos, c.images, c.reply, c.streamed, c.tools,
                                 c.tool_results, c.history, raw=c.raw,
-                                resume=resume, sampling=c.sampling, logprobs=c.logprobs)
+                                resume=resume, sampling=c.sampling, logprobs=c.logprobs,
+                                mixed=c.mixed)
 
     def _fold_first(self, c: C.StartReply) -> Generation | memory_turn.Resume | None:
         """Fold the session's oldest turns out of the context when the line would not fit
@@ -923,6 +925,7 @@ class EngineCore:
         resume: memory_turn.Resume | None = None,
         sampling: SamplingOverride | None = None,
         logprobs: int | None = None,
+        mixed: oneshot.Mixed | None = None,
     ) -> Generation:
         s = self._table.get(sid)
         if s.turn is not None:
@@ -964,9 +967,14 @@ class EngineCore:
             keep = prefix.keep(s.tokens, new)
         vision = self._open_vision() if images or (reset and s.images) else None
         vocab = self._need_vocab()  # opening the encoder may have moved the model (encoder_room)
-        if keep >= 0:
-            feed, base = new[keep:], keep
+        if mixed is not None:  # a raw prompt with token ids (a completion's own new session)
+            if s.tokens or s.image_cells:
+                raise InvalidStateError("a prompt of token ids starts a new session")
+            feed, base = oneshot.mixed_tokens(vocab, mixed, markup=raw == "markup"), 0
             pending: list[image_turn.PendingImage] = []
+        elif keep >= 0:
+            feed, base = new[keep:], keep
+            pending = []
         elif reset:  # the template re-rendered history differently: re-read it all
             if s.n_images > len(s.images):
                 raise InvalidStateError(

@@ -38,7 +38,15 @@ from igi_sdk.errors import (
 from igi_sdk.events import Outbox, ReplyListener, SessionFigures, next_reply_id
 from igi_sdk.model import ModelInventory, default_model_path, read_inventory
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import _native, engine_state, futures, image_turn, oneshot_calls, snapshot
+from igi_sdk.runtime import (
+    _native,
+    engine_state,
+    futures,
+    image_turn,
+    oneshot,
+    oneshot_calls,
+    snapshot,
+)
 from igi_sdk.runtime import commands as C
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.context_share import ContextShare
@@ -355,6 +363,7 @@ class Engine:
         raw: str | None = None,
         sampling: SamplingOverride | Mapping[str, object] | None = None,
         logprobs: int | None = None,
+        mixed: tuple[str | tuple[int, ...], ...] | None = None,
     ) -> Future[Generation]:
         """Like :meth:`chat`, but returns a future of the handle at once. ``raw``: the text is
         a prompt read as it is, without the chat template (:meth:`complete_async`)."""
@@ -384,7 +393,7 @@ class Engine:
                                             ignore_eos, tuple(images), reply,
                                             streamed=listener is not None, tools=plan,
                                             tool_results=results, history=turns, raw=raw,
-                                            sampling=line, logprobs=logprobs))
+                                            sampling=line, logprobs=logprobs, mixed=mixed))
             if listener is not None:  # a line refused: nothing will be said for it
                 fut.add_done_callback(
                     lambda f: self._core._outbox.unsubscribe(reply) if f.exception() else None)
@@ -437,17 +446,23 @@ class Engine:
         ``oneshot.EMBED_CTX`` tokens per engine command, so other replies decode between."""
         return oneshot_calls.embed(self._submit, inputs, normalize)
 
-    def complete_async(self, prompt: str, *, sampling: SamplingParams | None = None,
-                       priority: int = 0, listener: ReplyListener | None = None,
-                       parse_special: bool = False, **options: Any) -> Future[Generation]:
+    def complete_async(self, prompt: str | Sequence[str | int], *,
+                       sampling: SamplingParams | None = None, priority: int = 0,
+                       listener: ReplyListener | None = None, parse_special: bool = False,
+                       **options: Any) -> Future[Generation]:
         """Continue a raw ``prompt`` (no chat template) in a session of its own, closed when
         the reply ends. Its text is data unless ``parse_special`` (special-token text is then
         the token, as llama-server reads a prompt: for a client that writes its own template
-        markup). ``options`` as :meth:`chat_async`'s."""
-        text, raw = image_turn.clean(prompt), "markup" if parse_special else "data"
+        markup). A prompt may also be texts and token ids in order, as llama-server takes one
+        (:func:`oneshot.mixed_tokens`): the ids are read as given, special ones too (an id
+        outside the vocabulary is InvalidInputError). ``options`` as :meth:`chat_async`'s."""
+        raw = "markup" if parse_special else "data"
+        mixed = None if isinstance(prompt, str) else oneshot.mixed_pieces(prompt)
+        text = (image_turn.clean(prompt) if isinstance(prompt, str)
+                else "".join(p for p in mixed or () if isinstance(p, str)))
 
         def start(sid: str, relay: ReplyListener) -> Future[Generation]:
-            return self.chat_async(sid, text, raw=raw, listener=relay, **options)
+            return self.chat_async(sid, text, raw=raw, listener=relay, mixed=mixed, **options)
 
         return oneshot_calls.complete(
             lambda: self.open_session_async(None, sampling=sampling, priority=priority),

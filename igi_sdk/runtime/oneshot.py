@@ -77,6 +77,56 @@ def detokenize(vocab: Vocab, tokens: Sequence[int]) -> str:
     return b"".join(_special_piece(vocab, t) for t in tokens).decode("utf-8", "replace")
 
 
+Mixed = tuple[str | tuple[int, ...], ...]
+
+
+def mixed_pieces(prompt: Sequence[str | int]) -> Mixed:
+    """A prompt of texts and token ids as its texts (image slots taken out: a raw prompt holds
+    no images) and runs of ids, in order."""
+    from igi_sdk.runtime.image_turn import clean
+
+    out: list[str | tuple[int, ...]] = []
+    run: list[int] = []
+    for item in prompt:
+        if isinstance(item, str):
+            if run:
+                out.append(tuple(run))
+                run = []
+            out.append(clean(item))
+        else:
+            run.append(int(item))
+    if run:
+        out.append(tuple(run))
+    return tuple(out)
+
+
+def mixed_tokens(vocab: Vocab, pieces: Mixed, *, markup: bool) -> list[int]:
+    """The tokens of a prompt given as texts and token ids, read as llama-server reads one: the
+    ids as they are (special ones too: they are explicit), each text tokenized as a raw prompt's
+    text is (``markup``: its special-token text is the token), the model's BOS only before a
+    first piece that is text. InvalidInputError for an id outside the vocabulary."""
+    out: list[int] = []
+    for i, piece in enumerate(pieces):
+        if isinstance(piece, str):
+            out += vocab.tokenize_parts([(piece, markup)], add_special=i == 0)
+        else:
+            _check_ids(vocab, piece)
+            out += piece
+    return out
+
+
+def empty_text_token(vocab: Vocab) -> int:
+    """The token an empty text is embedded as where the model adds nothing to a text (an
+    empty text has no tokens then): its BOS, else its EOS. A model that adds a BOS reads an
+    empty text as that BOS alone: the same input either way. A batch a client split from
+    documents is then not refused for one empty piece (llama-server embeds it too)."""
+    bos = int(llama_cpp.llama_vocab_bos(vocab.vocab))
+    tok = bos if bos >= 0 else int(llama_cpp.llama_vocab_eos(vocab.vocab))
+    if tok < 0:
+        raise InvalidInputError("an empty text: this model has no BOS or EOS token to read")
+    return tok
+
+
 def _check_ids(vocab: Vocab, tokens: Sequence[int]) -> None:
     bad = next((t for t in tokens if not 0 <= t < vocab.n_tokens), None)
     if bad is not None:
@@ -163,11 +213,13 @@ class Embedder:
             if isinstance(item, str):
                 # text is data (special-token text is text); BOS/EOS as the model wants them
                 toks = vocab.tokenize(item, add_special=True, parse_special=False)
+                if not toks:
+                    toks = [empty_text_token(vocab)]
             else:
                 toks = list(item)
                 _check_ids(vocab, toks)
             if not toks:
-                raise InvalidInputError(f"input {i} has no tokens (an empty text)")
+                raise InvalidInputError(f"input {i} has no tokens")
             if len(toks) > EMBED_CTX:
                 raise PromptTooLongError(f"input {i} is {len(toks)} tokens; an embedding input "
                                          f"is at most {EMBED_CTX}")

@@ -53,13 +53,17 @@ def check_prompt(config: EngineConfig, n_prompt: int, base: int, pending: list[A
     need = base + n_prompt + 2
     verdict = share.admit(need, others)
     if verdict is Admit.NEVER:
-        most = (f"one session may hold at most {share.most} of the context's {share.n_ctx} "
-                f"cells ({share.floor} are kept for each of the {share.slots} session slots)"
-                if share.most < share.n_ctx else f"the context has {share.n_ctx}")
+        if share.cap and share.most == share.cap:
+            most = f"one session may hold at most {share.cap} (the sidecar's per-session cap)"
+        elif share.most < share.n_ctx:
+            most = (f"one session may hold at most {share.most} of the context's {share.n_ctx} "
+                    f"cells ({share.floor} are kept for each of the {share.slots} session slots)")
+        else:
+            most = f"the context has {share.n_ctx}"
         raise PromptTooLongError(
             f"this line needs {n_prompt} tokens{of_images} and the conversation already "
-            f"holds {base}; {most}. Shorten the line, send smaller or fewer images, or open "
-            "a new session"
+            f"holds {base}: that exceeds the available context size; {most}. Shorten the "
+            "line, send smaller or fewer images, or open a new session"
         )
     if config.max_prompt_tokens and n_prompt > config.max_prompt_tokens:
         raise PromptTooLongError(

@@ -118,6 +118,8 @@ class HostConfig:
     # KV cells every session slot keeps (-1: n_ctx / (2 max_sessions); 0: none, first come
     # first served): what one NPC may hold at most is n_ctx - (max_sessions - 1) * floor
     context_floor: int = -1
+    # the most KV cells one session may hold (0: what the floors leave it; serve --session-ctx)
+    session_ctx: int = 0
     # the most VRAM the model may take (bytes): a cap, not a fixed budget — under the arbiter
     # the model takes at most this, less when the game needs it
     vram_cap: int | None = None
@@ -205,7 +207,8 @@ class ModelHost:
                            mmproj=str(mmproj) if mmproj else None,
                            vision_gpu=self.cfg.vision_gpu,
                            vision_max_tokens=self.cfg.vision_max_tokens,
-                           context_floor=self.cfg.context_floor)
+                           context_floor=self.cfg.context_floor,
+                           session_ctx=self.cfg.session_ctx)
         inventory = read_inventory(path)
         # what the GPU holds beside the model on a GPU plan takes its VRAM out of the model's
         # budget, on the one budget path (a fixed budget, or each rung of the arbiter's ladder):

@@ -402,11 +402,16 @@ class Embed(Strict):
     normalize: bool = True  # unit length (L2)
 
 
+# a prompt given as llama-server takes one: texts and token ids in order (ids as they are,
+# special ones too; each text tokenized as the prompt's text is, BOS only before a first text)
+MixedPrompt = Annotated[list[Text | TokenId], Field(min_length=1, max_length=MAX_TOKEN_IDS)]
+
+
 class Complete(Strict):
     """A raw prompt continued, no chat template: its text is data (special-token text is read
     as text). Streamed as ``chat`` is; ``sampling`` as open_session's."""
 
-    prompt: Text
+    prompt: Text | MixedPrompt
     max_tokens: int = Field(256, ge=1, le=MAX_TOKENS)
     stop: list[Annotated[str, Field(min_length=1, max_length=64)]] = Field(
         default_factory=list, max_length=8)
@@ -422,6 +427,14 @@ class Complete(Strict):
     @classmethod
     def _schema_as_map(cls, v: dict[str, Any] | str | None) -> dict[str, Any] | None:
         return Chat._schema_as_map(v)  # as chat's
+
+    @field_validator("prompt")
+    @classmethod
+    def _text_bounded(cls, v: str | list[str | int]) -> str | list[str | int]:
+        if not isinstance(v, str) and sum(len(x) for x in v if isinstance(x, str)) \
+                > MAX_TEXT_CHARS:
+            raise ValueError(f"the prompt's texts hold more than {MAX_TEXT_CHARS} characters")
+        return v
 
     @model_validator(mode="after")
     def _one_constraint(self) -> Complete:

@@ -87,6 +87,10 @@ def translate(argv: list[str], workdir: Path) -> list[str]:
         out += ["--ctx", ctx]
     if slots is not None:
         out += ["--max-sessions", slots]
+    if ctx is not None and slots is not None:
+        # llama-server splits its context among its slots: a request holds n_ctx / --parallel
+        # tokens at most, prompt and reply; the sidecar's per-session cap is that rule
+        out += ["--session-ctx", str(int(ctx) // max(1, int(slots)))]
     # a fixed count skips the half-second look at the CPUs' load at every start
     out += ["--threads", threads or str(min(4, os.cpu_count() or 1))]
     if api_key is not None:
