@@ -1038,7 +1038,8 @@ class EngineCore:
         block), a request's other choices (``n`` > 1) and a conversation re-read after its
         cells went to another read only what differs."""
         s, model = t.session, self._model
-        if (self._drafting.drafter is not None or model is None  # the draft's cache lacks it
+        if (not self.config.share_prefixes or model is None
+                or self._drafting.drafter is not None  # the draft's cache lacks the prefix
                 or llama_cpp.llama_model_is_recurrent(model)  # a state, not cells: no prefix
                 or llama_cpp.llama_model_is_hybrid(model)):
             return
