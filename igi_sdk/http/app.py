@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
-``/health``, on FastAPI.
+"""The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``
+(both also without ``/v1``, as llama-server serves them), ``/health``, on FastAPI.
 
 The face speaks the sidecar's own protocol to its session service (``serving/service.py``):
 in the sidecar's process (``serve --http``) over an in-process connection
@@ -34,7 +34,8 @@ from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
-from igi_sdk.http.guard import ForeignGuard, Gate
+from igi_sdk.http.guard import ForeignGuard, Gate, KeyGuard
+from igi_sdk.http.guard import authorised as key_ok
 from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
 
@@ -76,7 +77,9 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
 
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
-    if cfg.gate is not None:
+    if cfg.api_key is not None:  # before routing: an unknown route without the key is 401
+        app.add_middleware(KeyGuard, api_key=cfg.api_key)
+    if cfg.gate is not None:  # added last, run first
         app.add_middleware(ForeignGuard, gate=cfg.gate)
     client = inward.get
 
@@ -91,9 +94,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
     async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
-    async def stats(request: Request) -> dict[str, Any]:
-        """The sidecar's ``stats`` for an authorised request (503 while it cannot be reached)."""
-        authorised(request)
+    async def stats() -> dict[str, Any]:
+        """The sidecar's ``stats`` (503 while it cannot be reached)."""
         try:
             return await asyncio.to_thread(_stats, client)
         except SidecarUnavailable as e:
@@ -101,17 +103,25 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        st = await stats(request)
+        # public (a load balancer's probe carries no key): with a key set, a caller without
+        # it learns whether a model is ready, not which
+        shown = key_ok(request.headers.get("authorization"), cfg.api_key)
+        st = await stats()
         if st.get("model") is not None and not st.get("loading"):
-            return JSONResponse({"status": "ok", "model": st.get("model")})
+            return JSONResponse({"status": "ok", **({"model": st.get("model")} if shown
+                                                    else {})})
         # a load balancer or client waits and asks again, as for a 503 of the chat route
         return JSONResponse({"status": "loading" if st.get("loading") else "no_model",
-                             "model": None}, status_code=503,
+                             **({"model": None} if shown else {})}, status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_S)})
 
+    # llama-server serves the OpenAI routes with and without /v1 (clients given a base URL
+    # without it call these)
     @app.get("/v1/models")
+    @app.get("/models")
     async def models(request: Request) -> JSONResponse:
-        st = await stats(request)
+        authorised(request)
+        st = await stats()
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
                                          "owned_by": "igi-sdk",
@@ -122,6 +132,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
     extra_routes.register(app, cfg.api_key, client)
 
     @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         authorised(request)
         slot = _LargeBodySlot(large_bodies)

@@ -1,6 +1,7 @@
 """The face's routes besides chat: ``/v1/embeddings``, ``/v1/completions``, and llama-server's
-native ``/completion``, ``/tokenize``, ``/detokenize`` and ``/embeddings`` (the shapes
-LLMUnity's remote mode and CHIM's ``llamacpp`` connector send).
+native ``/completion`` (also under its plural name ``/completions``, as llama-server serves
+it), ``/tokenize``, ``/detokenize`` and ``/embeddings`` (the shapes LLMUnity's remote mode and
+CHIM's ``llamacpp`` connector send).
 
 Each is one protocol request without a session (``tokenize``, ``detokenize``, ``embed``,
 ``complete``: serving/oneshot.py): the guards are chat's (the API key, the body's size and
@@ -128,6 +129,7 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/completion", response_model=None)
+    @app.post("/completions", response_model=None)  # llama-server's plural alias of it
     async def completion(request: Request) -> Response:
         req = await body(request, S.NativeCompletionRequest)
         if req.n_predict == 0:  # the prompt only (LLMUnity's warm-up): nothing to generate
