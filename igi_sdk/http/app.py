@@ -38,6 +38,7 @@ from igi_sdk.http.guard import ForeignGuard, Gate, KeyGuard
 from igi_sdk.http.guard import authorised as key_ok
 from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
+from igi_sdk.http.waiting import Freed, WaitLine
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 
@@ -56,6 +57,11 @@ class HttpConfig:
     # the sidecar in this process (Server.connect_local): the face calls its session service
     # directly, with no socket between them; None: through ``endpoint``
     connect: LocalConnect | None = None
+    # requests the sidecar has no room for now wait, first come first served (http/waiting.py):
+    # at most ``queue`` of them (0: none waits, each is refused 429 at once), each at most
+    # ``queue_wait_s``
+    queue: int = 64
+    queue_wait_s: float = 60.0
 
 
 def build_app(cfg: HttpConfig, inward: Inward | None = None,
@@ -77,6 +83,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
 
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
+    waiting = WaitLine(cfg.queue, cfg.queue_wait_s)
+    app.add_middleware(Freed, line=waiting)  # a request's end: the line's head tries again
     if cfg.api_key is not None:  # before routing: an unknown route without the key is 401
         app.add_middleware(KeyGuard, api_key=cfg.api_key)
     if cfg.gate is not None:  # added last, run first
@@ -129,7 +137,7 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         return JSONResponse({"object": "list", "data": data})
 
     # embeddings, completions, llama-server's native routes (http/extra_routes.py)
-    extra_routes.register(app, cfg.api_key, client)
+    extra_routes.register(app, cfg.api_key, client, waiting)
 
     @app.post("/v1/chat/completions", response_model=None)
     @app.post("/chat/completions", response_model=None)
@@ -157,53 +165,59 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             if not table.stopping() and (i >= 15 or not table.busy_with(key, system, history)):
                 break
             await asyncio.sleep(0.01)
-        async with lock:
-            match = table.match(key, system, history, parsed.prefill)
-            if match.conversation.busy:
-                raise HttpError(429, "session_busy", "this conversation is answering another "
-                                "request; send the next line when it ends")
-            match.conversation.busy = True
-            evicted = table.evictions()
-        try:
-            for attempt in range(4):
-                try:
-                    turn, first = await _start(client(), req, match, line, images, priority,
-                                               evicted, inward, request.is_disconnected,
-                                               results)
-                    break
-                except (HttpError, _StartFailed) as failure:
-                    # opened: the line's session was opened and its reply then refused
-                    opened = isinstance(failure, _StartFailed)
-                    e = failure.error if isinstance(failure, _StartFailed) else failure
-                    # every session slot is taken, or idle conversations hold the context's
-                    # cells this line needs: the least recently used idle conversation gives
-                    # them up (its transcript opens anew if it comes back; a mod cannot close
-                    # the conversations it has given up on)
-                    room = e.code == "context_full" or (e.code == "too_many_sessions"
-                                                        and match.fresh)
-                    if not room or attempt == 3:
-                        raise e from None
-                    async with lock:
-                        victim = table.least_recent_idle(but=match.conversation.session)
-                        if victim is None:
+        async def begin() -> tuple[Match, _Turn, object]:
+            """The line's session found or opened and its reply's first piece (what the
+            sidecar refuses for want of room now is retried by the waiting line)."""
+            async with lock:
+                match = table.match(key, system, history, parsed.prefill)
+                if match.conversation.busy:
+                    raise HttpError(429, "session_busy", "this conversation is answering another "
+                                    "request; send the next line when it ends")
+                match.conversation.busy = True
+                evicted = table.evictions()
+            try:
+                for attempt in range(4):
+                    try:
+                        turn, first = await _start(client(), req, match, line, images, priority,
+                                                   evicted, inward, request.is_disconnected,
+                                                   results)
+                        break
+                    except (HttpError, _StartFailed) as failure:
+                        # opened: the line's session was opened and its reply then refused
+                        opened = isinstance(failure, _StartFailed)
+                        e = failure.error if isinstance(failure, _StartFailed) else failure
+                        # every session slot is taken, or idle conversations hold the context's
+                        # cells this line needs: the least recently used idle conversation gives
+                        # them up (its transcript opens anew if it comes back; a mod cannot close
+                        # the conversations it has given up on)
+                        room = e.code == "context_full" or (e.code == "too_many_sessions"
+                                                            and match.fresh)
+                        if not room or attempt == 3:
                             raise e from None
-                        table.forget(victim)
-                    # a session opened for this line is opened again after the room is made
-                    evicted = [victim, *([match.conversation.session]
-                                         if match.fresh and opened else [])]
-        except _ClientGone:
-            # gone before the reply's first piece (a silent upstream, a long prompt): the
-            # reply stops, and its session closes
-            match.conversation.busy = False
-            table.forget(match.conversation.session)
-            await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
-            raise HttpError(499, "cancelled", "the client went away") from None
-        except BaseException:
-            match.conversation.busy = False
-            if match.fresh:  # a session opened for a line that failed: not kept
+                        async with lock:
+                            victim = table.least_recent_idle(but=match.conversation.session)
+                            if victim is None:
+                                raise e from None
+                            table.forget(victim)
+                        # a session opened for this line is opened again after the room is made
+                        evicted = [victim, *([match.conversation.session]
+                                             if match.fresh and opened else [])]
+            except _ClientGone:
+                # gone before the reply's first piece (a silent upstream, a long prompt): the
+                # reply stops, and its session closes
+                match.conversation.busy = False
                 table.forget(match.conversation.session)
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
-            raise
+                raise HttpError(499, "cancelled", "the client went away") from None
+            except BaseException:
+                match.conversation.busy = False
+                if match.fresh:  # a session opened for a line that failed: not kept
+                    table.forget(match.conversation.session)
+                    await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
+                raise
+            return match, turn, first
+
+        match, turn, first = await waiting.run(begin, request.is_disconnected)
         if req.stream:
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first,
                                           results),
