@@ -858,7 +858,7 @@ def _start_http(args: argparse.Namespace, server: Server) -> Face:
         raise UsageError("--http-queue is 0 or more, --http-queue-wait from 0 to 3600 s")
     try:
         face = start(args.http, server, api_key=api_key, queue=args.http_queue,
-                     queue_wait_s=args.http_queue_wait)
+                     queue_wait_s=args.http_queue_wait, memory=args.http_memory)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(f"igi-sdk OpenAI-compatible HTTP on http://{args.http}/v1", file=sys.stderr,
@@ -1100,6 +1100,11 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--http-queue-wait", type=float, default=60.0, metavar="S",
                     help="the most seconds an HTTP request waits in that line before its 429 "
                          "(default 60)")
+    sv.add_argument("--http-memory", choices=["fold", "off"], default="fold",
+                    help="a conversation of the HTTP face longer than its share of the context: "
+                         "fold (default) keeps a summary of its oldest turns, as an NPC's "
+                         "memory; off refuses it, 400 context_length_exceeded, as OpenAI does "
+                         "(for clients that trim their own history)")
     up = sv.add_argument_group("scale-out to an OpenAI-compatible cluster (docs/openai.md)")
     up.add_argument("--upstream", action="append", metavar="URL", default=[],
                     help="an OpenAI-compatible server or router (vLLM, SGLang, NVIDIA Dynamo, "

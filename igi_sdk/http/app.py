@@ -62,6 +62,11 @@ class HttpConfig:
     # ``queue_wait_s``
     queue: int = 64
     queue_wait_s: float = 60.0
+    # the memory of the face's sessions: "fold" (a conversation past its share of the context
+    # is folded into a summary, as the game's NPCs are) or "off" (refused, 400
+    # context_length_exceeded, as OpenAI and llama-server refuse it: for clients that trim
+    # their own history)
+    memory: str = "fold"
 
 
 def build_app(cfg: HttpConfig, inward: Inward | None = None,
@@ -399,7 +404,8 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
         options["history"] = [http_tools.wire_turn(t) for t in match.rewrite]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:
-        await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
+        await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False,
+                                inward.cfg.memory)
     turn = _send(c, conv, line, options)
     try:
         return turn, await _next_piece(turn, inward, gone)
@@ -409,7 +415,7 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     # the session is not the connection's: an earlier connection's orphan, or closed while
     # idle (the orphan timeout, or the game took its slot); asked first, not looked up before
     # every line: one request to the service fewer per line
-    await asyncio.to_thread(_prepare, c, req, match, priority, [], True)
+    await asyncio.to_thread(_prepare, c, req, match, priority, [], True, inward.cfg.memory)
     turn = _send(c, conv, line, options)
     try:
         return turn, await _next_piece(turn, inward, gone)
@@ -435,7 +441,7 @@ def _line_options(req: ChatOptions, images: list[bytes]) -> dict[str, Any]:
 
 
 def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: list[str],
-             regain: bool) -> None:
+             regain: bool, memory: str = "fold") -> None:
     """What the line needs before it is sent (a worker thread: each request waits for its
     answer): sessions given up closed; the conversation's session opened (new), or ``regain``:
     adopted (an earlier connection's orphan) or opened anew from its transcript (closed while
@@ -447,16 +453,16 @@ def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: 
         for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
             _close_quietly(c, sid)
         if match.fresh:
-            _open(c, req, conv, list(match.history), priority)
+            _open(c, req, conv, list(match.history), priority, memory)
         elif regain:
-            _regain(c, req, conv, priority)
+            _regain(c, req, conv, priority, memory)
         if priority and not match.fresh:
             try:
                 c.set_priority(conv.session, priority)
             except BridgeError as e:
                 if e.code != "unknown_session" or regain:
                     raise
-                _regain(c, req, conv, priority)
+                _regain(c, req, conv, priority, memory)
                 c.set_priority(conv.session, priority)
     except BridgeError as e:
         raise from_code(e.code, e.message) from None
@@ -464,13 +470,14 @@ def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: 
         raise HttpError(503, "unavailable", str(e)) from None
 
 
-def _regain(c: Client, req: ChatOptions, conv: Conversation, priority: int) -> None:
+def _regain(c: Client, req: ChatOptions, conv: Conversation, priority: int,
+            memory: str = "fold") -> None:
     try:
         c.adopt_session(conv.session)
     except BridgeError as e:
         if e.code != "unknown_session":
             raise
-        _open(c, req, conv, conv.turns, priority)
+        _open(c, req, conv, conv.turns, priority, memory)
 
 
 def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> _Turn:
@@ -503,7 +510,7 @@ async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority:
                 if not opened or evicted:  # (opened: only the idle conversations close)
                     await asyncio.to_thread(_prepare, c, req,
                                             Match(conv, not opened, tuple(parsed.history)),
-                                            priority, evicted, False)
+                                            priority, evicted, False, inward.cfg.memory)
                 opened, evicted = True, []
                 turn = _send(c, conv, parsed.line, options)
                 first = await _next_piece(turn, inward, gone)
@@ -532,11 +539,12 @@ class _StartFailed(Exception):
 
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
-          priority: int) -> None:
+          priority: int, memory: str = "fold") -> None:
     # the session's own sampling stays the default: each line carries the request's
     # (sampling_options.line_sampling), so a later request is sampled as it asks
     c.open_session(conv.system, name=conv.session, priority=priority, sampling={},
-                   history=[http_tools.wire_turn(t) for t in history])
+                   history=[http_tools.wire_turn(t) for t in history],
+                   **({"memory": "off"} if memory == "off" else {}))
 
 
 def _close_quietly_any(client: Any, sid: str) -> None:
