@@ -857,8 +857,11 @@ def _start_http(args: argparse.Namespace, server: Server) -> Face:
             raise UsageError(f"cannot read --api-key-file: {e.strerror}") from None
         if len(api_key) < 16:
             raise UsageError("the API key must be at least 16 characters")
+    if args.http_queue < 0 or not 0 < args.http_queue_wait <= 3600:
+        raise UsageError("--http-queue is 0 or more, --http-queue-wait from 0 to 3600 s")
     try:
-        face = start(args.http, server, api_key=api_key)
+        face = start(args.http, server, api_key=api_key, queue=args.http_queue,
+                     queue_wait_s=args.http_queue_wait, memory=args.http_memory)
     except ValueError as e:
         raise UsageError(str(e)) from None
     print(f"igi-sdk OpenAI-compatible HTTP on http://{args.http}/v1", file=sys.stderr,
@@ -1093,6 +1096,18 @@ def build_parser() -> argparse.ArgumentParser:
     sv.add_argument("--api-key-file", help="a file holding the API key HTTP clients must send "
                                            "(Bearer); required for an --http address other "
                                            "than loopback")
+    sv.add_argument("--http-queue", type=int, default=64, metavar="N",
+                    help="HTTP requests the sidecar has no room for yet (every session slot or "
+                         "stream taken) wait their turn, first come first served: at most N "
+                         "of them (default 64; 0: each is refused 429 at once)")
+    sv.add_argument("--http-queue-wait", type=float, default=60.0, metavar="S",
+                    help="the most seconds an HTTP request waits in that line before its 429 "
+                         "(default 60)")
+    sv.add_argument("--http-memory", choices=["fold", "off"], default="fold",
+                    help="a conversation of the HTTP face longer than its share of the context: "
+                         "fold (default) keeps a summary of its oldest turns, as an NPC's "
+                         "memory; off refuses it, 400 context_length_exceeded, as OpenAI does "
+                         "(for clients that trim their own history)")
     up = sv.add_argument_group("scale-out to an OpenAI-compatible cluster (docs/openai.md)")
     up.add_argument("--upstream", action="append", metavar="URL", default=[],
                     help="an OpenAI-compatible server or router (vLLM, SGLang, NVIDIA Dynamo, "

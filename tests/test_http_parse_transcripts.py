@@ -32,6 +32,25 @@ def test_an_assistant_last_transcript_is_a_prefill() -> None:
     assert p.history == [("user", "Your name?"), ("assistant", "My name is")]
 
 
+def test_two_assistant_messages_at_the_end_are_refused() -> None:
+    # one is a prefill (continued); two leave no line to answer (llama-server refuses them)
+    for msgs in ([("user", "Hi."), ("assistant", "Well"), ("assistant", "met")],
+                 [("assistant", "Well"), ("assistant", "met"), ("assistant", ".")]):
+        with pytest.raises(HttpError) as e:
+            read(_body(*msgs))
+        assert e.value.status == 400 and e.value.code == "invalid_argument"
+        assert "2 or more assistant messages at the end" in e.value.message
+    # two in a row before the line are history, as ever
+    p = read(_body(("assistant", "Well"), ("assistant", "met"), ("user", "Hi.")))
+    assert p.line == "Hi." and p.history == [("assistant", "Well"), ("assistant", "met")]
+
+
+def test_an_explicit_null_model_is_no_model() -> None:
+    p = read(json.dumps({"model": None, "messages": [{"role": "user", "content": "Hi."}]})
+             .encode())
+    assert p.options.model is None and p.line == "Hi."
+
+
 def test_a_transcript_must_end_with_a_user_or_assistant_message() -> None:
     for msgs in ([("user", "Hi."), ("system", "x")], [("system", "only")]):
         with pytest.raises(HttpError) as e:

@@ -78,6 +78,10 @@ def test_stand_in_translates_llama_server_arguments(tmp_path: Path) -> None:
     assert key_file.read_text() == "sk-0123456789abcdef"
     assert key_file.stat().st_mode & 0o077 == 0  # the key is readable by its owner only
     assert "sk-0123456789abcdef" not in args  # never on a command line
+    # llama-server refuses a prompt over its context unless --context-shift is given
+    assert args[args.index("--http-memory") + 1] == "off"
+    shifted = translate(["--context-shift", "--port", "8123"], tmp_path)
+    assert shifted[shifted.index("--http-memory") + 1] == "fold"
     for refused in (["--lora", "x.gguf"], ["--host", "127.0.0.1,::1"], ["--frobnicate", "1"]):
         with pytest.raises(Refused):
             translate(refused, tmp_path)

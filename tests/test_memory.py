@@ -58,6 +58,15 @@ def test_a_line_that_cannot_fit_alone_is_not_folded_for() -> None:
     assert _plan([40] * 30, line=2000) is None  # the engine refuses it: prompt_too_long
 
 
+def test_a_line_never_fits_when_what_stays_and_its_reply_room_pass_the_share() -> None:
+    # what no fold drops (system prompt, pinned facts), the line, the reply's room, the margin
+    assert not M.never_fits(kept_tokens=50, line_tokens=600, max_tokens=100, most=1000)
+    assert M.never_fits(kept_tokens=50, line_tokens=900, max_tokens=100, most=1000)
+    # the reply's room is max_tokens up to a quarter of the share: a short reply fits
+    assert not M.never_fits(kept_tokens=50, line_tokens=900, max_tokens=10, most=1000)
+    assert M.never_fits(kept_tokens=50, line_tokens=700, max_tokens=4000, most=1000)
+
+
 def test_the_reply_room_is_bounded_by_a_quarter_of_the_share() -> None:
     assert M.reply_room(4096, 1000) == 250
     assert M.reply_room(32, 1000) == 32
@@ -188,6 +197,32 @@ def test_memory_off_refuses_the_line_as_before(engine: Engine) -> None:
         for i in range(60):
             engine.chat(sid, f"{i}: {LINE}", max_tokens=8).result(60)
     assert _session(engine, sid).memory.folds == 0
+    engine.close_session(sid)
+
+
+def _text_of(engine: Engine, n: int) -> str:
+    """A text of about ``n`` tokens (at most ``n``)."""
+    k = n
+    while len(engine.tokenize(" ".join(["forge"] * k))) > n:
+        k -= max(1, (len(engine.tokenize(" ".join(["forge"] * k))) - n) // 2)
+    return " ".join(["forge"] * k)
+
+
+@pytest.mark.parametrize("memory", ["fold", "off"])
+def test_a_line_no_fold_makes_room_for_is_refused(engine: Engine, memory: str) -> None:
+    """The system prompt, the line and its reply's room over the share: no fold of earlier
+    turns helps, so the line is refused (prompt_too_long) rather than answered with next to
+    no room; the same line asking for a short reply fits."""
+    most = engine.share.most
+    room = M.reply_room(64, most)
+    line = _text_of(engine, most - room // 2 - 24)  # it fits the share, not with its room
+    sid = engine.open_session("You are Brom.", sampling=GREEDY, memory=memory)
+    with pytest.raises(PromptTooLongError) as e:
+        engine.chat(sid, line, max_tokens=64).result(60)
+    assert "one session may hold" in str(e.value)
+    assert _session(engine, sid).messages[-1]["role"] == "system"  # nothing was said
+    r = engine.chat(sid, line, max_tokens=4).result(60)  # its reply's room is 4: it fits
+    assert r.completion_tokens >= 1
     engine.close_session(sid)
 
 

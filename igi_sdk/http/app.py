@@ -1,5 +1,5 @@
-"""The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``,
-``/health``, on FastAPI.
+"""The OpenAI-compatible HTTP face: ``/v1/chat/completions`` (streamed or not), ``/v1/models``
+(both also without ``/v1``, as llama-server serves them), ``/health``, on FastAPI.
 
 The face speaks the sidecar's own protocol to its session service (``serving/service.py``):
 in the sidecar's process (``serve --http``) over an in-process connection
@@ -34,9 +34,11 @@ from igi_sdk.http import tools as http_tools
 from igi_sdk.http.body_parser import BodyParser
 from igi_sdk.http.conversations import Conversation, Conversations, Match, Turn
 from igi_sdk.http.errors import RETRY_AFTER_S, HttpError, from_code
-from igi_sdk.http.guard import ForeignGuard, Gate
+from igi_sdk.http.guard import ForeignGuard, Gate, KeyGuard
+from igi_sdk.http.guard import authorised as key_ok
 from igi_sdk.http.parse import Parsed, read, rewrite_fits
 from igi_sdk.http.schema import MAX_BODY_BYTES, ChatOptions
+from igi_sdk.http.waiting import Freed, WaitLine
 
 _INLINE_BODY = 64 << 10  # bodies parsed on the event loop itself (well under a millisecond)
 
@@ -55,6 +57,16 @@ class HttpConfig:
     # the sidecar in this process (Server.connect_local): the face calls its session service
     # directly, with no socket between them; None: through ``endpoint``
     connect: LocalConnect | None = None
+    # requests the sidecar has no room for now wait, first come first served (http/waiting.py):
+    # at most ``queue`` of them (0: none waits, each is refused 429 at once), each at most
+    # ``queue_wait_s``
+    queue: int = 64
+    queue_wait_s: float = 60.0
+    # the memory of the face's sessions: "fold" (a conversation past its share of the context
+    # is folded into a summary, as the game's NPCs are) or "off" (refused, 400
+    # context_length_exceeded, as OpenAI and llama-server refuse it: for clients that trim
+    # their own history)
+    memory: str = "fold"
 
 
 def build_app(cfg: HttpConfig, inward: Inward | None = None,
@@ -76,7 +88,11 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
 
     app = FastAPI(title="igi-sdk", docs_url=None, redoc_url=None, openapi_url=None,
                   lifespan=lifespan)
-    if cfg.gate is not None:
+    waiting = WaitLine(cfg.queue, cfg.queue_wait_s)
+    app.add_middleware(Freed, line=waiting)  # a request's end: the line's head tries again
+    if cfg.api_key is not None:  # before routing: an unknown route without the key is 401
+        app.add_middleware(KeyGuard, api_key=cfg.api_key)
+    if cfg.gate is not None:  # added last, run first
         app.add_middleware(ForeignGuard, gate=cfg.gate)
     client = inward.get
 
@@ -91,9 +107,8 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
     async def _http_error(_request: Request, e: HttpError) -> JSONResponse:
         return JSONResponse(e.body(), status_code=e.status, headers=e.headers())
 
-    async def stats(request: Request) -> dict[str, Any]:
-        """The sidecar's ``stats`` for an authorised request (503 while it cannot be reached)."""
-        authorised(request)
+    async def stats() -> dict[str, Any]:
+        """The sidecar's ``stats`` (503 while it cannot be reached)."""
         try:
             return await asyncio.to_thread(_stats, client)
         except SidecarUnavailable as e:
@@ -101,17 +116,25 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
 
     @app.get("/health")
     async def health(request: Request) -> JSONResponse:
-        st = await stats(request)
+        # public (a load balancer's probe carries no key): with a key set, a caller without
+        # it learns whether a model is ready, not which
+        shown = key_ok(request.headers.get("authorization"), cfg.api_key)
+        st = await stats()
         if st.get("model") is not None and not st.get("loading"):
-            return JSONResponse({"status": "ok", "model": st.get("model")})
+            return JSONResponse({"status": "ok", **({"model": st.get("model")} if shown
+                                                    else {})})
         # a load balancer or client waits and asks again, as for a 503 of the chat route
         return JSONResponse({"status": "loading" if st.get("loading") else "no_model",
-                             "model": None}, status_code=503,
+                             **({"model": None} if shown else {})}, status_code=503,
                             headers={"Retry-After": str(RETRY_AFTER_S)})
 
+    # llama-server serves the OpenAI routes with and without /v1 (clients given a base URL
+    # without it call these)
     @app.get("/v1/models")
+    @app.get("/models")
     async def models(request: Request) -> JSONResponse:
-        st = await stats(request)
+        authorised(request)
+        st = await stats()
         name = st.get("model")
         data = [] if name is None else [{"id": name, "object": "model", "created": 0,
                                          "owned_by": "igi-sdk",
@@ -119,9 +142,10 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
         return JSONResponse({"object": "list", "data": data})
 
     # embeddings, completions, llama-server's native routes (http/extra_routes.py)
-    extra_routes.register(app, cfg.api_key, client)
+    extra_routes.register(app, cfg.api_key, client, waiting)
 
     @app.post("/v1/chat/completions", response_model=None)
+    @app.post("/chat/completions", response_model=None)
     async def chat_completions(request: Request) -> Response:
         authorised(request)
         slot = _LargeBodySlot(large_bodies)
@@ -146,53 +170,59 @@ def build_app(cfg: HttpConfig, inward: Inward | None = None,
             if not table.stopping() and (i >= 15 or not table.busy_with(key, system, history)):
                 break
             await asyncio.sleep(0.01)
-        async with lock:
-            match = table.match(key, system, history, parsed.prefill)
-            if match.conversation.busy:
-                raise HttpError(429, "session_busy", "this conversation is answering another "
-                                "request; send the next line when it ends")
-            match.conversation.busy = True
-            evicted = table.evictions()
-        try:
-            for attempt in range(4):
-                try:
-                    turn, first = await _start(client(), req, match, line, images, priority,
-                                               evicted, inward, request.is_disconnected,
-                                               results)
-                    break
-                except (HttpError, _StartFailed) as failure:
-                    # opened: the line's session was opened and its reply then refused
-                    opened = isinstance(failure, _StartFailed)
-                    e = failure.error if isinstance(failure, _StartFailed) else failure
-                    # every session slot is taken, or idle conversations hold the context's
-                    # cells this line needs: the least recently used idle conversation gives
-                    # them up (its transcript opens anew if it comes back; a mod cannot close
-                    # the conversations it has given up on)
-                    room = e.code == "context_full" or (e.code == "too_many_sessions"
-                                                        and match.fresh)
-                    if not room or attempt == 3:
-                        raise e from None
-                    async with lock:
-                        victim = table.least_recent_idle(but=match.conversation.session)
-                        if victim is None:
+        async def begin() -> tuple[Match, _Turn, object]:
+            """The line's session found or opened and its reply's first piece (what the
+            sidecar refuses for want of room now is retried by the waiting line)."""
+            async with lock:
+                match = table.match(key, system, history, parsed.prefill)
+                if match.conversation.busy:
+                    raise HttpError(429, "session_busy", "this conversation is answering another "
+                                    "request; send the next line when it ends")
+                match.conversation.busy = True
+                evicted = table.evictions()
+            try:
+                for attempt in range(4):
+                    try:
+                        turn, first = await _start(client(), req, match, line, images, priority,
+                                                   evicted, inward, request.is_disconnected,
+                                                   results)
+                        break
+                    except (HttpError, _StartFailed) as failure:
+                        # opened: the line's session was opened and its reply then refused
+                        opened = isinstance(failure, _StartFailed)
+                        e = failure.error if isinstance(failure, _StartFailed) else failure
+                        # every session slot is taken, or idle conversations hold the context's
+                        # cells this line needs: the least recently used idle conversation gives
+                        # them up (its transcript opens anew if it comes back; a mod cannot close
+                        # the conversations it has given up on)
+                        room = e.code == "context_full" or (e.code == "too_many_sessions"
+                                                            and match.fresh)
+                        if not room or attempt == 3:
                             raise e from None
-                        table.forget(victim)
-                    # a session opened for this line is opened again after the room is made
-                    evicted = [victim, *([match.conversation.session]
-                                         if match.fresh and opened else [])]
-        except _ClientGone:
-            # gone before the reply's first piece (a silent upstream, a long prompt): the
-            # reply stops, and its session closes
-            match.conversation.busy = False
-            table.forget(match.conversation.session)
-            await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
-            raise HttpError(499, "cancelled", "the client went away") from None
-        except BaseException:
-            match.conversation.busy = False
-            if match.fresh:  # a session opened for a line that failed: not kept
+                        async with lock:
+                            victim = table.least_recent_idle(but=match.conversation.session)
+                            if victim is None:
+                                raise e from None
+                            table.forget(victim)
+                        # a session opened for this line is opened again after the room is made
+                        evicted = [victim, *([match.conversation.session]
+                                             if match.fresh and opened else [])]
+            except _ClientGone:
+                # gone before the reply's first piece (a silent upstream, a long prompt): the
+                # reply stops, and its session closes
+                match.conversation.busy = False
                 table.forget(match.conversation.session)
                 await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
-            raise
+                raise HttpError(499, "cancelled", "the client went away") from None
+            except BaseException:
+                match.conversation.busy = False
+                if match.fresh:  # a session opened for a line that failed: not kept
+                    table.forget(match.conversation.session)
+                    await asyncio.to_thread(_close_quietly_any, client, match.conversation.session)
+                raise
+            return match, turn, first
+
+        match, turn, first = await waiting.run(begin, request.is_disconnected)
         if req.stream:
             return StreamingResponse(_sse(turn, req, table, line, request, inward, first,
                                           results),
@@ -374,7 +404,8 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
         options["history"] = [http_tools.wire_turn(t) for t in match.rewrite]
     conv = match.conversation
     if match.fresh or evicted or match.replaced or priority or not c.greeted:
-        await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False)
+        await asyncio.to_thread(_prepare, c, req, match, priority, evicted, False,
+                                inward.cfg.memory)
     turn = _send(c, conv, line, options)
     try:
         return turn, await _next_piece(turn, inward, gone)
@@ -384,7 +415,7 @@ async def _start(c: Client, req: ChatOptions, match: Match, line: str, images: l
     # the session is not the connection's: an earlier connection's orphan, or closed while
     # idle (the orphan timeout, or the game took its slot); asked first, not looked up before
     # every line: one request to the service fewer per line
-    await asyncio.to_thread(_prepare, c, req, match, priority, [], True)
+    await asyncio.to_thread(_prepare, c, req, match, priority, [], True, inward.cfg.memory)
     turn = _send(c, conv, line, options)
     try:
         return turn, await _next_piece(turn, inward, gone)
@@ -410,7 +441,7 @@ def _line_options(req: ChatOptions, images: list[bytes]) -> dict[str, Any]:
 
 
 def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: list[str],
-             regain: bool) -> None:
+             regain: bool, memory: str = "fold") -> None:
     """What the line needs before it is sent (a worker thread: each request waits for its
     answer): sessions given up closed; the conversation's session opened (new), or ``regain``:
     adopted (an earlier connection's orphan) or opened anew from its transcript (closed while
@@ -422,16 +453,16 @@ def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: 
         for sid in [*evicted, *([match.replaced] if match.replaced else [])]:
             _close_quietly(c, sid)
         if match.fresh:
-            _open(c, req, conv, list(match.history), priority)
+            _open(c, req, conv, list(match.history), priority, memory)
         elif regain:
-            _regain(c, req, conv, priority)
+            _regain(c, req, conv, priority, memory)
         if priority and not match.fresh:
             try:
                 c.set_priority(conv.session, priority)
             except BridgeError as e:
                 if e.code != "unknown_session" or regain:
                     raise
-                _regain(c, req, conv, priority)
+                _regain(c, req, conv, priority, memory)
                 c.set_priority(conv.session, priority)
     except BridgeError as e:
         raise from_code(e.code, e.message) from None
@@ -439,13 +470,14 @@ def _prepare(c: Client, req: ChatOptions, match: Match, priority: int, evicted: 
         raise HttpError(503, "unavailable", str(e)) from None
 
 
-def _regain(c: Client, req: ChatOptions, conv: Conversation, priority: int) -> None:
+def _regain(c: Client, req: ChatOptions, conv: Conversation, priority: int,
+            memory: str = "fold") -> None:
     try:
         c.adopt_session(conv.session)
     except BridgeError as e:
         if e.code != "unknown_session":
             raise
-        _open(c, req, conv, conv.turns, priority)
+        _open(c, req, conv, conv.turns, priority, memory)
 
 
 def _send(c: Client, conv: Conversation, line: str, options: dict[str, Any]) -> _Turn:
@@ -478,7 +510,7 @@ async def _choice(c: Client, req: ChatOptions, parsed: Parsed, k: int, priority:
                 if not opened or evicted:  # (opened: only the idle conversations close)
                     await asyncio.to_thread(_prepare, c, req,
                                             Match(conv, not opened, tuple(parsed.history)),
-                                            priority, evicted, False)
+                                            priority, evicted, False, inward.cfg.memory)
                 opened, evicted = True, []
                 turn = _send(c, conv, parsed.line, options)
                 first = await _next_piece(turn, inward, gone)
@@ -507,11 +539,12 @@ class _StartFailed(Exception):
 
 
 def _open(c: Client, req: ChatOptions, conv: Conversation, history: list[Turn],
-          priority: int) -> None:
+          priority: int, memory: str = "fold") -> None:
     # the session's own sampling stays the default: each line carries the request's
     # (sampling_options.line_sampling), so a later request is sampled as it asks
     c.open_session(conv.system, name=conv.session, priority=priority, sampling={},
-                   history=[http_tools.wire_turn(t) for t in history])
+                   history=[http_tools.wire_turn(t) for t in history],
+                   **({"memory": "off"} if memory == "off" else {}))
 
 
 def _close_quietly_any(client: Any, sid: str) -> None:

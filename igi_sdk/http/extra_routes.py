@@ -1,6 +1,7 @@
 """The face's routes besides chat: ``/v1/embeddings``, ``/v1/completions``, and llama-server's
-native ``/completion``, ``/tokenize``, ``/detokenize`` and ``/embeddings`` (the shapes
-LLMUnity's remote mode and CHIM's ``llamacpp`` connector send).
+native ``/completion`` (also under its plural name ``/completions``, as llama-server serves
+it), ``/tokenize``, ``/detokenize`` and ``/embeddings`` (the shapes LLMUnity's remote mode and
+CHIM's ``llamacpp`` connector send).
 
 Each is one protocol request without a session (``tokenize``, ``detokenize``, ``embed``,
 ``complete``: serving/oneshot.py): the guards are chat's (the API key, the body's size and
@@ -38,14 +39,26 @@ from igi_sdk.client import BridgeError, ChatStream, Client, SidecarUnavailable
 from igi_sdk.http import extra_schema as S
 from igi_sdk.http.errors import HttpError, from_code
 from igi_sdk.http.json_bound import refuse_unbounded
+from igi_sdk.http.waiting import WaitLine
 
 M = TypeVar("M", bound=BaseModel)
 _INLINE_BODY = 64 << 10  # parsed on the event loop itself; larger ones on a worker thread
 _END = object()
 
 
-def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) -> None:
-    """Add the routes to ``app``; ``client``: the face's protocol connection (Inward.get)."""
+def register(app: FastAPI, api_key: str | None, client: Callable[[], Client],
+             waiting: WaitLine | None = None) -> None:
+    """Add the routes to ``app``; ``client``: the face's protocol connection (Inward.get);
+    ``waiting``: the face's line of requests waiting for the sidecar's room (none: refused at
+    once)."""
+    line = waiting if waiting is not None else WaitLine(0, 0.0)
+
+    async def started(prompt: S.Prompt, options: dict[str, Any], request: Request) -> _Reply:
+        return await line.run(lambda: _start(client, prompt, options, request),
+                              request.is_disconnected)
+
+    async def called(fn: Callable[[Client], Any], request: Request) -> Any:
+        return await line.run(lambda: _call(client, fn), request.is_disconnected)
 
     def authorised(request: Request) -> None:
         if api_key is None:
@@ -62,7 +75,7 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
     async def embeddings(request: Request) -> JSONResponse:
         req = await body(request, S.EmbeddingsRequest)
         inputs = req.inputs()
-        out = await _call(client, lambda c: c.embed(inputs))
+        out = await called(lambda c: c.embed(inputs), request)
         vectors: list[list[float]] = out["data"]
         if req.dimensions is not None and vectors and req.dimensions != len(vectors[0]):
             raise HttpError(400, "invalid_argument", f"this model's embeddings have "
@@ -77,7 +90,7 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
     @app.post("/embeddings")
     async def native_embeddings(request: Request) -> JSONResponse:
         req = await body(request, S.NativeEmbeddingRequest)
-        out = await _call(client, lambda c: c.embed([req.content]))
+        out = await called(lambda c: c.embed([req.content]), request)
         return JSONResponse({"embedding": out["data"][0]})
 
     @app.post("/tokenize")
@@ -101,7 +114,7 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
     async def completions(request: Request) -> Response:
         req = await body(request, S.CompletionsRequest)
         options = req.complete_options()
-        reply = await _start(client, req.the_prompt(), options, request)
+        reply = await started(req.the_prompt(), options, request)
         model = req.model or _model()
         head = {"id": f"cmpl-{uuid.uuid4().hex[:24]}", "object": "text_completion",
                 "created": int(time.time()), "model": model}
@@ -135,6 +148,7 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
                                  headers={"Cache-Control": "no-cache"})
 
     @app.post("/completion", response_model=None)
+    @app.post("/completions", response_model=None)  # llama-server's plural alias of it
     async def completion(request: Request) -> Response:
         req = await body(request, S.NativeCompletionRequest)
         prompts = req.prompts()
@@ -155,10 +169,10 @@ def register(app: FastAPI, api_key: str | None, client: Callable[[], Client]) ->
                 await _check_ids(client, p)
             results = []
             for p in prompts:
-                done = await (await _start(client, p, options, request)).finished(request)
+                done = await (await started(p, options, request)).finished(request)
                 results.append(_native_final(done, req, done["text"]))
             return JSONResponse(results)
-        reply = await _start(client, prompts[0], options, request)
+        reply = await started(prompts[0], options, request)
         if not req.stream:
             done = await reply.finished(request)
             return JSONResponse(_native_final(done, req, done["text"]))

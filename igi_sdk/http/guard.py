@@ -21,6 +21,7 @@ rather than Starlette's ``BaseHTTPMiddleware``, which would buffer streamed repl
 
 from __future__ import annotations
 
+import hmac
 from collections.abc import Awaitable, Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,47 @@ class ForeignGuard:
                 headers.setdefault(name.decode("latin-1").lower(), []).append(
                     value.decode("latin-1"))
             err = refusal(scope["method"], headers, self.gate)
+            if err is not None:
+                await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
+                return
+        await self.app(scope, receive, send)
+
+
+# what answers without the API key: a load balancer's probe (its body says whether the model
+# is ready, nothing else: see app.health)
+PUBLIC_PATHS = frozenset({"/health"})
+
+
+def key_refusal(method: str, path: str, authorization: str | None,
+                api_key: str | None) -> HttpError | None:
+    """Why a request must not be answered for want of the key (None: it may). Checked before
+    routing, as llama-server does: an unknown route without the key is 401, not 404, so a
+    caller without the key learns nothing of which routes exist."""
+    if api_key is None or (path in PUBLIC_PATHS and method.upper() in ("GET", "HEAD")):
+        return None
+    given = (authorization or "").encode("latin-1", "replace")
+    if hmac.compare_digest(given, f"Bearer {api_key}".encode()):
+        return None
+    return HttpError(401, "invalid_api_key", "a valid API key is required (Bearer)")
+
+
+def authorised(authorization: str | None, api_key: str | None) -> bool:
+    """Whether a request carries the key (always, when none is set)."""
+    return key_refusal("POST", "", authorization, api_key) is None
+
+
+class KeyGuard:
+    """ASGI middleware applying :func:`key_refusal` before the app routes a request."""
+
+    def __init__(self, app: Asgi, api_key: str) -> None:
+        self.app, self.api_key = app, api_key
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http":
+            auth = [v.decode("latin-1") for n, v in scope["headers"]
+                    if n.lower() == b"authorization"]
+            err = key_refusal(scope["method"], scope["path"], auth[0] if len(auth) == 1 else None,
+                              self.api_key)
             if err is not None:
                 await JSONResponse(err.body(), status_code=err.status)(scope, receive, send)
                 return

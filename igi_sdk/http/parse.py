@@ -89,6 +89,11 @@ def _split(req: ChatCompletionRequest) -> tuple[str, list[Turn], str, list[bytes
         raise HttpError(400, "invalid_argument", "the last message must be the user's line, "
                         "or an assistant message for the reply to continue")
     prefill = msgs[-1].role == "assistant"
+    if prefill and len(msgs) > 1 and msgs[-2].role == "assistant":
+        # one assistant message is the reply to continue; two have no line between them to
+        # answer (llama-server refuses them alike)
+        raise HttpError(400, "invalid_argument", "Cannot have 2 or more assistant messages at "
+                        "the end of the list: one is continued as the reply's beginning")
     turns: list[Turn] = []
     for m in msgs if prefill else msgs[:-1]:
         if m.role not in ("user", "assistant", "tool", "system", "developer"):

@@ -43,7 +43,8 @@ class Face:
         self.bodies.close()
 
 
-def start(bind: str, sidecar: Server, *, api_key: str | None) -> Face:
+def start(bind: str, sidecar: Server, *, api_key: str | None, queue: int = 64,
+          queue_wait_s: float = 60.0, memory: str = "fold") -> Face:
     """Serve the face of ``sidecar`` (in this process) on ``bind`` (loopback, or any address
     with an API key). The face is not the game: it never gets the launch token."""
     host, port = parse_bind(bind)
@@ -53,7 +54,8 @@ def start(bind: str, sidecar: Server, *, api_key: str | None) -> Face:
                          "needs --api-key-file (clients send it as a Bearer token)")
     cfg = HttpConfig(endpoint=sidecar.bound, owner=secrets.token_urlsafe(24), token=None,
                      api_key=api_key, gate=Gate.for_bind(host, port, loopback=loopback),
-                     connect=sidecar.connect_local)
+                     connect=sidecar.connect_local, queue=queue, queue_wait_s=queue_wait_s,
+                     memory=memory)
     inward, bodies = Inward(cfg), BodyParser()
     app = build_app(cfg, inward, bodies)
     sock = listen(host, port)

@@ -846,6 +846,10 @@ class EngineCore:
         sequence, whose handle is the line's), or, without room for that, they are dropped.
         None: nothing to fold (the line's own checks go on as ever)."""
         s, vocab = self._sessions.get(c.session_id), self._vocab
+        if s is not None and vocab is not None and c.raw is None and s.turn is None:
+            # a line no fold can make room for is refused, whatever the memory mode
+            memory_turn.check_line(vocab, s, image_turn.user_content(c.text, 0), c.max_tokens,
+                                   self.share.most)
         if (s is None or s.turn is not None or c.images or vocab is None
                 or c.history is not None or c.raw is not None):  # a rewrite: the client's
             return None

@@ -103,6 +103,15 @@ def reply_room(max_tokens: int, most: int) -> int:
     return min(max_tokens, most // 4)
 
 
+def never_fits(*, kept_tokens: int, line_tokens: int, max_tokens: int, most: int) -> bool:
+    """Whether a line cannot fit the session's share whatever is folded: ``kept_tokens``, what
+    no fold drops (the system prompt and the pinned facts), the line itself and the room kept
+    for its reply (:func:`reply_room`) are over the share. Such a line is refused
+    (prompt_too_long), as OpenAI refuses a prompt over the context, rather than answered with
+    next to no room."""
+    return kept_tokens + line_tokens + reply_room(max_tokens, most) + MARGIN > most
+
+
 def plan(*, head_tokens: int, head_after: int, turns: Sequence[int], roles: Sequence[str],
          line_tokens: int, max_tokens: int, most: int) -> Fold | None:
     """What to drop before a line (None: it fits as it is, or nothing dropped could make it

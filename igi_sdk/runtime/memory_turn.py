@@ -16,6 +16,7 @@ from typing import Any
 
 import llama_cpp
 
+from igi_sdk.errors import PromptTooLongError
 from igi_sdk.runtime import image_turn
 from igi_sdk.runtime import memory as M
 from igi_sdk.runtime.sampling import SamplingParams
@@ -77,6 +78,27 @@ def latest_counts(vocab: Vocab, mem: M.Memory, texts: list[str], budget: int) ->
         out[i] = count(vocab, mem, texts[i], budget)
         total += out[i]
     return out
+
+
+def check_line(vocab: Vocab, s: Session, content: str, max_tokens: int, most: int) -> None:
+    """PromptTooLongError for a line that cannot fit ``most`` even after a fold: the system
+    prompt and the pinned facts (kept by every fold), the line and its reply's room
+    (memory.never_fits). Counted as the fold counts (the template's markup over-counted);
+    a line well under the share costs no tokenizing (its bytes bound its tokens)."""
+    mem = s.memory
+    texts = [t for t in (mem.system or "", M.memory_text(mem.pinned, "")) if t]
+    if sum(len(t.encode("utf-8")) + M.MESSAGE_OVERHEAD for t in [*texts, content]) \
+            + M.reply_room(max_tokens, most) + M.MARGIN <= most:
+        return  # a token spells one byte at least: it fits
+    kept = sum(count(vocab, mem, t, most) for t in texts)
+    line = count(vocab, mem, content, most)
+    if M.never_fits(kept_tokens=kept, line_tokens=line, max_tokens=max_tokens, most=most):
+        room = M.reply_room(max_tokens, most)
+        raise PromptTooLongError(
+            f"this line is about {line} tokens and the system prompt about {kept}, and {room} "
+            f"are kept for the reply; one session may hold at most {most} of the context's "
+            "cells, and no fold of the earlier turns makes room for it. Shorten the line or "
+            "the system prompt, or ask for fewer max_tokens")
 
 
 def plan_line(vocab: Vocab, s: Session, content: str, max_tokens: int,

@@ -46,22 +46,10 @@ def _stub_modules() -> None:
 _stub_modules()
 
 
-# llama-server answers its OpenAI chat route and model list both with and without ``/v1``
-# (the same handler); the face under ``/v1`` only, where OpenAI clients call them
-ALIASES = {"/chat/completions": "/v1/chat/completions", "/models": "/v1/models"}
-
-
 def pytest_sessionstart(session: pytest.Session) -> None:
     import utils  # theirs: importable once their conftest (beside it) is loaded
 
     utils.ServerPreset.load_all = staticmethod(lambda: None)
-    if os.environ.get("IGI_LLAMACPP_V1_ALIAS", "1") != "0":
-        make_url = utils.ServerProcess.make_url
-
-        def aliased(self: object, path: str, host: str | None = None) -> str:
-            return make_url(self, ALIASES.get(path, path), host)
-
-        utils.ServerProcess.make_url = aliased
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:

@@ -28,7 +28,7 @@ IGNORED: dict[str, int] = {
     "--temp": 1, "--seed": 1, "--n-predict": 1, "--batch-size": 1, "--ubatch-size": 1,
     "--n-gpu-layers": 1, "-ctk": 1, "-ctv": 1, "-fa": 1, "--cont-batching": 0,
     "--kv-unified": 0, "--swa-full": 0, "--no-slots": 0, "--slots": 0, "--metrics": 0,
-    "--embedding": 0, "--pooling": 1, "--verbose": 0, "--no-ui": 0, "--context-shift": 0,
+    "--embedding": 0, "--pooling": 1, "--verbose": 0, "--no-ui": 0,
     "--cache-ram": 1, "--no-cache-idle-slots": 0, "--backend_sampling": 0,
     "--grp-attn-n": 1, "--grp-attn-w": 1, "--no-mmproj": 0,
 }
@@ -51,6 +51,9 @@ def translate(argv: list[str], workdir: Path) -> list[str]:
     """llama-server's arguments -> ``igi-sdk serve`` arguments (without the program name)."""
     host, port = "127.0.0.1", "8080"
     ctx, slots, threads, api_key = None, None, None, None
+    # llama-server refuses a prompt over a slot's context unless --context-shift drops its
+    # oldest tokens: the face's memory "off" and "fold" (which keeps a summary of them)
+    memory = "off"
     i = 0
     while i < len(argv):
         opt = argv[i]
@@ -59,6 +62,10 @@ def translate(argv: list[str], workdir: Path) -> list[str]:
             raise Refused(f"{opt} has no equivalent in igi-sdk serve")
         if opt in IGNORED:
             i += 1 + IGNORED[opt]
+            continue
+        if opt == "--context-shift":
+            memory = "fold"
+            i += 1
             continue
         if val is None:
             raise Refused(f"{opt}: unknown option or missing value")
@@ -82,7 +89,8 @@ def translate(argv: list[str], workdir: Path) -> list[str]:
     # the face's address; the ZeroMQ endpoint on a free port (never a fixed one another
     # sidecar on the machine may hold)
     out = ["serve", "--http", f"{host}:{port}", "--endpoint", "tcp://127.0.0.1:0",
-           "--log-file", str(workdir / "sidecar.log"), "--save-dir", str(workdir / "saves")]
+           "--log-file", str(workdir / "sidecar.log"), "--save-dir", str(workdir / "saves"),
+           "--http-memory", memory]
     if ctx is not None:
         out += ["--ctx", ctx]
     if slots is not None:
