@@ -86,7 +86,7 @@ fi
 if [ -x "$build/release/igi_ue_layer_tests" ]; then
     (cd "$root" && timeout 1200 "$build/release/igi_ue_layer_tests" --gtest_output="xml:$build/ue_layer.xml") \
         >"$build/ue_layer.log" 2>&1
-    grep -E '^\[  (FAILED|PASSED)|Failure' "$build/ue_layer.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/Unreal layer: /' | head -40
+    grep -E '^\[  (FAILED|PASSED)|^measured:|Failure' "$build/ue_layer.log" | grep -v '^\[  FAILED  \] [0-9]' | sed 's/^/Unreal layer: /' | head -40
     count "$build/ue_layer.xml"
 else
     echo "Unreal layer: its tests were not built (see $build/release.make.log)"; failed=$((failed + 1))
