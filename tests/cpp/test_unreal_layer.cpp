@@ -2,8 +2,9 @@
 // own .cpp files compiled and linked against the runnable UE stub (ue_stub/UEStubRuntime.cpp)
 // and the core, driven against the real sidecar it starts itself (`igi-sdk serve`, the default
 // model): a sidecar killed mid-reply, two PIE game instances in one process, EndPlay and session
-// slots, a failed restore, a dedicated server, the level-load hook, a line's options, and an NPC's
-// actions (protocol 1.3 tools: OnAction, AnswerAction, the reply from the result). The
+// slots, a failed restore, a dedicated server, the level-load hook, a line's options, an NPC's
+// actions (protocol 1.3 tools: OnAction, AnswerAction, the reply from the result), and
+// Mantella's request with its four Advanced Actions over 20 lines (valid calls or text). The
 // engine's main loop is this file's: it ticks the core ticker once per "frame". Not run in the
 // Unreal Editor: the engine's own classes are the stub's.
 #include <gtest/gtest.h>
@@ -527,6 +528,160 @@ TEST_F(UnrealLayer, AnNpcActsTheGameAnswersAndTheNpcRepliesFromTheResult) {
     EXPECT_EQ(listener->Order.back(), "error unknown_action_call");
     std::printf("measured: the NPC called %s%s\n", name.c_str(), parsed.arguments.c_str());
     delete listener;
+}
+
+// ---- Mantella's request: its Advanced Actions, tool_choice auto, 20 lines --------------------
+
+// What a game's Blueprint would bind for Mantella's NPC: each call, each reply's end, errors.
+class UMantellaListener : public UObject {
+public:
+    std::vector<FIgiActionCall> Calls;
+    std::vector<std::pair<std::string, std::string>> Replies;  // (text, finish reason)
+    std::vector<std::string> Errors;
+    void HandleAction(const FIgiActionCall& Call) { Calls.push_back(Call); }
+    void HandleDone(const FString& Text, const FString& Finish) { Replies.emplace_back(Narrow(Text), Narrow(Finish)); }
+    void HandleError(const FIgiError& Error) { Errors.push_back(Narrow(Error.Code) + ": " + Narrow(Error.Message)); }
+};
+
+// The actions as Mantella's function manager declares them (its own "scope" keys in the
+// properties; Inventory takes no parameters).
+TArray<FIgiAction> MantellaActions() {
+    auto action = [](const char* name, const char* description, const char* schema) {
+        FIgiAction a;
+        a.Name = Wide(name);
+        a.Description = Wide(description);
+        a.ParametersJson = Wide(schema);
+        return a;
+    };
+    TArray<FIgiAction> out;
+    out.Add(action("Follow", "Start following the player.",
+        "{\"type\": \"object\", \"properties\": {\"source\": {\"type\": \"string\", \"description\": \"Who follows: one of Lydia\", "
+        "\"scope\": \"conversation\"}}, \"required\": [\"source\"]}"));
+    out.Add(action("Attack", "Attack someone nearby.",
+        "{\"type\": \"object\", \"properties\": {\"source\": {\"type\": \"string\", \"scope\": \"conversation\"}, "
+        "\"target\": {\"type\": \"string\", \"description\": \"Who is attacked: a nearby NPC\", \"scope\": \"nearby_w_player\"}}, "
+        "\"required\": [\"source\", \"target\"]}"));
+    out.Add(action("Inventory", "Open your inventory to trade with the player.", ""));
+    out.Add(action("Wait", "Wait here.",
+        "{\"type\": \"object\", \"properties\": {\"minutes\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 120}}, "
+        "\"required\": [\"minutes\"]}"));
+    return out;
+}
+
+// What is wrong with a call against the four schemas (empty: nothing). Each object is closed (no
+// keys besides its properties) and every property is required: Follow a string source, Attack
+// string source and target, Inventory nothing, Wait an integer 1..120 (5.0 is an integer to JSON
+// Schema).
+std::string MantellaCallProblem(const FIgiActionCall& call) {
+    const std::string name = Narrow(call.Name);
+    igi::ToolCall parsed;
+    parsed.arguments = Narrow(call.ArgumentsJson);
+    igi::MsgValue args;
+    if (!parsed.Arguments(args) || !args.IsMap()) return "arguments are not a JSON object: " + parsed.arguments;
+    std::vector<const char*> strings;
+    if (name == "Follow") strings = {"source"};
+    else if (name == "Attack") strings = {"source", "target"};
+    else if (name == "Inventory") strings = {};
+    else if (name != "Wait") return "undeclared action " + name;
+    const size_t expected = name == "Wait" ? 1 : strings.size();
+    if (args.Size() != expected) return name + " takes " + std::to_string(expected) + " arguments: " + parsed.arguments;
+    if (name == "Wait") {
+        const igi::MsgValue* minutes = args.Find("minutes");
+        if (minutes == nullptr) return "Wait without minutes: " + parsed.arguments;
+        const bool number = minutes->IsInt() || minutes->Type() == igi::MsgType::Float;
+        const double value = minutes->AsDouble();
+        if (!number) return "Wait's minutes is not a number: " + parsed.arguments;
+        if (!(value >= 1 && value <= 120)) return "Wait's minutes outside 1..120: " + parsed.arguments;
+        return value == static_cast<double>(static_cast<int64_t>(value)) ? std::string() : "Wait's minutes is not an integer: " + parsed.arguments;
+    }
+    for (const char* key : strings) {
+        const igi::MsgValue* v = args.Find(key);
+        if (v == nullptr) return name + " without " + key + ": " + parsed.arguments;
+        if (!v->IsStr()) return name + "'s " + key + " is not a string: " + parsed.arguments;
+    }
+    return std::string();
+}
+
+TEST_F(UnrealLayer, MantellasActionsOver20LinesAreValidCallsOrTextAndTheResultIsAnswered) {
+    FGame game;  // the process's sidecar, already started by the tests before
+    ASSERT_TRUE(game.Ready());
+    static const char* const kLines[] = {"Follow me, Lydia.", "Attack that bandit!", "Let's trade.", "Wait here for me.",
+                                         "How are you today?"};
+    int calls = 0, text = 0, invalid = 0, followed = 0;
+    std::string problems;
+    for (int k = 0; k < 20; ++k) {
+        // an NPC per line: the seed goes with the session (open_session's sampling)
+        FNpc npc(game, "npc.lydia" + std::to_string(k), false, [k](UIgiNpcDialogueComponent& c) {
+            c.SystemPrompt = TEXT("You are Lydia, a Nord housecarl in Whiterun. You are talking with the Dragonborn. "
+                                  "Speak briefly, in character.");
+            c.Sampling.Temperature = 0.9f;
+            c.Sampling.Seed = 100 + k;
+            c.MaxTokens = 64;
+            c.ChatOptions.Stop.Add(TEXT("\n"));  // a spoken line ends at its newline; a call is never cut by it
+            c.Actions = MantellaActions();
+        });
+        UMantellaListener* listener = NewObject<UMantellaListener>();
+        npc.C->OnAction.AddDynamic(listener, &UMantellaListener::HandleAction);
+        npc.C->OnDone.AddDynamic(listener, &UMantellaListener::HandleDone);
+        npc.C->OnError.AddDynamic(listener, &UMantellaListener::HandleError);
+        const std::string line = kLines[k % 5];
+        npc.C->Say(Wide(line));  // sent once its session is open
+        ASSERT_TRUE(FramesUntil([&] { return !listener->Replies.empty() || !listener->Errors.empty(); }, 420))
+            << "line " << k << ": no reply";
+
+        std::string problem;
+        TArray<FIgiActionCall> ended = npc.C->GetLastActionCalls();
+        if (!listener->Errors.empty()) {
+            problem = listener->Errors[0];
+        } else if (ended.Num() > 0) {
+            if (!listener->Replies[0].first.empty()) problem = "text with calls: " + listener->Replies[0].first;
+            for (const FIgiActionCall& call : ended) {
+                if (problem.empty()) problem = MantellaCallProblem(call);
+            }
+            // OnAction raised each call once, in order, before OnDone
+            EXPECT_EQ(listener->Calls.size(), static_cast<size_t>(ended.Num())) << "line " << k;
+            for (size_t i = 0; i < listener->Calls.size() && i < static_cast<size_t>(ended.Num()); ++i) {
+                EXPECT_EQ(Narrow(listener->Calls[i].CallId), Narrow(ended[static_cast<int32>(i)].CallId)) << "line " << k;
+            }
+        } else {
+            const std::string& said = listener->Replies[0].first;
+            if (said.find_first_not_of(" \t\r\n") == std::string::npos || said.find("<tool_call>") != std::string::npos) {
+                problem = "neither text nor a call: '" + said + "' (" + listener->Replies[0].second + ")";
+            }
+        }
+        if (!problem.empty()) {
+            ++invalid;
+            problems += "line " + std::to_string(k) + " (" + line + "): " + problem + "\n";
+        } else if (ended.Num() > 0) {
+            ++calls;
+        } else {
+            ++text;
+        }
+
+        // the game does the first replies' actions and says what came of them, as Mantella
+        // sends tool messages: the NPC goes on in words
+        if (problem.empty() && ended.Num() > 0 && followed < 2) {
+            ++followed;
+            for (const FIgiActionCall& call : ended) {
+                EXPECT_TRUE(npc.C->AnswerAction(call.CallId, TEXT("done"))) << "line " << k;
+            }
+            ASSERT_TRUE(FramesUntil([&] { return listener->Replies.size() > 1 || !listener->Errors.empty(); }, 420))
+                << "line " << k << ": no reply after the results";
+            ASSERT_TRUE(listener->Errors.empty()) << listener->Errors[0];
+            const std::string& after = listener->Replies[1].first;
+            EXPECT_NE(after.find_first_not_of(" \t\r\n"), std::string::npos)
+                << "line " << k << ": the reply after the results (" << listener->Replies[1].second << ")";
+            EXPECT_EQ(npc.C->GetLastActionCalls().Num(), 0) << "line " << k << ": choice after results none";
+            std::printf("measured: Unreal NPC line %d called %s%s; after the result it said: %s\n", k,
+                        Narrow(ended[0].Name).c_str(), Narrow(ended[0].ArgumentsJson).c_str(), after.c_str());
+        }
+        npc.End();  // its session closed: the next NPC opens its own
+        delete listener;
+    }
+    std::printf("measured: Unreal UIgiNpcDialogueComponent, Mantella's 4 actions over 20 lines: %d call, %d text, %d invalid; "
+                "%d answered with AnswerAction and continued in words\n", calls, text, invalid, followed);
+    EXPECT_EQ(invalid, 0) << problems;
+    EXPECT_EQ(calls + text, 20);
 }
 
 // ---- crash recovery (last: it replaces the process's sidecar) ----------------------------------

@@ -88,8 +88,9 @@ XML
 export IGI_SDK_EXE="${IGI_SDK_EXE:-$root/.venv/bin/igi-sdk}"
 echo "sidecar: $IGI_SDK_EXE"
 export IGI_VECTORS_DIR="${IGI_VECTORS_DIR:-$root/bridge/vectors}"
-# (the NPC-action tests wait for whole calls: on a loaded 2-core machine the suite passed 600 s)
-(cd "$build" && timeout 1200 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" "${test_dlls[@]}" ${NUNIT_ARGS:-}) \
+# (the NPC-action tests wait for whole calls: on a loaded 2-core machine the suite passed 600 s,
+# and Mantella's 20 lines alone took 466 s)
+(cd "$build" && timeout 1800 nunit-console -nologo -labels -xml="$build/TestResult.xml" "$build/Igi.Sdk.Tests.dll" "${test_dlls[@]}" ${NUNIT_ARGS:-}) \
     > "$build/nunit.log" 2>&1
 nunit=$?
 # the summary, every failure with its message, and the measurements tests print

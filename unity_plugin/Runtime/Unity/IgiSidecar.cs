@@ -151,6 +151,13 @@ namespace Igi.Sdk.Unity
         public string Model { get { return model; } set { model = value ?? ""; } }
         public string EndpointFile { get { return endpointFile; } set { endpointFile = value ?? ""; } }
         public string InstanceId { get { return instanceId; } set { instanceId = value ?? ""; } }
+        /// <summary>More <c>igi-sdk serve</c> arguments, one per entry (e.g. <c>--threads</c>,
+        /// <c>2</c>). A copy: set the whole array.</summary>
+        public string[] ExtraArguments
+        {
+            get { return extraArguments != null ? (string[])extraArguments.Clone() : new string[0]; }
+            set { extraArguments = value != null ? (string[])value.Clone() : new string[0]; }
+        }
 
         /// <summary>Raised (on the main thread) each time a connection becomes ready.</summary>
         public event Action Ready;

@@ -110,6 +110,13 @@ namespace Igi.Sdk.Unity
         /// {"mood": ..., "line": ...}; empty: none. Needs a sidecar with json_schema_string (1.1).</summary>
         public string JsonSchema { get { return jsonSchema; } set { jsonSchema = value ?? ""; } }
         public int MaxTokens { get { return maxTokens; } set { maxTokens = Math.Max(1, Math.Min(4096, value)); } }
+        /// <summary>The reply ends at any of these (at most 8, 1-64 characters each; empty ones
+        /// are skipped); they are not shown. A copy: set the whole array.</summary>
+        public string[] StopStrings
+        {
+            get { return stopStrings != null ? (string[])stopStrings.Clone() : new string[0]; }
+            set { stopStrings = value != null ? (string[])value.Clone() : new string[0]; }
+        }
         public bool KeepSessionOnDestroy { get { return keepSessionOnDestroy; } set { keepSessionOnDestroy = value; } }
         public TextEvent TokenReceived { get { return tokenReceived; } }
         public TextEvent ReplyFinished { get { return replyFinished; } }
