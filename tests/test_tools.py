@@ -156,6 +156,34 @@ def test_parallel_calls_are_bounded() -> None:
     assert not _accepts(many, "\n".join([CALL] * (tools.MAX_CALLS + 1)))
 
 
+SAY = ("say", "Say something to someone.", {"type": "object", "properties": {
+    "to": {"type": "string"}, "words": {"type": "string"}}, "required": ["to", "words"]})
+
+
+def _say_call(n: int) -> str:
+    return ('<tool_call>\n{"name": "say", "arguments": {"to": "Ulfric", "words": "'
+            + "x" * n + '"}}\n</tool_call>')
+
+
+def test_a_calls_free_strings_fit_the_replys_tokens() -> None:
+    name, _, schema = SAY
+    assert tools.call_chars(name, schema, 0) == tools.ARG_CHARS  # no reply limit known
+    assert tools.call_chars(name, schema, 1000) == tools.ARG_CHARS
+    chars = tools.call_chars(name, schema, 64)
+    # the markup at 2.5 characters a token, two strings at a token a character: within 64
+    markup = len(_say_call(0)) - len("Ulfric")
+    assert tools.MIN_ARG_CHARS <= chars and (2 * markup + 4) // 5 + 2 * chars <= 64
+    assert tools.call_chars(name, schema, 8) == tools.MIN_ARG_CHARS
+    # a schema's own bounds stay: nothing free, nothing cut
+    bounded = {"type": "object", "properties": {"w": {"type": "string", "maxLength": 300}}}
+    assert tools.call_chars("w", bounded, 64) == tools.ARG_CHARS
+    short = tools.prepare(tools.ToolSpec.of([SAY]), max_tokens=64).grammar
+    free = tools.prepare(tools.ToolSpec.of([SAY])).grammar
+    assert short is not None and free is not None
+    assert _accepts(short, _say_call(chars)) and not _accepts(short, _say_call(chars + 1))
+    assert _accepts(free, _say_call(tools.ARG_CHARS))
+
+
 def test_none_changes_no_grammar_and_bad_schemas_are_refused_before_compiling() -> None:
     assert tools.prepare(tools.ToolSpec.of([FOLLOW], "none")).grammar is None
     for params in [{"type": "object", "properties": {"w": {"type": "string",

@@ -400,7 +400,7 @@ class Engine:
             return fut
 
         if tools is not None:  # schemas checked and the grammar compiled on the grammar worker
-            return futures.prepared(self._grammars, partial(prepare_tools, tools),
+            return futures.prepared(self._grammars, partial(prepare_tools, tools, max_tokens),
                                     lambda plan: start(None, plan), lambda g: g.cancel())
         if grammar is None and json_schema is None:
             return start(None)

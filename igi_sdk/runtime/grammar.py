@@ -160,6 +160,14 @@ def bounded_strings(schema_json: str, chars: int, items: int) -> str:
     return json.dumps(tree)
 
 
+def free_strings(schema_json: str) -> int:
+    """How many strings :func:`bounded_strings` bounds in the schema (a free string inside an
+    array counts once: the array is bounded by items, its strings by characters)."""
+    return sum(1 for node in _schema_nodes(json.loads(schema_json))
+               if node.get("type") == "string" and "maxLength" not in node
+               and not any(k in node for k in ("enum", "const", "pattern")))
+
+
 def _schema_nodes(tree: object) -> list[dict[str, Any]]:
     """Every sub-schema of ``tree`` (maps only), found without recursion."""
     out, todo = [], [tree]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 from igi_sdk.errors import InvalidGrammarError, InvalidToolsError
 from igi_sdk.events import ToolCall
-from igi_sdk.runtime.grammar import bounded_strings, closed_objects, compile_lark
+from igi_sdk.runtime.grammar import bounded_strings, closed_objects, compile_lark, free_strings
 from igi_sdk.runtime.sampling import check_schema
 
 OPEN, CLOSE = "<tool_call>", "</tool_call>"
@@ -28,6 +28,8 @@ OPEN, CLOSE = "<tool_call>", "</tool_call>"
 # actions take names and short phrases, and a call must close within the reply's tokens
 ARG_CHARS = 96
 ARG_ITEMS = 8
+# ... and to what a reply's max_tokens leaves them (call_chars), never below this
+MIN_ARG_CHARS = 4
 MAX_CALLS = 8  # calls in one reply with parallel_tool_calls (protocol.MAX_CALLS)
 CHOICES = ("auto", "none", "required")
 # one optional space between JSON tokens, as json_schema replies allow (grammar.JSON_OPTIONS)
@@ -71,10 +73,10 @@ class ToolPlan:
     grammar: str | None
 
 
-def prepare(spec: ToolSpec) -> ToolPlan:
-    """Check every schema within the JSON-schema limits, then compile the line's grammar.
-    InvalidToolsError (``invalid_body``) for a schema refused: by the limits, before any
-    compile, or by llguidance."""
+def prepare(spec: ToolSpec, max_tokens: int = 0) -> ToolPlan:
+    """Check every schema within the JSON-schema limits, then compile the line's grammar
+    (for a reply of at most ``max_tokens``, 0: unknown). InvalidToolsError (``invalid_body``)
+    for a schema refused: by the limits, before any compile, or by llguidance."""
     names = [t.name for t in spec.tools]
     if len(set(names)) != len(names):
         raise InvalidToolsError("tool names must be unique")
@@ -96,7 +98,7 @@ def prepare(spec: ToolSpec) -> ToolPlan:
     block = system_block(spec.tools)
     if spec.choice == "none" or not spec.tools:
         return ToolPlan(spec, block, None)
-    lark = lark_grammar(spec, schemas)
+    lark = lark_grammar(spec, schemas, max_tokens)
     try:
         return ToolPlan(spec, block, compile_lark(lark))
     except InvalidGrammarError as e:
@@ -173,19 +175,40 @@ def calls_text(calls: Sequence[tuple[str, str, str]]) -> str:
 # --- the grammar ---------------------------------------------------------------------------
 
 
-def lark_grammar(spec: ToolSpec, schemas: Sequence[dict[str, object]]) -> str:
+def call_chars(name: str, schema: dict[str, object], max_tokens: int) -> int:
+    """The longest free string of a call of this tool such that the call closes within
+    ``max_tokens`` (0: unknown): its markup counted at 2.5 characters a token (SmolLM2's
+    vocabulary gives a call's markup 2.8, larger vocabularies more) and each free string at a
+    token a character (characters of several tokens each, rare outside ASCII, may still
+    run past it). A 64-token reply cut inside a call of two 96-character strings had neither
+    a call nor text."""
+    n = free_strings(json.dumps(schema))
+    if max_tokens <= 0 or n == 0:
+        return ARG_CHARS
+    props = schema.get("properties")
+    keys = list(props) if isinstance(props, dict) else []
+    markup = len(f"{OPEN}\n{CLOSE}") + len(json.dumps(
+        {"name": name, "arguments": dict.fromkeys(keys, "")}))
+    left = max_tokens - (2 * markup + 4) // 5
+    return max(MIN_ARG_CHARS, min(ARG_CHARS, left // n))
+
+
+def lark_grammar(spec: ToolSpec, schemas: Sequence[dict[str, object]],
+                 max_tokens: int = 0) -> str:
     """llguidance's Lark text for ``spec``: auto = text that holds no call tag, or calls;
     required = calls only; a tool's name = exactly one call of it. Each call is a JSON object
-    {name: const, arguments: the tool's schema} (``%json``)."""
+    {name: const, arguments: the tool's schema} (``%json``), its free strings bounded so that
+    one call fits a reply of ``max_tokens`` (:func:`call_chars`)."""
     bodies = []
     for i, (t, schema) in enumerate(zip(spec.tools, schemas, strict=True)):
         if spec.choice not in CHOICES and t.name != spec.choice:
             continue
+        chars = call_chars(t.name, schema, max_tokens)
         call = {"type": "object",
                 "properties": {"name": {"const": t.name},
                                "arguments": json.loads(bounded_strings(
                                    closed_objects(json.dumps(schema)),
-                                   ARG_CHARS, ARG_ITEMS))},
+                                   chars, ARG_ITEMS))},
                 "required": ["name", "arguments"], "additionalProperties": False,
                 "x-guidance": _JSON_OPTIONS}
         bodies.append(f"call_{i}: %json {json.dumps(call, ensure_ascii=False)}")
