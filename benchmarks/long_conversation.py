@@ -1,16 +1,22 @@
 """One NPC, a conversation far longer than its share of the context: does every line get a
-reply, does the last one still follow the system prompt, does the save keep every line, and
-what do the folds cost?
+reply, does the NPC still follow its system prompt at the end, does the save keep every line,
+and what do the folds cost?
 
 ``igi-sdk serve`` on a model (its default context and sessions unless given) over ZeroMQ. One
-session (greedy sampling, ``memory: "fold"``, a pinned fact) is sent ``--lines`` player lines of
-about 48 tokens each, replies of ``--max-tokens``. Reported: errors (must be 0), folds (lines
-whose ``usage.dropped_turns`` > 0), turns dropped and summarised, tokens read again (the fold
-lines' prompts, and the summaries' prompts from ``stats``), seconds per line without and with a
-fold (median), whether the last reply follows the system prompt's rule (it names the NPC's
-trade), whether the prompt in context still starts with the system prompt and the memory
-message, and whether the save's transcript holds every line in order (then restored and asked
-one more line).
+session (greedy sampling, ``memory: "fold"``, a pinned fact) is sent ``--lines`` player lines,
+replies of ``--max-tokens``: most lines are about 48 tokens of talk; the two lines after each
+fold and the last two are persona probes ("What is your name?", "Where are you?"). A probe's
+reply follows the system prompt when it names the persona's name (Brom) or place (Oakvale);
+the same probes asked of a fresh session with the same system prompt, in the same run, are the
+baseline: the reported figure is the conversation's pass rate over the baseline's (a ratio:
+a small model may miss a probe even when fresh).
+
+Reported: errors (must be 0), folds (lines whose ``usage.dropped_turns`` > 0), turns dropped
+and summarised, and per fold the tokens read again (the summary's prompt as read, from
+``stats``, and the fold line's prompt) beside the tokens then in context (cached and read);
+seconds per line without and with a fold (median); the probes; whether the prompt in context
+still starts with the system prompt and the memory message; whether the save's transcript
+holds every line in order (then restored and asked one more line).
 
     python benchmarks/long_conversation.py --model-dir DIR --model M.gguf [--lines 500]
         [--max-tokens 8] [--ctx 4096] [--sessions 8] [--threads 2] [--json out.json]
@@ -35,8 +41,9 @@ from igi_sdk.client import Client
 SYSTEM = ("You are Brom, the blacksmith of Oakvale. You forge swords, axes and horseshoes. "
           "Answer in one short sentence.")
 PINNED = ["The player's name is Ada."]
-RULE_QUESTION = "What is your trade?"
-RULE_WORDS = ("blacksmith", "smith", "forge")  # the system prompt's trade, in any reply to it
+# persona probes: (question, words of the system prompt one of which a following reply names)
+PROBES = (("What is your name?", ("brom",)), ("Where are you?", ("oakvale",)))
+PROBE_TOKENS = 24  # a probe's reply (greedy): room for a short sentence that names the fact
 
 _ITEMS = ["sword", "axe", "shield", "helmet", "horseshoe", "dagger", "spear", "hammer"]
 _PLACES = ["the mill", "the old bridge", "the tavern", "the chapel", "the north gate",
@@ -53,6 +60,15 @@ def line(i: int) -> str:
             "it so it lasts through the winter?")
 
 
+def follows(reply: str, words: tuple[str, ...]) -> bool:
+    return any(w in reply.lower() for w in words)
+
+
+def plan_lines(lines: int) -> list[int]:
+    """Indices of the lines that end the conversation with probes (its last two)."""
+    return list(range(max(0, lines - len(PROBES)), lines))
+
+
 def save_header(path: Path) -> dict[str, Any]:
     """The JSON header of a session save (bridge/PROTOCOL.md, format 2: magic, version, the
     header's and the state's lengths, then the header)."""
@@ -63,7 +79,8 @@ def save_header(path: Path) -> dict[str, Any]:
 
 
 def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, sessions: int,
-        threads: int, save_dir: Path, endpoint: str) -> dict[str, Any]:
+        threads: int, save_dir: Path, endpoint: str,
+        probe_tokens: int = PROBE_TOKENS) -> dict[str, Any]:
     cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
            str(model_dir), "--model", model, "--ctx", str(ctx), "--threads", str(threads),
            "--max-sessions", str(sessions), "--no-arbiter", "--save-dir", str(save_dir)]
@@ -74,63 +91,110 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
     c = Client(endpoint, timeout=600)
     try:
         c.wait_ready(120)
+        # the baseline: the probes asked of a fresh session (line 1 of a new conversation)
+        baseline: list[bool] = []
+        for q, words in PROBES:
+            fresh = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0})
+            r = c.chat(fresh, q, max_tokens=probe_tokens).result()
+            baseline.append(follows(r["text"], words))
+            c.close_session(fresh)
         sid = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0})
         listing = c.list_sessions()["sessions"][0]
         errors: list[str] = []
         plain_s: list[float] = []
         fold_s: list[float] = []
-        dropped = summarised = reread = 0
+        folds: list[dict[str, Any]] = []
+        probes: list[dict[str, Any]] = []
+        said: list[str] = []  # every line sent, in order
+        queue: list[int] = []  # probes due (after a fold)
+        ending = set(plan_lines(lines))
+        dropped = summarised = 0
+        summary_read = 0
         t0 = time.perf_counter()
         for i in range(lines):
+            if i in ending:
+                probe: int | None = i - min(ending)
+            elif queue and i + len(queue) < min(ending, default=lines):
+                probe = queue.pop(0)
+            else:
+                probe = None
+            text = PROBES[probe][0] if probe is not None else line(i)
+            said.append(text)
             t = time.perf_counter()
             try:
-                done = c.chat(sid, line(i), max_tokens=max_tokens).result()
+                done = c.chat(sid, text, max_tokens=probe_tokens if probe is not None
+                              else max_tokens).result()
             except Exception as e:  # noqa: BLE001 - counted: the benchmark's verdict
                 errors.append(f"line {i}: {e}")
                 continue
             dt = time.perf_counter() - t
             u = done["usage"]
+            if probe is not None:
+                probes.append({"line": i + 1, "after_fold": len(folds), "final": i in ending,
+                               "question": text, "reply": done["text"],
+                               "follows": follows(done["text"], PROBES[probe][1])})
             if u.get("dropped_turns", 0):
                 fold_s.append(dt)
                 dropped += u["dropped_turns"]
                 summarised += u.get("summarised_turns", 0)
-                reread += u["prompt_tokens"]
+                folding = (c.stats().get("engine") or {}).get("folding", {})
+                read_summary = folding.get("summary_prompt_tokens", 0) - summary_read
+                summary_read = folding.get("summary_prompt_tokens", 0)
+                in_context = u["prompt_tokens"] + u.get("cached_tokens", 0)
+                folds.append({"line": i + 1, "dropped_turns": u["dropped_turns"],
+                              "summary_prompt_read": read_summary,
+                              "line_prompt_read": u["prompt_tokens"],
+                              "line_prompt_cached": u.get("cached_tokens", 0),
+                              "prompt_in_context": in_context,
+                              "reread_ratio": round((read_summary + u["prompt_tokens"])
+                                                    / max(1, in_context), 3)})
+                queue = list(range(len(PROBES)))
             else:
                 plain_s.append(dt)
             if (i + 1) % 10 == 0:
                 print(f"{i + 1} lines, {len(fold_s)} folds, {len(errors)} errors, "
                       f"{time.perf_counter() - t0:.0f} s; median line "
                       f"{statistics.median(plain_s) if plain_s else 0:.2f} s, fold line "
-                      f"{statistics.median(fold_s) if fold_s else 0:.2f} s, re-read {reread}",
+                      f"{statistics.median(fold_s) if fold_s else 0:.2f} s; "
+                      f"probes {sum(p['follows'] for p in probes)}/{len(probes)}",
                       file=sys.stderr, flush=True)
         lines_s = time.perf_counter() - t0
-        rule = c.chat(sid, RULE_QUESTION, max_tokens=24).result()
         folding = (c.stats().get("engine") or {}).get("folding", {})
         c.save_session(sid, "long")
         meta = save_header(save_dir / "long.igisession")
         mem = meta["memory"]
         in_context = meta["messages"]
         transcript = [*mem["archive"], *in_context[mem["head"]:]]
-        said = [m["content"] for m in transcript if m["role"] == "user"]
+        saved = [m["content"] for m in transcript if m["role"] == "user"]
         c.close_session(sid)
         back = c.restore_session("long")
         after = c.chat(back, "Goodbye, Brom.", max_tokens=8).result()
+        rate = sum(p["follows"] for p in probes) / len(probes) if probes else None
+        base = sum(baseline) / len(baseline)
+        final = [p for p in probes if p["final"]]
+        reads = [f["summary_prompt_read"] + f["line_prompt_read"] for f in folds]
         return {
             "lines": lines, "max_tokens": max_tokens, "ctx": ctx, "sessions": sessions,
             "share_max_tokens": listing.get("max_tokens"), "errors": len(errors),
             "error_samples": errors[:3], "folds": len(fold_s), "dropped_turns": dropped,
-            "summarised_turns": summarised, "reread_tokens_fold_lines": reread,
+            "summarised_turns": summarised,
             "summary_prompt_tokens": folding.get("summary_prompt_tokens"),
             "engine_folds": folding.get("folds"), "summaries": folding.get("summaries"),
+            "reread_tokens_per_fold_median": statistics.median(reads) if reads else None,
+            "reread_ratio_median": (statistics.median(f["reread_ratio"] for f in folds)
+                                    if folds else None),
+            "fold_details": folds,
             "seconds_total": round(lines_s, 1),
             "line_s_median": round(statistics.median(plain_s), 3) if plain_s else None,
             "fold_line_s_median": round(statistics.median(fold_s), 3) if fold_s else None,
-            "last_reply": rule["text"],
-            "last_reply_follows_rule": any(w in rule["text"].lower() for w in RULE_WORDS),
+            "probe_baseline": base, "probe_pass_rate": rate,
+            "probe_ratio": round(rate / base, 3) if rate is not None and base else None,
+            "final_probes_follow": sum(p["follows"] for p in final), "final_probes": len(final),
+            "probes": probes,
             "prompt_starts_with_system": in_context[0] == {"role": "system", "content": SYSTEM},
             "memory_message": in_context[1]["content"] if mem["head"] > 1 else None,
-            "transcript_user_lines": len(said),
-            "transcript_complete": said[:lines] == [line(i) for i in range(lines)],
+            "transcript_user_lines": len(saved),
+            "transcript_complete": saved[:lines] == said and len(said) == lines,
             "restored_reply_tokens": after["usage"]["completion_tokens"],
         }
     finally:

@@ -290,3 +290,61 @@ def test_without_room_for_a_summary_the_turns_are_dropped_alone(
     assert len(s.memory.archive) == r.dropped_turns  # still in the transcript
     assert s.messages[0]["content"] == "You are Brom." and s.memory.head == 1
     engine.close_session(sid)
+
+
+def _head_tokens(engine: Engine, s) -> list[int]:  # the system prompt and memory message
+    vocab = engine._core._vocab
+    parts = vocab.prompt_parts(s.messages[:s.memory.head], add_assistant=False)
+    return vocab.tokenize_parts(parts, add_special=True)
+
+
+def test_after_every_fold_the_cache_starts_with_the_system_prompt_and_pinned_facts(
+        engine: Engine) -> None:
+    sid = engine.open_session("You are Brom.", sampling=GREEDY, pinned=["The player is Ada."])
+    s = _session(engine, sid)
+    folds = 0
+    for i in range(48):
+        r = engine.chat(sid, f"{i}: {LINE}", max_tokens=8).result(60)
+        if not r.dropped_turns:
+            continue
+        folds += 1
+        assert s.messages[0] == {"role": "system", "content": "You are Brom."}
+        assert s.memory.head == 2 and "- The player is Ada." in s.messages[1]["content"]
+        head = _head_tokens(engine, s)
+        assert s.tokens[:len(head)] == head  # what the KV cache holds begins with them
+    assert folds >= 3
+    engine.close_session(sid)
+
+
+def test_a_fold_reads_only_the_summary_request_and_keeps_the_cached_system_prompt(
+        engine: Engine) -> None:
+    sid = engine.open_session("You are Brom.", sampling=GREEDY, pinned=["The player is Ada."])
+    s = _session(engine, sid)
+    vocab = engine._core._vocab
+    request = len(vocab.tokenize(M.RECALL, add_special=False, parse_special=False))
+    system = len(_head_tokens(engine, s))  # before the first fold: system prompt and pinned
+    folds = only_request = 0
+    for i in range(48):
+        read_before = s.memory.summary_prompt_tokens
+        r = engine.chat(sid, f"{i}: {LINE}", max_tokens=1).result(60)
+        if not r.dropped_turns:
+            continue
+        folds += 1
+        assert r.summarised_turns == r.dropped_turns
+        read = s.memory.summary_prompt_tokens - read_before
+        # the line keeps the cached system prompt and pinned facts and reads the rest (the
+        # last fact's last token may merge with the paragraph break the summary adds)
+        assert r.cached_tokens >= system - 3
+        in_context = r.cached_tokens + r.prompt_tokens
+        # the summary reads its request (and the template's markup around it), not the
+        # dropped turns the cache already holds; the cache holds replies as sampled, and some
+        # of the synthetic model's random tokens do not spell their text again: where a
+        # dropped reply holds one, the common prefix ends there and the rest is read
+        if read <= request + 16:
+            only_request += 1
+            # then a fold reads the request and the prompt less its cached head: about the
+            # prompt once (reading the dropped turns again for the summary made it twice)
+            assert (read + r.prompt_tokens) / in_context < 1.5
+        assert read < in_context
+    assert folds >= 3 and only_request * 2 >= folds
+    engine.close_session(sid)

@@ -4,9 +4,11 @@ the model writes about them before the line, on the session's own sequence.
 
 The summary is an ordinary :class:`~igi_sdk.runtime.session.Turn` (prompt chunks and decode
 steps scheduled with every other NPC's, cancelled with the line's handle); its text goes into
-the memory message, never to the player. Then the line starts on the folded conversation (the
-system prompt, the memory message and the kept turns, read once; the KV cache keeps that
-prefix until the next fold).
+the memory message, never to the player. It is asked at the end of the conversation the cache
+holds (only the request is read: :func:`recall_prompt`); its cells then leave the cache, and the
+line starts on the folded conversation: the cached system prompt and pinned facts are kept, the
+new summary, the kept turns and the line are read (the KV cache keeps that prefix until the
+next fold).
 """
 
 from __future__ import annotations
@@ -17,10 +19,10 @@ from typing import Any
 import llama_cpp
 
 from igi_sdk.errors import PromptTooLongError
-from igi_sdk.runtime import image_turn
+from igi_sdk.runtime import image_turn, prefix
 from igi_sdk.runtime import memory as M
 from igi_sdk.runtime.sampling import SamplingParams
-from igi_sdk.runtime.session import Session, Turn
+from igi_sdk.runtime.session import UNALIGNED, Session, Turn
 from igi_sdk.runtime.text import Vocab
 
 # the summary is greedy: the same turns give the same memory, and no sampler state moves; a
@@ -49,6 +51,7 @@ class Summary:
     n_sampled: int
     feed: list[int]  # the summary's prompt
     params: SamplingParams = GREEDY
+    kept: int = 0  # the cache's tokens the prompt starts with (they stay after the summary)
 
 
 def count(vocab: Vocab, mem: M.Memory, text: str, most: int) -> int:
@@ -138,6 +141,21 @@ def summary_prompt(vocab: Vocab, s: Session, dropped: list[dict[str, str]],
     return vocab.tokenize_parts(parts, add_special=True)
 
 
+def recall_prompt(vocab: Vocab, s: Session, dropped: list[dict[str, str]],
+                  room: int) -> list[int]:
+    """The summary's prompt as the cached conversation up to the dropped turns' end and the
+    request (memory.recall_messages); [] when it cannot fit ``room`` tokens (counted from the
+    latest turns back, so a history far past the room is not tokenized whole)."""
+    mem = s.memory
+    head = s.messages[:mem.head]
+    texts = [m["content"] for m in (*head, *dropped)]
+    if sum(latest_counts(vocab, mem, texts, room)) > room:
+        return []
+    parts = vocab.prompt_parts(M.recall_messages(head, dropped), add_assistant=True)
+    feed = vocab.tokenize_parts(parts, add_special=True)
+    return feed if len(feed) <= room else []
+
+
 def prepare(vocab: Vocab, s: Session, line: Any, room: int,
             most: int) -> Summary | Resume | None:
     """What a line (a commands.StartReply) needs first: None (nothing to fold), a
@@ -149,8 +167,10 @@ def prepare(vocab: Vocab, s: Session, line: Any, room: int,
         return None
     dropped = s.messages[s.memory.head:][:f.drop]
     room -= M.SUMMARY_TOKENS + 2  # the summary's reply, its first token and a spare cell
-    bare = len(summary_prompt(vocab, s, [], 0))  # the instruction and what was remembered
-    feed = summary_prompt(vocab, s, dropped, room - bare) if room - bare >= 32 else []
+    feed = recall_prompt(vocab, s, dropped, room) if dropped else []
+    if not feed:  # the conversation does not fit the room left: the dropped turns as data
+        bare = len(summary_prompt(vocab, s, [], 0))  # the instruction and what was remembered
+        feed = summary_prompt(vocab, s, dropped, room - bare) if room - bare >= 32 else []
     if not feed or len(feed) > room:
         fold(s, f, None)
         return Resume(None, len(dropped), 0)
@@ -183,22 +203,40 @@ def ended(t: Turn, mem_handle: Any, error: BaseException | None, *,
 
 
 def start(s: Session, turn: Turn, mem_handle: Any) -> None:
-    """The summary ``turn`` takes the session's sequence: what it held is read again with the
-    line (the fold changes the prompt after the system prompt anyway)."""
-    llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, -1, -1)
-    s.cache_lost()
-    s.reread_for(turn)
-    s.reread = True  # until the line has read the conversation again
+    """The summary ``turn`` takes the session's sequence: the cache's longest common token
+    prefix with its prompt stays (the conversation up to the dropped turns' end, when the
+    prompt is :func:`recall_prompt`'s), the rest of the cache is dropped; the line reads what
+    it needs again (runtime/prefix.py keeps the system prompt and pinned facts)."""
+    job: Summary = turn.memo
+    keep = prefix.keep(s.tokens, job.feed) if not s.reread and not s.image_cells else 0
+    if keep and llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, keep, -1):
+        s.kept_prefix(turn, keep)
+        turn.feed, turn.cached_cells = job.feed[keep:], keep
+        turn.prompt_tokens = len(turn.feed)
+        job.kept = keep
+    else:  # nothing in common, or a cache that cannot drop a tail (recurrent layers)
+        llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, -1, -1)
+        s.cache_lost()
+        s.reread_for(turn)
+        s.reread = True  # until the line has read the conversation again
+        job.kept = 0
     s.turn = turn
 
 
 def forget(t: Turn, mem_handle: Any) -> None:
     """The summary's cells leave the sequence and its tokens the sampling history; the
-    conversation is read again by the next line (idempotent)."""
+    conversation's cached prefix stays (the next line keeps what it has in common with it and
+    reads the rest), or, without one, the conversation is read again (idempotent)."""
     s, job = t.session, t.memo
-    if mem_handle is not None:
-        llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, -1, -1)
-    s.cache_lost()
+    kept = job.kept
+    if (kept and mem_handle is not None and not s.reread and len(s.tokens) >= kept
+            and llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, kept, -1)):
+        del s.tokens[kept:]
+        s.pending, s.committed_text = [], UNALIGNED  # the next line aligns by tokens
+    else:
+        if mem_handle is not None:
+            llama_cpp.llama_memory_seq_rm(mem_handle, s.seq, -1, -1)
+        s.cache_lost()
     del s.history[job.n_history:]
     s.n_sampled = job.n_sampled
 
