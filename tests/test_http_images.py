@@ -145,10 +145,10 @@ def test_images_over_one_message_together_are_413_and_the_face_keeps_serving(
                    timeout=30)
     assert r.status_code == 413, r.text[:200]
     assert r.json()["error"]["code"] == "request_too_large"
-    refused = time.monotonic() - t0
-    t0 = time.monotonic()
+    # answered with the refusal, not left to the client's timeout (30 s: the 18 MiB body is
+    # read and parsed first, seconds on a loaded 2-core host)
+    assert time.monotonic() - t0 < 30 / 2
     assert _reply(api, _data_url(png(card(0)))).choices[0].message.content is not None
-    assert refused < 5 * (time.monotonic() - t0) + 1.0  # refused, not timed out
 
 
 # asks /health in a loop until its stdin closes, then prints each (sent, answered) pair: a
