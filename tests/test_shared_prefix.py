@@ -1,4 +1,4 @@
-"""Sessions share the cells of a common prompt prefix (runtime/core.py ``_share_prefix``): a
+"""Sessions share the cells of a common prompt prefix (runtime/kv_cells.py ``share_prefix``): a
 session whose cache is empty reads only what its prompt adds to the longest prefix another
 session's cache holds. On the default model (SmolLM2-135M), greedy: what was shared changes no
 reply."""
@@ -9,7 +9,7 @@ import pytest
 
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
-from igi_sdk.runtime.core import SHARED_PREFIX_MIN
+from igi_sdk.runtime.kv_cells import SHARED_PREFIX_MIN
 
 CFG = EngineConfig(n_ctx=2048, max_sessions=4, n_threads=2)
 GREEDY = SamplingParams(temperature=0.0, seed=1)

@@ -46,6 +46,7 @@ from igi_sdk.runtime import (
     engine_ops,
     engine_state,
     image_turn,
+    kv_cells,
     loader,
     memory_turn,
     oneshot,
@@ -78,9 +79,6 @@ from igi_sdk.runtime.vision import VisionContext
 __all__ = ["EngineCore"]
 
 T = TypeVar("T")
-# the fewest tokens a session takes from another's cache (below, a template's opening markup:
-# nothing worth the search)
-SHARED_PREFIX_MIN = 16
 log = logging.getLogger("igi_sdk.runtime")
 
 
@@ -1037,30 +1035,17 @@ class EngineCore:
 
     def _share_prefix(self, t: Turn) -> None:
         """A line whose session's cache is empty starts from the longest prefix of its prompt
-        that another session's cache holds: llama.cpp's unified cache lets sequences share
-        cells, so nothing is copied or recomputed. NPCs with one system prompt (and tool
-        block), a request's other choices (``n`` > 1) and a conversation re-read after its
-        cells went to another read only what differs."""
-        s, model = t.session, self._model
+        that another session's cache holds (kv_cells.share_prefix): NPCs with one system
+        prompt (and tool block), a request's other choices (``n`` > 1) and a conversation
+        re-read after its cells went to another read only what differs."""
+        model = self._model
         if (not self.config.share_prefixes or model is None
                 or self._drafting.drafter is not None  # the draft's cache lacks the prefix
                 or llama_cpp.llama_model_is_recurrent(model)  # a state, not cells: no prefix
                 or llama_cpp.llama_model_is_hybrid(model)):
             return
-        best, donor = 0, None
-        for o in self._sessions.values():
-            if o is not s and not o.n_images and len(o.tokens) > best:
-                n = prefix.keep(o.tokens, t.feed)
-                if n > best:
-                    best, donor = n, o
-        if donor is None or best < SHARED_PREFIX_MIN:
-            return
-        llama_cpp.llama_memory_seq_cp(self._mem, donor.seq, s.seq, 0, best)
-        s.decoded(t.feed[:best])
-        del t.feed[:best]
-        t.cached_cells += best
-        t.prompt_tokens -= best  # what the line reads
-        self.step_stats["shared_prefix_tokens"] += best
+        shared = kv_cells.share_prefix(t, list(self._sessions.values()), self._mem)
+        self.step_stats["shared_prefix_tokens"] += shared
 
     def _make_chain(self, turn: Turn) -> SamplerChain:
         s = turn.session
@@ -1188,26 +1173,14 @@ class EngineCore:
             del t.feed[:done]
 
     def _reclaim_idle(self, need: int, but: Session | None) -> bool:
-        """Idle sessions give their KV cells back, background and least recently spoken
-        first, until a session other than them (``but``) may claim ``need`` cells; each reads
-        its conversation again with its next line. Without this an idle NPC kept its cells
-        until it closed: a talking NPC's line waited for them and its reply was cut at its
-        room while nobody used them."""
-        if self._mem is None or self.share.admit(
-                need, [_claim(o) for o in self._sessions.values() if o is not but]
-        ) is not Admit.WAIT:
+        """Idle sessions give their cells back until ``but`` may claim ``need``
+        (kv_cells.reclaim_idle): only replies in progress make a line wait or cut a reply."""
+        if self._mem is None:
             return False
-        claims = {o.id: _claim(o) for o in self._sessions.values() if o is not but}
-        idle = sorted((o for o in self._sessions.values()
-                       if o is not but and o.turn is None and o.cells and o.rereadable),
-                      key=lambda o: (o.priority, o.last_line))
-        gone = self.share.to_reclaim(need, claims, [o.id for o in idle])
-        for sid in gone:
-            o = self._sessions[sid]
-            llama_cpp.llama_memory_seq_rm(self._mem, o.seq, -1, -1)
-            o.cache_lost()
-        self.step_stats["reclaimed"] += len(gone)
-        return bool(gone)
+        gone = kv_cells.reclaim_idle(self.share, list(self._sessions.values()), _claim,
+                                     self._mem, need, but)
+        self.step_stats["reclaimed"] += gone
+        return gone > 0
 
     def _rooms(self) -> dict[str, int]:
         """The cells each open session may claim now (runtime/context_share.py)."""
