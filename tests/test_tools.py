@@ -184,6 +184,15 @@ def test_a_calls_free_strings_fit_the_replys_tokens() -> None:
     assert _accepts(free, _say_call(tools.ARG_CHARS))
 
 
+def test_a_reply_knows_the_fewest_tokens_another_call_takes() -> None:
+    both = tools.prepare(tools.ToolSpec.of([SAY, FOLLOW])).call_tokens
+    say = tools.prepare(tools.ToolSpec.of([SAY, FOLLOW], "say")).call_tokens
+    # the smaller markup of the two ("say" is shorter than "follow"), at 2.5 characters a token
+    markup = len('\n<tool_call>\n{"name": "say", "arguments": {}}\n</tool_call>')
+    assert both == say == (2 * markup) // 5
+    assert tools.prepare(tools.ToolSpec.of([SAY], "none")).call_tokens == 0
+
+
 def test_none_changes_no_grammar_and_bad_schemas_are_refused_before_compiling() -> None:
     assert tools.prepare(tools.ToolSpec.of([FOLLOW], "none")).grammar is None
     for params in [{"type": "object", "properties": {"w": {"type": "string",

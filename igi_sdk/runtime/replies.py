@@ -96,8 +96,15 @@ def take(t: Turn, tok: int, vocab: Vocab) -> tuple[str, int | None] | None:
         t.lp.append(token_logprob(t.chain.last, tok, vocab))
     t.raw += t.decoder.decode(vocab.piece(tok))
     if t.calls is not None:  # a call's text is never shown, nor cut by a stop string
-        for call in t.calls.read(t.raw):
+        made = t.calls.read(t.raw)
+        for call in made:
             t.handle._emit_call(call)
+        if made and t.tools is not None and (
+                t.max_tokens - len(t.generated) < t.tools.call_tokens):
+            # no further call could close within the reply: it ends with the calls it made
+            # (else it was cut inside one, "length")
+            s.sampled_not_decoded(tok)
+            return "stop", None
         if t.calls.state(t.raw) != "text":
             return _length(t, tok)
     visible_end, hit = stop_scan(t.raw, t.emitted, t.stop)

@@ -71,6 +71,9 @@ class ToolPlan:
     spec: ToolSpec
     block: str
     grammar: str | None
+    # the fewest tokens another call takes (the smallest tool's markup, at least): a reply
+    # with fewer left ends after its calls (0: never)
+    call_tokens: int = 0
 
 
 def prepare(spec: ToolSpec, max_tokens: int = 0) -> ToolPlan:
@@ -100,7 +103,7 @@ def prepare(spec: ToolSpec, max_tokens: int = 0) -> ToolPlan:
         return ToolPlan(spec, block, None)
     lark = lark_grammar(spec, schemas, max_tokens)
     try:
-        return ToolPlan(spec, block, compile_lark(lark))
+        return ToolPlan(spec, block, compile_lark(lark), call_tokens=_fewest_call_tokens(spec))
     except InvalidGrammarError as e:
         raise InvalidToolsError(f"the tools' schemas are refused: {e.message}") from None
 
@@ -187,10 +190,18 @@ def call_chars(name: str, schema: dict[str, object], max_tokens: int) -> int:
         return ARG_CHARS
     props = schema.get("properties")
     keys = list(props) if isinstance(props, dict) else []
-    markup = len(f"{OPEN}\n{CLOSE}") + len(json.dumps(
+    markup = len(f"{OPEN}\n\n{CLOSE}") + len(json.dumps(
         {"name": name, "arguments": dict.fromkeys(keys, "")}))
     left = max_tokens - (2 * markup + 4) // 5
     return max(MIN_ARG_CHARS, min(ARG_CHARS, left // n))
+
+
+def _fewest_call_tokens(spec: ToolSpec) -> int:
+    """The tokens the smallest call of ``spec`` takes at least (its markup with no arguments,
+    at 2.5 characters a token, and the line between calls)."""
+    sizes = [len(f"\n{OPEN}\n\n{CLOSE}") + len(json.dumps({"name": t.name, "arguments": {}}))
+             for t in spec.tools if spec.choice in CHOICES or t.name == spec.choice]
+    return (2 * min(sizes)) // 5 if sizes else 0
 
 
 def lark_grammar(spec: ToolSpec, schemas: Sequence[dict[str, object]],
