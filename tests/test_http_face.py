@@ -207,3 +207,16 @@ def test_no_cors_headers_unless_asked(face) -> None:
     for r in (preflight, httpx.get(f"{face[0]}/v1/models", headers=origin),
               httpx.post(f"{face[0]}/v1/chat/completions", headers=origin, json={"n": 2})):
         assert not any(k.startswith("access-control-") for k in r.headers), r.headers
+
+
+def test_n_choices_share_the_first_choices_prompt(face, api) -> None:
+    with Client(face[1], timeout=60) as game:
+        before = game.stats()["engine"]["step"]["shared_prefix_tokens"]
+        r = api.chat.completions.create(model="smol", max_tokens=8, n=2, temperature=1.0,
+                                        seed=3, messages=[
+                                            {"role": "system", "content": NPC},
+                                            {"role": "user", "content": "Tell me a story."}])
+        shared = game.stats()["engine"]["step"]["shared_prefix_tokens"] - before
+    assert [c.index for c in r.choices] == [0, 1]
+    # the second choice's session took the first's prompt cells: it read one token of it
+    assert shared >= r.usage.prompt_tokens - 1

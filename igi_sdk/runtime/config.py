@@ -42,7 +42,8 @@ class EngineConfig:
     # game's own per-NPC budget, as llama-server's per-slot context (n_ctx / --parallel)
     session_ctx: int = 0
     # a session whose cache is empty shares the cells of the longest prompt prefix another
-    # session holds (a crowd's one system prompt is read once); off: each reads its own
+    # session holds (a crowd's one system prompt is read once); off: each reads its own.
+    # Not with prefill_chunk > 0: every prompt is then read alike, for seeded replies to repeat
     share_prefixes: bool = True
     # one decode step's target duration: prompts are fed in chunks that take about this long,
     # so commands wait at most about one such step (copy-compute plans feed at least a whole

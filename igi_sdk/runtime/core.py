@@ -1040,6 +1040,9 @@ class EngineCore:
         re-read after its cells went to another read only what differs."""
         model = self._model
         if (not self.config.share_prefixes or model is None
+                # fixed chunks make seeded replies repeat: a prompt read from shared cells
+                # computes its last token alone, which changes the logits' last bits
+                or self.config.prefill_chunk > 0
                 or self._drafting.drafter is not None  # the draft's cache lacks the prefix
                 or llama_cpp.llama_model_is_recurrent(model)  # a state, not cells: no prefix
                 or llama_cpp.llama_model_is_hybrid(model)):
