@@ -13,6 +13,8 @@ import argparse
 import statistics
 import time
 
+from tool_calls_cost import TOOLS  # Mantella's actions, as the tools benchmark declares them
+
 import igi_sdk  # noqa: F401  (native import order)
 from igi_sdk.model.default import default_model_path
 from igi_sdk.planner import Plan
@@ -21,17 +23,6 @@ from igi_sdk.runtime.tools import ToolSpec
 
 SYSTEM = ("You are Lydia, a Nord housecarl in Whiterun. You are talking with the Dragonborn. "
           "Speak briefly, in character.")
-TOOLS = [
-    ("Follow", "Start following the player.",
-     {"type": "object", "properties": {"source": {"type": "string"}}, "required": ["source"]}),
-    ("Attack", "Attack someone nearby.",
-     {"type": "object", "properties": {"source": {"type": "string"},
-                                       "target": {"type": "string"}},
-      "required": ["source", "target"]}),
-    ("Inventory", "Open your inventory to trade.", {"type": "object", "properties": {}}),
-    ("Wait", "Wait here.", {"type": "object", "properties": {
-        "minutes": {"type": "integer", "minimum": 1, "maximum": 120}}, "required": ["minutes"]}),
-]
 LINES = ["Follow me, Lydia.", "Attack that bandit!", "Let's trade.", "Wait here for me.",
          "How are you today?", "What do you think of Whiterun?", "Any news from the road?",
          "Are you ready to travel?"]

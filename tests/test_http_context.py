@@ -4,34 +4,19 @@ share, are OpenAI's 400 ``context_length_exceeded``, streamed or not."""
 
 from __future__ import annotations
 
-import shutil
 from collections.abc import Iterator
 
 import httpx
 import pytest
 
-from igi_sdk.client import Client
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar
 
 
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[str]:
-    d = tmp_path_factory.mktemp("http-ctx-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-http-ctx') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "2", "--ctx", "512",
-                         "--http", f"127.0.0.1:{port}", "--http-memory", "off")
-    try:
-        probe = Client(ep, timeout=60)
-        probe.wait_ready(60)
-        probe.close()
-        base = f"http://127.0.0.1:{port}"
-        _wait_http(base)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "2", "--ctx", "512",
+                      "--http-memory", "off") as (base, _):
         yield base
-    finally:
-        stop(proc)
 
 
 def _share(base: str) -> int:

@@ -21,7 +21,7 @@ import pytest
 
 from igi_sdk.client import Client
 from igi_sdk.http.guard import Gate, refusal
-from tests.sidecars import free_port, start_sidecar, stop, wait_http
+from tests.sidecars import free_port, http_sidecar
 
 GATE = Gate.for_bind("127.0.0.1", 8080, loopback=True)
 JSON_POST = {"host": ["127.0.0.1:8080"], "content-type": ["application/json"]}
@@ -75,22 +75,10 @@ def test_beyond_loopback_any_host_but_still_no_page() -> None:
 # --- the real sidecar -------------------------------------------------------------------------
 
 
-
 @pytest.fixture(scope="module")
 def face(tmp_path_factory, default_model) -> Iterator[tuple[str, str, int]]:
-    d = tmp_path_factory.mktemp("guard-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-guard') / 's.sock'}"
-    port = free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "4",
-                         "--http", f"127.0.0.1:{port}")
-    probe = Client(ep, timeout=60)
-    probe.wait_ready(60)
-    base = f"http://127.0.0.1:{port}"
-    wait_http(base, 60)
-    yield base, ep, port
-    probe.close()
-    stop(proc)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "4") as (base, ep):
+        yield base, ep, int(base.rsplit(":", 1)[1])
 
 
 def _sessions(ep: str) -> int:

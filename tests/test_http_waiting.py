@@ -5,18 +5,15 @@ concurrent requests than it has session slots."""
 from __future__ import annotations
 
 import asyncio
-import shutil
 from collections.abc import Awaitable, Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import httpx
 import pytest
 
-from igi_sdk.client import Client
 from igi_sdk.http.errors import HttpError
 from igi_sdk.http.waiting import WaitLine
-from tests.test_bridge import start_sidecar, stop
-from tests.test_http_face import _free_port, _wait_http
+from tests.sidecars import http_sidecar
 
 
 class _Slots:
@@ -113,21 +110,8 @@ def test_without_a_line_the_refusal_is_at_once() -> None:
 
 @pytest.fixture(scope="module")
 def two_slots(tmp_path_factory, default_model) -> Iterator[str]:
-    d = tmp_path_factory.mktemp("http-wait-models")
-    shutil.copy(default_model, d / "smol.gguf")
-    ep = f"ipc://{tmp_path_factory.mktemp('ipc-http-wait') / 's.sock'}"
-    port = _free_port()
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--max-sessions", "2",
-                         "--http", f"127.0.0.1:{port}")
-    try:
-        probe = Client(ep, timeout=60)
-        probe.wait_ready(60)
-        probe.close()
-        base = f"http://127.0.0.1:{port}"
-        _wait_http(base)
+    with http_sidecar(tmp_path_factory, default_model, "--max-sessions", "2") as (base, _):
         yield base
-    finally:
-        stop(proc)
 
 
 @pytest.mark.parametrize("route", ["/completion", "/v1/chat/completions"])

@@ -466,25 +466,27 @@ public:
     void HandleError(const FIgiError& Error) { Order.push_back("error " + Narrow(Error.Code)); }
 };
 
+// An action as a game declares it: a name, what it does, its parameters' JSON Schema.
+FIgiAction MakeAction(const char* name, const char* description, const char* schema) {
+    FIgiAction a;
+    a.Name = Wide(name);
+    a.Description = Wide(description);
+    a.ParametersJson = Wide(schema);
+    return a;
+}
+
 TEST_F(UnrealLayer, AnNpcActsTheGameAnswersAndTheNpcRepliesFromTheResult) {
     FGame game;
     ASSERT_TRUE(game.Ready());
-    auto action = [](const char* name, const char* description, const char* schema) {
-        FIgiAction a;
-        a.Name = Wide(name);
-        a.Description = Wide(description);
-        a.ParametersJson = Wide(schema);
-        return a;
-    };
     FNpc npc(game, "npc.actions", false, [&](UIgiNpcDialogueComponent& c) {
         c.SystemPrompt = TEXT("You are Brom, a blacksmith in a fantasy game. You can follow the player, trade and attack.");
         c.Sampling.Temperature = 0.f;
         c.MaxTokens = 32;
-        c.Actions.Add(action("follow", "Follow the player.",
+        c.Actions.Add(MakeAction("follow", "Follow the player.",
             "{\"type\":\"object\",\"properties\":{\"distance\":{\"type\":\"integer\",\"minimum\":1,\"maximum\":10}},\"required\":[\"distance\"]}"));
-        c.Actions.Add(action("trade", "Offer the player an item for gold.",
+        c.Actions.Add(MakeAction("trade", "Offer the player an item for gold.",
             "{\"type\":\"object\",\"properties\":{\"item\":{\"type\":\"string\"},\"price\":{\"type\":\"integer\",\"minimum\":1}},\"required\":[\"item\",\"price\"]}"));
-        c.Actions.Add(action("attack", "Attack a target.",
+        c.Actions.Add(MakeAction("attack", "Attack a target.",
             "{\"type\":\"object\",\"properties\":{\"target\":{\"type\":\"string\",\"enum\":[\"player\",\"wolf\",\"bandit\"]}},\"required\":[\"target\"]}"));
         c.ActionChoice = TEXT("required");
         c.bParallelActions = false;
@@ -519,7 +521,7 @@ TEST_F(UnrealLayer, AnNpcActsTheGameAnswersAndTheNpcRepliesFromTheResult) {
     EXPECT_EQ(npc.C->GetUnansweredActions().Num(), 0);
 
     // a broken declaration: the line fails typed, unsent; a call nobody made cannot be answered
-    npc.C->Actions.Add(action("open door", "", ""));
+    npc.C->Actions.Add(MakeAction("open door", "", ""));
     npc.C->Say(TEXT("Open the door."));
     FramesUntil([&] { return listener->Order.size() >= 4; }, 10);
     ASSERT_GE(listener->Order.size(), 4u);
@@ -546,23 +548,16 @@ public:
 // The actions as Mantella's function manager declares them (its own "scope" keys in the
 // properties; Inventory takes no parameters).
 TArray<FIgiAction> MantellaActions() {
-    auto action = [](const char* name, const char* description, const char* schema) {
-        FIgiAction a;
-        a.Name = Wide(name);
-        a.Description = Wide(description);
-        a.ParametersJson = Wide(schema);
-        return a;
-    };
     TArray<FIgiAction> out;
-    out.Add(action("Follow", "Start following the player.",
+    out.Add(MakeAction("Follow", "Start following the player.",
         "{\"type\": \"object\", \"properties\": {\"source\": {\"type\": \"string\", \"description\": \"Who follows: one of Lydia\", "
         "\"scope\": \"conversation\"}}, \"required\": [\"source\"]}"));
-    out.Add(action("Attack", "Attack someone nearby.",
+    out.Add(MakeAction("Attack", "Attack someone nearby.",
         "{\"type\": \"object\", \"properties\": {\"source\": {\"type\": \"string\", \"scope\": \"conversation\"}, "
         "\"target\": {\"type\": \"string\", \"description\": \"Who is attacked: a nearby NPC\", \"scope\": \"nearby_w_player\"}}, "
         "\"required\": [\"source\", \"target\"]}"));
-    out.Add(action("Inventory", "Open your inventory to trade with the player.", ""));
-    out.Add(action("Wait", "Wait here.",
+    out.Add(MakeAction("Inventory", "Open your inventory to trade with the player.", ""));
+    out.Add(MakeAction("Wait", "Wait here.",
         "{\"type\": \"object\", \"properties\": {\"minutes\": {\"type\": \"integer\", \"minimum\": 1, \"maximum\": 120}}, "
         "\"required\": [\"minutes\"]}"));
     return out;
