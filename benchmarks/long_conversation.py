@@ -4,12 +4,16 @@ and what do the folds cost?
 
 ``igi-sdk serve`` on a model (its default context and sessions unless given) over ZeroMQ. One
 session (greedy sampling, ``memory: "fold"``, a pinned fact) is sent ``--lines`` player lines,
-replies of ``--max-tokens``: most lines are about 48 tokens of talk; the two lines after each
-fold and the last two are persona probes ("What is your name?", "Where are you?"). A probe's
-reply follows the system prompt when it names the persona's name (Brom) or place (Oakvale);
-the same probes asked of a fresh session with the same system prompt, in the same run, are the
-baseline: the reported figure is the conversation's pass rate over the baseline's (a ratio:
-a small model may miss a probe even when fresh).
+replies of ``--max-tokens``: every line is about 48 tokens of talk but the last ones, which are
+persona probes ("Which town do you live in?", "What is your trade?", "What do you make?"). A
+probe's reply follows the system prompt when it names a word of it (Oakvale; blacksmith;
+sword, axe, horseshoe, smith or forge). After every fold the same probes are asked of a copy
+of the conversation (saved, restored as a new session, asked one probe, closed) so that a
+probe's answer never becomes part of the conversation it measures. The same probes asked of a
+fresh session with the same system prompt, in the same run, are the baseline: the reported
+figures are the pass rates over the baseline's (a small model may miss a probe even when
+fresh; the probes are ones the default model passes fresh). ``--reminder`` opens the sessions
+with ``open_session.reminder`` (bridge/PROTOCOL.md §7.3).
 
 Reported: errors (must be 0), folds (lines whose ``usage.dropped_turns`` > 0), turns dropped
 and summarised, and per fold the tokens read again (the summary's prompt as read, from
@@ -19,7 +23,8 @@ still starts with the system prompt and the memory message; whether the save's t
 holds every line in order (then restored and asked one more line).
 
     python benchmarks/long_conversation.py --model-dir DIR --model M.gguf [--lines 500]
-        [--max-tokens 8] [--ctx 4096] [--sessions 8] [--threads 2] [--json out.json]
+        [--max-tokens 8] [--ctx 4096] [--sessions 8] [--threads 2] [--reminder TEXT]
+        [--json out.json]
 """
 
 from __future__ import annotations
@@ -41,8 +46,14 @@ from igi_sdk.client import Client
 SYSTEM = ("You are Brom, the blacksmith of Oakvale. You forge swords, axes and horseshoes. "
           "Answer in one short sentence.")
 PINNED = ["The player's name is Ada."]
-# persona probes: (question, words of the system prompt one of which a following reply names)
-PROBES = (("What is your name?", ("brom",)), ("Where are you?", ("oakvale",)))
+# persona probes: (question, words of the system prompt one of which a following reply names).
+# "What is your name?" is not one: the default model answers it with a name of its own even in a
+# fresh session ("Ada", the pinned player's name, or "Elara"), so it cannot tell a fold's harm
+PROBES = (("Which town do you live in?", ("oakvale",)),
+          ("What is your trade?", ("blacksmith", "smith", "forge")),
+          ("What do you make?", ("sword", "axe", "horseshoe", "smith", "forge")))
+# what --reminder is measured with: the character in one short line (bridge/PROTOCOL.md §7.3)
+REMINDER = "Stay in character: you are Brom, the blacksmith of Oakvale."
 PROBE_TOKENS = 24  # a probe's reply (greedy): room for a short sentence that names the fact
 
 _ITEMS = ["sword", "axe", "shield", "helmet", "horseshoe", "dagger", "spear", "hammer"]
@@ -65,7 +76,7 @@ def follows(reply: str, words: tuple[str, ...]) -> bool:
 
 
 def plan_lines(lines: int) -> list[int]:
-    """Indices of the lines that end the conversation with probes (its last two)."""
+    """Indices of the lines that end the conversation with probes (one line per probe)."""
     return list(range(max(0, lines - len(PROBES)), lines))
 
 
@@ -80,7 +91,7 @@ def save_header(path: Path) -> dict[str, Any]:
 
 def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, sessions: int,
         threads: int, save_dir: Path, endpoint: str,
-        probe_tokens: int = PROBE_TOKENS) -> dict[str, Any]:
+        probe_tokens: int = PROBE_TOKENS, reminder: str = "") -> dict[str, Any]:
     cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint, "--model-dir",
            str(model_dir), "--model", model, "--ctx", str(ctx), "--threads", str(threads),
            "--max-sessions", str(sessions), "--no-arbiter", "--save-dir", str(save_dir)]
@@ -94,11 +105,13 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
         # the baseline: the probes asked of a fresh session (line 1 of a new conversation)
         baseline: list[bool] = []
         for q, words in PROBES:
-            fresh = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0})
+            fresh = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0},
+                                   reminder=reminder)
             r = c.chat(fresh, q, max_tokens=probe_tokens).result()
             baseline.append(follows(r["text"], words))
             c.close_session(fresh)
-        sid = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0})
+        sid = c.open_session(SYSTEM, pinned=PINNED, sampling={"temperature": 0.0},
+                             reminder=reminder)
         listing = c.list_sessions()["sessions"][0]
         errors: list[str] = []
         plain_s: list[float] = []
@@ -106,18 +119,26 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
         folds: list[dict[str, Any]] = []
         probes: list[dict[str, Any]] = []
         said: list[str] = []  # every line sent, in order
-        queue: list[int] = []  # probes due (after a fold)
+
+        def ask_copy(after_fold: int) -> None:
+            """Each probe asked of a copy of the conversation as it stands (never of itself)."""
+            c.save_session(sid, "probe")
+            for q, words in PROBES:
+                copy = c.restore_session("probe")
+                try:
+                    r = c.chat(copy, q, max_tokens=probe_tokens).result()
+                finally:
+                    c.close_session(copy)
+                probes.append({"line": len(said), "after_fold": after_fold, "final": False,
+                               "copy": True, "question": q, "reply": r["text"],
+                               "follows": follows(r["text"], words)})
+
         ending = set(plan_lines(lines))
         dropped = summarised = 0
         summary_read = 0
         t0 = time.perf_counter()
         for i in range(lines):
-            if i in ending:
-                probe: int | None = i - min(ending)
-            elif queue and i + len(queue) < min(ending, default=lines):
-                probe = queue.pop(0)
-            else:
-                probe = None
+            probe = i - min(ending) if i in ending else None
             text = PROBES[probe][0] if probe is not None else line(i)
             said.append(text)
             t = time.perf_counter()
@@ -130,8 +151,8 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
             dt = time.perf_counter() - t
             u = done["usage"]
             if probe is not None:
-                probes.append({"line": i + 1, "after_fold": len(folds), "final": i in ending,
-                               "question": text, "reply": done["text"],
+                probes.append({"line": i + 1, "after_fold": len(folds), "final": True,
+                               "copy": False, "question": text, "reply": done["text"],
                                "follows": follows(done["text"], PROBES[probe][1])})
             if u.get("dropped_turns", 0):
                 fold_s.append(dt)
@@ -148,7 +169,7 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
                               "prompt_in_context": in_context,
                               "reread_ratio": round((read_summary + u["prompt_tokens"])
                                                     / max(1, in_context), 3)})
-                queue = list(range(len(PROBES)))
+                ask_copy(len(folds))
             else:
                 plain_s.append(dt)
             if (i + 1) % 10 == 0:
@@ -169,12 +190,15 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
         c.close_session(sid)
         back = c.restore_session("long")
         after = c.chat(back, "Goodbye, Brom.", max_tokens=8).result()
-        rate = sum(p["follows"] for p in probes) / len(probes) if probes else None
         base = sum(baseline) / len(baseline)
+        copies = [p for p in probes if p["copy"]]
         final = [p for p in probes if p["final"]]
+        rate = sum(p["follows"] for p in copies) / len(copies) if copies else None
+        final_rate = sum(p["follows"] for p in final) / len(final) if final else None
         reads = [f["summary_prompt_read"] + f["line_prompt_read"] for f in folds]
         return {
             "lines": lines, "max_tokens": max_tokens, "ctx": ctx, "sessions": sessions,
+            "reminder": reminder,
             "share_max_tokens": listing.get("max_tokens"), "errors": len(errors),
             "error_samples": errors[:3], "folds": len(fold_s), "dropped_turns": dropped,
             "summarised_turns": summarised,
@@ -187,13 +211,18 @@ def run(model_dir: Path, model: str, *, lines: int, max_tokens: int, ctx: int, s
             "seconds_total": round(lines_s, 1),
             "line_s_median": round(statistics.median(plain_s), 3) if plain_s else None,
             "fold_line_s_median": round(statistics.median(fold_s), 3) if fold_s else None,
-            "probe_baseline": base, "probe_pass_rate": rate,
-            "probe_ratio": round(rate / base, 3) if rate is not None and base else None,
+            "probe_baseline": base, "probe_pass_rate_after_folds": rate,
+            "probe_ratio_after_folds": round(rate / base, 3) if rate is not None and base else None,
             "final_probes_follow": sum(p["follows"] for p in final), "final_probes": len(final),
+            "final_probe_ratio": (round(final_rate / base, 3) if final_rate is not None and base
+                                  else None),
             "probes": probes,
             "prompt_starts_with_system": in_context[0] == {"role": "system", "content": SYSTEM},
             "memory_message": in_context[1]["content"] if mem["head"] > 1 else None,
             "transcript_user_lines": len(saved),
+            "reminder_in_transcript": any(m["content"] == reminder for m in transcript)
+            if reminder else None,
+            "reminder_saved": mem.get("reminder") == reminder,
             "transcript_complete": saved[:lines] == said and len(said) == lines,
             "restored_reply_tokens": after["usage"]["completion_tokens"],
         }
@@ -213,12 +242,14 @@ def main() -> None:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--sessions", type=int, default=8)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--reminder", default="", help="open_session.reminder, e.g. "
+                    f"{REMINDER!r}")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         out = run(a.model_dir, a.model, lines=a.lines, max_tokens=a.max_tokens, ctx=a.ctx,
                   sessions=a.sessions, threads=a.threads, save_dir=Path(tmp),
-                  endpoint=f"ipc://{tmp}/s.sock")
+                  endpoint=f"ipc://{tmp}/s.sock", reminder=a.reminder)
     print(json.dumps(out, indent=2))
     if a.json:
         a.json.write_text(json.dumps(out, indent=2) + "\n")

@@ -8,12 +8,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from pydantic import ValidationError
 
-from igi_sdk.errors import GenerationCancelled, PromptTooLongError
+from igi_sdk.errors import GenerationCancelled, InvalidStateError, PromptTooLongError
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, engine_state, snapshot
 from igi_sdk.runtime import memory as M
 from igi_sdk.runtime.text import Vocab
+from igi_sdk.wire import protocol as P
 
 GREEDY = SamplingParams(temperature=0.0)
 
@@ -348,3 +350,69 @@ def test_a_fold_reads_only_the_summary_request_and_keeps_the_cached_system_promp
         assert read < in_context
     assert folds >= 3 and only_request * 2 >= folds
     engine.close_session(sid)
+
+
+# ----------------------------------------------------------------------------- the reminder
+
+REMINDER = "Stay in character as Brom, the blacksmith of Oakvale."
+
+
+def test_a_reminder_goes_where_it_is_told_and_nothing_without_one() -> None:
+    msgs = [{"role": "system", "content": "You are Brom."}, {"role": "user", "content": "Hi"}]
+    assert M.reminded(msgs, "", 1) == msgs
+    shown = M.reminded(msgs, REMINDER, 1)
+    assert shown == [msgs[0], {"role": "system", "content": REMINDER}, msgs[1]]
+    assert len(msgs) == 2  # the conversation itself is left as it was
+
+
+def test_a_reminder_is_read_before_each_line_and_never_kept(engine: Engine,
+                                                            tmp_path: Path) -> None:
+    plain = engine.open_session("You are Brom.", sampling=GREEDY)
+    noted = engine.open_session("You are Brom.", sampling=GREEDY, reminder=REMINDER)
+    vocab = engine._core._vocab
+    note = len(vocab.tokenize(REMINDER, add_special=False, parse_special=False))
+    a = engine.chat(plain, f"0: {LINE}", max_tokens=4).result(60)
+    b = engine.chat(noted, f"0: {LINE}", max_tokens=4).result(60)
+    # the first line reads the reminder's text and a system message's markup more
+    assert note < b.prompt_tokens - a.prompt_tokens <= note + 16
+    s = _session(engine, noted)
+    assert all(m["content"] != REMINDER for m in s.messages)  # not in the conversation
+    b2 = engine.chat(noted, f"1: {LINE}", max_tokens=4).result(60)
+    b3 = engine.chat(noted, f"2: {LINE}", max_tokens=4).result(60)
+    # each line keeps the cache up to where the last reminder stood and reads from there
+    # (the last line and reply, the reminder, the new line): what is read does not grow with
+    # the conversation, what is kept does
+    assert 0 < b2.cached_tokens < b3.cached_tokens
+    assert b3.prompt_tokens <= b2.prompt_tokens + b2.completion_tokens + 8
+    path = tmp_path / "noted.igisession"
+    engine.save_session(noted, path)
+    meta, _kv = snapshot.unpack(path.read_bytes())
+    assert meta["memory"]["reminder"] == REMINDER
+    assert REMINDER not in [m["content"] for m in meta["messages"]]
+    engine.close_session(noted)
+    back = engine.load_session(path)
+    assert _session(engine, back).memory.reminder == REMINDER
+    engine.close_session(back)
+    engine.close_session(plain)
+
+
+def test_a_conversation_with_a_reminder_folds_and_every_prompt_fits(engine: Engine) -> None:
+    # the fold plan counts the reminder with the line: no line is refused, none overflows
+    long_note = " ".join([REMINDER] * 6)
+    sid = engine.open_session("You are Brom.", sampling=GREEDY, reminder=long_note)
+    folds = 0
+    for i in range(40):
+        r = engine.chat(sid, f"{i}: {LINE}", max_tokens=8).result(60)
+        folds += r.dropped_turns > 0
+    s = _session(engine, sid)
+    assert folds >= 2 and s.cells <= engine.share.most
+    engine.close_session(sid)
+
+
+def test_a_reminder_past_its_bound_is_refused(engine: Engine) -> None:
+    with pytest.raises(InvalidStateError):
+        engine.open_session("You are Brom.", reminder="x" * (M.MAX_REMINDER_CHARS + 1))
+    # on the wire the schema refuses it first (invalid_body), at the same bound
+    with pytest.raises(ValidationError):
+        P.OpenSession.model_validate({"reminder": "x" * (P.MAX_REMINDER_CHARS + 1)})
+    assert P.MAX_REMINDER_CHARS == M.MAX_REMINDER_CHARS and "reminder" in P.FEATURES

@@ -35,6 +35,7 @@ class OpenSession(Command):
     history: tuple[tuple[str, str], ...] = ()  # (role, text): earlier turns, in order
     memory: str = "fold"  # "fold" | "off": a conversation past its share (runtime/memory.py)
     pinned: tuple[str, ...] = ()  # facts kept in every prompt
+    reminder: str = ""  # restated before each line, never kept (runtime/memory.py)
 
 
 @dataclass

@@ -815,7 +815,8 @@ class EngineCore:
         return self._table.open(c.system_prompt, c.params, c.priority, c.session_id,
                                 history=c.history,
                                 memory=memory_turn.M.Memory(
-                                    "off" if c.memory == "off" else "fold", pinned=c.pinned))
+                                    "off" if c.memory == "off" else "fold", pinned=c.pinned,
+                                    reminder=c.reminder))
 
     def _on_close_session(self, c: C.CloseSession) -> None:
         self._close_session(c.session_id)
@@ -956,7 +957,12 @@ class EngineCore:
             parts = [(user_text, raw == "markup")]
         else:
             block = tool_plan.block if tool_plan is not None else ""
-            shown = tools.with_tools(messages, block, tools.renders_tool_role(vocab.template))
+            # the reminder goes right before a player's line; none where the conversation
+            # would be read again whole for it (images: their cells are not tokens) or where
+            # the line is a continued reply or only tool results
+            note = "" if prefill or not line or s.n_images or images else s.memory.reminder
+            shown = tools.with_tools(memory_turn.M.reminded(messages, note, len(messages) - 1),
+                                     block, tools.renders_tool_role(vocab.template))
             parts = (_open_parts(vocab, shown) if prefill
                      else vocab.prompt_parts(shown, add_assistant=True))
         full = "".join(text for text, _ in parts)

@@ -57,7 +57,7 @@ from igi_sdk.runtime.encoder import Encoder, EncoderRoom
 from igi_sdk.runtime.engine_ops import LoadOutcome
 from igi_sdk.runtime.generation import Generation
 from igi_sdk.runtime.image_turn import ImageInput
-from igi_sdk.runtime.memory import MAX_PINNED
+from igi_sdk.runtime.memory import MAX_PINNED, MAX_REMINDER_CHARS
 from igi_sdk.runtime.memory import MODES as MEMORY_MODES
 from igi_sdk.runtime.oneshot import Tokenized
 from igi_sdk.runtime.oneshot_calls import Embeddings
@@ -290,14 +290,16 @@ class Engine:
         history: Sequence[tuple[str, str]] = (),
         memory: str = "fold",
         pinned: Sequence[str] = (),
+        reminder: str = "",
     ) -> Future[str]:
         """``history``: earlier turns of the conversation, (role, text) with role "system",
         "user", "assistant" or "tool" in order (a client that keeps its own transcript, as
         OpenAI-style clients do); they are read into the cache with the session's first
         line. ``memory``: "fold"
         (turns that no longer fit the session's share are summarised out of the context) or
-        "off" (such a line is refused); ``pinned``: facts kept in every prompt
-        (runtime/memory.py)."""
+        "off" (such a line is refused); ``pinned``: facts kept in every prompt; ``reminder``: a
+        short note (a system message) restated right before each player line and never kept
+        in the conversation, such as the character to stay in (runtime/memory.py)."""
         params = sampling or SamplingParams()
         prompt = system_prompt.replace(image_turn.IMAGE_SLOT, "") if system_prompt else None
         turns = _turns(history)
@@ -305,23 +307,26 @@ class Engine:
             out: Future[str] = Future()
             out.set_exception(InvalidStateError(_ROLES))
             return out
-        if memory not in MEMORY_MODES or len(pinned) > MAX_PINNED:
+        if (memory not in MEMORY_MODES or len(pinned) > MAX_PINNED
+                or len(reminder) > MAX_REMINDER_CHARS):
             out = Future()
             out.set_exception(InvalidStateError(
-                f"memory is one of {MEMORY_MODES}, with at most {MAX_PINNED} pinned facts"))
+                f"memory is one of {MEMORY_MODES}, with at most {MAX_PINNED} pinned facts and "
+                f"a reminder of at most {MAX_REMINDER_CHARS} characters"))
             return out
         facts = tuple(image_turn.clean(p) for p in pinned if p.strip())
         return self._submit(C.OpenSession(prompt, params, priority, session_id, turns,
-                                          memory, facts))
+                                          memory, facts, image_turn.clean(reminder.strip())))
 
     def open_session(self, system_prompt: str | None = None, *,
                      sampling: SamplingParams | None = None, priority: int = 0,
                      session_id: str | None = None,
                      history: Sequence[tuple[str, str]] = (), memory: str = "fold",
-                     pinned: Sequence[str] = ()) -> str:
+                     pinned: Sequence[str] = (), reminder: str = "") -> str:
         return _wait(self.open_session_async(system_prompt, sampling=sampling,
                                              priority=priority, session_id=session_id,
-                                             history=history, memory=memory, pinned=pinned))
+                                             history=history, memory=memory, pinned=pinned,
+                                             reminder=reminder))
 
     def close_session_async(self, session_id: str) -> Future[None]:
         return self._submit(C.CloseSession(session_id))

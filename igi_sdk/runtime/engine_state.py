@@ -23,7 +23,7 @@ from igi_sdk.errors import EngineUnavailableError, InvalidStateError
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import _native, snapshot
-from igi_sdk.runtime.memory import MAX_PINNED, Memory
+from igi_sdk.runtime.memory import MAX_PINNED, MAX_REMINDER_CHARS, Memory
 from igi_sdk.runtime.sampling import SamplingParams
 from igi_sdk.runtime.session import Session
 
@@ -169,7 +169,8 @@ MEMORY_FORMAT = 1
 
 def memory_meta(m: Memory) -> dict[str, Any]:
     return {"format": MEMORY_FORMAT, "mode": m.mode, "system": m.system,
-            "pinned": list(m.pinned), "summary": m.summary, "head": m.head,
+            "pinned": list(m.pinned), "reminder": m.reminder, "summary": m.summary,
+            "head": m.head,
             "archive": m.archive, "folds": m.folds, "summaries": m.summaries,
             "dropped": m.dropped}
 
@@ -196,12 +197,16 @@ def memory_fields(meta: dict[str, Any], messages: list[dict[str, str]]) -> Memor
     if not isinstance(pinned, list) or len(pinned) > MAX_PINNED or not all(
             isinstance(p, str) for p in pinned) or not isinstance(summary, str):
         raise ValueError("'memory' has bad pinned facts or summary")
+    reminder = raw.get("reminder", "")  # saves from before reminders have none
+    if not isinstance(reminder, str) or len(reminder) > MAX_REMINDER_CHARS:
+        raise ValueError("'memory' has a bad reminder")
     if not _messages(raw["archive"]):
         raise ValueError("'memory.archive' is not a list of chat messages")
     numbers = [raw[k] for k in ("head", "folds", "summaries", "dropped")]
     if not all(type(x) is int and x >= 0 for x in numbers) or raw["head"] > len(messages):
         raise ValueError("'memory' has bad counts")
-    return Memory(mode=mode, system=system, pinned=tuple(pinned), summary=summary,
+    return Memory(mode=mode, system=system, pinned=tuple(pinned), reminder=reminder,
+                  summary=summary,
                   head=raw["head"], archive=raw["archive"], folds=raw["folds"],
                   summaries=raw["summaries"], dropped=raw["dropped"])
 

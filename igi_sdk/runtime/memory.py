@@ -31,6 +31,9 @@ from typing import Literal
 Mode = Literal["fold", "off"]
 MODES: tuple[Mode, ...] = ("fold", "off")
 MAX_PINNED = 16
+# a reminder is read again with every line (it moves with the conversation's end): short on
+# purpose, so that it costs a line's worth of prefill, not a second system prompt
+MAX_REMINDER_CHARS = 1000
 # the summary's reply: bounded, so a fold costs a bounded decode (three short sentences)
 SUMMARY_TOKENS = 64
 SUMMARY_STOP = ("\n\n",)  # one paragraph
@@ -62,6 +65,9 @@ class Memory:
     mode: Mode = "fold"
     system: str | None = None  # the session's system prompt (the head's first message)
     pinned: tuple[str, ...] = ()
+    # a note restated just before each new line and never kept in the conversation (what a
+    # small model loses first in a long talk is its character: the system prompt is far back)
+    reminder: str = ""
     summary: str = ""
     head: int = 0  # messages before the turns: the system prompt and the memory message
     # messages that left the context, in order (the transcript is these, then the turns)
@@ -102,6 +108,16 @@ def head_of(memory: Memory) -> list[dict[str, str]]:
         head.append(m)
     memory.head = len(head)
     return head
+
+
+def reminded(messages: Sequence[dict[str, str]], reminder: str,
+             at: int) -> list[dict[str, str]]:
+    """``messages`` as the model reads them: the reminder, a system message, placed at ``at``
+    (before the line and its tool results); the stored conversation never holds it."""
+    out = list(messages)
+    if reminder:
+        out.insert(at, {"role": "system", "content": reminder})
+    return out
 
 
 @dataclass(frozen=True)

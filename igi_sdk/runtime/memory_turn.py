@@ -85,11 +85,11 @@ def latest_counts(vocab: Vocab, mem: M.Memory, texts: list[str], budget: int) ->
 
 def check_line(vocab: Vocab, s: Session, content: str, max_tokens: int, most: int) -> None:
     """PromptTooLongError for a line that cannot fit ``most`` even after a fold: the system
-    prompt and the pinned facts (kept by every fold), the line and its reply's room
+    prompt, the pinned facts and the reminder (kept by every fold), the line and its reply's room
     (memory.never_fits). Counted as the fold counts (the template's markup over-counted);
     a line well under the share costs no tokenizing (its bytes bound its tokens)."""
     mem = s.memory
-    texts = [t for t in (mem.system or "", M.memory_text(mem.pinned, "")) if t]
+    texts = [t for t in (mem.system or "", M.memory_text(mem.pinned, ""), mem.reminder) if t]
     if sum(len(t.encode("utf-8")) + M.MESSAGE_OVERHEAD for t in [*texts, content]) \
             + M.reply_room(max_tokens, most) + M.MARGIN <= most:
         return  # a token spells one byte at least: it fits
@@ -122,8 +122,9 @@ def plan_line(vocab: Vocab, s: Session, content: str, max_tokens: int,
     return M.plan(head_tokens=head_tokens, head_after=head_after,
                   turns=latest_counts(vocab, mem, [m["content"] for m in turns], most),
                   roles=[m["role"] for m in turns],
-                  line_tokens=count(vocab, mem, content, most), max_tokens=max_tokens,
-                  most=most)
+                  line_tokens=(count(vocab, mem, content, most)  # the reminder comes with it
+                               + (count(vocab, mem, mem.reminder, most) if mem.reminder else 0)),
+                  max_tokens=max_tokens, most=most)
 
 
 def summary_prompt(vocab: Vocab, s: Session, dropped: list[dict[str, str]],

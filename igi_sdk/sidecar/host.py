@@ -433,7 +433,8 @@ class ModelHost:
         return eng.open_session_async(system, priority=request.priority, sampling=sampling,
                                       session_id=request.name,
                                       history=tool_wire.history_turns(request.history),
-                                      memory=request.memory, pinned=request.pinned)
+                                      memory=request.memory, pinned=request.pinned,
+                                      reminder=request.reminder)
 
     def close_session(self, session: str) -> Future[None]:
         try:

@@ -33,7 +33,7 @@ FEATURES = ("goodbye", "leases", "list_sessions", "adopt_session", "set_priority
             "resume_stream", "json_schema_string", "session_names", "draft_model",
             "images", "owners", "launch_token", "instance", "tools", "history_roles",
             "line_sampling", "logprobs", "rewrite_history", "tokenize", "embed", "complete",
-            "memory")
+            "memory", "reminder")
 
 # Limits (also in PROTOCOL.md). The socket enforces MAX_MESSAGE_BYTES before anything is parsed.
 # One image may take 16 MiB (a 2560x1600 RGBA screenshot as raw pixels is 15.6 MiB); a message
@@ -48,6 +48,7 @@ MAX_STR_BYTES = 1 << 20  # any msgpack str (text fields are far shorter still)
 MAX_TEXT_CHARS = MAX_STR_BYTES // 4
 MAX_HISTORY_TURNS = 256  # open_session.history: earlier turns a client may hand over
 MAX_PINNED = 16  # open_session.pinned: facts kept in every prompt
+MAX_REMINDER_CHARS = 1000  # open_session.reminder: read again with every line
 MAX_ID = 2**53 - 1  # JSON-safe integers for engines whose scripting languages use doubles
 MAX_TOKENS = 4096
 # maps/arrays inside a request body, and inside a json_schema given as a JSON string: checked
@@ -252,6 +253,9 @@ class OpenSession(Strict):
     # oldest turns out of the prompt, "off" refuses the line (prompt_too_long)
     memory: Literal["fold", "off"] = "fold"
     pinned: list[Text] = Field(default_factory=list, max_length=MAX_PINNED)  # in every prompt
+    # 1.3 ("reminder"): a short note restated just before each player line, never kept in the
+    # conversation ("Stay in character as Brom, the blacksmith of Oakvale.")
+    reminder: Annotated[str, Field(max_length=MAX_REMINDER_CHARS)] = ""
 
 
 class ChatImage(Strict):
