@@ -1123,8 +1123,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--upstream-model",
                     help="the model name to ask for (default: the first of its /v1/models)")
     up.add_argument("--upstream-affinity-header", default="x-session-id", metavar="NAME",
-                    help="the sticky header the cluster's router pins sessions by "
-                         "(x-dynamo-session-id for NVIDIA Dynamo)")
+                    help="one more sticky header the session key is sent in: it always goes "
+                         "in x-session-id (vLLM's router), x-smg-routing-key (SGLang's "
+                         "gateway), x-dynamo-session-id (NVIDIA Dynamo) and prompt_cache_key")
     up.add_argument("--upstream-schema-format", choices=["json_schema", "json_object"],
                     default="json_schema",
                     help="how json_schema replies are asked for: OpenAI's json_schema (vLLM, "

@@ -7,7 +7,7 @@ import pytest
 
 from igi_sdk.errors import UpstreamUnavailableError
 from igi_sdk.upstream.client import UpstreamClient
-from igi_sdk.upstream.config import UpstreamConfig, api_base
+from igi_sdk.upstream.config import STICKY_HEADERS, UpstreamConfig, affinity_headers, api_base
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.sse import data_lines
 from igi_sdk.upstream.transcript import MAX_TRANSCRIPT_CHARS, Transcript
@@ -81,3 +81,16 @@ def test_upstream_settings_are_checked() -> None:
         UpstreamConfig(urls=())
     with pytest.raises(ValueError):
         UpstreamConfig(urls=("http://h",), affinity_header="x-bad: header")
+
+
+def test_the_session_key_goes_in_every_routers_sticky_header() -> None:
+    # vLLM's router, SGLang's gateway and NVIDIA Dynamo each read one of these by default
+    assert affinity_headers("k1") == {"x-session-id": "k1", "x-smg-routing-key": "k1",
+                                      "x-dynamo-session-id": "k1"}
+    assert affinity_headers("k1", "X-Tenant-Key") == {**affinity_headers("k1"),
+                                                      "x-tenant-key": "k1"}
+    assert affinity_headers("k1", "X-SMG-Routing-Key") == affinity_headers("k1")  # one per name
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), affinity_header="x-my-key"))
+    sent = client._headers("k2")
+    assert all(sent[h] == "k2" for h in (*STICKY_HEADERS, "x-my-key"))
+    client.close()

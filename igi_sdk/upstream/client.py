@@ -1,11 +1,12 @@
 """The sidecar as a client of an OpenAI-compatible cluster: one reply streamed from a replica,
 with session affinity, retries with back-off, and bounded reads.
 
-Affinity is twofold: each request carries the session's key as ``prompt_cache_key`` and in the
-configured sticky header, so a router in front of the replicas (vLLM's router, SGLang's model
-gateway, NVIDIA Dynamo) pins the conversation to one worker; and with several ``--upstream``
-URLs and no router, the session's key picks the replica itself (rendezvous hashing: the same
-replica every time, and only the sessions of a replica that goes away move elsewhere)."""
+Affinity is twofold: each request carries the session's key as ``prompt_cache_key`` and in
+every router's sticky header (config.STICKY_HEADERS), so a router in front of the replicas
+(vLLM's router, SGLang's model gateway, NVIDIA Dynamo) pins the conversation to one worker;
+and with several ``--upstream`` URLs and no router, the session's key picks the replica itself
+(rendezvous hashing: the same replica every time, and only the sessions of a replica that goes
+away move elsewhere)."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ import httpx
 
 from igi_sdk.errors import UpstreamRefusedError, UpstreamUnavailableError
 from igi_sdk.events import ToolCall
-from igi_sdk.upstream.config import UpstreamConfig, api_base
+from igi_sdk.upstream.config import UpstreamConfig, affinity_headers, api_base
 from igi_sdk.upstream.sse import data_lines
 
 log = logging.getLogger("igi_sdk.upstream")
@@ -227,7 +228,8 @@ class UpstreamClient:
         # identity: a compressed stream is work the sidecar did not ask for (a gzip stream of
         # empty chunks kept a thread inflating for minutes)
         h = {"content-type": "application/json", "accept": "text/event-stream",
-             "accept-encoding": "identity", self.cfg.affinity_header: key}
+             "accept-encoding": "identity",
+             **affinity_headers(key, self.cfg.affinity_header)}
         if self.cfg.api_key:
             h["authorization"] = f"Bearer {self.cfg.api_key}"
         return h
