@@ -3,10 +3,13 @@ event-stream reader, and which replica a session keeps to."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from igi_sdk.errors import UpstreamUnavailableError
-from igi_sdk.upstream.client import UpstreamClient
+from igi_sdk.upstream.client import UpstreamCall, UpstreamClient
 from igi_sdk.upstream.config import STICKY_HEADERS, UpstreamConfig, affinity_headers, api_base
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.sse import data_lines
@@ -94,3 +97,24 @@ def test_the_session_key_goes_in_every_routers_sticky_header() -> None:
     sent = client._headers("k2")
     assert all(sent[h] == "k2" for h in (*STICKY_HEADERS, "x-my-key"))
     client.close()
+
+
+def test_a_reply_cut_at_max_tokens_still_reads_the_usage_that_follows() -> None:
+    # a replica streams exactly max_tokens pieces, then the finish and the usage chunks: the
+    # cached tokens are in the last one
+    def sse(*chunks: dict) -> bytes:
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+
+    text = [{"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]} for i in range(8)]
+    body = sse(*text, {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+               {"choices": [], "usage": {"prompt_tokens": 120, "completion_tokens": 8,
+                                         "prompt_tokens_details": {"cached_tokens": 100}}})
+    answer = httpx.MockTransport(lambda _r: httpx.Response(
+        200, headers={"content-type": "text/event-stream"},
+        stream=httpx.ByteStream(body + b"data: [DONE]\n\n")))
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), model="m"), transport=answer)
+    reply = client.stream("k", {"messages": [], "max_tokens": 8}, lambda _t: None,
+                          UpstreamCall(), max_chars=1 << 20)
+    client.close()
+    assert reply.text == "".join(f"w{i} " for i in range(8)) and reply.finish_reason == "length"
+    assert (reply.cached_tokens, reply.prompt_tokens, reply.completion_tokens) == (100, 20, 8)

@@ -290,7 +290,7 @@ class UpstreamClient:
               max_tokens: int | None) -> UpstreamReply:
         pieces: list[str] = []
         size, finish, usage, ttft = 0, "stop", None, 0.0
-        started = False
+        started = capped = False
         try:
             for chunk in _chunks(resp):
                 if call.cancelled.is_set():
@@ -304,6 +304,15 @@ class UpstreamClient:
                 if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
                 text, reason = _delta(chunk)
+                if capped:
+                    # max_tokens reached: the finish and usage chunks that follow are read
+                    # (the usage carries the cached tokens); more text means the server
+                    # ignores max_tokens
+                    if text:
+                        break
+                    if reason:
+                        finish = "length" if reason == "length" else "stop"
+                    continue
                 if text:
                     if not started:
                         started, ttft = True, time.monotonic() - t0
@@ -316,8 +325,8 @@ class UpstreamClient:
                     # a piece is a token as OpenAI servers stream them: the line's max_tokens
                     # holds even against a server that ignores it
                     if max_tokens is not None and len(pieces) >= max_tokens:
-                        finish = "length"
-                        break
+                        finish, capped = "length", True
+                        continue
                 if reason:
                     finish = "length" if reason == "length" else "stop"
         except (httpx.TransportError, httpx.StreamError) as e:
