@@ -118,3 +118,18 @@ def test_a_reply_cut_at_max_tokens_still_reads_the_usage_that_follows() -> None:
     client.close()
     assert reply.text == "".join(f"w{i} " for i in range(8)) and reply.finish_reason == "length"
     assert (reply.cached_tokens, reply.prompt_tokens, reply.completion_tokens) == (100, 20, 8)
+
+
+def test_a_routers_500_for_a_worker_it_could_not_reach_is_tried_again() -> None:
+    def answer(status: int, body: dict) -> httpx.Response:
+        return httpx.Response(status, headers={"content-type": "application/json"},
+                              stream=httpx.ByteStream(json.dumps(body).encode()))
+
+    answers = [answer(500, {"error": {"message": "error sending request for url"}}),
+               answer(200, {"choices": [{"message": {"content": "Aye."},
+                                         "finish_reason": "stop"}]})]
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), model="m", backoff_s=0.01),
+                            transport=httpx.MockTransport(lambda _r: answers.pop(0)))
+    reply = client.stream("k", {"messages": []}, lambda _t: None, UpstreamCall(), 1 << 20)
+    client.close()
+    assert (reply.text, reply.attempts) == ("Aye.", 2)

@@ -29,7 +29,9 @@ from igi_sdk.upstream.sse import data_lines
 
 log = logging.getLogger("igi_sdk.upstream")
 
-RETRY_STATUS = frozenset({429, 502, 503, 504})
+# 500 too, as OpenAI's own clients do: a router answers 500 for a worker it could not reach
+# (SGLang's gateway, before its health check takes the worker out)
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_EVENT_BYTES = 1 << 20  # one SSE line (a chunk of a reply is a few hundred bytes)
 MAX_BODY_BYTES = 4 << 20  # a whole non-streamed answer, an error body, a model list
 CHARS_PER_TOKEN_CAP = 64  # a reply longer than max_tokens x this is cut ("length")
@@ -150,7 +152,7 @@ class UpstreamClient:
     def stream(self, key: str, body: dict[str, object], on_text: Callable[[str], None],
                call: UpstreamCall, max_chars: int) -> UpstreamReply:
         """Stream one chat completion for session ``key``; ``on_text`` hears each piece.
-        Tries again on 429/502/503/504 and lost connections (the next replica for those) until
+        Tries again on 429/500/502/503/504 and lost connections (the next replica for those) until
         the first piece; a reply broken off after it ends with UpstreamUnavailableError."""
         deadline = threading.Timer(self.cfg.line_timeout_s, call.expire)
         deadline.daemon = True

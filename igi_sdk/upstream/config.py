@@ -35,7 +35,7 @@ class UpstreamConfig:
     # the longest one line may take, every try included: a server that drips a byte at a time,
     # or sends keep-alives without end, resets the silence timer forever
     line_timeout_s: float = 600.0
-    retries: int = 3  # more tries after the first, for 429/502/503/504 and lost connections
+    retries: int = 3  # more tries after the first, for 429/5xx (not 501) and lost connections
     backoff_s: float = 0.25  # the first pause; it doubles, or follows Retry-After
     max_backoff_s: float = 4.0
     schema_format: SchemaFormat = "json_schema"
