@@ -1137,7 +1137,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the longest one line may take upstream, every try included (a "
                     "server that drips or sends keep-alives forever never falls silent)")
     up.add_argument("--upstream-retries", type=int, default=3,
-                    help="more tries on 429/502/503/504 and lost connections, with back-off")
+                    help="more tries on 429/500/502/503/504 and lost connections, with back-off")
     up.add_argument("--overflow-min-tps", type=float, default=0.0, metavar="TPS",
                     help="overflow: go upstream while the local model decodes slower than this "
                          "on its CPU placement (0: never for speed)")

@@ -303,6 +303,7 @@ class RoutingBackend:
             remote = sum(1 for t in self._sessions.values() if t.where == "remote")
             figures = dict(self.figures, remote_sessions=remote)
         out["upstream"] = {"policy": self.cfg.policy, "replicas": list(self.client.bases),
+                           "affinity_header": self.cfg.affinity_header,
                            "affinity_headers": list(affinity_headers(
                                "", self.cfg.affinity_header)),
                            "cpu_tps": self._cpu_tps, **figures, **self.client.figures}
