@@ -141,8 +141,11 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
         d = tmp_path_factory.mktemp("sidecar")
         shutil.copy(default_model, d / "smol.gguf")
         ep = f"ipc://{d / 's.sock'}"
+        # 5 retries (0.25 s doubling, 7.75 s in all) outlast the router's health check, which
+        # takes a dead replica out within a second or two
         sidecar = start_sidecar(d, ep, "--model", "smol.gguf", "--threads", "1",
-                                "--upstream", f"{router}/v1", "--upstream-policy", "remote")
+                                "--upstream", f"{router}/v1", "--upstream-policy", "remote",
+                                "--upstream-retries", "5")
         stack.callback(stop, sidecar)
         client = stack.enter_context(Client(ep, timeout=120))
         client.wait_ready(90)
@@ -194,10 +197,12 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
             assert min(reused) >= 0.8, (s, ratio[s])  # its KV reused
             reuse += reused
         on = [sum(w[:KILL_AFTER].count(k) for w in where.values()) for k in range(2)]
+        retries = client.stats()["upstream"]["retries"]
         print(f"\n{kind}: turns per replica before the kill {on}, after {_after(where)}; "
               f"{len(moved)} NPCs moved; turn 2+ cached min {min(reuse):.2f}, mean "
               f"{sum(reuse) / len(reuse):.2f}; first turn after a move cached max "
-              f"{max(ratio[s][KILL_AFTER] for s in moved):.2f}; lines lost {len(lost)}")
+              f"{max(ratio[s][KILL_AFTER] for s in moved):.2f}; sidecar retries {retries}; "
+              f"lines lost {len(lost)}")
 
 
 def _after(where: dict[str, list[int]]) -> list[int]:
