@@ -1123,8 +1123,9 @@ def build_parser() -> argparse.ArgumentParser:
     up.add_argument("--upstream-model",
                     help="the model name to ask for (default: the first of its /v1/models)")
     up.add_argument("--upstream-affinity-header", default="x-session-id", metavar="NAME",
-                    help="the sticky header the cluster's router pins sessions by "
-                         "(x-dynamo-session-id for NVIDIA Dynamo)")
+                    help="one more sticky header the session key is sent in: it always goes "
+                         "in x-session-id (vLLM's router), x-smg-routing-key (SGLang's "
+                         "gateway), x-dynamo-session-id (NVIDIA Dynamo) and prompt_cache_key")
     up.add_argument("--upstream-schema-format", choices=["json_schema", "json_object"],
                     default="json_schema",
                     help="how json_schema replies are asked for: OpenAI's json_schema (vLLM, "
@@ -1136,7 +1137,7 @@ def build_parser() -> argparse.ArgumentParser:
                     help="the longest one line may take upstream, every try included (a "
                     "server that drips or sends keep-alives forever never falls silent)")
     up.add_argument("--upstream-retries", type=int, default=3,
-                    help="more tries on 429/502/503/504 and lost connections, with back-off")
+                    help="more tries on 429/500/502/503/504 and lost connections, with back-off")
     up.add_argument("--overflow-min-tps", type=float, default=0.0, metavar="TPS",
                     help="overflow: go upstream while the local model decodes slower than this "
                          "on its CPU placement (0: never for speed)")

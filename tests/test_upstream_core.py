@@ -3,11 +3,14 @@ event-stream reader, and which replica a session keeps to."""
 
 from __future__ import annotations
 
+import json
+
+import httpx
 import pytest
 
 from igi_sdk.errors import UpstreamUnavailableError
-from igi_sdk.upstream.client import UpstreamClient
-from igi_sdk.upstream.config import UpstreamConfig, api_base
+from igi_sdk.upstream.client import UpstreamCall, UpstreamClient
+from igi_sdk.upstream.config import STICKY_HEADERS, UpstreamConfig, affinity_headers, api_base
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.sse import data_lines
 from igi_sdk.upstream.transcript import MAX_TRANSCRIPT_CHARS, Transcript
@@ -81,3 +84,52 @@ def test_upstream_settings_are_checked() -> None:
         UpstreamConfig(urls=())
     with pytest.raises(ValueError):
         UpstreamConfig(urls=("http://h",), affinity_header="x-bad: header")
+
+
+def test_the_session_key_goes_in_every_routers_sticky_header() -> None:
+    # vLLM's router, SGLang's gateway and NVIDIA Dynamo each read one of these by default
+    assert affinity_headers("k1") == {"x-session-id": "k1", "x-smg-routing-key": "k1",
+                                      "x-dynamo-session-id": "k1"}
+    assert affinity_headers("k1", "X-Tenant-Key") == {**affinity_headers("k1"),
+                                                      "x-tenant-key": "k1"}
+    assert affinity_headers("k1", "X-SMG-Routing-Key") == affinity_headers("k1")  # one per name
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), affinity_header="x-my-key"))
+    sent = client._headers("k2")
+    assert all(sent[h] == "k2" for h in (*STICKY_HEADERS, "x-my-key"))
+    client.close()
+
+
+def test_a_reply_cut_at_max_tokens_still_reads_the_usage_that_follows() -> None:
+    # a replica streams exactly max_tokens pieces, then the finish and the usage chunks: the
+    # cached tokens are in the last one
+    def sse(*chunks: dict) -> bytes:
+        return b"".join(b"data: " + json.dumps(c).encode() + b"\n\n" for c in chunks)
+
+    text = [{"choices": [{"index": 0, "delta": {"content": f"w{i} "}}]} for i in range(8)]
+    body = sse(*text, {"choices": [{"index": 0, "delta": {}, "finish_reason": "length"}]},
+               {"choices": [], "usage": {"prompt_tokens": 120, "completion_tokens": 8,
+                                         "prompt_tokens_details": {"cached_tokens": 100}}})
+    answer = httpx.MockTransport(lambda _r: httpx.Response(
+        200, headers={"content-type": "text/event-stream"},
+        stream=httpx.ByteStream(body + b"data: [DONE]\n\n")))
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), model="m"), transport=answer)
+    reply = client.stream("k", {"messages": [], "max_tokens": 8}, lambda _t: None,
+                          UpstreamCall(), max_chars=1 << 20)
+    client.close()
+    assert reply.text == "".join(f"w{i} " for i in range(8)) and reply.finish_reason == "length"
+    assert (reply.cached_tokens, reply.prompt_tokens, reply.completion_tokens) == (100, 20, 8)
+
+
+def test_a_routers_500_for_a_worker_it_could_not_reach_is_tried_again() -> None:
+    def answer(status: int, body: dict) -> httpx.Response:
+        return httpx.Response(status, headers={"content-type": "application/json"},
+                              stream=httpx.ByteStream(json.dumps(body).encode()))
+
+    answers = [answer(500, {"error": {"message": "error sending request for url"}}),
+               answer(200, {"choices": [{"message": {"content": "Aye."},
+                                         "finish_reason": "stop"}]})]
+    client = UpstreamClient(UpstreamConfig(urls=("http://h",), model="m", backoff_s=0.01),
+                            transport=httpx.MockTransport(lambda _r: answers.pop(0)))
+    reply = client.stream("k", {"messages": []}, lambda _t: None, UpstreamCall(), 1 << 20)
+    client.close()
+    assert (reply.text, reply.attempts) == ("Aye.", 2)

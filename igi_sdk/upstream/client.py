@@ -1,11 +1,12 @@
 """The sidecar as a client of an OpenAI-compatible cluster: one reply streamed from a replica,
 with session affinity, retries with back-off, and bounded reads.
 
-Affinity is twofold: each request carries the session's key as ``prompt_cache_key`` and in the
-configured sticky header, so a router in front of the replicas (vLLM's router, SGLang's model
-gateway, NVIDIA Dynamo) pins the conversation to one worker; and with several ``--upstream``
-URLs and no router, the session's key picks the replica itself (rendezvous hashing: the same
-replica every time, and only the sessions of a replica that goes away move elsewhere)."""
+Affinity is twofold: each request carries the session's key as ``prompt_cache_key`` and in
+every router's sticky header (config.STICKY_HEADERS), so a router in front of the replicas
+(vLLM's router, SGLang's model gateway, NVIDIA Dynamo) pins the conversation to one worker;
+and with several ``--upstream`` URLs and no router, the session's key picks the replica itself
+(rendezvous hashing: the same replica every time, and only the sessions of a replica that goes
+away move elsewhere)."""
 
 from __future__ import annotations
 
@@ -23,12 +24,14 @@ import httpx
 
 from igi_sdk.errors import UpstreamRefusedError, UpstreamUnavailableError
 from igi_sdk.events import ToolCall
-from igi_sdk.upstream.config import UpstreamConfig, api_base
+from igi_sdk.upstream.config import UpstreamConfig, affinity_headers, api_base
 from igi_sdk.upstream.sse import data_lines
 
 log = logging.getLogger("igi_sdk.upstream")
 
-RETRY_STATUS = frozenset({429, 502, 503, 504})
+# 500 too, as OpenAI's own clients do: a router answers 500 for a worker it could not reach
+# (SGLang's gateway, before its health check takes the worker out)
+RETRY_STATUS = frozenset({429, 500, 502, 503, 504})
 MAX_EVENT_BYTES = 1 << 20  # one SSE line (a chunk of a reply is a few hundred bytes)
 MAX_BODY_BYTES = 4 << 20  # a whole non-streamed answer, an error body, a model list
 CHARS_PER_TOKEN_CAP = 64  # a reply longer than max_tokens x this is cut ("length")
@@ -149,7 +152,7 @@ class UpstreamClient:
     def stream(self, key: str, body: dict[str, object], on_text: Callable[[str], None],
                call: UpstreamCall, max_chars: int) -> UpstreamReply:
         """Stream one chat completion for session ``key``; ``on_text`` hears each piece.
-        Tries again on 429/502/503/504 and lost connections (the next replica for those) until
+        Tries again on 429/500/502/503/504 and lost connections (the next replica for those) until
         the first piece; a reply broken off after it ends with UpstreamUnavailableError."""
         deadline = threading.Timer(self.cfg.line_timeout_s, call.expire)
         deadline.daemon = True
@@ -227,7 +230,8 @@ class UpstreamClient:
         # identity: a compressed stream is work the sidecar did not ask for (a gzip stream of
         # empty chunks kept a thread inflating for minutes)
         h = {"content-type": "application/json", "accept": "text/event-stream",
-             "accept-encoding": "identity", self.cfg.affinity_header: key}
+             "accept-encoding": "identity",
+             **affinity_headers(key, self.cfg.affinity_header)}
         if self.cfg.api_key:
             h["authorization"] = f"Bearer {self.cfg.api_key}"
         return h
@@ -288,7 +292,7 @@ class UpstreamClient:
               max_tokens: int | None) -> UpstreamReply:
         pieces: list[str] = []
         size, finish, usage, ttft = 0, "stop", None, 0.0
-        started = False
+        started = capped = False
         try:
             for chunk in _chunks(resp):
                 if call.cancelled.is_set():
@@ -302,6 +306,15 @@ class UpstreamClient:
                 if isinstance(chunk, dict) and isinstance(chunk.get("usage"), dict):
                     usage = chunk["usage"]
                 text, reason = _delta(chunk)
+                if capped:
+                    # max_tokens reached: the finish and usage chunks that follow are read
+                    # (the usage carries the cached tokens); more text means the server
+                    # ignores max_tokens
+                    if text:
+                        break
+                    if reason:
+                        finish = "length" if reason == "length" else "stop"
+                    continue
                 if text:
                     if not started:
                         started, ttft = True, time.monotonic() - t0
@@ -314,8 +327,8 @@ class UpstreamClient:
                     # a piece is a token as OpenAI servers stream them: the line's max_tokens
                     # holds even against a server that ignores it
                     if max_tokens is not None and len(pieces) >= max_tokens:
-                        finish = "length"
-                        break
+                        finish, capped = "length", True
+                        continue
                 if reason:
                     finish = "length" if reason == "length" else "stop"
         except (httpx.TransportError, httpx.StreamError) as e:

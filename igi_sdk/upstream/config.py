@@ -14,6 +14,11 @@ Policy = Literal["local", "remote", "overflow"]
 # Dynamo, llama-server), or json_object with a "schema" (llama-cpp-python's own server)
 SchemaFormat = Literal["json_schema", "json_object"]
 POLICIES: tuple[Policy, ...] = ("local", "remote", "overflow")
+# the session key is sent under each name a router pins a conversation by, so no flag picks
+# the router: vLLM's router (--policy consistent_hash) reads x-session-id, SGLang's gateway
+# (--policy manual) x-smg-routing-key, NVIDIA Dynamo x-dynamo-session-id. Each ignores the
+# others' (SGLang's drops them before its workers see them).
+STICKY_HEADERS: tuple[str, ...] = ("x-session-id", "x-smg-routing-key", "x-dynamo-session-id")
 
 
 @dataclass(frozen=True)
@@ -22,15 +27,15 @@ class UpstreamConfig:
     policy: Policy = "overflow"
     api_key: str | None = None  # sent as a Bearer token (read from the environment, never argv)
     model: str | None = None  # the model name to ask for; None: the first one /v1/models lists
-    # the header a router pins a conversation by (vLLM's router and SGLang's gateway take a
-    # configurable one; NVIDIA Dynamo reads x-dynamo-session-id)
+    # one more header the session key is sent in, beside STICKY_HEADERS (a router configured
+    # to read another name)
     affinity_header: str = "x-session-id"
     connect_timeout_s: float = 5.0
     read_timeout_s: float = 120.0  # the longest silence between two chunks of a reply
     # the longest one line may take, every try included: a server that drips a byte at a time,
     # or sends keep-alives without end, resets the silence timer forever
     line_timeout_s: float = 600.0
-    retries: int = 3  # more tries after the first, for 429/502/503/504 and lost connections
+    retries: int = 3  # more tries after the first, for 429/5xx (not 501) and lost connections
     backoff_s: float = 0.25  # the first pause; it doubles, or follows Retry-After
     max_backoff_s: float = 4.0
     schema_format: SchemaFormat = "json_schema"
@@ -49,6 +54,13 @@ class UpstreamConfig:
         if not self.affinity_header or not self.affinity_header.isascii() or any(
                 c in self.affinity_header for c in " :\r\n"):
             raise ValueError(f"not a header name: {self.affinity_header!r}")
+
+
+def affinity_headers(key: str, extra: str = "x-session-id") -> dict[str, str]:
+    """The sticky headers that carry session ``key``: STICKY_HEADERS and ``extra`` (HTTP
+    header names are case-insensitive: one header per name). The body carries the key too, as
+    ``prompt_cache_key`` (NVIDIA's gateway, the sidecar's own face)."""
+    return {name: key for name in dict.fromkeys((*STICKY_HEADERS, extra.lower()))}
 
 
 def api_base(url: str) -> str:

@@ -49,7 +49,7 @@ from igi_sdk.serving.backend import (
     TokenizeResult,
 )
 from igi_sdk.upstream.client import CHARS_PER_TOKEN_CAP, UpstreamCall, UpstreamClient
-from igi_sdk.upstream.config import SchemaFormat, UpstreamConfig
+from igi_sdk.upstream.config import SchemaFormat, UpstreamConfig, affinity_headers
 from igi_sdk.upstream.policy import LocalHealth, route
 from igi_sdk.upstream.transcript import Transcript
 from igi_sdk.wire import protocol as P
@@ -304,6 +304,8 @@ class RoutingBackend:
             figures = dict(self.figures, remote_sessions=remote)
         out["upstream"] = {"policy": self.cfg.policy, "replicas": list(self.client.bases),
                            "affinity_header": self.cfg.affinity_header,
+                           "affinity_headers": list(affinity_headers(
+                               "", self.cfg.affinity_header)),
                            "cpu_tps": self._cpu_tps, **figures, **self.client.figures}
         return out
 
