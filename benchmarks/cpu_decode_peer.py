@@ -9,7 +9,11 @@ in one run (A B A B ...), so a shared, loaded host weighs on both alike.
 at temperature 0 (its greedy sampler), each token's text detokenized as the engine does;
 ``sidecar``: ``igi-sdk serve`` in a process of its own, streamed to this one over IPC. libgomp
 reads its wait once, when it loads: this process has igi_sdk's default (or the one in the
-environment), and the sidecar is started with the same (``--wait``). Every mode reads the same
+environment), and the sidecar is started with the same (``--wait``). libgomp cuts its spin to
+100 rounds while its teams hold more threads than there are CPUs: ``engine`` and ``llama`` in
+this one process make two teams, so beside ``engine`` both run so (like with like, but not as
+``llama`` runs alone); leave ``engine`` out to compare the sidecar with ``llama`` as each runs
+alone. Every mode reads the same
 raw prompt (no chat template) and decodes ``--tokens`` tokens; a rate counts the tokens after
 the first over the time after the first, as the caller saw them. Prints each round's rates, the
 medians and each mode's median ratio to ``llama`` (ratios of the same round, A and B back to
@@ -83,6 +87,8 @@ class EnginePeer:
                                       ignore_eos=True).result()
         stamps = [time.perf_counter() for _piece in gen]
         self.tokens = list(gen.result().tokens)
+        while self.eng.sessions():  # its session closes after the reply: the slot is free
+            time.sleep(0.001)
         # pieces may hold several tokens (an incomplete UTF-8 sequence waits for the next)
         return (len(self.tokens) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
 
