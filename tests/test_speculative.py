@@ -6,6 +6,7 @@ from __future__ import annotations
 import math
 import threading
 
+import llama_cpp
 import numpy as np
 import pytest
 
@@ -443,3 +444,40 @@ def test_ladder_rungs_on_the_gpu_count_the_draft(tiny_llama) -> None:
     assert [r.vram - 100 * 1024 * 1024 for r in drafted.rungs[1:]] == \
         [r.vram for r in plain.rungs[1:]]
     assert all(r.plan.vram_bytes["draft"] == 100 * 1024 * 1024 for r in drafted.rungs[1:])
+
+
+def test_a_same_size_draft_on_the_cpu_does_no_draft_work(default_model) -> None:
+    """The default model drafting for itself on the CPU cannot pay (a draft decode reads as
+    many weights as a plain step): decided from the first plain steps, so nothing is drafted
+    and the draft never decodes, and the greedy line is the one without a draft."""
+    spec = SpeculativeConfig(k=4)  # adaptive, no profile
+    ref, _ = _dialogue(default_model, None, GREEDY, spec=spec, npcs=1)
+    with Engine(default_model, Plan.all_cpu(), _config(default_model, spec)) as eng:
+        drafter = eng._drafting.drafter
+        assert drafter is not None
+        calls = []
+        real = drafter.propose
+        drafter.propose = lambda *a, **k: calls.append(1) or real(*a, **k)  # type: ignore[method-assign]
+        sid = eng.open_session("You are NPC 0, a blacksmith.", sampling=GREEDY)
+        got = eng.chat(sid, LINES[0], max_tokens=24, ignore_eos=True).result(timeout=120)
+        stats = eng.status()["speculative"]
+    assert got.tokens == ref[0][0]
+    assert stats["drafted"] == 0 and calls == []
+
+
+def test_the_draft_never_runs_more_threads_than_the_target(default_model) -> None:
+    """The target's count follows the cores the game leaves; the draft decodes on the same
+    thread in turn and follows it: with more threads it would spin or stall beside the game."""
+    cfg = EngineConfig(n_ctx=1024, max_sessions=2, n_threads=2, adapt_threads=True,
+                       prefill_chunk=64, draft_model=str(default_model), speculative=ALWAYS)
+    with Engine(default_model, Plan.all_cpu(), cfg) as eng:
+        eng.report_game_cpu(busy_threads=8, cpu_share=None)  # the game holds every core
+        sid = eng.open_session("You are a guard.", sampling=GREEDY)
+        eng.chat(sid, LINES[0], max_tokens=16, ignore_eos=True).result(timeout=120)
+        target = eng._core.threads.count
+        drafter = eng._drafting.drafter
+        assert drafter is not None
+        draft = llama_cpp.llama_n_threads(drafter._ctx)
+        assert eng.status()["speculative"]["drafted"] > 0
+    assert target == 1
+    assert draft == target

@@ -245,3 +245,67 @@ def test_sampled_ngram_proposals_keep_the_targets_distribution() -> None:
         kept += ok
     assert kept / n == pytest.approx(0.3, abs=0.01)
     assert np.allclose(counts / n, p, atol=0.01)
+
+
+def _decide(costs: StepCosts, times: dict[str, float], steps: int, *, alpha: float = 1.0,
+            stall: float = 0.0, seed: int = 0) -> list[int]:
+    """k chosen at each step of one reply against ``times`` (``stall``: the share of steps
+    another process stretches 2-10x, as on a loaded host)."""
+    rng = np.random.default_rng(seed)
+    a, ks = Acceptance(), []
+    for _ in range(steps):
+        k = choose_k(a, costs, None, DEFAULT, "model", DEFAULT.k_max)
+        ks.append(k)
+        slow = rng.uniform(2, 10) if rng.random() < stall else 1.0
+        if k == 0:
+            costs.add_plain(times["plain"] * slow, 0.97)
+            continue
+        kept = _pass(rng, alpha, k)
+        a.record(k, kept, kept + 1, 0.97)
+        costs.add_verify(k, (times["plain"] + times["slope"] * k) * slow, 0.97)
+        costs.add_draft("model", times["draft"] * slow, 0.97)
+    return ks
+
+
+SELF = {"plain": 0.02, "slope": 0.004, "draft": 0.02}  # a model drafting for itself on the CPU
+
+
+@pytest.mark.parametrize("stall", [0.0, 0.3])
+def test_a_same_size_draft_on_the_cpu_never_drafts(stall: float) -> None:
+    """Priced from the weights each reads per token (draft ÷ plain = 1), a draft as large as
+    its target cannot pay even if every draft is kept: decided from the first timed plain
+    steps, with no draft work at all, idle or with steps stalled by other processes."""
+    for seed in range(4):
+        ks = _decide(StepCosts(draft_per_plain=1.0), SELF, 200, stall=stall, seed=seed)
+        assert ks == [0] * 200
+
+
+def test_without_the_weights_ratio_the_same_draft_is_probed_then_off() -> None:
+    """What the rule did before it knew the ratio: drafting tried once to price it, then off."""
+    ks = _decide(StepCosts(), SELF, 60)
+    assert 0 < sum(k > 0 for k in ks) <= 2
+    assert ks[-10:] == [0] * 10
+
+
+def test_a_small_cpu_draft_is_still_tried_and_kept_where_it_pays() -> None:
+    """A draft a tenth of its target's weights may pay: it is probed after the warm-up and,
+    where verify steps cost little beyond a plain one and α is high, drafting stays on."""
+    cheap = {"plain": 0.02, "slope": 0.001, "draft": 0.002}
+    ks = _decide(StepCosts(draft_per_plain=0.1), cheap, 100, alpha=0.9)
+    assert ks[:DEFAULT.warmup_steps] == [0] * DEFAULT.warmup_steps
+    assert sum(k > 0 for k in ks) >= 90
+
+
+def test_best_case_gain_bounds_every_k() -> None:
+    costs = StepCosts(draft_per_plain=1.0)
+    assert costs.best_case_gain(4, "model", None) is None  # no plain step timed yet
+    costs.add_plain(0.02, 0.97)
+    assert costs.best_case_gain(4, "model", None) == pytest.approx(1.0)  # (k+1)/(k+1)
+    costs.draft_per_plain = 0.5
+    assert costs.best_case_gain(1, "model", None) == pytest.approx(2 / 1.5)
+    assert costs.best_case_gain(4, "model", None) == pytest.approx(5 / 3)
+    # a measured verify step costlier than a plain one lowers the bound
+    costs.add_verify(1, 0.04, 0.97)
+    costs.add_verify(1, 0.04, 0.97)
+    costs.add_verify(1, 0.04, 0.97)
+    assert costs.best_case_gain(1, "model", None) == pytest.approx(2 * 0.02 / (0.01 + 0.04))

@@ -1120,7 +1120,8 @@ class EngineCore:
         budget = self._token_budget(others_decoding=others_decoding,
                                     interruptible=interruptible, decoding=decoding,
                                     step_s=step_s)
-        drafts = self._within_share(self._drafting.propose(turns, budget), turns, rooms)
+        drafts = self._within_share(self._drafting.propose(turns, budget, self.threads.count),
+                                    turns, rooms)
         fed = self._fill_batch(turns, budget, drafts)
         watch = abortable and (interruptible or step_s > self.config.max_step_s)
         if watch and not drafts:

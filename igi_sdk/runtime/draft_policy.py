@@ -72,6 +72,10 @@ class StepCosts:
     plain: Mean = field(default_factory=Mean)
     verify: dict[int, Mean] = field(default_factory=dict)
     draft: dict[Source, Mean] = field(default_factory=dict)
+    # a draft-model decode ÷ a plain target step before either is measured beside the other,
+    # from the weights each reads per token where both run on the CPU (None: not known). Both
+    # steps stall alike on a loaded host, so the ratio holds where absolute seconds do not
+    draft_per_plain: float | None = None
 
     def add_plain(self, seconds: float, decay: float) -> None:
         self.plain.add(seconds, decay)
@@ -129,7 +133,29 @@ class StepCosts:
             return m.value if m is not None and m.value is not None else NGRAM_STEP_S
         if m is not None and m.value is not None:
             return k * m.value
-        return k * prior.draft_s * self._scale(prior) if prior is not None else None
+        if prior is not None:
+            return k * prior.draft_s * self._scale(prior)
+        plain = self.plain_s(None)
+        if self.draft_per_plain is not None and plain is not None:
+            return k * self.draft_per_plain * plain
+        return None
+
+    def best_case_gain(self, k_max: int, source: Source, prior: StepPrior | None) -> float | None:
+        """The most any ``k`` in 1..k_max could gain: every draft kept (α = 1) and, where no
+        verify step is priced, a verify that costs no more than a plain step (None: the plain
+        step or the draft is not priced yet)."""
+        plain = self.plain_s(prior)
+        if plain is None:
+            return None
+        best = 0.0
+        for k in range(1, k_max + 1):
+            draft = self.draft_cost(source, k, prior)
+            if draft is None:
+                return None
+            verify = self.verify_s(k, prior)
+            verify = plain if verify is None else max(plain, verify)
+            best = max(best, expected_tokens_per_pass(1.0, k) * plain / max(draft + verify, 1e-12))
+        return best
 
     def gain(self, alpha: float, k: int, source: Source, prior: StepPrior | None) -> float | None:
         """Tokens per second with ``k`` drafts over tokens per second without (None: a cost is
@@ -225,8 +251,12 @@ def choose_k(a: Acceptance, costs: StepCosts, prior: StepPrior | None, policy: P
     at_mean = costs.best_k(mean, k_cap, source, prior)
     if at_mean is None:
         # unpriced (no profile, nothing verified yet): time plain steps, then try drafting
-        # to measure what it costs
+        # to measure what it costs, unless even every draft kept could not pay
         if costs.plain.count < policy.warmup_steps:
+            return 0
+        best = costs.best_case_gain(k_cap, source, prior)
+        if best is not None and best <= 1.0 + policy.margin:
+            a.drafting, a.k = False, 0
             return 0
         a.drafting, a.k = True, k_cap
         return k_cap

@@ -58,6 +58,14 @@ def figures(records: Iterable[Acceptance], *, drafting: bool, k: int) -> DraftFi
             "k": k, "drafting": drafting}
 
 
+def token_bytes(inventory: ModelInventory) -> int:
+    """Weight bytes one decoded token reads: all but the token embedding, of which it reads a
+    row (but the whole of it where it is also the output head)."""
+    groups = inventory.bytes_by_group()
+    tied = groups.get("output", 0) == 0
+    return sum(n for g, n in groups.items() if g != "token_embd" or tied)
+
+
 class SessionDrafts:
     """One session's acceptance per drafter, and its n-gram index."""
 
@@ -104,6 +112,7 @@ class Drafting:
         self._price()
 
     def _price(self) -> None:
+        self.costs.draft_per_plain = self._draft_per_plain()
         prof, target = self.config.speculative.profile, self._target
         if prof is None or target is None:
             self.prior = None
@@ -112,6 +121,17 @@ class Drafting:
         sec = step_seconds(target[0], target[1], self._draft_inventory, prof,
                            min(self.config.n_ctx, 1024) // 2, k)
         self.prior = StepPrior.from_steps(sec.plain_s, sec.verify_s, sec.draft_s, k)
+
+    def _draft_per_plain(self) -> float | None:
+        """A draft decode ÷ a plain target step where both read their weights on the CPU: the
+        bytes each reads per token (a same-size draft: 1, which can never pay)."""
+        target, drafter, draft = self._target, self.drafter, self._draft_inventory
+        if target is None or draft is None or drafter is None or drafter.on_gpu:
+            return None
+        if target[1].uses_gpu():
+            return None
+        read = token_bytes(target[0])
+        return token_bytes(draft) / read if read > 0 else None
 
     def load(self, path: str | Path, vocab: Vocab, copy_compute_min_batch: int) -> None:
         c = self.config
@@ -177,11 +197,12 @@ class Drafting:
             self.acceptance[s.id] = rec
         return rec
 
-    def propose(self, turns: list[Turn], budget: int) -> dict[int, Proposal]:
+    def propose(self, turns: list[Turn], budget: int, threads: int = 0) -> dict[int, Proposal]:
         """Draft tokens for the decoding replies where drafting pays (by sequence): an n-gram
         proposal where the session's own tokens have one, else the draft model's. They come on
         top of the step's token budget (at most k per decoding reply), so that prompt chunks
-        are split as without drafts; the draft's catch-up is bounded by the budget."""
+        are split as without drafts; the draft's catch-up is bounded by the budget.
+        ``threads``: the target's thread count now, which the draft's decodes never exceed."""
         drafter, cfg = self.drafter, self.config.speculative
         if not self.enabled:
             return {}
@@ -217,10 +238,10 @@ class Drafting:
         if lookups:
             self.costs.add_draft("ngram", lookup_s / lookups, decay)
         if requests and drafter is not None:
-            t0 = time.perf_counter()
-            proposals, decodes = drafter.propose(requests, catch_up=budget)
+            drafter.run_with(threads)
+            proposals, decodes, seconds = drafter.propose(requests, catch_up=budget)
             if decodes:
-                self.costs.add_draft("model", (time.perf_counter() - t0) / decodes, decay)
+                self.costs.add_draft("model", seconds / decodes, decay)
             out.update(proposals)
         return out
 

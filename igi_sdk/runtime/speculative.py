@@ -27,6 +27,7 @@ the proposed token). Whether a session drafts, and how many tokens, is
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -175,8 +176,10 @@ class Drafter:
         self.path = Path(path)
         inventory = read_inventory(self.path)
         # wholly on the GPU when there is one: it drafts while the target's CPU share idles
-        plan = draft_plan(inventory, gpu=first_gpu() is not None).model_copy(
+        self.on_gpu = first_gpu() is not None
+        plan = draft_plan(inventory, gpu=self.on_gpu).model_copy(
             update={"copy_compute_min_batch": copy_compute_min_batch})
+        self._threads = settings.n_threads  # what its context runs with now (0: the default)
         self._loaded: loader.Loaded | None = loader.load(self.path, inventory, plan, settings)
         try:
             self.vocab = llama_cpp.llama_model_get_vocab(self._loaded.model)
@@ -197,11 +200,21 @@ class Drafter:
         if self._held.pop(seq, None) is not None:
             llama_cpp.llama_memory_seq_rm(self._mem, seq, -1, -1)
 
+    def run_with(self, threads: int) -> None:
+        """Run the next graphs with the target's thread count: the two contexts decode in turn
+        on one thread, and a draft with more threads than the target has cores for would have
+        them spin or stall beside whatever took the others."""
+        if threads > 0 and threads != self._threads:
+            llama_cpp.llama_set_n_threads(self._ctx, threads, threads)
+            self._threads = threads
+
     def propose(self, requests: list[DraftRequest],
-                catch_up: int) -> tuple[dict[int, Proposal], int]:
-        """Proposals per sequence, and the number of draft decodes run. A session whose draft
-        KV is behind (a new prompt, a restore, a reload) is caught up with at most ``catch_up``
-        tokens per step in all, and proposes nothing until it is: the step stays short."""
+                catch_up: int) -> tuple[dict[int, Proposal], int, float]:
+        """Proposals per sequence, the number of one-token-per-sequence draft decodes run and
+        their seconds (a catch-up decode, a prompt's worth of tokens, is not a draft step's
+        cost). A session whose draft KV is behind (a new prompt, a restore, a reload) is caught
+        up with at most ``catch_up`` tokens per step in all, and proposes nothing until it is:
+        the step stays short."""
         ready: list[tuple[DraftRequest, int]] = []  # (request, batch index of its logits)
         fed: list[tuple[list[int], list[int]]] = []  # (held list, tokens it gains if decoded)
         batch, n = self._batch, 0
@@ -223,11 +236,15 @@ class Drafter:
             fed.append((held, missing[:take]))
             n += take
         if n == 0:
-            return {}, 0
+            return {}, 0, 0.0
         batch.n_tokens = n
-        decodes = 1
-        if not self._decode(requests):
-            return {}, decodes
+        # one token per drafting sequence: a draft step; more: a catch-up, not timed
+        steady = n == len(ready) and len(fed) == len(ready)
+        t0 = time.perf_counter()
+        ok = self._decode(requests)
+        decodes, seconds = (1, time.perf_counter() - t0) if steady else (0, 0.0)
+        if not ok:
+            return {}, decodes, seconds
         for held, tokens in fed:
             held.extend(tokens)
         # the session's own transforms (no grammar: drafting is off there) with its penalty
@@ -242,14 +259,17 @@ class Drafter:
             while True:  # one decode per further draft token, every drafting session together
                 more = [r for r, _ in ready if len(out[r.seq].tokens) < r.k]
                 if not more:
-                    return out, decodes
+                    return out, decodes, seconds
                 for i, r in enumerate(more):
                     tok = out[r.seq].tokens[-1]
                     put_token(batch, i, tok, len(self._held[r.seq]), r.seq, True)
                 batch.n_tokens = len(more)
                 decodes += 1
-                if not self._decode(requests):
-                    return {}, decodes
+                t0 = time.perf_counter()
+                ok = self._decode(requests)
+                seconds += time.perf_counter() - t0
+                if not ok:
+                    return {}, decodes, seconds
                 for i, r in enumerate(more):
                     self._held[r.seq].append(out[r.seq].tokens[-1])
                     self._pick(r, chains[r.seq], i, out[r.seq])

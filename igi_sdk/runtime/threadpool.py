@@ -326,6 +326,11 @@ class ThreadRunner:
         if self._pools is not None:
             self._pools.apply(c.setting)
 
+    @property
+    def count(self) -> int:
+        """Threads the next graph runs with."""
+        return max(1, min(self.controller.setting.threads, self.size))
+
     def idle(self) -> None:
         """No reply is decoding: no thread may spin for a graph that is not coming."""
         self.decoding = False
