@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import shutil
+import statistics
 import subprocess
 import sys
 import time
@@ -153,11 +154,13 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
                                     name=f"npc.villager{i}") for i in range(NPCS)]
         where: dict[str, list[int]] = {s: [] for s in npcs}  # the replica of each turn
         usage: dict[str, list[dict]] = {s: [] for s in npcs}
+        took: dict[str, list[float]] = {s: [] for s in npcs}  # reported, never asserted
         lost: list[str] = []
 
         def turn(t: int, after: Callable[[], None] | None = None) -> None:
             for i, s in enumerate(npcs):
                 before = [r.lines() for r in replicas]
+                t0 = time.perf_counter()
                 try:
                     done = _say(client, s, f"Turn {t}: what news, villager {i}?")
                 except BridgeError as e:
@@ -167,6 +170,7 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
                 served = [k for k in range(2) if now[k] > before[k]]
                 assert len(served) == 1, (s, t, before, now)
                 where[s].append(served[0])
+                took[s].append(time.perf_counter() - t0)
                 usage[s].append(done.get("usage", {}))
 
         for t in range(1, KILL_AFTER + 1):
@@ -203,6 +207,12 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
               f"{sum(reuse) / len(reuse):.2f}; first turn after a move cached max "
               f"{max(ratio[s][KILL_AFTER] for s in moved):.2f}; sidecar retries {retries}; "
               f"lines lost {len(lost)}")
+        # a moved NPC's first reply on the survivor beside its usual turn (median of its
+        # others) plus its own first turn (a full prefill): the time it may take, not asserted
+        for s in moved:
+            usual = statistics.median(took[s][1:KILL_AFTER] + took[s][KILL_AFTER + 1:])
+            print(f"  {s}: moved reply {took[s][KILL_AFTER]:.2f} s, usual {usual:.2f} s + "
+                  f"full prefill {took[s][0]:.2f} s = {usual + took[s][0]:.2f} s")
 
 
 def _after(where: dict[str, list[int]]) -> list[int]:
