@@ -398,8 +398,8 @@ def test_named_restore(endpoint, tmp_path: Path) -> None:
 
 def test_load_model_with_a_draft(tmp_path, default_model, tiny_llama) -> None:
     """``load_model.draft``: the default model loads as its own draft (one that cannot pay, so
-    it drafts nothing); a draft of another
-    vocabulary fails the load with a typed error; a draft path obeys the model directory."""
+    it drafts nothing); a draft of another vocabulary fails the load with a typed error; a
+    draft path obeys the model directory."""
     shutil.copy(default_model, tmp_path / "smol.gguf")
     shutil.copy(tiny_llama, tmp_path / "tiny.gguf")
     ep = f"ipc://{tmp_path / 's.sock'}"
