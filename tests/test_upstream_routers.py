@@ -10,6 +10,7 @@ transcripts and no line is lost."""
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import statistics
 import subprocess
@@ -39,10 +40,15 @@ LORE = ("Ashford is a river town of millers, smiths and ferrymen under the old s
 
 
 def _router_cmd(kind: str, port: int, workers: list[str]) -> list[str]:
-    """The routers as the docs' recipes start them (health checked every second, so a killed
-    replica is taken out of the rotation soon)."""
+    """The routers as the docs' recipes start them. A worker that refuses two requests in a
+    row has its circuit opened, so the router's own retry of a line goes to another worker at
+    once; without it the router retried the dead one until its health check (every second)
+    took it out: 2 to 7 refused tries and 0.1 to 1.5 s more for the first moved NPC. Their
+    metrics exporters take a free port (both default to 29000: a second router, or anything
+    else there, stops one from starting)."""
     health = ["--health-check-interval-secs", "1", "--health-failure-threshold", "1",
-              "--health-check-timeout-secs", "1"]
+              "--health-check-timeout-secs", "1", "--cb-failure-threshold", "2",
+              "--prometheus-port", str(free_port())]
     if kind == "vllm":
         # consistent_hash: a request's worker is the hash of its x-session-id header
         return [sys.executable, "-m", "vllm_router.launch_router", "--host", "127.0.0.1",
@@ -82,8 +88,10 @@ def _replica(tmp: pytest.TempPathFactory, model: Path) -> Iterator[Replica]:
     shutil.copy(model, d / "smol.gguf")
     ep = f"ipc://{d / 's.sock'}"
     port = free_port()
-    # room for every NPC's conversation on one replica, after the other is gone
-    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--threads", "1", "--ctx", "4096",
+    # room for every NPC's conversation on one replica, after the other is gone, and for the
+    # fresh reads that measure a full prefill there (_full_prefill)
+    proc = start_sidecar(d, ep, "--model", "smol.gguf", "--threads", "1", "--ctx", "8192",
+                         "--max-sessions", "16",
                          "--http", f"127.0.0.1:{port}")
     try:
         probe = Client(ep, timeout=60)
@@ -122,11 +130,37 @@ def _router(kind: str, workers: list[str], log: Path) -> Iterator[str]:
         stop(proc)
 
 
-def _say(client: Client, session: str, text: str) -> dict:
+def _say(client: Client, session: str, text: str) -> tuple[str, dict]:
     stream = client.chat(session, text, max_tokens=MAX_TOKENS, sampling={"seed": 7})
-    "".join(stream)
+    reply = "".join(stream)
     assert stream.done is not None
-    return stream.done
+    return reply, stream.done
+
+
+def _full_prefill(base: str, messages: list[dict[str, str]], tokens: int) -> float:
+    """What one full prefill of ``tokens`` (a moved NPC's transcript, ``messages``) costs on
+    the replica at ``base``, measured right after its moved reply: the seconds to the first
+    token of that transcript read afresh there, scaled to ``tokens``. Its system prompt starts
+    with a mark of its own, so the replica finds no other conversation's cache to share."""
+    mark = f"[{time.monotonic_ns() % 9973}] "
+    messages = [{**messages[0], "content": mark + messages[0]["content"]}, *messages[1:]]
+    t0 = time.perf_counter()
+    first, usage = 0.0, {}
+    body = {"messages": messages, "max_tokens": 1, "stream": True,
+            "stream_options": {"include_usage": True}, "seed": 7}
+    with httpx.stream("POST", f"{base}/v1/chat/completions", json=body, timeout=120,
+                      headers={"x-session-id": f"fresh-read-{time.monotonic_ns()}"}) as resp:
+        assert resp.status_code == 200, resp.read()
+        for line in resp.iter_lines():
+            if not line.startswith("data: {"):
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if chunk.get("choices") and not first:
+                first = time.perf_counter() - t0
+            usage = chunk.get("usage") or usage
+    read = usage["prompt_tokens"] - usage.get("prompt_tokens_details", {}).get("cached_tokens", 0)
+    assert abs(read - tokens) <= 8, (usage, tokens)  # the transcript, nearly all of it read
+    return first * tokens / read
 
 
 @pytest.mark.parametrize("kind", sorted(ROUTERS))
@@ -150,8 +184,12 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
         stack.callback(stop, sidecar)
         client = stack.enter_context(Client(ep, timeout=120))
         client.wait_ready(90)
-        npcs = [client.open_session(f"You are villager number {i} of Ashford. {LORE}",
-                                    name=f"npc.villager{i}") for i in range(NPCS)]
+        system = [f"You are villager number {i} of Ashford. {LORE}" for i in range(NPCS)]
+        npcs = [client.open_session(system[i], name=f"npc.villager{i}") for i in range(NPCS)]
+        # what each NPC's conversation holds, as the sidecar sends it upstream
+        said: dict[str, list[dict[str, str]]] = {
+            s: [{"role": "system", "content": system[i]}] for i, s in enumerate(npcs)}
+        prefill: dict[str, float] = {}  # a moved NPC's transcript read afresh on the survivor
         where: dict[str, list[int]] = {s: [] for s in npcs}  # the replica of each turn
         usage: dict[str, list[dict]] = {s: [] for s in npcs}
         took: dict[str, list[float]] = {s: [] for s in npcs}  # reported, never asserted
@@ -161,17 +199,25 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
             for i, s in enumerate(npcs):
                 before = [r.lines() for r in replicas]
                 t0 = time.perf_counter()
+                line = f"Turn {t}: what news, villager {i}?"
                 try:
-                    done = _say(client, s, f"Turn {t}: what news, villager {i}?")
+                    reply, done = _say(client, s, line)
                 except BridgeError as e:
                     lost.append(f"{s} turn {t}: {e}")
                     continue
+                took[s].append(time.perf_counter() - t0)
                 now = [r.lines() for r in replicas]
                 served = [k for k in range(2) if now[k] > before[k]]
                 assert len(served) == 1, (s, t, before, now)
                 where[s].append(served[0])
-                took[s].append(time.perf_counter() - t0)
                 usage[s].append(done.get("usage", {}))
+                u = usage[s][-1]
+                if t == KILL_AFTER + 1 and where[s][KILL_AFTER - 1] != served[0]:
+                    prefill[s] = _full_prefill(
+                        replicas[served[0]].base, [*said[s], {"role": "user", "content": line}],
+                        u["prompt_tokens"] + u["cached_tokens"])
+                said[s] += [{"role": "user", "content": line},
+                            {"role": "assistant", "content": reply}]
 
         for t in range(1, KILL_AFTER + 1):
             turn(t)
@@ -208,15 +254,20 @@ def test_a_router_keeps_each_npc_on_one_replica_and_moves_it_when_one_dies(
               f"{max(ratio[s][KILL_AFTER] for s in moved):.2f}; sidecar retries {retries}; "
               f"lines lost {len(lost)}")
         # a moved NPC's first reply on the survivor beside its usual turn (median of its
-        # others) plus one full prefill of what it read there (its first turn, a full prefill,
-        # scaled by the tokens each read): the time it may take, reported, not asserted
+        # others) plus one full prefill there (its transcript read afresh on the survivor
+        # right after): within it, the move cost nothing beyond reading the transcript once.
+        # Reported; asserted only at twice that (a router retrying a dead worker until its
+        # health check, or the sidecar backing off, for seconds), a ratio to this run's own
+        within = 0
         for s in moved:
             usual = statistics.median(took[s][1:KILL_AFTER] + took[s][KILL_AFTER + 1:])
-            read, first = total[s][KILL_AFTER], max(1, total[s][0])
-            prefill = took[s][0] * read / first
-            print(f"  {s}: moved reply {took[s][KILL_AFTER]:.2f} s ({read} tokens read), "
-                  f"usual {usual:.2f} s + full prefill {prefill:.2f} s ({first} tokens: "
-                  f"{took[s][0]:.2f} s) = {usual + prefill:.2f} s")
+            bound = usual + prefill[s]
+            within += took[s][KILL_AFTER] <= bound
+            print(f"  {s}: moved reply {took[s][KILL_AFTER]:.2f} s ({total[s][KILL_AFTER]} "
+                  f"tokens read), usual {usual:.2f} s + full prefill {prefill[s]:.2f} s = "
+                  f"{bound:.2f} s ({took[s][KILL_AFTER] / bound:.2f}x)")
+            assert took[s][KILL_AFTER] <= 2 * bound, (s, took[s], prefill[s])
+        print(f"  {within} of {len(moved)} moved NPCs within their usual turn + a full prefill")
 
 
 def _after(where: dict[str, list[int]]) -> list[int]:
