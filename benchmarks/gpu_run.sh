@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | shipped | busy | all
+#         vlm | bundle | npcs | shipped | busy | host | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -561,6 +561,20 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
     kill $(jobs -p) 2>/dev/null
   fi
   echo "done at $SECONDS s"
+fi
+if [ "$part" = host ]; then
+  # host: where an all-GPU decode step's time goes outside the model's compute
+  # (benchmarks/host_overhead.py): llama_decode alone, + a numpy argmax, + llama.cpp's host
+  # sampler, + backend (in-graph) greedy sampling, igi_sdk's engine, and upstream llama-bench's
+  # tg; the synthetic 8B, every layer on the GPU; HOST_MODELS adds others (presets)
+  for p in llama3-8b ${HOST_MODELS:-}; do
+    hm=/tmp/igi-bench/$p.gguf
+    [ -f "$hm" ] || timeout 300 python3 benchmarks/make_synthetic.py "$p" "$hm" --quiet
+    timeout 280 python3 benchmarks/host_overhead.py --model "$hm" --ngl 99 --threads $(( t - 1 )) \
+      --ctx 4096 --tokens 128 --rounds "${HOST_ROUNDS:-5}" \
+      --llama-bench /tmp/lcpp/build/bin/llama-bench --json "$out/host-$p.json" 2>&1 \
+      | tee -a "$out/host.txt"
+  done
 fi
 if [ "$part" = spec ]; then
   # speculative decoding's mechanism: decode tok/s vs forced acceptance, a real 0.5B draft of the

@@ -1,0 +1,210 @@
+"""Where a decode step's time goes outside the model's own compute: one model, one process,
+the same context and attention, rows alternating round by round (A B C A B C ...):
+
+    python benchmarks/host_overhead.py [--model PATH] [--ngl 99] [--threads 2] [--ctx 4096]
+        [--tokens 128] [--rounds 5] [--modes decode,argmax,sampler,backend,engine]
+        [--llama-bench PATH] [--json out.json]
+
+``decode``: ``llama_decode`` of one token and a wait for it, the next token fixed (what
+``llama-bench``'s generation test does: its logits come back, nobody reads them);
+``argmax``: the same, the next token the greedy pick, an argmax over the logits row (numpy,
+as the engine picks greedily); ``sampler``: the pick by llama.cpp's greedy sampler on the host
+(``llama_sampler_sample``: what ``llama_cpp.Llama`` and ``llama-cli`` do); ``backend``: a
+context whose sequence has a greedy sampler in the graph (llama.cpp's backend sampling): only
+the token comes back; ``engine``: igi_sdk's engine, every weight where ``--ngl`` puts them
+(all on the GPU, or all on the CPU at 0), greedy, its reply read as the caller reads it.
+``--llama-bench``: upstream's binary at the same settings, its ``tg`` rate (no sampling).
+
+Prints each round's ms per token, the medians, and each row's median excess over ``decode``
+(same round): the host's share of a token. The greedy tokens of ``argmax``, ``sampler``,
+``backend`` and ``engine`` are compared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+import llama_cpp as L  # noqa: E402
+import numpy as np  # noqa: E402
+
+from igi_sdk.model import default_model_path, read_inventory  # noqa: E402
+from igi_sdk.planner import Plan  # noqa: E402
+from igi_sdk.runtime import Engine, EngineConfig, SamplingParams  # noqa: E402
+from igi_sdk.runtime._native import init_backend  # noqa: E402
+
+PROMPT = ("The history of the old castle on the hill is long. It was built by a king who "
+          "wanted to guard the river crossing, and over the centuries")
+LOW_LEVEL = ("decode", "argmax", "sampler", "backend")
+
+
+class Native:
+    """One llama.cpp context on the shared model, driven token by token from Python."""
+
+    def __init__(self, model: L.llama_model_p, mode: str, a: argparse.Namespace,
+                 prompt: list[int]) -> None:
+        self.mode, self.prompt = mode, prompt
+        self.vocab = L.llama_model_get_vocab(model)
+        self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
+        cp = L.llama_context_default_params()
+        cp.n_ctx, cp.n_batch, cp.n_ubatch = a.ctx, 512, 512
+        cp.n_threads = cp.n_threads_batch = a.threads
+        cp.flash_attn_type = 1  # on
+        cp.no_perf = True
+        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+        L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
+        if mode == "backend":
+            self._cfg = (L.llama_sampler_seq_config * 1)()
+            self._cfg[0].seq_id = 0
+            self._cfg[0].sampler = ctypes.cast(self.chain, ctypes.c_void_p)
+            cp.samplers, cp.n_samplers = self._cfg, 1
+        self.ctx = L.llama_init_from_model(model, cp)
+        if not self.ctx:
+            raise RuntimeError(f"{mode}: no context")
+        self.one = (L.llama_token * 1)()
+        self.tokens: list[int] = []
+
+    def _decode(self, toks: list[int]) -> None:
+        arr = (L.llama_token * len(toks))(*toks)
+        if L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(toks))) != 0:
+            raise RuntimeError(f"{self.mode}: llama_decode failed")
+
+    def _pick(self) -> int:
+        if self.mode == "backend":
+            return int(L.llama_get_sampled_token_ith(self.ctx, -1))
+        if self.mode == "sampler":
+            return int(L.llama_sampler_sample(self.chain, self.ctx, -1))
+        row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), (self.n_vocab,))
+        return int(row.argmax())
+
+    def run(self, n: int) -> float:
+        L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
+        self._decode(self.prompt)
+        tok = self._pick()
+        out = [tok]
+        t0 = time.perf_counter()
+        for _ in range(n - 1):
+            self._decode([tok])
+            if self.mode == "decode":
+                L.llama_synchronize(self.ctx)  # as llama-bench waits for each token
+                tok = self.prompt[-1]
+            else:
+                tok = self._pick()
+            out.append(tok)
+        dt = time.perf_counter() - t0
+        self.tokens = out if self.mode != "decode" else []
+        return dt / (n - 1) * 1000
+
+    def close(self) -> None:
+        L.llama_free(self.ctx)
+        L.llama_sampler_free(self.chain)
+
+
+class EngineRow:
+    def __init__(self, path: Path, a: argparse.Namespace) -> None:
+        plan = (Plan.all_gpu(read_inventory(path)) if a.ngl > 0 else Plan.all_cpu())
+        plan = plan.model_copy(update={"flash_attn": "on"})
+        self.eng = Engine(path, plan, EngineConfig(n_ctx=a.ctx, max_sessions=1, n_batch=512,
+                                                   n_threads=a.threads))
+        self.greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+        self.tokens: list[int] = []
+
+    def run(self, n: int) -> float:
+        gen = self.eng.complete_async(PROMPT, sampling=self.greedy, max_tokens=n,
+                                      ignore_eos=True).result()
+        stamps = [time.perf_counter() for _piece in gen]
+        self.tokens = list(gen.result().tokens)
+        while self.eng.sessions():  # its session closes after the reply: the slot is free
+            time.sleep(0.001)
+        # pieces may hold several tokens (an incomplete UTF-8 sequence waits for the next)
+        return (stamps[-1] - stamps[0]) / max(1, len(self.tokens) - 1) * 1000
+
+    def close(self) -> None:
+        self.eng.close()
+
+
+def llama_bench(binary: str, path: Path, a: argparse.Namespace) -> float | None:
+    cmd = [binary, "-m", str(path), "-p", "0", "-n", str(a.tokens), "-ngl", str(a.ngl),
+           "-t", str(a.threads), "-fa", "1", "-r", str(a.rounds), "-o", "json"]
+    try:
+        run = subprocess.run(cmd, capture_output=True, text=True, timeout=300, check=True)
+        rate = json.loads(run.stdout)[0]["avg_ts"]
+    except (subprocess.SubprocessError, OSError, ValueError, KeyError, IndexError) as e:
+        print(f"llama-bench: {e}", file=sys.stderr)
+        return None
+    return 1000.0 / float(rate)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--model", type=Path, default=None)
+    ap.add_argument("--ngl", type=int, default=0, help="layers on the GPU (99: all)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--ctx", type=int, default=4096)
+    ap.add_argument("--tokens", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--modes", default="decode,argmax,sampler,backend,engine")
+    ap.add_argument("--llama-bench", default="")
+    ap.add_argument("--json", default="")
+    a = ap.parse_args()
+    path = a.model or default_model_path()
+    modes = a.modes.split(",")
+    init_backend()  # as the engine starts llama.cpp (its log goes to the SDK's logger)
+    mp = L.llama_model_default_params()
+    mp.n_gpu_layers = a.ngl
+    model = L.llama_model_load_from_file(str(path).encode(), mp)
+    vocab = L.llama_model_get_vocab(model)
+    buf = (L.llama_token * 256)()
+    n = L.llama_tokenize(vocab, PROMPT.encode(), len(PROMPT.encode()), buf, 256, True, False)
+    prompt = list(buf[:n])
+    rows: dict[str, Native | EngineRow] = {}
+    for m in modes:
+        rows[m] = EngineRow(path, a) if m == "engine" else Native(model, m, a, prompt)
+    ms: dict[str, list[float]] = {m: [] for m in modes}
+    load0 = os.getloadavg()[0]
+    try:
+        for m in modes:  # warm-up: graphs, allocators
+            rows[m].run(16)
+        for r in range(a.rounds):
+            order = modes if r % 2 == 0 else modes[::-1]
+            for m in order:
+                ms[m].append(round(rows[m].run(a.tokens), 4))
+            print(f"round {r}: " + "  ".join(f"{m} {ms[m][-1]:.3f}" for m in modes), flush=True)
+    finally:
+        for row in rows.values():
+            row.close()
+        L.llama_model_free(model)
+    out: dict[str, object] = {
+        "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {load0:.2f} at start",
+        "model": path.name, "args": {k: str(v) for k, v in vars(a).items()},
+        "ms_per_token": ms, "median_ms": {m: statistics.median(v) for m, v in ms.items()}}
+    if "decode" in ms:
+        out["median_excess_ms"] = {
+            m: round(statistics.median(x - y for x, y in zip(v, ms["decode"], strict=True)), 4)
+            for m, v in ms.items() if m != "decode"}
+    picks = {m: rows[m].tokens for m in modes if m != "decode"}
+    if len(picks) > 1:
+        k = min(len(t) for t in picks.values())
+        first = next(iter(picks.values()))[:k]
+        out["greedy_same"] = all(t[:k] == first for t in picks.values())
+    if a.llama_bench:
+        out["llama_bench_ms"] = llama_bench(a.llama_bench, path, a)
+    print(json.dumps(out))
+    if a.json:
+        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
