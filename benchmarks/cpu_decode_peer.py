@@ -107,11 +107,16 @@ class SidecarPeer:
         self.c = Client(endpoint, timeout=60)
         self.c.wait_ready(180)
         self.tokens: list[int] = []
+        self.settings: list[dict[str, object]] = []
 
     def run(self, n: int) -> float:
         stamps = [time.perf_counter()
                   for _ in self.c.complete(PROMPT, max_tokens=n, sampling={"temperature": 0,
                                                                            "repeat_penalty": 1})]
+        # the thread setting it ran at, and why (the host's load it read)
+        threads = self.c.stats().get("engine", {}).get("threads", {})
+        self.settings.append({k: threads.get(k) for k in ("setting", "ceiling", "other_cores",
+                                                          "other_runnable", "switches")})
         return _rate(stamps)
 
     def close(self) -> None:
@@ -133,6 +138,10 @@ def main() -> int:
                     help="the sidecar's serve --wait (set this process's with the environment)")
     ap.add_argument("--modes", default="engine,llama")
     ap.add_argument("--busy", type=int, default=0, help="processes spinning meanwhile")
+    ap.add_argument("--settle", type=float, default=2.0,
+                    help="seconds between rows: the sidecar reads the host's load over a "
+                         "one-second window and runs fewer threads while another process "
+                         "works, so a row right after the peer's would run beside its shadow")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     path = default_model_path()
@@ -148,6 +157,7 @@ def main() -> int:
         for r in range(a.rounds):
             order = modes if r % 2 == 0 else modes[::-1]
             for m in order:
+                time.sleep(a.settle)
                 rates[m].append(round(peers[m].run(a.tokens), 2))
             print(f"round {r}: " + "  ".join(f"{m} {rates[m][-1]:.1f}" for m in modes),
                   flush=True)
@@ -164,6 +174,8 @@ def main() -> int:
         "args": vars(a), "wait_env": {k: os.environ.get(k) for k in
                                       ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
         "tok_s": rates, "median_tok_s": {m: statistics.median(v) for m, v in rates.items()}}
+    if "sidecar" in peers:
+        out["sidecar_threads"] = peers["sidecar"].settings  # type: ignore[union-attr]
     if "llama" in rates:
         out["ratio_to_llama"] = {
             m: round(statistics.median(x / y for x, y in zip(v, rates["llama"], strict=True)), 3)
