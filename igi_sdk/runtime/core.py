@@ -117,6 +117,8 @@ class EngineCore:
         self._job_t0 = 0.0
         self._tickets = 0
         self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
+        self._unsent: list[Callable[[], None]] = []  # reply events for the next decode
+        self._launched = False  # the step in progress has called llama_decode
         self._table = SessionTable(config.max_sessions)
         # who may take how many KV cells: one line cannot starve the other sessions
         self.share = ContextShare.of(config.n_ctx, config.max_sessions, config.context_floor,
@@ -347,13 +349,17 @@ class EngineCore:
             active = self._placed is not None and bool(self._active_turns())
             try:
                 if not active:
+                    self._hand_out()  # nothing to decode: what is held goes now
                     command: C.Command | None = self._commands.get()
                 elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
+                    self._hand_out()
                     command = self._commands.get(timeout=pace)
                 else:
                     command = self._commands.get_nowait()
             except queue.Empty:
                 command = None
+            if command is not None:
+                self._hand_out()  # a command may take a while: what is held goes first
             while command is not None:
                 if isinstance(command, C.Shutdown):
                     self._dispatch(command)
@@ -396,6 +402,7 @@ class EngineCore:
     def _guarded_step(self) -> None:
         """One decode step; a failure ends the replies it was computing, not the engine."""
         t0 = time.perf_counter()
+        self._launched = False
         try:
             self._step()
         except Exception as e:  # llama.cpp or sampler faults surface here
@@ -404,6 +411,8 @@ class EngineCore:
             for t in self._active_turns():
                 self._rollback(t)
                 self._end_turn(t, error=InferenceError(f"decode step failed: {e}"))
+        if not self._launched:  # no llama_decode to hand them out before
+            self._hand_out()
         dt = time.perf_counter() - t0
         if not self._active_turns():
             self.threads.idle()  # no graph is coming: no thread spins for one
@@ -418,6 +427,7 @@ class EngineCore:
         for t in self._active_turns():
             t.session.turn = None
             t.handle._fail(EngineClosedError("the engine was closed"))
+        self._hand_out()
         left = list(self._held)
         self._held.clear()
         while True:
@@ -859,7 +869,7 @@ class EngineCore:
             return job  # nothing to fold, or dropped without a summary (no room for one)
         handle = Generation(c.session_id, reply=c.reply,
                             outbox=self._outbox if c.streamed else None,
-                            interrupt=self._abort.arm)
+                            interrupt=self._abort.arm, held=self._unsent)
         turn = memory_turn.turn(s, handle, job, self._turn_counter + 1)
         turn.chain = self._make_chain(turn)
         self._turn_counter += 1
@@ -1005,7 +1015,7 @@ class EngineCore:
             handle = (resume.handle if resume is not None and resume.handle is not None
                       else Generation(sid, reply=reply,
                                       outbox=self._outbox if streamed else None,
-                                      interrupt=self._abort.arm))
+                                      interrupt=self._abort.arm, held=self._unsent))
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -1131,6 +1141,8 @@ class EngineCore:
             self._abort.watch(self._ctx)
         else:
             self._abort.unwatch(self._ctx)
+        self._hand_out()
+        self._launched = True
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
         if rc == abort.ABORTED and watch and not drafts:
@@ -1191,6 +1203,17 @@ class EngineCore:
                                      self._mem, need, but)
         self.step_stats["reclaimed"] += gone
         return gone > 0
+
+    def _hand_out(self) -> None:
+        """Hand out the reply events held since the last llama_decode (``Generation.held``):
+        text, calls and ends made after a step's logits were read go right before the next
+        decode, in order. Waking the threads that deliver them while the engine prepares that
+        step made them contend for the GIL with it, and on a GPU the device waits out all of
+        that step's preparation; right before the decode, they run while it computes."""
+        unsent = self._unsent  # the list every Generation of this engine holds: kept
+        for send in unsent:
+            send()
+        unsent.clear()
 
     def _rooms(self) -> dict[str, int]:
         """The cells each open session may claim now (runtime/context_share.py)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import queue
 import threading
 from collections.abc import Callable, Iterator
@@ -68,6 +69,10 @@ class Generation:
     outbox: Outbox | None = field(default=None, repr=False)
     # ends the engine's decode in flight early (a long prompt chunk), from any thread
     interrupt: Callable[[], None] | None = field(default=None, repr=False)
+    # the engine thread's list of events made since its last llama_decode: it hands them out
+    # right before the next one (runtime/core.py), so the threads they wake run while the
+    # device computes, not while the engine prepares the step (None: handed out at once)
+    held: list[Callable[[], None]] | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
         """Stop at the next decode step; text produced so far stays in the conversation."""
@@ -104,16 +109,28 @@ class Generation:
 
     def _emit(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
         if text:
-            self._events.put(text)
-            if self.outbox is not None:
-                self.outbox.post(ReplyText(self.reply, text, logprobs))
+            self._send(functools.partial(self._emit_now, text, logprobs))
+
+    def _emit_now(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> None:
+        self._events.put(text)
+        if self.outbox is not None:
+            self.outbox.post(ReplyText(self.reply, text, logprobs))
 
     def _emit_call(self, call: ToolCall) -> None:
         """A complete call: to listeners only (iterating a handle yields text)."""
         if self.outbox is not None:
-            self.outbox.post(ReplyToolCall(self.reply, call))
+            self._send(functools.partial(self.outbox.post, ReplyToolCall(self.reply, call)))
+
+    def _send(self, event: Callable[[], None]) -> None:
+        if self.held is None:
+            event()
+        else:
+            self.held.append(event)
 
     def _finish(self, result: GenerationResult) -> None:
+        self._send(functools.partial(self._finish_now, result))
+
+    def _finish_now(self, result: GenerationResult) -> None:
         self._result = result
         self._finished.set()
         self._events.put(_DONE)
@@ -121,6 +138,9 @@ class Generation:
             self.outbox.post(ReplyDone(self.reply, result))
 
     def _fail(self, error: IgiError | BaseException) -> None:
+        self._send(functools.partial(self._fail_now, error))
+
+    def _fail_now(self, error: IgiError | BaseException) -> None:
         self._error = error
         self._finished.set()
         self._events.put(_DONE)
