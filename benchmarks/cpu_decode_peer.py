@@ -31,7 +31,9 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Protocol
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
@@ -43,6 +45,10 @@ from igi_sdk.runtime import Engine, EngineConfig, SamplingParams  # noqa: E402
 
 PROMPT = ("The history of the old castle on the hill is long. It was built by a king who "
           "wanted to guard the river crossing, and over the centuries")
+
+
+class Row(Protocol):
+    def run(self, n: int) -> float: ...
 
 
 def _rate(stamps: list[float]) -> float:
@@ -74,8 +80,8 @@ class LlamaPeer:
 
 
 class EnginePeer:
-    def __init__(self, path: Path, a: argparse.Namespace) -> None:
-        plan = Plan.all_cpu().model_copy(update={"flash_attn": a.flash})
+    def __init__(self, path: Path, a: argparse.Namespace, plan: Plan | None = None) -> None:
+        plan = (plan or Plan.all_cpu()).model_copy(update={"flash_attn": a.flash})
         cfg = EngineConfig(n_ctx=a.ctx, max_sessions=a.sessions, n_batch=a.batch,
                            n_threads=a.threads)
         self.eng = Engine(path, plan, cfg)
@@ -125,6 +131,29 @@ class SidecarPeer:
         self.proc.wait()
 
 
+def alternate(rows: Mapping[str, Row], modes: list[str], rounds: int, tokens: int,
+              settle: float = 0.0) -> dict[str, list[float]]:
+    """Each row's figure for ``tokens`` tokens, ``rounds`` times, the rows alternating (A B,
+    then B A, ...) after one warm-up each (graphs, allocators), ``settle`` seconds before each."""
+    out: dict[str, list[float]] = {m: [] for m in modes}
+    for m in modes:
+        rows[m].run(16)
+    for r in range(rounds):
+        for m in modes if r % 2 == 0 else modes[::-1]:
+            time.sleep(settle)
+            out[m].append(round(rows[m].run(tokens), 4))
+        print(f"round {r}: " + "  ".join(f"{m} {out[m][-1]:.3f}" for m in modes), flush=True)
+    return out
+
+
+def report(out: dict[str, object], path: str) -> int:
+    """Print the run's figures as one JSON line and, given a ``path``, write them there."""
+    print(json.dumps(out))
+    if path:
+        Path(path).write_text(json.dumps(out, indent=1) + "\n")
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--threads", type=int, default=2)
@@ -149,18 +178,9 @@ def main() -> int:
     make = {"engine": EnginePeer, "llama": LlamaPeer, "sidecar": SidecarPeer}
     peers = {m: make[m](path, a) for m in modes}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
-    rates: dict[str, list[float]] = {m: [] for m in modes}
     load0 = os.getloadavg()[0]
     try:
-        for m in modes:  # warm-up: graphs, allocators
-            peers[m].run(16)
-        for r in range(a.rounds):
-            order = modes if r % 2 == 0 else modes[::-1]
-            for m in order:
-                time.sleep(a.settle)
-                rates[m].append(round(peers[m].run(a.tokens), 2))
-            print(f"round {r}: " + "  ".join(f"{m} {rates[m][-1]:.1f}" for m in modes),
-                  flush=True)
+        rates = alternate(peers, modes, a.rounds, a.tokens, a.settle)
     finally:
         for h in hogs:
             h.kill()
@@ -183,10 +203,7 @@ def main() -> int:
     if "engine" in peers and "llama" in peers:
         n = min(len(peers["engine"].tokens), len(peers["llama"].tokens))
         out["greedy_same"] = peers["engine"].tokens[:n] == peers["llama"].tokens[:n]
-    print(json.dumps(out))
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return report(out, a.json)
 
 
 if __name__ == "__main__":

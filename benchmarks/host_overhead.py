@@ -41,11 +41,11 @@ import numpy as np  # noqa: E402
 
 from igi_sdk.model import default_model_path, read_inventory  # noqa: E402
 from igi_sdk.planner import Plan  # noqa: E402
-from igi_sdk.runtime import Engine, EngineConfig, SamplingParams  # noqa: E402
 from igi_sdk.runtime._native import init_backend  # noqa: E402
 
-PROMPT = ("The history of the old castle on the hill is long. It was built by a king who "
-          "wanted to guard the river crossing, and over the centuries")
+sys.path.insert(0, str(REPO / "benchmarks"))
+from cpu_decode_peer import PROMPT, EnginePeer, alternate, report  # noqa: E402  (shared rows)
+
 LOW_LEVEL = ("decode", "argmax", "sampler", "backend")
 
 
@@ -111,27 +111,15 @@ class Native:
         L.llama_sampler_free(self.chain)
 
 
-class EngineRow:
+class EngineRow(EnginePeer):
+    """cpu_decode_peer's engine row, every weight where ``--ngl`` puts them, in ms a token."""
+
     def __init__(self, path: Path, a: argparse.Namespace) -> None:
-        plan = (Plan.all_gpu(read_inventory(path)) if a.ngl > 0 else Plan.all_cpu())
-        plan = plan.model_copy(update={"flash_attn": "on"})
-        self.eng = Engine(path, plan, EngineConfig(n_ctx=a.ctx, max_sessions=1, n_batch=512,
-                                                   n_threads=a.threads))
-        self.greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
-        self.tokens: list[int] = []
+        a = argparse.Namespace(**vars(a), flash="on", sessions=1, batch=512)
+        super().__init__(path, a, Plan.all_gpu(read_inventory(path)) if a.ngl > 0 else None)
 
     def run(self, n: int) -> float:
-        gen = self.eng.complete_async(PROMPT, sampling=self.greedy, max_tokens=n,
-                                      ignore_eos=True).result()
-        stamps = [time.perf_counter() for _piece in gen]
-        self.tokens = list(gen.result().tokens)
-        while self.eng.sessions():  # its session closes after the reply: the slot is free
-            time.sleep(0.001)
-        # pieces may hold several tokens (an incomplete UTF-8 sequence waits for the next)
-        return (stamps[-1] - stamps[0]) / max(1, len(self.tokens) - 1) * 1000
-
-    def close(self) -> None:
-        self.eng.close()
+        return 1000.0 / max(super().run(n), 1e-9)
 
 
 def llama_bench(binary: str, path: Path, a: argparse.Namespace) -> float | None:
@@ -171,16 +159,9 @@ def main() -> int:
     rows: dict[str, Native | EngineRow] = {}
     for m in modes:
         rows[m] = EngineRow(path, a) if m == "engine" else Native(model, m, a, prompt)
-    ms: dict[str, list[float]] = {m: [] for m in modes}
     load0 = os.getloadavg()[0]
     try:
-        for m in modes:  # warm-up: graphs, allocators
-            rows[m].run(16)
-        for r in range(a.rounds):
-            order = modes if r % 2 == 0 else modes[::-1]
-            for m in order:
-                ms[m].append(round(rows[m].run(a.tokens), 4))
-            print(f"round {r}: " + "  ".join(f"{m} {ms[m][-1]:.3f}" for m in modes), flush=True)
+        ms = alternate(rows, modes, a.rounds, a.tokens)
     finally:
         for row in rows.values():
             row.close()
@@ -200,10 +181,7 @@ def main() -> int:
         out["greedy_same"] = all(t[:k] == first for t in picks.values())
     if a.llama_bench:
         out["llama_bench_ms"] = llama_bench(a.llama_bench, path, a)
-    print(json.dumps(out))
-    if a.json:
-        Path(a.json).write_text(json.dumps(out, indent=1) + "\n")
-    return 0
+    return report(out, a.json)
 
 
 if __name__ == "__main__":

@@ -8,7 +8,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -37,16 +37,23 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def wait_http(base: str, timeout: float = 60.0) -> None:
+def wait_http(base: str, timeout: float = 60.0, *, path: str = "/health",
+              proc: subprocess.Popen | None = None, what: str = "the HTTP face",
+              log: Callable[[], str] | None = None) -> None:
+    """Until ``base + path`` answers 200. Fails after ``timeout``, or at once when ``proc``
+    (the server's process) has exited; the failure quotes the end of ``log()``."""
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
+    while True:
         try:
-            if httpx.get(f"{base}/health", timeout=2).status_code == 200:
+            if httpx.get(f"{base}{path}", timeout=2).status_code == 200:
                 return
         except httpx.HTTPError:
             pass
+        if (proc is not None and proc.poll() is not None) or time.monotonic() > deadline:
+            tail = log()[-3000:] if log is not None else ""
+            raise AssertionError(f"{what} did not come up at {base}{path}"
+                                 + (f": {tail}" if tail else ""))
         time.sleep(0.1)
-    raise AssertionError("the HTTP face did not come up")
 
 
 @contextmanager

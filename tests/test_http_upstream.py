@@ -12,7 +12,6 @@ import shutil
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -39,17 +38,12 @@ def upstream(default_model) -> Iterator[str]:
                              str(default_model), str(port), KEY],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     base = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 90
-    while True:
-        try:
-            if httpx.get(f"{base}/test/seen", timeout=2).status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        if proc.poll() is not None or time.monotonic() > deadline:
-            stop(proc)
-            raise AssertionError(f"the upstream did not start: {proc.stderr.read()[-2000:]}")
-        time.sleep(0.2)
+    try:
+        wait_http(base, 90, path="/test/seen", proc=proc, what="the upstream")
+    except AssertionError as e:
+        stop(proc)  # then its error output can be read to its end
+        assert proc.stderr is not None
+        raise AssertionError(f"{e}: {proc.stderr.read()[-2000:]}") from None
     yield f"{base}/v1"
     stop(proc)
 

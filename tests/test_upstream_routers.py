@@ -114,17 +114,8 @@ def _router(kind: str, workers: list[str], log: Path) -> Iterator[str]:
                                 stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                if httpx.get(f"{base}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise AssertionError(f"the {kind} router did not start: "
-                                     f"{log.read_text()[-3000:]}")
-            time.sleep(0.2)
+        wait_http(base, 60, path="/v1/models", proc=proc, what=f"the {kind} router",
+                  log=log.read_text)
         yield base
     finally:
         stop(proc)
