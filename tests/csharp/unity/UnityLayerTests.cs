@@ -445,6 +445,39 @@ namespace Igi.Sdk.UnityTests
         }
 
         [Test]
+        [Timeout(30000)]
+        public void APortProbeReadsOnlyARefusalAsFree()
+        {
+            // a probe that timed out on a loaded machine was read as a free port, and the
+            // component started a second sidecar on a port another one held
+            Assert.AreEqual(PortState.Free, PortProbe.Check(FreePort(), 2000));
+            var listener = new Socket(AddressFamily.InterNetwork, SocketType.Stream, ProtocolType.Tcp);
+            var clients = new List<Socket>();
+            try
+            {
+                listener.Bind(new IPEndPoint(IPAddress.Loopback, 0));
+                listener.Listen(1);
+                int port = ((IPEndPoint)listener.LocalEndPoint).Port;
+                Assert.AreEqual(PortState.Listening, PortProbe.Check(port, 2000));
+                // nobody accepts: the backlog fills and a further connection gets no answer
+                for (int i = 0; i < 16; i++)
+                {
+                    var c = new Socket(AddressFamily.InterNetwork, SocketType.Stream, ProtocolType.Tcp);
+                    clients.Add(c);
+                    c.BeginConnect(IPAddress.Loopback, port, null, null);
+                }
+                Thread.Sleep(200);
+                Assert.AreEqual(PortState.Unknown, PortProbe.Check(port, 300), "a port that does not answer is not free");
+                Assert.IsFalse(PortProbe.IsListening(port, 300));
+            }
+            finally
+            {
+                foreach (var c in clients) c.Close();
+                listener.Close();
+            }
+        }
+
+        [Test]
         [Timeout(60000)]
         public void ASidecarWithAnotherInstanceOnThePortIsRefusedNeverReused()
         {

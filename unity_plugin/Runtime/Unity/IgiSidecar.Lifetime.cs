@@ -59,9 +59,16 @@ namespace Igi.Sdk.Unity
                 _expectedInstance = SidecarKeys.KeptLaunch(port, out pid, out kept, out endpoint, out log) ? kept : SidecarIdentity.NewInstance();
             }
             UsePort(_keyPort);
-            int probePort = _keyPort;
             _reprobe = false;
-            _probe = Task.Run(() => PortProbe.IsListening(probePort, ProbeTimeoutMs));
+            StartProbe(_keyPort, 0);
+        }
+
+        // A probe, or another after one that found no answer (each waits twice as long)
+        void StartProbe(int probePort, int tries)
+        {
+            _probeTries = tries;
+            int timeout = ProbeTimeoutMs << Math.Min(tries, MaxProbeTries);
+            _probe = Task.Run(() => PortProbe.Check(probePort, timeout));
             _state = SidecarState.Probing;
         }
 
@@ -95,8 +102,16 @@ namespace Igi.Sdk.Unity
         void AfterProbe()
         {
             if (_probe == null || !_probe.IsCompleted) return;
-            bool listening = _probe.Status == TaskStatus.RanToCompletion && _probe.Result;
+            PortState found = _probe.Status == TaskStatus.RanToCompletion ? _probe.Result : PortState.Unknown;
             _probe = null;
+            if (found == PortState.Unknown && _probeTries + 1 < MaxProbeTries)
+            {
+                StartProbe(_activePort, _probeTries + 1);
+                return;
+            }
+            // only a refusal says nobody is there: a port that never answered is left to the
+            // connection (which fails as not_a_sidecar), never given a second sidecar
+            bool listening = found != PortState.Free;
             if (listening && _reprobe)
             {
                 Fail("not_a_sidecar", "something listens on port " + _activePort + " but does not answer as an igi-sdk sidecar; choose another port");
@@ -333,10 +348,8 @@ namespace Igi.Sdk.Unity
             {
                 // the sidecar found on the port is gone or is not one: look again, start one if nobody is there
                 if (_keyPort == 0) { BeginLaunch(); return; }
-                int probePort = _activePort;
                 _reprobe = true;
-                _probe = Task.Run(() => PortProbe.IsListening(probePort, ProbeTimeoutMs));
-                _state = SidecarState.Probing;
+                StartProbe(_activePort, 0);
                 return;
             }
             if (!_warnedSlowStart)

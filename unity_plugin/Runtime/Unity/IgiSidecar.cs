@@ -27,6 +27,7 @@ namespace Igi.Sdk.Unity
         const float WatchEverySeconds = 0.25f; // the PID check: one system call, no allocation
         public const string DefaultSaveSubfolder = "igi-sdk/sessions";
         const int ProbeTimeoutMs = 300;
+        const int MaxProbeTries = 5; // 300 ms, then 0.6, 1.2, 2.4, 4.8 s
         const float PingEverySeconds = 1f;
         const int ConfigurationExitCode = 2;
 
@@ -75,7 +76,8 @@ namespace Igi.Sdk.Unity
         [NonSerialized] readonly List<VramReservation> _reservations = new List<VramReservation>();
         [NonSerialized] IgiClient _client;
         [NonSerialized] SidecarProcess _process;
-        [NonSerialized] Task<bool> _probe;
+        [NonSerialized] Task<PortState> _probe;
+        [NonSerialized] int _probeTries; // probes of the port so far that found no answer
         [NonSerialized] bool _reprobe;
         [NonSerialized] Task<SidecarProcess> _launch;
         [NonSerialized] SidecarState _state = SidecarState.Stopped;
