@@ -70,8 +70,9 @@ class Generation:
     # ends the engine's decode in flight early (a long prompt chunk), from any thread
     interrupt: Callable[[], None] | None = field(default=None, repr=False)
     # the engine thread's list of events made since its last llama_decode: it hands them out
-    # right before the next one (runtime/core.py), so the threads they wake run while the
-    # device computes, not while the engine prepares the step (None: handed out at once)
+    # with the next one (EngineCore._hand_out: after its call where that only queues the GPU's
+    # work, else before it), so the threads they wake run while the device computes, not
+    # while the engine prepares the step (None: handed out at once)
     held: list[Callable[[], None]] | None = field(default=None, repr=False)
 
     def cancel(self) -> None:
