@@ -83,7 +83,8 @@ class EnginePeer:
     def __init__(self, path: Path, a: argparse.Namespace, plan: Plan | None = None) -> None:
         plan = (plan or Plan.all_cpu()).model_copy(update={"flash_attn": a.flash})
         cfg = EngineConfig(n_ctx=a.ctx, max_sessions=a.sessions, n_batch=a.batch,
-                           n_threads=a.threads)
+                           n_threads=a.threads,
+                           launch_ahead=getattr(a, "launch_ahead", "auto"))
         self.eng = Engine(path, plan, cfg)
         self.greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
         self.tokens: list[int] = []

@@ -516,6 +516,9 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
         --budgets "$gb" --cases 1024:1152
       [ "${SHIPPED_SPIN:-0}" = 1 ] && spin_rows shipped -- --models llama3-8b --budgets "$gb" \
         --cases 1024:1152
+      # SHIPPED_IN_TURN=1: ours again with each step prepared after the last token was taken
+      [ "${SHIPPED_IN_TURN:-0}" = 1 ] && row shipped-in-turn -- --models llama3-8b \
+        --budgets "$gb" --cases 1024:1152 --launch-ahead off
     done
     if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && have 200; then
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152

@@ -2,7 +2,8 @@
 the same context and attention, rows alternating round by round (A B C A B C ...):
 
     python benchmarks/host_overhead.py [--model PATH] [--ngl 99] [--threads 2] [--ctx 4096]
-        [--tokens 128] [--rounds 5] [--modes decode,argmax,sampler,backend,engine]
+        [--tokens 128] [--rounds 5]
+        [--modes decode,argmax,sampler,backend,engine,engine-in-turn]
         [--llama-bench PATH] [--json out.json]
 
 ``decode``: ``llama_decode`` of one token and a wait for it, the next token fixed (what
@@ -12,7 +13,10 @@ as the engine picks greedily); ``sampler``: the pick by llama.cpp's greedy sampl
 (``llama_sampler_sample``: what ``llama_cpp.Llama`` and ``llama-cli`` do); ``backend``: a
 context whose sequence has a greedy sampler in the graph (llama.cpp's backend sampling): only
 the token comes back; ``engine``: igi_sdk's engine, every weight where ``--ngl`` puts them
-(all on the GPU, or all on the CPU at 0), greedy, its reply read as the caller reads it.
+(all on the GPU, or all on the CPU at 0), greedy, its reply read as the caller reads it, as
+shipped (``launch_ahead`` "auto": the next step queued before a token is taken where the
+decode call only queues the device's work); ``engine-in-turn``: the same engine with
+``launch_ahead`` "off" (each step prepared after the last one's token was taken).
 ``--llama-bench``: upstream's binary at the same settings, its ``tg`` rate (no sampling).
 
 Prints each round's ms per token, the medians, and each row's median excess over ``decode``
@@ -114,8 +118,9 @@ class Native:
 class EngineRow(EnginePeer):
     """cpu_decode_peer's engine row, every weight where ``--ngl`` puts them, in ms a token."""
 
-    def __init__(self, path: Path, a: argparse.Namespace) -> None:
-        a = argparse.Namespace(**vars(a), flash="on", sessions=1, batch=512)
+    def __init__(self, path: Path, a: argparse.Namespace, launch_ahead: str = "auto") -> None:
+        a = argparse.Namespace(**vars(a), flash="on", sessions=1, batch=512,
+                               launch_ahead=launch_ahead)
         super().__init__(path, a, Plan.all_gpu(read_inventory(path)) if a.ngl > 0 else None)
 
     def run(self, n: int) -> float:
@@ -142,7 +147,7 @@ def main() -> int:
     ap.add_argument("--ctx", type=int, default=4096)
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
-    ap.add_argument("--modes", default="decode,argmax,sampler,backend,engine")
+    ap.add_argument("--modes", default="decode,argmax,sampler,backend,engine,engine-in-turn")
     ap.add_argument("--llama-bench", default="")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -158,7 +163,9 @@ def main() -> int:
     prompt = list(buf[:n])
     rows: dict[str, Native | EngineRow] = {}
     for m in modes:
-        rows[m] = EngineRow(path, a) if m == "engine" else Native(model, m, a, prompt)
+        rows[m] = (EngineRow(path, a) if m == "engine" else
+                   EngineRow(path, a, "off") if m == "engine-in-turn" else
+                   Native(model, m, a, prompt))
     load0 = os.getloadavg()[0]
     try:
         ms = alternate(rows, modes, a.rounds, a.tokens)

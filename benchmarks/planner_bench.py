@@ -122,7 +122,8 @@ def child(args: argparse.Namespace) -> dict:
     if args.sessions > 1:
         wl = dataclasses.replace(wl, n_seqs=n)
     peak = PeakVram()
-    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=2048, n_threads=args.threads)
+    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=2048, n_threads=args.threads,
+                       launch_ahead=args.launch_ahead)
     eng = Engine(args.model, plan, cfg)
     greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
     sid = eng.open_session(sampling=greedy)
@@ -222,6 +223,8 @@ def main() -> int:
     ap.add_argument("--output-first", action=argparse.BooleanOptionalAction, default=False,
                     help="the planner may put the output head before attention (run4: it did, "
                          "as the default then)")
+    ap.add_argument("--launch-ahead", choices=("auto", "on", "off"), default="auto",
+                    help="EngineConfig.launch_ahead (auto: as shipped)")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -284,7 +287,8 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
            "--strategy", strategy, "--budget", str(budget), "--prompt", str(prompt),
            "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
            "--sessions", str(args.sessions), "--peer-slack", str(slack),
-           "--plan-ctx", str(args.plan_ctx), "--kv", args.kv] + (
+           "--plan-ctx", str(args.plan_ctx), "--kv", args.kv,
+           "--launch-ahead", args.launch_ahead] + (
                ["--no-pin"] if args.no_pin else []) + (
                ["--output-first"] if args.output_first else ["--no-output-first"])
     if args.plan_file:

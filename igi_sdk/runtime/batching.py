@@ -43,6 +43,23 @@ def fill_batch(batch: Any, cap: int, turns: list[Turn], budget: int) -> Fed:
     return fed
 
 
+def fill_next(batch: Any, cap: int, picks: list[tuple[Turn, int]]) -> Fed:
+    """Each decoding reply's just-sampled token at the position after its session's cached
+    tokens, logits at each: the step after this one, put in the batch before the token is
+    taken (EngineCore's launch ahead). Returns the turns fed as :func:`fill_batch` does."""
+    token, pos, n_seq_id, seq_ids, logits = _fields(batch, cap)
+    fed: Fed = []
+    for i, (t, tok) in enumerate(picks):
+        token[i] = tok
+        pos[i] = len(t.session.tokens)
+        n_seq_id[i] = 1
+        seq_ids[i][0] = t.session.seq
+        logits[i] = 1
+        fed.append((t, 1, i))
+    batch.n_tokens = len(picks)
+    return fed
+
+
 # a batch's field pointers, fetched once per batch object and kept on it: reading a pointer
 # field of a ctypes structure makes a new pointer object each time (five per token otherwise).
 # llama_batch_init's arrays never move while the batch lives.

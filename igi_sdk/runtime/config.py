@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from igi_sdk.planner import Plan
 from igi_sdk.runtime.speculative import SpeculativeConfig
 from igi_sdk.runtime.vision import FlashAttn
+
+LaunchAhead = Literal["auto", "on", "off"]
 
 
 @dataclass(frozen=True)
@@ -58,6 +61,11 @@ class EngineConfig:
     # change the last bits of the logits from run to run; a fixed split makes seeded replies
     # reproducible on one machine and plan (with exact_threads: a thread count that stays)
     prefill_chunk: int = 0
+    # the next decode step is queued before this one's tokens are taken (their text, stop
+    # strings and events), so the device computes while the host does a step's bookkeeping:
+    # "auto" where a llama_decode call only queues the device's work (a model wholly on the
+    # GPU), "on" everywhere (the same replies, nothing gained where the call computes), "off"
+    launch_ahead: LaunchAhead = "auto"
     # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

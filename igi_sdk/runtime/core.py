@@ -18,6 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -119,6 +120,8 @@ class EngineCore:
         self._held: deque[C.Command] = deque()  # model work waiting for a reshard to end
         self._unsent: list[Callable[[], None]] = []  # reply events for the next decode
         self._launched = False  # the step in progress has called llama_decode
+        # the decode launched ahead of its step (_launch_ahead), read by the next step
+        self._in_flight: InFlight | None = None
         # the last llama_decode: its call's seconds, and from the call to its logits read
         self._decode_call_s = self._decode_step_s = 0.0
         self._table = SessionTable(config.max_sessions)
@@ -144,7 +147,8 @@ class EngineCore:
         # talking ones: scheduler.step_target); chunk: its token budget
         self.step_stats = {"max_s": 0.0, "last_s": 0.0, "chunk": 0, "failures": 0,
                            "interrupted": 0, "target_s": 0.0, "reclaimed": 0,
-                           "shared_prefix_tokens": 0}
+                           "shared_prefix_tokens": 0, "launched_ahead": 0,
+                           "ahead_dropped": 0}
         self._drafting = Drafting(config, self._take)
         self.crowd = CrowdWatch(config.talking)  # engine thread writes, stats reads
         # the CPU threads' count and wait, chosen while running (runtime/threadpool.py)
@@ -347,6 +351,7 @@ class EngineCore:
         while True:
             if not self._moving:  # model work held during a reshard runs first
                 while self._held:
+                    self._read_in_flight()
                     self._run_command(self._held.popleft())
             active = self._placed is not None and bool(self._active_turns())
             try:
@@ -361,6 +366,7 @@ class EngineCore:
             except queue.Empty:
                 command = None
             if command is not None:
+                self._read_in_flight()  # no command meets a decode in flight
                 self._hand_out()  # a command may take a while: what is held goes first
             while command is not None:
                 if isinstance(command, C.Shutdown):
@@ -376,6 +382,7 @@ class EngineCore:
             if self._placed is not None and self._active_turns():
                 self._guarded_step()
             if self._encoder.lent_from is not None and self._placed is not None:
+                self._read_in_flight()
                 self._encoder.give_back(self._move)
 
     @property
@@ -401,12 +408,18 @@ class EngineCore:
             if value is not _LATER:
                 self._outbox.settle(command.done, value)
 
-    def _guarded_step(self) -> None:
+    def _read_in_flight(self) -> None:
+        """Read the decode in flight, if any, and launch nothing after it: before a command,
+        a held reshard or the encoder's move touches the context or the sessions."""
+        if self._in_flight is not None:
+            self._guarded_step(launch=False)
+
+    def _guarded_step(self, *, launch: bool = True) -> None:
         """One decode step; a failure ends the replies it was computing, not the engine."""
         t0 = time.perf_counter()
         self._launched = False
         try:
-            self._step()
+            self._step(launch)
         except Exception as e:  # llama.cpp or sampler faults surface here
             log.exception("decode step failed")
             self.step_stats["failures"] += 1
@@ -426,6 +439,9 @@ class EngineCore:
         with self._submit_lock:
             self._closed = True
         self.state = "closed"
+        if self._in_flight is not None and self._placed is not None:
+            llama_cpp.llama_synchronize(self._ctx)  # no context closes under a graph
+        self._in_flight = None
         for t in self._active_turns():
             t.session.turn = None
             t.handle._fail(EngineClosedError("the engine was closed"))
@@ -1078,8 +1094,14 @@ class EngineCore:
 
     # ============================================================ engine thread: decoding
 
-    def _step(self) -> None:
-        """One llama_decode for every reply the scheduler serves this step."""
+    def _step(self, launch: bool = True) -> None:
+        """One llama_decode for every reply the scheduler serves this step (``launch``: the
+        next one may be launched before this one's tokens are taken)."""
+        if self._in_flight is not None:  # launched ahead: its step is the reading
+            flight, self._in_flight = self._in_flight, None
+            self._steps += 1
+            self._read_step(flight.fed, {}, flight.t0, launch)
+            return
         turns = self._active_turns()
         for t in turns:
             if t.handle.cancelled:
@@ -1178,6 +1200,14 @@ class EngineCore:
                 self._rollback(t)
                 self._end_turn(t, error=InferenceError(f"llama_decode failed ({rc})"))
             return
+        self._read_step(fed, drafts, t0, launch)
+
+    def _read_step(self, fed: Fed, drafts: dict[int, Proposal], t0: float,
+                   launch: bool) -> None:
+        """The decoded tokens join their sessions, and each reply samples from its logits
+        and takes its token; where the next step can be foreseen, it is launched between the
+        two (:meth:`_launch_ahead`)."""
+        picks: list[tuple[Turn, int]] = []
         for t, take, idx in fed:
             proposal = drafts.get(t.session.seq)
             if proposal is not None:
@@ -1186,9 +1216,69 @@ class EngineCore:
                 continue
             t.session.decoded(t.feed[:take])
             del t.feed[:take]
-            if idx >= 0:
-                self._sample(t, idx)
+            if idx >= 0 and (tok := self._pick(t, idx)) is not None:
+                picks.append((t, tok))
         self._decode_step_s = time.perf_counter() - t0
+        if launch and not drafts and self._foreseen(fed, picks):
+            self._launch_ahead(picks)
+        for t, tok in picks:
+            self._take(t, tok)
+        if self._in_flight is not None:
+            self._hand_out()  # the device computes the next step meanwhile
+
+    def _foreseen(self, fed: Fed, picks: list[tuple[Turn, int]]) -> bool:
+        """Whether the next step is this one's replies, each decoding the token it just
+        sampled, as ``_step`` would decide it: every active reply decoded one token and picked
+        its next, none ends with it (its end of turn, its length, its room), none is
+        cancelled, no command waits, no pacing, no drafts. A stop string, a call or a cancel
+        found after the launch ends a reply anyway: its cell is dropped (:meth:`_end_turn`)."""
+        mode = self.config.launch_ahead
+        if mode == "off" or not picks or len(picks) != len(fed):
+            return False
+        if mode == "auto" and not self._decode_call_s < 0.5 * self._decode_step_s:
+            return False  # the call computes the step (the CPU's work): nothing to overlap
+        if (self._drafting.enabled or self._held or self._moving or self._pace() > 0
+                or not self._commands.empty() or len(self._active_turns()) != len(picks)):
+            return False
+        vocab, rooms = self._need_vocab(), self._rooms()
+        for t, tok in picks:
+            s = t.session
+            if (t.handle.cancelled or t.images or len(t.generated) + 1 >= t.max_tokens
+                    or (vocab.is_eog(tok) and not t.ignore_eos)
+                    or len(s.tokens) + 2 >= rooms[s.id]):
+                return False
+        return True
+
+    def _launch_ahead(self, picks: list[tuple[Turn, int]]) -> None:
+        """Queue the next step's decode now: the device computes it while this step's tokens
+        are taken and their events handed out. A decode that fails here launches nothing
+        (llama.cpp leaves the cache as it was): the next step feeds the tokens as usual."""
+        p = self._need_placed()
+        fed = batching.fill_next(p.batch, p.batch_cap, picks)
+        self._abort.unwatch(self._ctx)
+        t0 = time.perf_counter()
+        rc = llama_cpp.llama_decode(self._ctx, self._batch)
+        call_s = time.perf_counter() - t0
+        if rc != 0:
+            return
+        self._decode_call_s = call_s
+        self._launched = True
+        self._in_flight = InFlight(fed, t0)
+        self._time_step(fed, {}, call_s)
+        self.step_stats["launched_ahead"] += 1
+
+    def _drop_in_flight(self, t: Turn) -> None:
+        """``t`` ends while its next token is in a decode launched ahead: that token's cell
+        goes, and the cache holds the session's tokens again."""
+        flight = self._in_flight
+        if flight is None or not any(f[0] is t for f in flight.fed):
+            return
+        flight.fed[:] = [f for f in flight.fed if f[0] is not t]
+        if self._mem is not None:
+            llama_cpp.llama_memory_seq_rm(self._mem, t.session.seq, len(t.session.tokens), -1)
+        self.step_stats["ahead_dropped"] += 1
+        if not flight.fed:
+            self._in_flight = None
 
     def _keep_interrupted(self, fed: Fed) -> None:
         """An interrupted step: llama.cpp kept the ubatches it finished and removed the one it
@@ -1319,15 +1409,15 @@ class EngineCore:
             batching.add_drafts(p.batch, p.batch_cap, p.outputs_cap, fed, drafts)
         return fed
 
-    def _sample(self, t: Turn, idx: int) -> None:
+    def _pick(self, t: Turn, idx: int) -> int | None:
+        """The reply's next token from the logits at ``idx`` (None: the reply ended)."""
         assert t.chain is not None
         try:
-            tok = t.chain.sample(self._ctx, idx, t.session.n_sampled)
+            return t.chain.sample(self._ctx, idx, t.session.n_sampled)
         except IgiError as e:  # a grammar past its per-step limits: this reply ends, typed
             self._rollback(t)
             self._end_turn(t, error=e)
-            return
-        self._take(t, tok)
+            return None
 
     def _take(self, t: Turn, tok: int) -> bool:
         """Add a sampled token to the reply (runtime/replies.py); False once the reply has
@@ -1354,6 +1444,7 @@ class EngineCore:
         error: BaseException | None = None,
         visible_end: int | None = None,
     ) -> None:
+        self._drop_in_flight(t)
         replies.detach(t)
         self._vision_idle()
         if t.memo is not None:
@@ -1422,6 +1513,15 @@ class EngineCore:
 
 # a handler's answer that comes later (a placement loading behind the decode): not settled yet
 _LATER = object()
+
+
+@dataclass
+class InFlight:
+    """A decode launched ahead of its step (EngineCore._launch_ahead): each reply's sampled
+    token at its next position, logits at each, called at ``t0``; read by the next step."""
+
+    fed: Fed
+    t0: float
 
 
 PlanKey = tuple[str, tuple[str, ...], int]
