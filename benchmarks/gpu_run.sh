@@ -520,7 +520,8 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       [ "${SHIPPED_IN_TURN:-0}" = 1 ] && row shipped-in-turn -- --models llama3-8b \
         --budgets "$gb" --cases 1024:1152 --launch-ahead off
     done
-    if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && have 200; then
+    # SHIPPED_MOE=0: the dense rows alone
+    if [ "${SHIPPED_MOE_FIRST:-0}" != 1 ] && [ "${SHIPPED_MOE:-1}" = 1 ] && have 200; then
       row shipped -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models qwen3-30b-a3b \
         --budgets 4 --cases 1024:1152

@@ -138,6 +138,7 @@ def child(args: argparse.Namespace) -> dict:
     peak_vram = peak.stop()
     memory = eng.memory()
     threads_status = eng.status().get("threads")  # the CPU threads' setting as it ended
+    launched = eng.step_stats.get("launched_ahead", 0)  # steps queued before a token's take
     eng.close()
     r0 = results[0]
     out = {
@@ -158,7 +159,7 @@ def child(args: argparse.Namespace) -> dict:
         "plan_s": round(plan_s, 2), "peer_slack_gb": round(args.peer_slack / GB, 3),
         "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
                                              and peak_vram <= args.budget * GB),
-        "threads": threads_status,
+        "threads": threads_status, "launched_ahead": launched,
     }
     if n == 1:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
