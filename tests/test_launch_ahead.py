@@ -136,3 +136,16 @@ def test_commands_and_a_cancel_meet_no_decode_in_flight(pair) -> None:
     assert after.completion_tokens > 0 and after.cached_tokens > 0
     _cache_matches(ahead, sid)
     ahead.close_session(sid)
+
+
+def test_the_first_token_and_the_last_launch_nothing(pair) -> None:
+    """A reply of n tokens launches n - 2 steps ahead: not after its prompt step (the first
+    decode builds a new graph, and the first token would wait for that call) and not after
+    the token that reaches max_tokens (nothing follows it)."""
+    ahead, _ = pair
+    sid = ahead.open_session(NPC, sampling=GREEDY)
+    before = ahead.step_stats["launched_ahead"]
+    done = ahead.chat(sid, LINES[1], max_tokens=16, ignore_eos=True).result(120)
+    assert done.completion_tokens == 16
+    assert ahead.step_stats["launched_ahead"] - before == 14
+    ahead.close_session(sid)

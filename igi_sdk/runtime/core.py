@@ -1231,9 +1231,13 @@ class EngineCore:
         sampled, as ``_step`` would decide it: every active reply decoded one token and picked
         its next, none ends with it (its end of turn, its length, its room), none is
         cancelled, no command waits, no pacing, no drafts. A stop string, a call or a cancel
-        found after the launch ends a reply anyway: its cell is dropped (:meth:`_end_turn`)."""
+        found after the launch ends a reply anyway: its cell is dropped (:meth:`_end_turn`).
+        Never after a prompt step: the first decode builds a graph of a new shape, a call of
+        milliseconds, and a reply's first token would wait for it (the 8B on an H200: TTFT
+        0.095 s against 0.088 s); after a decode of the same replies the graph is reused."""
         mode = self.config.launch_ahead
-        if mode == "off" or not picks or len(picks) != len(fed):
+        if (mode == "off" or not picks or len(picks) != len(fed)
+                or any(take != 1 for _t, take, _i in fed)):
             return False
         if mode == "auto" and not self._decode_call_s < 0.5 * self._decode_step_s:
             return False  # the call computes the step (the CPU's work): nothing to overlap
