@@ -24,8 +24,10 @@ def npc_model(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _cfg(standby: Plan | None) -> EngineConfig:
+    # the thread count held: one that follows the host's load changes the logits' last bits
+    # (EngineConfig.exact_threads), and seeded replies are compared token for token
     return EngineConfig(n_ctx=1024, max_sessions=4, n_threads=2, prefill_chunk=32,
-                        standby=standby)
+                        exact_threads=True, standby=standby)
 
 
 def _wait_standby(eng: Engine, timeout: float = 60.0) -> None:

@@ -1239,8 +1239,12 @@ class EngineCore:
         if (mode == "off" or not picks or len(picks) != len(fed)
                 or any(take != 1 for _t, take, _i in fed)):
             return False
-        if mode == "auto" and not self._decode_call_s < 0.5 * self._decode_step_s:
-            return False  # the call computes the step (the CPU's work): nothing to overlap
+        if mode == "auto" and (self.gpu is None
+                               or not self._decode_call_s < 0.5 * self._decode_step_s):
+            # the call computes the step (the CPU's work): nothing to overlap, and the text
+            # would wait for that call (on the CPU a tiny model's call can be shorter than
+            # the host's sampling, so the time alone does not tell)
+            return False
         if (self._drafting.enabled or self._held or self._moving or self._pace() > 0
                 or not self._commands.empty() or len(self._active_turns()) != len(picks)):
             return False
