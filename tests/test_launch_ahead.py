@@ -17,10 +17,36 @@ import pytest
 from igi_sdk.planner import Plan
 from igi_sdk.runtime import Engine, EngineConfig, SamplingParams
 from igi_sdk.runtime.generation import GenerationResult
+from igi_sdk.runtime.launch_ahead import Next, device_queues, foreseen
 
 GREEDY = SamplingParams(temperature=0.0)
 NPC = "You are Brom, the blacksmith of Oakvale. Answer in a few sentences."
 LINES = ("Tell me about your forge.", "What do you sell?", "Who lives in Oakvale?")
+
+
+def test_the_device_rule_launches_where_the_call_only_queued_the_step() -> None:
+    assert device_queues("auto", on_gpu=True, call_s=0.0003, step_s=0.003)
+    assert not device_queues("auto", on_gpu=True, call_s=0.025, step_s=0.027)  # CPU layers
+    # a CPU placement: the call computes, whatever its time against the host's sampling
+    assert not device_queues("auto", on_gpu=False, call_s=0.0003, step_s=0.003)
+    assert device_queues("on", on_gpu=False, call_s=0.02, step_s=0.02)
+    assert not device_queues("off", on_gpu=True, call_s=0.0003, step_s=0.003)
+
+
+def test_the_step_rule_foresees_only_the_step_the_scheduler_would_decide() -> None:
+    go = Next(generated=5, max_tokens=64, ends_turn=False, cancelled=False, images=False,
+              cached=300, room=1000)
+    assert foreseen([1, 1], quiet=True, active=2, nexts=[go, go])
+    assert not foreseen([], quiet=True, active=0, nexts=[])
+    assert not foreseen([1004], quiet=True, active=1, nexts=[go])  # after a prompt step
+    assert not foreseen([1, 7], quiet=True, active=2, nexts=[go, go])  # a chunk rode along
+    assert not foreseen([1], quiet=False, active=1, nexts=[go])  # a command, pacing, drafts
+    assert not foreseen([1], quiet=True, active=2, nexts=[go])  # another reply waits
+    for ends in (go._replace(ends_turn=True), go._replace(generated=63),
+                 go._replace(cancelled=True), go._replace(images=True),
+                 go._replace(cached=998)):
+        assert not foreseen([1, 1], quiet=True, active=2, nexts=[go, ends])
+    assert foreseen([1], quiet=True, active=1, nexts=[go._replace(generated=62, cached=997)])
 
 
 def _engine(model: Path, mode: str) -> Engine:

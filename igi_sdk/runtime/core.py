@@ -18,7 +18,6 @@ import time
 from collections import deque
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -48,6 +47,7 @@ from igi_sdk.runtime import (
     engine_state,
     image_turn,
     kv_cells,
+    launch_ahead,
     loader,
     memory_turn,
     oneshot,
@@ -121,7 +121,7 @@ class EngineCore:
         self._unsent: list[Callable[[], None]] = []  # reply events for the next decode
         self._launched = False  # the step in progress has called llama_decode
         # the decode launched ahead of its step (_launch_ahead), read by the next step
-        self._in_flight: InFlight | None = None
+        self._in_flight: launch_ahead.InFlight | None = None
         # the last llama_decode: its call's seconds, and from the call to its logits read
         self._decode_call_s = self._decode_step_s = 0.0
         self._table = SessionTable(config.max_sessions)
@@ -1227,35 +1227,21 @@ class EngineCore:
             self._hand_out()  # the device computes the next step meanwhile
 
     def _foreseen(self, fed: Fed, picks: list[tuple[Turn, int]]) -> bool:
-        """Whether the next step is this one's replies, each decoding the token it just
-        sampled, as ``_step`` would decide it: every active reply decoded one token and picked
-        its next, none ends with it (its end of turn, its length, its room), none is
-        cancelled, no command waits, no pacing, no drafts. A stop string, a call or a cancel
-        found after the launch ends a reply anyway: its cell is dropped (:meth:`_end_turn`).
-        Never after a prompt step: the first decode builds a graph of a new shape, a call of
-        milliseconds, and a reply's first token would wait for it (the 8B on an H200: TTFT
-        0.095 s against 0.088 s); after a decode of the same replies the graph is reused."""
-        mode = self.config.launch_ahead
-        if (mode == "off" or not picks or len(picks) != len(fed)
-                or any(take != 1 for _t, take, _i in fed)):
+        """Whether the next step may be launched before these picks are taken
+        (runtime/launch_ahead.py)."""
+        if not launch_ahead.device_queues(self.config.launch_ahead, on_gpu=self.gpu is not None,
+                                          call_s=self._decode_call_s,
+                                          step_s=self._decode_step_s):
             return False
-        if mode == "auto" and (self.gpu is None
-                               or not self._decode_call_s < 0.5 * self._decode_step_s):
-            # the call computes the step (the CPU's work): nothing to overlap, and the text
-            # would wait for that call (on the CPU a tiny model's call can be shorter than
-            # the host's sampling, so the time alone does not tell)
-            return False
-        if (self._drafting.enabled or self._held or self._moving or self._pace() > 0
-                or not self._commands.empty() or len(self._active_turns()) != len(picks)):
-            return False
+        quiet = not (self._drafting.enabled or self._held or self._moving or self._pace() > 0
+                     or not self._commands.empty())
         vocab, rooms = self._need_vocab(), self._rooms()
-        for t, tok in picks:
-            s = t.session
-            if (t.handle.cancelled or t.images or len(t.generated) + 1 >= t.max_tokens
-                    or (vocab.is_eog(tok) and not t.ignore_eos)
-                    or len(s.tokens) + 2 >= rooms[s.id]):
-                return False
-        return True
+        nexts = [launch_ahead.Next(len(t.generated), t.max_tokens,
+                                   vocab.is_eog(tok) and not t.ignore_eos, t.handle.cancelled,
+                                   bool(t.images), len(t.session.tokens), rooms[t.session.id])
+                 for t, tok in picks]
+        return launch_ahead.foreseen([take for _t, take, _i in fed], quiet=quiet,
+                                     active=len(self._active_turns()), nexts=nexts)
 
     def _launch_ahead(self, picks: list[tuple[Turn, int]]) -> None:
         """Queue the next step's decode now: the device computes it while this step's tokens
@@ -1271,7 +1257,7 @@ class EngineCore:
             return
         self._decode_call_s = call_s
         self._launched = True
-        self._in_flight = InFlight(fed, t0)
+        self._in_flight = launch_ahead.InFlight(fed, t0)
         self._time_step(fed, {}, call_s)
         self.step_stats["launched_ahead"] += 1
 
@@ -1522,14 +1508,6 @@ class EngineCore:
 # a handler's answer that comes later (a placement loading behind the decode): not settled yet
 _LATER = object()
 
-
-@dataclass
-class InFlight:
-    """A decode launched ahead of its step (EngineCore._launch_ahead): each reply's sampled
-    token at its next position, logits at each, called at ``t0``; read by the next step."""
-
-    fed: Fed
-    t0: float
 
 
 PlanKey = tuple[str, tuple[str, ...], int]
