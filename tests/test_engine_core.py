@@ -8,7 +8,7 @@ import threading
 import pytest
 
 from igi_sdk import threads
-from igi_sdk.errors import EngineUnavailableError, ModelLoadError
+from igi_sdk.errors import EngineClosedError, EngineUnavailableError, ModelLoadError
 from igi_sdk.events import Outbox, ReplyDone, ReplyText
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
@@ -307,3 +307,22 @@ def test_a_tokens_text_is_handed_out_right_before_the_next_decode(default_model,
     # held while the step was prepared, handed out before its decode: in nearly every step
     # (a piece can be empty while a character's bytes are incomplete)
     assert sum(b > a for a, b in steps) >= 0.8 * len(steps), steps
+
+
+def test_a_command_taken_when_the_engine_thread_fails_is_answered_not_lost(tiny_llama,
+                                                                           monkeypatch) -> None:
+    """The loop fails between taking a command off the queue and running it: that command's
+    caller gets engine_closed at once, as queued ones do (it waited forever before)."""
+    from igi_sdk.runtime import core
+
+    eng = Engine(tiny_llama, Plan.all_cpu(), EngineConfig(n_ctx=256, max_sessions=1,
+                                                          n_threads=1))
+
+    def fail(self) -> None:
+        raise RuntimeError("injected: the loop fails before the command runs")
+
+    monkeypatch.setattr(core.EngineCore, "_read_in_flight", fail)
+    fut = eng.open_session_async("You are a guard.")
+    with pytest.raises(EngineClosedError):
+        fut.result(20)
+    eng.close()

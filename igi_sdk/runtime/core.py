@@ -122,6 +122,7 @@ class EngineCore:
         self._launched = False  # the step in progress has called llama_decode
         # the decode launched ahead of its step (_launch_ahead), read by the next step
         self._in_flight: launch_ahead.InFlight | None = None
+        self._taken: C.Command | None = None  # the command the loop holds, not yet run
         # the last llama_decode: its call's seconds, and from the call to its logits read
         self._decode_call_s = self._decode_step_s = 0.0
         self._table = SessionTable(config.max_sessions)
@@ -365,6 +366,7 @@ class EngineCore:
                     command = self._commands.get_nowait()
             except queue.Empty:
                 command = None
+            self._taken = command  # answered when the thread ends before it ran
             if command is not None:
                 self._read_in_flight()  # no command meets a decode in flight
                 self._hand_out()  # a command may take a while: what is held goes first
@@ -379,6 +381,7 @@ class EngineCore:
                     command = self._commands.get_nowait()
                 except queue.Empty:
                     command = None
+                self._taken = command
             if self._placed is not None and self._active_turns():
                 self._guarded_step()
             if self._encoder.lent_from is not None and self._placed is not None:
@@ -448,6 +451,9 @@ class EngineCore:
         self._hand_out()
         left = list(self._held)
         self._held.clear()
+        taken = self._taken  # taken off the queue when the loop failed: answered, not lost
+        if taken is not None and not taken.done.done() and all(c is not taken for c in left):
+            left.append(taken)
         while True:
             try:
                 left.append(self._commands.get_nowait())
