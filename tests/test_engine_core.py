@@ -326,3 +326,17 @@ def test_a_command_taken_when_the_engine_thread_fails_is_answered_not_lost(tiny_
     with pytest.raises(EngineClosedError):
         fut.result(20)
     eng.close()
+
+
+def test_a_closed_engine_answers_its_shutdown_once(tiny_llama, caplog) -> None:
+    """The loop's last command (the shutdown) was run, its outcome on its way through the
+    outbox: the thread's end must not answer it a second time (the outbox then failed on a
+    finished future and logged a traceback at every close)."""
+    import logging
+
+    with caplog.at_level(logging.ERROR):
+        eng = Engine(tiny_llama, Plan.all_cpu(), EngineConfig(n_ctx=256, max_sessions=1,
+                                                              n_threads=1))
+        eng.close_session(eng.open_session("You are a guard."))
+        eng.close()
+    assert not [r for r in caplog.records if "engine event failed" in r.getMessage()]

@@ -395,6 +395,9 @@ class EngineCore:
     def _dispatch(self, command: C.Command) -> None:
         """Run one command and post its outcome (the outbox completes its future)."""
         threads.expect(threads.ENGINE, type(command).__name__)
+        # from here the command is answered (its outcome goes through the outbox, which may
+        # complete it after this thread ends): no longer the loop's to answer
+        self._taken = None
         if not command.done.set_running_or_notify_cancel():
             return  # the caller gave up on it before it ran
         if command.needs_model and self._moving:
