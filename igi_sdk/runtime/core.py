@@ -1518,7 +1518,6 @@ class EngineCore:
 _LATER = object()
 
 
-
 PlanKey = tuple[str, tuple[str, ...], int]
 
 
