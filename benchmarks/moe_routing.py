@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import ctypes
+import itertools
 import json
 import statistics
 import sys
@@ -30,8 +31,8 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from igi_sdk.model import read_inventory  # noqa: E402
-from igi_sdk.runtime._native import ggml, init_backend  # noqa: E402
+from igi_sdk.model import read_inventory
+from igi_sdk.runtime._native import ggml, init_backend
 
 ggml.ggml_get_name.restype = ctypes.c_char_p
 ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
@@ -136,7 +137,7 @@ def _measure(ctx: L.llama_context_p, model: L.llama_model_p, router: Router, pat
     overlap = []  # per layer: experts a token shares with the token before it, on average
     for _layer, picks in sorted(router.picks.items()):
         steps = [set(p.ravel().tolist()) for p in picks]
-        shared = [len(x & y) for x, y in zip(steps, steps[1:])]
+        shared = [len(x & y) for x, y in itertools.pairwise(steps)]
         overlap.append(statistics.mean(shared) if shared else 0.0)
     # the last layer computes only the rows that give logits (llama.cpp skips the others): one
     # token of a prompt, so it is left out of the prompt's figures

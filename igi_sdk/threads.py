@@ -19,6 +19,8 @@ ARBITER = "igi-arbiter"
 SOCKET = "igi-socket"
 # opens a placement while the engine thread decodes on another (runtime/background_load.py)
 LOADER = "igi-loader"
+# times the machine's kernels for its profile, then exits (tuning/measure.py)
+PROFILER = "igi-profiler"
 
 breaches: list[str] = []
 

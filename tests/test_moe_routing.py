@@ -26,8 +26,8 @@ def test_a_prompt_reaches_every_expert_and_decode_picks_afresh(tmp_path: Path) -
     assert r["decode_shared_with_previous_median"] < 2.0  # of 4 (0.5 for independent picks)
 
 
-def test_without_the_quieter_attention_the_router_collapses(tmp_path: Path,
-                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+def test_without_the_quieter_attention_the_router_collapses(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # what the synthetic MoE did before: the check above tells the two apart
     monkeypatch.setattr(synthetic, "MOE_ATTN_OUT_GAIN", 1.0)
     r = _route(tmp_path / "moe-collapsed.gguf")

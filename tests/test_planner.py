@@ -145,6 +145,22 @@ def test_measured_attention_rates_drive_the_attention_cost(dense) -> None:
     assert CPU_PROFILE.cpu.attention_flops() == CPU_PROFILE.cpu.flops()
 
 
+def test_cpu_experts_are_priced_at_the_measured_expert_rate(tiny_moe) -> None:
+    """A routed expert on the CPU costs its bytes at the dense rate times the profile's expert
+    share: halving the down experts' share doubles their seconds, and nothing else moves."""
+    from igi_sdk.planner.cost import tensor_seconds
+
+    inv = read_inventory(tiny_moe)
+    slow = CPU_PROFILE.model_copy(deep=True)
+    slow.cpu.expert_scale = {"gate_up": 1.0, "down": 0.5}
+    for t in inv.tensors:
+        base = tensor_seconds(t, inv, CPU_PROFILE, 1, on_gpu=False, copy_compute=False,
+                              pinned=False)[1]
+        now = tensor_seconds(t, inv, slow, 1, on_gpu=False, copy_compute=False,
+                             pinned=False)[1]
+        assert now == pytest.approx(base * (2 if "ffn_down_exps" in t.name else 1)), t.name
+
+
 def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense) -> None:
     # llama.cpp's scheduler extends the offloaded projections' GPU assignment to the attention
     # op: a prefill batch attends on the GPU and pays for copying the layer's used KV cells
@@ -355,6 +371,33 @@ def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
     again = Profile.cached(fingerprint(2))
     assert again is not None and again.key == prof.key
     assert again.cpu.matmul_rate == prof.cpu.matmul_rate
+
+
+def test_a_profile_leaves_no_openmp_team_behind() -> None:
+    """The measurement's OpenMP workers end with it: libgomp counts every thread's team
+    against the CPUs, and a team left behind cut the engine's spin to 100 rounds for the
+    life of the process (a MoE decoded at two thirds of its speed on two cores)."""
+    import os
+    import time
+
+    from igi_sdk.runtime.threadpool import uses_openmp
+    from igi_sdk.tuning.measure import measure_profile
+
+    def threads() -> set[str]:
+        return set(os.listdir("/proc/self/task"))
+
+    if not os.path.isdir("/proc/self/task") or not uses_openmp():
+        pytest.skip("counts this process's threads in /proc (Linux, llama.cpp with OpenMP)")
+    before = threads()
+    prof = measure_profile(threads=2, fast=True, k=256, n=256, scale_down=True)
+    # (libgomp's workers leave a moment after their team's thread; other tests' may end)
+    deadline = time.monotonic() + 5.0
+    while threads() - before and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert threads() - before == set()
+    # and it timed the routed experts beside the dense weights (the cost model's MoE rate)
+    assert set(prof.cpu.expert_scale) == {"gate_up", "down"}
+    assert all(0 < v <= 2.0 for v in prof.cpu.expert_scale.values())
 
 
 def test_cli_plan_prints_the_choice_and_writes_json(tiny_llama, tmp_path) -> None:

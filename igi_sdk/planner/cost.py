@@ -7,7 +7,9 @@ Per tensor, from the machine profile:
   ``bytes / stream rate + bytes / gpu_rate``. Stock llama.cpp issues the copy and the matmul on
   one CUDA stream, so the two add up rather than overlap; the stream rate is measured on a real
   prefill (``Profile.stream_bps``), since it falls short of a single large copy's;
-* routed experts only cost the experts the batch's tokens actually pick (expected fraction);
+* routed experts only cost the experts the batch's tokens actually pick (expected fraction),
+  on the CPU at the profile's measured expert rate (``DeviceProfile.expert_scale``: small
+  experts read slower than the one large weight the rates were timed on);
 * attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
   the device that holds that layer's KV (KV bytes at the plan's ``type_k``/``type_v``: a q8_0
   cache is 34/64 of an f16 one; a batch on the GPU first converts a quantized cache to f16) —
@@ -121,7 +123,10 @@ def tensor_seconds(
     if copy_compute:
         g = nbytes / prof.gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
         return g, 0.0, nbytes / (prof.stream_bps(pinned) or 1.0)
-    return 0.0, nbytes / cpu_weight_rate(prof, t.ggml_type, eff_tok), 0.0
+    rate = cpu_weight_rate(prof, t.ggml_type, eff_tok)
+    if t.group == "ffn_exps":
+        rate *= prof.cpu.expert_rate_scale(t.name)
+    return 0.0, nbytes / rate, 0.0
 
 
 def priced_tensors(inv: ModelInventory) -> list[TensorInfo]:

@@ -49,6 +49,11 @@ class DeviceProfile(BaseModel):
     # thread-pool barriers, a few dozen per layer) and per llama_decode; 0 = not measured
     layer_overhead_s: float = 0.0
     step_overhead_s: float = 0.0
+    # a MoE's routed experts at decode (one token), as a share of ``rate(type, 1)``: "gate_up"
+    # (each token's one row against its experts) and "down" (each expert its own row), timed at
+    # Qwen3-30B-A3B's expert shape; small experts, and the down experts' short rows, read
+    # slower than one large weight where the kernels are the plain ones. Empty: 1.0
+    expert_scale: dict[str, float] = Field(default_factory=dict)
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:
@@ -85,6 +90,11 @@ class DeviceProfile(BaseModel):
                 return 1.0 / max(t0, t1 - (n1 - n) * slope)
         n1, t1 = pts[-1]
         return 1.0 / (t1 * n / n1)
+
+    def expert_rate_scale(self, tensor_name: str) -> float:
+        """``expert_scale`` for a routed-expert weight of this name (1.0 unmeasured)."""
+        kind = "down" if "ffn_down_exps" in tensor_name else "gate_up"
+        return self.expert_scale.get(kind, 1.0)
 
     def attention_flops(self) -> float:
         return self.attn_flops or self.flops()

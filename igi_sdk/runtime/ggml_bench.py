@@ -2,6 +2,8 @@
 
 * ``matmul_seconds``: one ``ggml_mul_mat`` of a K×N weight of a given ggml type by T tokens, on
   a given device (the CPU backend with N threads, or a GPU), median of a few runs;
+* ``expert_matmul_seconds``: one ``ggml_mul_mat_id`` (a MoE's routed experts: each token
+  multiplied by the ``used`` of ``E`` K×N experts its router picked);
 * ``h2d_seconds``: copying a weight-sized buffer into VRAM from pinned (the GPU's host buffer
   type) or pageable memory — the transfer that copy-compute pays per CPU-resident weight.
 """
@@ -40,6 +42,7 @@ _declare("ggml_new_tensor_3d", _vp, _vp, ctypes.c_int, ctypes.c_int64, ctypes.c_
 _declare("ggml_flash_attn_ext", _vp, _vp, _vp, _vp, _vp, _vp, ctypes.c_float, ctypes.c_float,
          ctypes.c_float)
 _declare("ggml_mul_mat", _vp, _vp, _vp, _vp)
+_declare("ggml_mul_mat_id", _vp, _vp, _vp, _vp, _vp)
 _declare("ggml_new_graph", _vp, _vp)
 _declare("ggml_build_forward_expand", None, _vp, _vp)
 _declare("ggml_nbytes", ctypes.c_size_t, _vp)
@@ -52,15 +55,53 @@ _declare("ggml_backend_graph_compute_async", ctypes.c_int, _vp, _vp)
 _declare("ggml_backend_synchronize", None, _vp)
 _declare("ggml_backend_tensor_set", None, _vp, _vp, ctypes.c_size_t, ctypes.c_size_t)
 _declare("ggml_backend_buft_alloc_buffer", _vp, _vp, ctypes.c_size_t)
+_declare("ggml_backend_alloc_ctx_tensors_from_buft", _vp, _vp, _vp)
+_declare("ggml_backend_dev_by_type", _vp, ctypes.c_int)
 _declare("ggml_backend_buffer_get_base", _vp, _vp)
 _declare("ggml_backend_dev_backend_reg", _vp, _vp)
+_declare("ggml_backend_buft_name", ctypes.c_char_p, _vp)
 _declare("ggml_backend_reg_get_proc_address", _vp, _vp, ctypes.c_char_p)
 
 _SET_THREADS = ctypes.CFUNCTYPE(None, _vp, ctypes.c_int)
+_EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(_vp), _vp)
+
+
+class _TensorHead(ctypes.Structure):
+    """``struct ggml_tensor`` (ggml.h of this build) up to ``extra``, which a repacking buffer
+    sets to its kernels for the tensor, or NULL where its layout has none."""
+
+    _fields_ = [("type", ctypes.c_int), ("buffer", _vp), ("ne", ctypes.c_int64 * 4),
+                ("nb", ctypes.c_size_t * 4), ("op", ctypes.c_int),
+                ("op_params", ctypes.c_int32 * 16), ("flags", ctypes.c_int32),
+                ("src", _vp * 10), ("view_src", _vp), ("view_offs", ctypes.c_size_t),
+                ("data", _vp), ("name", ctypes.c_char * 64), ("extra", _vp)]
+
+
+def repack_buffer_type() -> int | None:
+    """The CPU backend's weight-repacking buffer type (``CPU_REPACK``: interleaved blocks that
+    its faster matmul kernels read), or None in a build without one. llama.cpp loads CPU
+    weights into it where no GPU host buffer comes first (a process without a GPU): their
+    matmuls then run those kernels, which a profile must time."""
+    _native.init_backend()
+    cpu = ggml.ggml_backend_dev_by_type(_native.DEV_CPU)
+    reg = ggml.ggml_backend_dev_backend_reg(cpu) if cpu else None
+    fn = ggml.ggml_backend_reg_get_proc_address(reg, b"ggml_backend_dev_get_extra_bufts") \
+        if reg else None
+    if not fn:
+        return None
+    bufts = _EXTRA_BUFTS(fn)(cpu)
+    i = 0
+    while bufts and bufts[i]:
+        name = ggml.ggml_backend_buft_name(bufts[i]) or b""
+        if name == b"CPU_REPACK":
+            return int(bufts[i])
+        i += 1
+    return None
 
 # ggml type ids (ggml.h); Q4_K needs rows that are a multiple of 256
 GGML_TYPES = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q4_K": 12, "Q6_K": 14}
 _F32 = 0
+_I32 = 26
 
 
 @contextmanager
@@ -112,34 +153,97 @@ def _fill(tensor: int, rng: np.random.Generator, ggml_type: str) -> bytes:
 
 def matmul_seconds(
     be: int, ggml_type: str, k: int, n: int, tokens: int, *, reps: int = 3, seed: int = 0,
-    total_bytes: int = 0,
+    total_bytes: int = 0, weights_buft: int | None = None,
 ) -> float:
     """Median seconds of one (K×N weight of ``ggml_type``) × (K×T activations) on ``be``.
 
     The graph multiplies the same activations by several distinct weights whose sizes add up to
     ``total_bytes``: one small matmul would run from the CPU's cache (overstating its bandwidth)
     or be dominated by launch and synchronisation overhead on a GPU. The time is divided back
-    to one weight."""
-    one = ggml_weight_bytes(ggml_type, k, n)
-    m = max(1, min(128, total_bytes // one)) if total_bytes else 1
-    ctx = ggml.ggml_init(_InitParams(64 * 1024 * 1024, None, True))
-    buf = None
-    try:
+    to one weight. ``weights_buft``: the weights in that buffer type (``repack_buffer_type``:
+    as a process without a GPU loads them), where it takes them; else in ``be``'s own."""
+    m = _copies(ggml_weight_bytes(ggml_type, k, n), total_bytes)
+
+    def build(ctx: int, weights: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
         x = ggml.ggml_new_tensor_2d(ctx, _F32, k, tokens)
         graph = ggml.ggml_new_graph(ctx)
-        weights = []
-        for _ in range(m):
-            w = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES[ggml_type], k, n)
-            weights.append(w)
+        for w in weights:
             ggml.ggml_build_forward_expand(graph, ggml.ggml_mul_mat(ctx, w, x))
+        return graph, [(x, b"")]
+
+    return _timed(be, lambda c: ggml.ggml_new_tensor_2d(c, GGML_TYPES[ggml_type], k, n), m,
+                  build, ggml_type, tokens, reps, seed, weights_buft) / m
+
+
+def expert_matmul_seconds(
+    be: int, ggml_type: str, k: int, n: int, n_expert: int, used: int, tokens: int, *,
+    reps: int = 3, seed: int = 0, total_bytes: int = 0, shared_input: bool = True,
+    weights_buft: int | None = None,
+) -> float:
+    """Median seconds of one routed-expert matmul (``ggml_mul_mat_id``): ``tokens`` tokens,
+    each multiplied by ``used`` distinct experts (of ``n_expert`` K×N weights) drawn at
+    random: one input row per token for all its experts (``shared_input``, as llama.cpp
+    multiplies a MoE layer's gate and up experts), or one per expert (its down experts, each
+    reading its own expert's activations). As ``matmul_seconds``, several distinct expert
+    tensors (``total_bytes`` of experts used per token in all) keep it out of the CPU's cache;
+    the time is divided back to one such matmul."""
+    m = _copies(ggml_weight_bytes(ggml_type, k, n) * used, total_bytes)
+
+    def build(ctx: int, experts: list[int]) -> tuple[int, list[tuple[int, bytes]]]:
+        x = ggml.ggml_new_tensor_3d(ctx, _F32, k, 1 if shared_input else used, tokens)
+        ids = ggml.ggml_new_tensor_2d(ctx, _I32, used, tokens)
+        graph = ggml.ggml_new_graph(ctx)
+        for w in experts:
+            ggml.ggml_build_forward_expand(graph, ggml.ggml_mul_mat_id(ctx, w, x, ids))
+        rng = np.random.default_rng(seed + 1)
+        picks = np.stack([rng.choice(n_expert, size=used, replace=False)
+                          for _ in range(tokens)]).astype(np.int32)
+        return graph, [(x, b""), (ids, picks.tobytes())]
+
+    return _timed(be, lambda c: ggml.ggml_new_tensor_3d(c, GGML_TYPES[ggml_type], k, n, n_expert),
+                  m, build, ggml_type, tokens, reps, seed, weights_buft) / m
+
+
+def _copies(one: int, total_bytes: int) -> int:
+    return max(1, min(128, total_bytes // one)) if total_bytes else 1
+
+
+def _timed(be: int, new_weight: Callable[[int], int], m: int,
+           build: Callable[[int, list[int]], tuple[int, list[tuple[int, bytes]]]],
+           ggml_type: str, tokens: int, reps: int, seed: int, weights_buft: int | None) -> float:
+    """Median seconds of the graph ``build`` makes over ``m`` weights from ``new_weight``: the
+    weights in a context of their own (allocated from ``weights_buft`` where every weight's
+    layout is one it takes), the inputs ``build`` names (given bytes, or random F32 for none)
+    and the ops in another, allocated on ``be``."""
+    wctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
+    ctx = ggml.ggml_init(_InitParams(64 * 1024 * 1024, None, True))
+    wbuf = buf = None
+    try:
+        weights = [new_weight(wctx) for _ in range(m)]
+        if weights_buft:
+            wbuf = ggml.ggml_backend_alloc_ctx_tensors_from_buft(wctx, weights_buft)
+            if wbuf and not all(_TensorHead.from_address(w).extra for w in weights):
+                # a layout it has no kernels for: the weights again, in plain memory
+                ggml.ggml_backend_buffer_free(wbuf)
+                wbuf = None
+                ggml.ggml_free(wctx)
+                wctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
+                weights = [new_weight(wctx) for _ in range(m)]
+        if not wbuf:
+            wbuf = ggml.ggml_backend_alloc_ctx_tensors(wctx, be)
+        graph, inputs = build(ctx, weights)
         buf = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
-        if not buf:
+        if not wbuf or not buf:
             raise MemoryError("not enough device memory for the matmul benchmark")
         rng = np.random.default_rng(seed)
         data = _fill(weights[0], rng, ggml_type)
         for w in weights[1:]:  # same bytes, different memory: random data costs time, not speed
             ggml.ggml_backend_tensor_set(w, data, 0, len(data))
-        _fill(x, rng, "F32")
+        for t, given in inputs:
+            if given:
+                ggml.ggml_backend_tensor_set(t, given, 0, len(given))
+            else:
+                _fill(t, rng, "F32")
         # several computes per timing: the Python call and device synchronisation are not part
         # of what a decode step pays per weight
         inner = 8 if tokens <= 64 else 1
@@ -149,11 +253,13 @@ def matmul_seconds(
                 ggml.ggml_backend_graph_compute_async(be, graph)
             _compute(be, graph)
 
-        return _median_time(run, reps) / (m * inner)
+        return _median_time(run, reps) / inner
     finally:
-        if buf:
-            ggml.ggml_backend_buffer_free(buf)
+        for b in (buf, wbuf):
+            if b:
+                ggml.ggml_backend_buffer_free(b)
         ggml.ggml_free(ctx)
+        ggml.ggml_free(wctx)
 
 
 def attention_seconds(
