@@ -304,6 +304,12 @@ def test_stream_rate_is_what_the_prefill_spends_beyond_its_matmuls() -> None:
     # a run faster than the priced matmuls cannot say more than the raw copy rate
     fast = CopyComputeRun(matmul_s / 2, 512, weights, 2)
     assert stream_rate(prof, fast) == prof.h2d_pinned_bps
+    # ... and without a copy rate it is unmeasured (0), never an infinite rate, which a
+    # profile's JSON wrote as null and no planner could read back
+    unknown = prof.model_copy(update={"h2d_pinned_bps": 0.0})
+    assert stream_rate(unknown, fast) == 0.0
+    assert Profile.model_validate_json(unknown.model_copy(
+        update={"stream_pinned_bps": stream_rate(unknown, fast)}).model_dump_json())
     # two probe sizes: the marginal rate, what does not grow with the bytes left out
     fixed_extra = 0.002  # per ubatch, whatever the size
     big_w = {t: 3 * b for t, b in weights.items()}

@@ -334,12 +334,12 @@ def _measure_profile(
     prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
     _add_step_overhead(prof.gpu, gpu=True, threads=threads, problems=problems)
     tick("gpu step overhead")
+    prof.h2d_pinned_bps = pinned  # (the stream rates' ceiling)
+    prof.h2d_pageable_bps = pageable
     prof.stream_pinned_bps = _stream_rate(prof, pinned=True, threads=threads)
     tick("copy-compute pinned")
     prof.stream_mapped_bps = _stream_rate(prof, pinned=False, threads=threads)
     tick("copy-compute mapped")
-    prof.h2d_pinned_bps = pinned
-    prof.h2d_pageable_bps = pageable
     prof.pcie = _nvml_facts().get("pcie", "")
     prof.gpu_fixed_bytes = _nvml_own_vram(gpu.pci_bus_id)
     return prof
@@ -458,8 +458,12 @@ def stream_rate(prof: Profile, run: step_bench.CopyComputeRun,
     if smaller is not None and smaller.n_layers < run.n_layers:
         copy_small, streamed_small = priced(smaller)
         copy_s, streamed = copy_s - copy_small, streamed - streamed_small
-    ceiling = prof.h2d_pinned_bps or float("inf")
-    return ceiling if copy_s <= 0 else min(ceiling, streamed / copy_s)
+    # (no ceiling and no time left over: 0, unmeasured, and the copy rates stand in; an
+    # infinite rate would be written to the profile's JSON as null)
+    ceiling = prof.h2d_pinned_bps
+    if copy_s <= 0:
+        return ceiling
+    return min(ceiling, streamed / copy_s) if ceiling > 0 else streamed / copy_s
 
 
 def cached_before_backend(threads: int | None = None,
