@@ -379,6 +379,17 @@ def test_profile_measured_here_and_cached(tmp_path, monkeypatch) -> None:
     assert again.cpu.matmul_rate == prof.cpu.matmul_rate
 
 
+def test_a_cached_profile_that_does_not_read_back_is_measured_again(tmp_path) -> None:
+    prof = GPU_PROFILE.model_copy(deep=True)
+    path = prof.save(tmp_path)
+    assert Profile.cached(prof.fingerprint, tmp_path) is not None
+    text = path.read_text()
+    path.write_text(text.replace('"stream_pinned_bps": ', '"stream_pinned_bps": null, "x": '))
+    assert Profile.cached(prof.fingerprint, tmp_path) is None  # not a failed start
+    path.write_text("{")
+    assert Profile.cached(prof.fingerprint, tmp_path) is None
+
+
 def test_a_profile_leaves_no_openmp_team_behind() -> None:
     """The measurement's OpenMP workers end with it: libgomp counts every thread's team
     against the CPUs, and a team left behind cut the engine's spin to 100 rounds for the

@@ -12,11 +12,14 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr
+
+log = logging.getLogger("igi_sdk.profile")
 
 # Types without their own measurement borrow the nearest measured kernel family's rate.
 _TYPE_FALLBACK = {
@@ -164,4 +167,13 @@ class Profile(BaseModel):
         probe = cls(fingerprint=fingerprint, cpu=DeviceProfile(name="", kind="cpu",
                                                                matmul_rate={"F16": {1: 1.0}}))
         path = (directory or cache_dir()) / f"{probe.key}.json"
-        return cls.load(path) if path.is_file() else None
+        if not path.is_file():
+            return None
+        try:
+            return cls.load(path)
+        except (ValueError, OSError) as e:  # pydantic's ValidationError is a ValueError
+            # a cache file that does not read back (cut short, or written by a release whose
+            # profile it no longer validates) is measured again, not a failed start
+            log.warning("the cached profile %s does not read back (%s): measuring again",
+                        path.name, str(e).splitlines()[0])
+            return None
