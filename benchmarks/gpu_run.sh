@@ -581,18 +581,27 @@ if [ "$part" = host ]; then
   done
 fi
 if [ "$part" = spec ]; then
-  # speculative decoding's mechanism: decode tok/s vs forced acceptance, a real 0.5B draft of the
-  # target's vocabulary on the GPU, beside upstream --fit expert at the same budget (GB) and the
-  # same turn (1K prompt, 128 tokens at depth 1K); the profile of an earlier run plans it
+  # speculative decoding's mechanism: decode tok/s vs forced acceptance, a synthetic 16-layer
+  # draft (1024 wide, 0.2 GB) of the target's vocabulary on the GPU, beside upstream --fit
+  # expert at the same budget (GB) and the same turn (1K prompt, 128 tokens at depth 1K)
   END=${END:-575}
   m=/tmp/igi-bench/llama3-8b.gguf; d=/tmp/igi-bench/llama3-draft.gguf
   [ -f "$m" ] || python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet | tee "$out/spec.txt"
   python3 -c "from igi_sdk.model import spec_with, write_synthetic_gguf as w; w('$d', spec_with(
     'llama3-8b', n_layers=16, n_embd=1024, n_head=16, n_head_kv=8, n_ff=4096))"
+  # a carried profile of this machine kind, else one measured here (about a minute)
+  sprof=.gpu/profile.json
+  if [ ! -f "$sprof" ]; then
+    sprof=/tmp/igi-bench/profile.json
+    [ -f "$sprof" ] || python3 -c "from igi_sdk.tuning.measure import load_or_measure as m
+open('$sprof', 'w').write(m(threads=$t, fast=True).model_dump_json())" >> "$out/spec.txt" 2>&1
+  fi
+  # SPEC_ALPHAS: the forced acceptance rates (e.g. a real pair's measured α)
   for gb in ${SPEC_BUDGETS:-4 2}; do
     [ $(( END - SECONDS )) -gt 90 ] || { echo "skipped ${gb} GB: no time" | tee -a "$out/spec.txt"; continue; }
     timeout $(( END - SECONDS )) python3 benchmarks/speculative_bench.py --target "$m" --draft "$d" \
-      --profile .gpu/profile.json --budget-gb "$gb" --ctx "${SPEC_CTX:-2048}" --threads "$t" \
+      --profile "$sprof" --budget-gb "$gb" --ctx "${SPEC_CTX:-2048}" --threads "$t" \
+      --alphas "${SPEC_ALPHAS:-0.5,0.6,0.7,0.8,0.9}" \
       --json "$out/spec-${gb}gb.json" 2>&1 | grep -v "^llama_context" | tee -a "$out/spec.txt"
     [ $(( END - SECONDS )) -gt 60 ] && python3 benchmarks/upstream_peers.py --model "$m" \
       --threads "$t" --budgets "$gb" --peers fit-expert --deadline $(( $(date +%s) + END - SECONDS )) \
