@@ -277,6 +277,36 @@ def test_draft_pricing_never_exceeds_the_budget_and_wants_acceptance(priced_pair
     assert chosen  # and pays somewhere at α = 0.9 (a partly CPU-resident target)
 
 
+def test_a_drafting_workload_lets_its_verify_batch_stream(priced_pair) -> None:
+    """The copy-compute threshold's floor is one more than a step's logits rows, so that the
+    rare step of every session never stages a CPU-resident output head; a session's verify
+    batch is no rare step, so with drafts the floor is that batch: where the cost model prices
+    a streamed k + 1-token batch cheaper than the CPU's, the drafting plan streams it."""
+    from igi_sdk.planner.planner import copy_threshold
+
+    plain = Workload(n_ctx=2048, n_outputs=8)
+    assert plain.threshold_floor == 9
+    assert Workload(n_ctx=2048, n_outputs=40, draft_k=4).threshold_floor == 5
+    assert Workload(n_ctx=2048, n_outputs=2, draft_k=4).threshold_floor == 3
+    with pytest.raises(ValueError):
+        Workload(draft_k=-1)
+    target, draft = priced_pair
+    # a machine whose link streams fast: a batch of two tokens already streams cheaper
+    fast = GPU_PROFILE.model_copy(update={"stream_pinned_bps": 1e12, "h2d_pinned_bps": 1e12})
+    assert copy_threshold(target, fast, True, 2) == 2
+    wl = Workload(n_ctx=2048, prompt_tokens=512, gen_tokens=64)
+    k = 4
+    budget = pricing.plan_for(target, fast, 10**12, wl).minimum_bytes \
+        + target.total_bytes() // 2
+    c = pricing.choose(target, draft, fast, budget, k=k, alpha=0.9, wl=wl)
+    spec = c.speculative_plan
+    assert spec is not None and spec.op_offload
+    assert spec.copy_compute_min_batch == k + 1  # the verify streams (it was k + 2)
+    assert c.vram_total <= budget  # a staged output head counted
+    assert EngineConfig(draft_model="d.gguf").drafts_per_step == 4
+    assert EngineConfig().drafts_per_step == 0
+
+
 # ------------------------------------------------------------------------------ command line
 
 

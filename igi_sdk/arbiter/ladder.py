@@ -23,9 +23,10 @@ MIB = 1024 * 1024
 
 
 def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
-                     pin_host: bool = False) -> Workload:
+                     pin_host: bool = False, draft_k: int = 0) -> Workload:
     """What the sidecar's ladder plans for: the turn of ``talking`` NPCs decoding together in a
-    context of ``n_ctx`` (``outputs``: logits rows per decode step, at least ``talking``). Host
+    context of ``n_ctx`` (``outputs``: logits rows per decode step, at least ``talking``;
+    ``draft_k``: drafts a session's verify step carries). Host
     weights stay memory-mapped by default, since the arbiter reloads the model at every reshard
     (pinning them took 3-4 s per 4 GB on the H200 host, mapping them nothing); ``pin_host`` is
     for NPCs that talk together, whose decode steps stream those weights at pinned speed. The
@@ -35,7 +36,7 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
     attention (one V layout: llama.cpp stores V transposed without it)."""
     return Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                     prompt_tokens=typical_prompt(n_ctx), pin_host=pin_host, n_outputs=outputs,
-                    kv_quant=False, flash_attn_only=True)
+                    kv_quant=False, flash_attn_only=True, draft_k=draft_k)
 
 
 # How a budget becomes a rung's plan: the plan for ``budget`` bytes of VRAM in all (None: the CPU

@@ -111,6 +111,9 @@ class Workload:
     # Logits rows one decode step asks for (the runtime's n_outputs_max): one per session, more
     # where a draft's tokens are verified. None: n_seqs.
     n_outputs: int | None = None
+    # Drafted tokens a session's verify step carries (speculative decoding: a draft model or
+    # n-gram proposals), so its batch is draft_k + 1 tokens; 0: none.
+    draft_k: int = 0
     # Only plans with flash attention on (every V cache in one, untransposed layout). A context
     # state is read back only into a cache of the same V layout, so the arbiter's ladder, whose
     # reshards carry the KV bytes between rungs, plans with it (a flash-attention-off rung
@@ -124,11 +127,25 @@ class Workload:
             raise ValueError(f"invalid workload {self}: n_outputs must be at least 1")
         if self.copy_min_batch is not None and self.copy_min_batch < 1:
             raise ValueError(f"invalid workload {self}: copy_min_batch must be at least 1")
+        if self.draft_k < 0:
+            raise ValueError(f"invalid workload {self}: draft_k must not be negative")
 
     @property
     def outputs(self) -> int:
         """Logits rows of one decode step."""
         return max(self.n_outputs or 0, self.n_seqs)
+
+    @property
+    def threshold_floor(self) -> int:
+        """The least copy-compute threshold the planner asks for (``copy_threshold``'s
+        ``at_least``): one more than a decode step's logits rows, so that the rare step of that
+        many sessions never has llama.cpp stage a CPU-resident output head in VRAM; but no more
+        than one session's verify batch where a draft is verified, a step that is not rare: a
+        5-token verify of an 8B at 4 GB on an H200 took 39.5 ms streamed against 51.6 ms for a
+        2-token one computed on the CPU (docs/benchmarks.md), and the cost model prices the
+        streamed one cheaper too. (A staged head's VRAM is counted in the plan either way.)"""
+        floor = self.outputs + 1
+        return min(floor, self.draft_k + 1) if self.draft_k else floor
 
 
 @dataclass
@@ -420,7 +437,7 @@ def _attn_first(
                 n_ubatch=ubatch, op_offload=copy, pinned_host=pinned, gpu_layers=0)
     base = _with_kv(base, kv)
     if copy:
-        threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned, wl.outputs + 1)
+        threshold = wl.copy_min_batch or copy_threshold(inv, prof, pinned, wl.threshold_floor)
         base = base.model_copy(update={"copy_compute_min_batch": threshold})
     if output_first:
         base = base.model_copy(update={"name": base.name.replace("attn-first", "output-first")})

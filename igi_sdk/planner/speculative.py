@@ -161,7 +161,7 @@ def choose(target: ModelInventory, draft: ModelInventory, prof: Profile, budget:
                            f"the draft's {dv.total >> 20} MiB leave the target less than its "
                            "minimum budget")
     # the verify step asks for k + 1 logits rows per session: its output head is sized for them
-    verify_wl = replace(wl, n_outputs=wl.n_seqs * (k + 1))
+    verify_wl = replace(wl, n_outputs=wl.n_seqs * (k + 1), draft_k=k)
     spec = plan_for(target, prof, left, verify_wl).best if on_gpu else plain
     sec = step_seconds(target, spec, draft, prof, ctx, k)
     spec_tps = speculative_tps(alpha, k, verify_s=sec.verify_s, draft_s=sec.draft_s)
@@ -198,7 +198,8 @@ def choose_ngram(target: ModelInventory, prof: Profile, budget: int | None, *,
     ctx = wl.prompt_tokens + wl.gen_tokens // 2
     plain = plan_for(target, prof, budget, wl).best
     plain_s = ubatch_cost(target, plain, prof, 1, ctx).total
-    spec = plan_for(target, prof, budget, replace(wl, n_outputs=wl.n_seqs * (k_max + 1))).best \
+    verify_wl = replace(wl, n_outputs=wl.n_seqs * (k_max + 1), draft_k=k_max)
+    spec = plan_for(target, prof, budget, verify_wl).best \
         if prof.gpu is not None and budget is not None else plain
     best: tuple[float, int, float] | None = None  # (tok/s, k, verify_s)
     for k in range(1, k_max + 1):

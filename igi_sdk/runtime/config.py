@@ -101,8 +101,12 @@ class EngineConfig:
         return self.vision_resident if self.vision_resident is not None else not self.vision_gpu
 
     @property
+    def drafts_per_step(self) -> int:
+        """Drafted tokens a session's verify step carries (0 without drafting)."""
+        return self.speculative.k if (self.draft_model or self.speculative.ngram) else 0
+
+    @property
     def outputs_per_step(self) -> int:
         """Logits rows one step may ask for: one per session, plus the drafts it verifies
         (the planner's ``Workload.n_outputs``)."""
-        drafts = self.draft_model or self.speculative.ngram
-        return self.max_sessions * (1 + (self.speculative.k if drafts else 0))
+        return self.max_sessions * (1 + self.drafts_per_step)

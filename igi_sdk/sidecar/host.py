@@ -282,7 +282,8 @@ class ModelHost:
                                   n_threads=self.cfg.n_threads, profile=prof,
                                   outputs=cfg.outputs_per_step, pin_host=not borrowed,
                                   beside=aside, n_batch=cfg.n_batch,
-                                  talking=self.cfg.talking).best
+                                  talking=self.cfg.talking,
+                                  draft_k=cfg.drafts_per_step).best
 
         plan = planned(beside)
         if not borrowed:
@@ -310,7 +311,8 @@ class ModelHost:
         # at the price of a longer pause at each reshard (the VRAM is freed first either way),
         # unless a vision encoder borrows the model's VRAM at every image turn
         wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking,
-                              pin_host=cfg.talking > 1 and not cfg.vision_borrow)
+                              pin_host=cfg.talking > 1 and not cfg.vision_borrow,
+                              draft_k=cfg.draft_k if beside.draft or cfg.draft_ngram else 0)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect

@@ -127,15 +127,16 @@ def _fill_slack(
 def prepare_backend(inv: ModelInventory, prof: Profile, wl: Workload,
                     budget: int | None = None) -> int | None:
     """Ask llama.cpp, before its backend starts, for the copy-compute threshold the planner
-    chooses for this model, machine and workload: one more than a decode step's logits rows
-    (``wl.outputs``), streamed at ``wl.pin_host`` speed; where ``wl`` has sessions decoding
-    together and ``budget`` is known, the best plan's for that budget, which may be low enough
-    that their decode batch streams its CPU-resident weights (``planner.batch_threshold``).
+    chooses for this model, machine and workload: from ``wl.threshold_floor`` (one more than
+    a decode step's logits rows, or a session's verify batch), streamed at ``wl.pin_host``
+    speed; where ``wl`` has sessions decoding together and ``budget`` is known, the best plan's
+    for that budget, which may be low enough that their decode batch streams its CPU-resident
+    weights (``planner.batch_threshold``).
     Starts nothing; does nothing on a profile without a GPU or once the backend has started.
     Returns the threshold the start will use (None: nothing asked)."""
     if prof.gpu is None or _native.backend_started():
         return None
-    threshold = copy_threshold(inv, prof, wl.pin_host, wl.outputs + 1)
+    threshold = copy_threshold(inv, prof, wl.pin_host, wl.threshold_floor)
     if budget is not None and batch_threshold(inv, prof, wl):
         try:
             best = plan_for(inv, prof, budget, wl).best
@@ -167,6 +168,7 @@ def plan_for_model(
     beside: Beside | None = None,
     n_batch: int = 512,
     talking: int = 1,
+    draft_k: int = 0,
 ) -> PlanResult:
     """The checked plan for a model on this machine: the CPU plan without a GPU; with one,
     :class:`BudgetPlanner`'s for ``budget`` (default: half the GPU's free memory) from
@@ -179,7 +181,7 @@ def plan_for_model(
     outputs = outputs or max_sessions
     wl = Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                   prompt_tokens=typical_prompt(n_ctx), gen_tokens=gen_tokens,
-                  n_outputs=outputs, pin_host=pin_host)
+                  n_outputs=outputs, pin_host=pin_host, draft_k=draft_k)
     if not _native.backend_started():
         # first_gpu() below starts the backend, and so does load_or_measure (its fingerprint
         # lists llama.cpp's devices): the threshold has to be asked for from a profile found
