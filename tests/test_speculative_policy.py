@@ -172,6 +172,34 @@ def test_verify_cost_is_modelled_from_verify_steps_of_other_k() -> None:
     assert fresh.verify_s(4, StepPrior(0.010, 0.001, 0.002)) == pytest.approx(0.028)
 
 
+def test_a_verify_that_streams_is_priced_apart_from_the_ones_on_the_cpu() -> None:
+    """An 8B at 4 GB on an H200 (docs/benchmarks.md): a plain step 34 ms, 2- and 3-token
+    verifies on the CPU 51.6 and 58.3 ms, a 5-token one streamed to the GPU 39.5 ms. Having
+    timed k = 1 and 2, a line through them priced k = 4 at ~80 ms and the session never tried
+    it; priced from the planner's figure for k = 4 (the streamed side), k = 4 is chosen."""
+    plain, draft = 0.034, 0.0006
+    prior = StepPrior.from_verifies(0.0348, (0.0348, 0.0463, 0.0580, 0.0521), 0.0005,
+                                    streams_from=4)
+    costs = StepCosts()
+    for _ in range(6):
+        costs.add_plain(plain, 0.9)
+        costs.add_verify(1, 0.0516, 0.9)
+        costs.add_verify(2, 0.0583, 0.9)
+        costs.add_draft("model", draft, 0.9)
+    # the CPU side is scaled by what the CPU side measured; the streamed side is not
+    assert costs.verify_s(3, prior) > 0.058
+    assert costs.verify_s(4, prior) == pytest.approx(0.0521 * plain / 0.0348)
+    best = costs.best_k(0.69, 4, "model", prior)
+    assert best is not None and best[0] == 4 and best[1] > 1.3
+    # without the per-k figures, the line through k = 1 and 2 keeps k small
+    linear = StepPrior(prior.plain_s, prior.verify_slope_s, prior.draft_s)
+    assert costs.best_k(0.69, 4, "model", linear)[0] < 4  # type: ignore[index]
+    # once k = 4 is measured, its own figure decides
+    for _ in range(3):
+        costs.add_verify(4, 0.0395, 0.9)
+    assert costs.verify_s(4, prior) == pytest.approx(0.0395, rel=0.01)
+
+
 # ------------------------------------------------------------------------------ one α
 
 

@@ -11,8 +11,14 @@ that stops at the first disagreement never tries the drafts after it): it is rep
 A step with ``k`` drafts yields ``E(α, k)`` tokens for ``draft(k) + verify(k)`` seconds, a plain
 step one token for ``plain`` seconds; drafting pays where ``E · plain / (draft + verify) > 1``.
 The seconds come from this plan's measured steps (:class:`StepCosts`), and until they exist from
-the planner's prediction for the plan (:class:`StepPrior`); ``verify(k)`` is modelled as
-``plain + slope · k``, the slope fit from verify steps of any ``k``. Each session's α is
+the planner's prediction for the plan (:class:`StepPrior`). A ``k`` not measured yet is priced
+from the planner's prediction for that very ``k``, scaled by what was measured on the same side
+of the copy-compute threshold: a verify batch that reaches it streams the CPU-held weights to
+the GPU, one that does not computes them on the CPU, and the two cost differently (an 8B at
+4 GB on an H200: 39.5 ms for a streamed 5-token verify, 51.6 ms for a 2-token one on the CPU),
+so no line through the small ``k`` measured predicts the large ones. Without the planner's
+per-``k`` figures, ``verify(k)`` is ``plain + slope · k``, the slope fit from verify steps of
+any ``k``. Each session's α is
 estimated from its own passes (:class:`Acceptance`), shrunk toward an assumed α while it has few.
 
 Hysteresis: a session starts drafting where the gain at its estimated α exceeds 1, and stops only
@@ -41,15 +47,30 @@ NGRAM_STEP_S = 3e-5
 @dataclass(frozen=True)
 class StepPrior:
     """Predicted seconds on this plan (``planner.speculative.step_seconds``): a plain target
-    step, the extra seconds each verified draft token adds to it, one draft-model decode."""
+    step, the extra seconds each verified draft token adds to it, one draft-model decode;
+    ``verify_by_k``: a verify step with k = 1, 2, ... drafts (empty: the slope alone), and
+    ``streams_from`` the least k whose verify batch reaches the copy-compute threshold (0:
+    none does)."""
 
     plain_s: float
     verify_slope_s: float
     draft_s: float
+    verify_by_k: tuple[float, ...] = ()
+    streams_from: int = 0
 
     @classmethod
     def from_steps(cls, plain_s: float, verify_s: float, draft_s: float, k: int) -> StepPrior:
         return cls(plain_s, max(0.0, verify_s - plain_s) / max(k, 1), draft_s)
+
+    @classmethod
+    def from_verifies(cls, plain_s: float, verify_by_k: tuple[float, ...], draft_s: float,
+                      streams_from: int = 0) -> StepPrior:
+        k = len(verify_by_k)
+        slope = max(0.0, verify_by_k[-1] - plain_s) / k if k else 0.0
+        return cls(plain_s, slope, draft_s, verify_by_k, streams_from)
+
+    def streams(self, k: int) -> bool:
+        return 0 < self.streams_from <= k
 
 
 @dataclass
@@ -122,8 +143,21 @@ class StepCosts:
         m = self.verify.get(k)
         if m is not None and m.value is not None and m.count >= 3:
             return m.value  # measured at this very k: no model needed
+        if prior is not None and 0 < k <= len(prior.verify_by_k):
+            return prior.verify_by_k[k - 1] * self._regime_scale(k, prior)
         plain, slope = self.plain_s(prior), self.verify_slope(prior)
         return None if plain is None or slope is None else plain + slope * k
+
+    def _regime_scale(self, k: int, prior: StepPrior) -> float:
+        """Measured ÷ predicted over the verify steps timed on ``k``'s side of the copy-compute
+        threshold (weighted by how often each was timed); the plain step's where none was."""
+        num = den = 0.0
+        for j, m in self.verify.items():
+            if (m.value is not None and 0 < j <= len(prior.verify_by_k)
+                    and prior.streams(j) == prior.streams(k) and prior.verify_by_k[j - 1] > 0):
+                num += m.count * m.value / prior.verify_by_k[j - 1]
+                den += m.count
+        return num / den if den else self._scale(prior)
 
     def draft_cost(self, source: Source, k: int, prior: StepPrior | None) -> float | None:
         """Seconds of drafting ``k`` tokens: ``k`` decodes of the draft model, or one n-gram

@@ -21,8 +21,10 @@ import numpy as np
 
 from igi_sdk.events import DraftFigures
 from igi_sdk.model import ModelInventory, read_inventory
+from igi_sdk.planner.cost import ubatch_cost, uses_copy_compute
 from igi_sdk.planner.plan import Plan
 from igi_sdk.planner.speculative import draft_n_ctx, step_seconds
+from igi_sdk.runtime import _native
 from igi_sdk.runtime.config import EngineConfig
 from igi_sdk.runtime.draft_policy import (
     SOURCES,
@@ -118,9 +120,17 @@ class Drafting:
             self.prior = None
             return
         k = self.config.speculative.k
-        sec = step_seconds(target[0], target[1], self._draft_inventory, prof,
-                           min(self.config.n_ctx, 1024) // 2, k)
-        self.prior = StepPrior.from_steps(sec.plain_s, sec.verify_s, sec.draft_s, k)
+        ctx = min(self.config.n_ctx, 1024) // 2
+        plan = target[1]
+        if plan.op_offload and prof.gpu is not None:  # priced as llama.cpp runs it
+            plan = plan.model_copy(update={
+                "copy_compute_min_batch": _native.copy_compute_threshold_in_effect()})
+        sec = step_seconds(target[0], plan, self._draft_inventory, prof, ctx, k)
+        verify = tuple(ubatch_cost(target[0], plan, prof, j + 1, ctx).total
+                       for j in range(1, k + 1))
+        streams_from = next((j for j in range(1, k + 1) if uses_copy_compute(plan, prof, j + 1)),
+                            0)
+        self.prior = StepPrior.from_verifies(sec.plain_s, verify, sec.draft_s, streams_from)
 
     def _draft_per_plain(self) -> float | None:
         """A draft decode ÷ a plain target step where both read their weights on the CPU: the
