@@ -474,6 +474,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if dev.layer_overhead_s or dev.step_overhead_s:
             print(f"  decode step overhead: {dev.layer_overhead_s * 1e6:.1f} us per layer, "
                   f"{dev.step_overhead_s * 1e6:.1f} us per step")
+        if dev.expert_scale:
+            print("  routed experts (one token) at " + ", ".join(
+                f"{k} {v:.2f}" for k, v in sorted(dev.expert_scale.items()))
+                + " of the Q4_0 rate")
     if prof.gpu is not None:
         print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
               f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s (copy-compute streams "

@@ -208,7 +208,8 @@ def _plausible_profile(threads: int) -> Profile:
 
     rates = {"F16": {1: 20e9, 64: 5e9, 512: 1e9}, "Q4_0": {1: 10e9, 64: 3e9, 512: 0.5e9}}
     cpu = DeviceProfile(name="cpu", kind="cpu", threads=threads, matmul_rate=rates,
-                        layer_overhead_s=20e-6, step_overhead_s=50e-6)
+                        layer_overhead_s=20e-6, step_overhead_s=50e-6,
+                        expert_scale={"gate_up": 0.92, "down": 0.79})
     return Profile(fingerprint=measure.fingerprint(threads), cpu=cpu)
 
 
@@ -245,6 +246,7 @@ def test_profile_is_measured_once_then_cached_and_refresh_measures_again(
     assert cli.main(["profile", "--fast"]) == 0
     first = capsys.readouterr()
     assert len(calls) == 1 and "measured now" in first.out
+    assert "routed experts (one token) at down 0.79, gate_up 0.92" in first.out
     assert "profiling" in first.err and "50%" in first.err  # progress while it measures
     assert cli.main(["profile", "--fast"]) == 0
     second = capsys.readouterr()
