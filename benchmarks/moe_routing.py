@@ -33,6 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from igi_sdk.model import read_inventory
 from igi_sdk.runtime._native import ggml, init_backend
+from igi_sdk.runtime.ggml_bench import TensorHead
 
 ggml.ggml_get_name.restype = ctypes.c_char_p
 ggml.ggml_get_name.argtypes = [ctypes.c_void_p]
@@ -43,13 +44,6 @@ ggml.ggml_backend_tensor_get.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctype
                                          ctypes.c_size_t]
 
 PREFIX = b"ffn_moe_topk-"
-
-
-class _TensorHead(ctypes.Structure):
-    """The start of ``struct ggml_tensor`` (ggml.h): its type, buffer, shape and strides."""
-
-    _fields_ = [("type", ctypes.c_int), ("buffer", ctypes.c_void_p),
-                ("ne", ctypes.c_int64 * 4), ("nb", ctypes.c_size_t * 4)]
 
 
 class Router:
@@ -67,7 +61,7 @@ class Router:
         if ask:
             return True
         # a view of the router's argsort: k ids at the start of each token's row of E
-        head = _TensorHead.from_address(t)
+        head = TensorHead.from_address(t)
         n = ggml.ggml_nbytes(t)
         buf = np.zeros((n + head.nb[1] - 1) // 4 + 1, dtype=np.int32)
         ggml.ggml_backend_tensor_get(t, buf.ctypes.data, 0, n)

@@ -390,6 +390,31 @@ def test_a_cached_profile_that_does_not_read_back_is_measured_again(tmp_path) ->
     assert Profile.cached(prof.fingerprint, tmp_path) is None
 
 
+def test_cpu_weights_are_timed_in_the_layout_llama_cpp_loads_them_in() -> None:
+    """Without a GPU llama.cpp repacks Q4_0/Q4_K CPU weights for faster kernels; the profile
+    times them so (its fingerprint says which), and a type it does not repack (Q4_1) is timed
+    in plain memory instead of failing."""
+    from igi_sdk.runtime import ggml_bench
+    from igi_sdk.runtime.devices import list_devices
+    from igi_sdk.tuning.measure import cpu_weights_repacked, fingerprint
+
+    has_gpu = any(d.is_gpu for d in list_devices())
+    repack = ggml_bench.repack_buffer_type()
+    assert fingerprint(2)["cpu_weights"] == (
+        "repacked" if cpu_weights_repacked(has_gpu) else "plain")
+    if repack is None:
+        pytest.skip("this llama.cpp build has no CPU weight repacking")
+    assert cpu_weights_repacked(False)
+    cpu = next(d for d in list_devices() if d.kind == "cpu")
+    with ggml_bench.backend(cpu.index, 1) as be:
+        for ty in ("Q4_0", "Q4_1"):
+            s = ggml_bench.matmul_seconds(be, ty, 256, 256, 1, reps=1, weights_buft=repack)
+            assert 0 < s < 1.0, ty
+        s = ggml_bench.expert_matmul_seconds(be, "Q4_0", 256, 96, 16, 8, 1, reps=1,
+                                             shared_input=False, weights_buft=repack)
+        assert 0 < s < 1.0
+
+
 def test_a_profile_leaves_no_openmp_team_behind() -> None:
     """The measurement's OpenMP workers end with it: libgomp counts every thread's team
     against the CPUs, and a team left behind cut the engine's spin to 100 rounds for the

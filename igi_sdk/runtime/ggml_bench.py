@@ -66,7 +66,7 @@ _SET_THREADS = ctypes.CFUNCTYPE(None, _vp, ctypes.c_int)
 _EXTRA_BUFTS = ctypes.CFUNCTYPE(ctypes.POINTER(_vp), _vp)
 
 
-class _TensorHead(ctypes.Structure):
+class TensorHead(ctypes.Structure):
     """``struct ggml_tensor`` (ggml.h of this build) up to ``extra``, which a repacking buffer
     sets to its kernels for the tensor, or NULL where its layout has none."""
 
@@ -222,7 +222,7 @@ def _timed(be: int, new_weight: Callable[[int], int], m: int,
         weights = [new_weight(wctx) for _ in range(m)]
         if weights_buft:
             wbuf = ggml.ggml_backend_alloc_ctx_tensors_from_buft(wctx, weights_buft)
-            if wbuf and not all(_TensorHead.from_address(w).extra for w in weights):
+            if wbuf and not all(TensorHead.from_address(w).extra for w in weights):
                 # a layout it has no kernels for: the weights again, in plain memory
                 ggml.ggml_backend_buffer_free(wbuf)
                 wbuf = None

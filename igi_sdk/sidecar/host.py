@@ -225,7 +225,8 @@ class ModelHost:
         room: EncoderRoom | None = None
         # under the arbiter a vram_budget is a cap (at most that, less when the game needs
         # it); without one it fixes the placement
-        setup = self._arbiter_setup(path, inventory, request, settings, beside)
+        setup = self._arbiter_setup(path, inventory, request, settings, beside,
+                                    cfg.drafts_per_step)
         if setup is not None:  # start on the rung the budget allows now
             plan = self._starting_rung(*setup).plan
             # the CPU rung stays open beside a GPU one: a reshard gives the GPU back at once
@@ -293,11 +294,12 @@ class ModelHost:
         return plan, EncoderRoom.always(small, fallback=plan)
 
     def _arbiter_setup(self, path: Path, inventory: ModelInventory, request: P.LoadModel,
-                       settings: ContextSettings, beside: Beside,
+                       settings: ContextSettings, beside: Beside, draft_k: int = 0,
                        ) -> tuple[PlanLadder, ScriptedTrace | None, int | None] | None:
         """(plan ladder, trace or None, VRAM cap or None) when this sidecar arbitrates VRAM,
         else None. ``settings``: the context the engine runs (the ladder's dry runs use it);
-        ``beside``: what a draft model or a vision encoder on the GPU adds to every GPU rung.
+        ``beside``: what a draft model or a vision encoder on the GPU adds to every GPU rung;
+        ``draft_k``: drafts a session's verify step carries (``EngineConfig.drafts_per_step``).
         The cap is the least of ``serve --vram`` and the request's ``vram_budget``."""
         from igi_sdk.runtime.nvml import nvml
 
@@ -312,7 +314,7 @@ class ModelHost:
         # unless a vision encoder borrows the model's VRAM at every image turn
         wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking,
                               pin_host=cfg.talking > 1 and not cfg.vision_borrow,
-                              draft_k=cfg.draft_k if beside.draft or cfg.draft_ngram else 0)
+                              draft_k=draft_k)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
