@@ -7,7 +7,8 @@ in one run (A B A B ...), so a shared, loaded host weighs on both alike.
 
 ``engine``: the engine in this process (no sockets: its own cost); ``llama``: ``Llama.generate``
 at temperature 0 (its greedy sampler), each token's text detokenized as the engine does;
-``sidecar``: ``igi-sdk serve`` in a process of its own, streamed to this one over IPC. libgomp
+``sidecar``: ``igi-sdk serve`` in a process of its own, streamed to this one over IPC (as
+shipped; ``sidecar-each``: ``--stream-every-ms 0``, each token's text sent as it comes). libgomp
 reads its wait once, when it loads: this process has igi_sdk's default (or the one in the
 environment), and the sidecar is started with the same (``--wait``). libgomp cuts its spin to
 100 rounds while its teams hold more threads than there are CPUs: ``engine`` and ``llama`` in
@@ -31,7 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Protocol
 
@@ -104,27 +105,34 @@ class EnginePeer:
 
 
 class SidecarPeer:
-    def __init__(self, path: Path, a: argparse.Namespace) -> None:
+    def __init__(self, path: Path, a: argparse.Namespace, stream_every_ms: float | None = None
+                 ) -> None:
         endpoint = f"ipc://{tempfile.mkdtemp(prefix='igi-peer-')}/s.sock"
         cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
                "--threads", str(a.threads), "--ctx", str(a.ctx), "--max-sessions",
                str(a.sessions), "--wait", a.wait, "--no-arbiter"]
+        if stream_every_ms is not None:
+            cmd += ["--stream-every-ms", str(stream_every_ms)]
         self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         self.c = Client(endpoint, timeout=60)
         self.c.wait_ready(180)
         self.tokens: list[int] = []
         self.settings: list[dict[str, object]] = []
+        self.pieces: list[int] = []  # text pieces each reply came in
 
     def run(self, n: int) -> float:
-        stamps = [time.perf_counter()
-                  for _ in self.c.complete(PROMPT, max_tokens=n, sampling={"temperature": 0,
-                                                                           "repeat_penalty": 1})]
+        stream = self.c.complete(PROMPT, max_tokens=n, sampling={"temperature": 0,
+                                                                 "repeat_penalty": 1})
+        stamps = [time.perf_counter() for _ in stream]
+        # a piece may carry several tokens (serve --stream-every-ms); the first carries one
+        tokens = int((stream.done or {})["usage"]["completion_tokens"])
         # the thread setting it ran at, and why (the host's load it read)
         threads = self.c.stats().get("engine", {}).get("threads", {})
         self.settings.append({k: threads.get(k) for k in ("setting", "ceiling", "other_cores",
                                                           "other_runnable", "switches")})
-        return _rate(stamps)
+        self.pieces.append(len(stamps))
+        return (tokens - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0
 
     def close(self) -> None:
         self.c.close()
@@ -172,11 +180,17 @@ def main() -> int:
                     help="seconds between rows: the sidecar reads the host's load over a "
                          "one-second window and runs fewer threads while another process "
                          "works, so a row right after the peer's would run beside its shadow")
+    ap.add_argument("--stream-every-ms", type=float, default=None,
+                    help="the sidecar row's serve --stream-every-ms (default: serve's own)")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     path = default_model_path()
     modes = a.modes.split(",")
-    make = {"engine": EnginePeer, "llama": LlamaPeer, "sidecar": SidecarPeer}
+    make: dict[str, Callable[[Path, argparse.Namespace], Row]] = {
+        "engine": EnginePeer, "llama": LlamaPeer,
+        "sidecar": lambda p, a: SidecarPeer(p, a, stream_every_ms=a.stream_every_ms),
+        # the sidecar sending every token's text as it comes (serve --stream-every-ms 0)
+        "sidecar-each": lambda p, a: SidecarPeer(p, a, stream_every_ms=0)}
     peers = {m: make[m](path, a) for m in modes}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
     load0 = os.getloadavg()[0]
@@ -195,8 +209,10 @@ def main() -> int:
         "args": vars(a), "wait_env": {k: os.environ.get(k) for k in
                                       ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
         "tok_s": rates, "median_tok_s": {m: statistics.median(v) for m, v in rates.items()}}
-    if "sidecar" in peers:
-        out["sidecar_threads"] = peers["sidecar"].settings  # type: ignore[union-attr]
+    for m in ("sidecar", "sidecar-each"):
+        if m in peers:
+            out[f"{m}_threads"] = peers[m].settings  # type: ignore[attr-defined]
+            out[f"{m}_pieces"] = peers[m].pieces  # type: ignore[attr-defined]
     if "llama" in rates:
         out["ratio_to_llama"] = {
             m: round(statistics.median(x / y for x, y in zip(v, rates["llama"], strict=True)), 3)

@@ -1,10 +1,10 @@
 """Where a streamed token's CPU time goes: the sidecar's threads and the client's process.
 
     python benchmarks/sidecar_thread_cpu.py [--threads 2] [--replies 4] [--tokens 256]
-        [--wait spin] [--json out.json]
+        [--wait spin] [--stream-every-ms MS] [--json out.json]
 
 Starts ``igi-sdk serve`` with the default model, streams ``--replies`` greedy replies of
-``--tokens`` tokens through ``igi_sdk.client.Client`` and reads, per token event, every sidecar
+``--tokens`` tokens through ``igi_sdk.client.Client`` and reads, per token, every sidecar
 thread's CPU time (``/proc/PID/task/TID/stat``), the time it spent runnable but waiting for a
 CPU (``schedstat``) and its context switches, and the client process's own CPU time (the CPU
 times count in clock ticks: a few hundred tokens make them readable). On a
@@ -58,12 +58,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--replies", type=int, default=4)
     ap.add_argument("--tokens", type=int, default=256)
     ap.add_argument("--wait", choices=("auto", "spin", "sleep"), default="spin")
+    ap.add_argument("--stream-every-ms", type=float, default=None,
+                    help="serve's --stream-every-ms (default: serve's own)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='igi-cpu-')}/s.sock"
+    every = [] if a.stream_every_ms is None else ["--stream-every-ms", str(a.stream_every_ms)]
     proc = subprocess.Popen([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
                              "--threads", str(a.threads), "--max-sessions", "1", "--wait", a.wait,
-                             "--no-arbiter"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                             "--no-arbiter", *every],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = Client(endpoint, timeout=60)
     try:
         client.wait_ready(180)
@@ -71,10 +75,11 @@ def main(argv: list[str] | None = None) -> int:
             pass  # warm-up: graphs, allocators
         before, mine0, t0 = _threads(proc.pid), resource.getrusage(resource.RUSAGE_SELF), \
             time.perf_counter()
-        events = 0
+        events = pieces = 0  # tokens, and the text pieces they came in
         for _ in range(a.replies):
-            for _piece in client.complete(PROMPT, max_tokens=a.tokens, sampling=GREEDY):
-                events += 1
+            stream = client.complete(PROMPT, max_tokens=a.tokens, sampling=GREEDY)
+            pieces += sum(1 for _piece in stream)
+            events += int((stream.done or {})["usage"]["completion_tokens"])
         wall = time.perf_counter() - t0
         after, mine1 = _threads(proc.pid), resource.getrusage(resource.RUSAGE_SELF)
     finally:
@@ -92,8 +97,8 @@ def main(argv: list[str] | None = None) -> int:
     rows.sort(key=lambda r: -r["cpu_ms"])
     client_cpu = (mine1.ru_utime + mine1.ru_stime - mine0.ru_utime - mine0.ru_stime)
     out = {"machine": f"{os.cpu_count()} CPUs", "args": {k: str(v) for k, v in vars(a).items()},
-           "events": events, "events_per_s": round(events / wall, 1),
-           "wall_ms_per_event": round(wall * 1e3 / events, 3), "sidecar_threads": rows,
+           "tokens": events, "pieces": pieces, "tokens_per_s": round(events / wall, 1),
+           "wall_ms_per_token": round(wall * 1e3 / events, 3), "sidecar_threads": rows,
            "client_cpu_ms": round(client_cpu * 1e3 / events, 3),
            "client_switches": round((mine1.ru_nvcsw + mine1.ru_nivcsw - mine0.ru_nvcsw
                                      - mine0.ru_nivcsw) / events, 2)}

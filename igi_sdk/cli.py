@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from igi_sdk.serving.server import Server
     from igi_sdk.upstream import UpstreamConfig
 
+# one frame at 60 fps: a reader that shows text once a frame gets it as soon (serve's default)
+STREAM_EVERY_MS = 16.0
 DEFAULT_PERSONA = (
     "You are Brom, the blacksmith of the village of Oakvale. You are gruff but kind, proud of "
     "your swords, and you speak to travellers in one or two short sentences, always in character."
@@ -674,6 +676,8 @@ def cmd_serve(args: argparse.Namespace) -> int:
 
     if not 0.0 <= args.reading_tps < float("inf"):  # NaN fails it too
         raise UsageError(f"--reading-tps is tokens a second, 0 or more (got {args.reading_tps})")
+    if not 0.0 <= args.stream_every_ms <= 1000.0:
+        raise UsageError(f"--stream-every-ms is 0 to 1000 ms (got {args.stream_every_ms})")
     if not 1 <= args.talking <= args.max_sessions:
         raise UsageError(f"--talking is NPCs talking at once, 1 to --max-sessions "
                          f"({args.max_sessions}); got {args.talking}")
@@ -736,7 +740,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         profile=Path(args.profile) if args.profile else None,
         grow_hold_s=args.grow_hold, standby=not args.no_standby,
         max_step_s=args.max_step_ms / 1000,
-        reading_tps=args.reading_tps,
+        reading_tps=args.reading_tps, stream_every_s=args.stream_every_ms / 1000,
         prefill_chunk=args.prefill_chunk,
         draft_model=Path(args.draft) if args.draft else None, draft_k=args.draft_k,
         draft_ngram=args.draft_ngram, exact_verify=args.exact_verify,
@@ -1234,6 +1238,11 @@ def build_parser() -> argparse.ArgumentParser:
                          "reads the waiting prompts in longer steps (up to 1 s); 0, a waiting "
                          "prompt of lower priority than a talker, or a paced game keeps steps "
                          "at --max-step-ms")
+    sv.add_argument("--stream-every-ms", type=float, default=STREAM_EVERY_MS,
+                    help="a reply's text made sooner than this after its last piece was sent "
+                         "goes with the next piece (at most this late): fewer wake-ups of the "
+                         "game's and the sidecar's threads; a game that shows text once a "
+                         "frame sees no difference. 0 = every token as it comes")
     sv.add_argument("--prefill-chunk", type=int, default=0,
                     help="read prompts in fixed chunks of this many tokens instead (0 = by "
                          "--max-step-ms): seeded replies then repeat exactly run to run")

@@ -111,6 +111,20 @@ def test_unpriced_drafting_that_loses_is_switched_off_and_reprobed_rarely() -> N
     assert not a.drafting or ks[-1] > 0
 
 
+@pytest.mark.parametrize("seed", range(3))
+def test_a_draft_that_never_matches_stops_where_a_verify_costs_about_a_plain_step(
+        seed: int) -> None:
+    """A streamed verify (an 8B at 4 GB on an H200) cost about a plain step, so a draft pays
+    from α ≈ 0.035. The assumed α's four pseudo-trials kept their weight while the record
+    decayed to ~33 trials: an unrelated draft (α 0) was still estimated at 0.08, optimistic
+    0.12, and drafted all 400 steps. The assumption now ages with the record."""
+    times = {"plain": 0.0376, "slope": 0.03 * 0.0376, "draft": 0.0002}
+    ks, a = _run(times, 0.0, steps=400, seed=seed, prior=_prior(times))
+    assert a.accepted == 0
+    assert 0 in ks[:128] and ks.index(0) < 100  # off within the first reply's 128 steps
+    assert sum(k > 0 for k in ks) <= 0.5 * len(ks)  # re-probes: a share of the steps
+
+
 def test_one_stalled_plain_step_does_not_keep_a_losing_draft_on() -> None:
     """No plain step is timed while drafting, so the plain mean is what it was when drafting
     began. One plain step stalled 50× (another process took the core) priced every verify

@@ -66,6 +66,12 @@ class EngineConfig:
     # "auto" where a llama_decode call only queues the device's work (a model wholly on the
     # GPU), "on" everywhere (the same replies, nothing gained where the call computes), "off"
     launch_ahead: LaunchAhead = "auto"
+    # a reply's text made sooner than this after its last piece went waits to go with the
+    # next one (never past this long, nor past a step or a wait that would outlast it): a
+    # reader that shows text once a frame sees no difference, and each piece it saves is a
+    # wake-up of the threads between the engine and the reader (on a busy CPU, time out of
+    # a decode step). 0 = every token's text as it comes
+    stream_every_s: float = 0.0
     # speculative decoding: a draft GGUF with the model's vocabulary (None: no drafting)
     draft_model: str | None = None
     speculative: SpeculativeConfig = field(default_factory=SpeculativeConfig)

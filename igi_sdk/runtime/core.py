@@ -360,7 +360,7 @@ class EngineCore:
                     self._hand_out()  # nothing to decode: what is held goes now
                     command: C.Command | None = self._commands.get()
                 elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
-                    self._hand_out()
+                    self._hand_out(next_look_s=pace)
                     command = self._commands.get(timeout=pace)
                 else:
                     command = self._commands.get_nowait()
@@ -369,7 +369,8 @@ class EngineCore:
             self._taken = command  # answered when the thread ends before it ran
             if command is not None:
                 self._read_in_flight()  # no command meets a decode in flight
-                self._hand_out()  # a command may take a while: what is held goes first
+                # a command may take a while: what is held goes first
+                self._hand_out(next_look_s=float("inf"))
             while command is not None:
                 if isinstance(command, C.Shutdown):
                     self._dispatch(command)
@@ -896,7 +897,8 @@ class EngineCore:
             return job  # nothing to fold, or dropped without a summary (no room for one)
         handle = Generation(c.session_id, reply=c.reply,
                             outbox=self._outbox if c.streamed else None,
-                            interrupt=self._abort.arm, held=self._unsent)
+                            interrupt=self._abort.arm, held=self._unsent,
+                            stream_every_s=self.config.stream_every_s)
         turn = memory_turn.turn(s, handle, job, self._turn_counter + 1)
         turn.chain = self._make_chain(turn)
         self._turn_counter += 1
@@ -1042,7 +1044,8 @@ class EngineCore:
             handle = (resume.handle if resume is not None and resume.handle is not None
                       else Generation(sid, reply=reply,
                                       outbox=self._outbox if streamed else None,
-                                      interrupt=self._abort.arm, held=self._unsent))
+                                      interrupt=self._abort.arm, held=self._unsent,
+                                      stream_every_s=self.config.stream_every_s))
             turn = Turn(
                 session=s, handle=handle, feed=feed, prompt_text=full, prompt_tokens=n_prompt,
                 max_tokens=max_tokens, stop=stop, grammar=grammar, start_tokens=len(s.tokens),
@@ -1179,8 +1182,11 @@ class EngineCore:
         # right after the call, while the device computes; one that computes in the call (the
         # CPU's work) takes them before it, so that no text waits for a whole step
         queued = self._decode_call_s < 0.5 * self._decode_step_s
+        # text waiting for a later piece goes now if this step outlasts its wait: one that
+        # reads a prompt chunk takes about its target, a decode step about the last one
+        reads_prompt = any(take > 1 for _, take, _ in fed)
         if not queued:
-            self._hand_out()
+            self._hand_out(next_look_s=step_s if reads_prompt else None)
         self._launched = True
         t0 = time.perf_counter()
         rc = llama_cpp.llama_decode(self._ctx, self._batch)
@@ -1228,6 +1234,11 @@ class EngineCore:
             if idx >= 0 and (tok := self._pick(t, idx)) is not None:
                 picks.append((t, tok))
         self._decode_step_s = time.perf_counter() - t0
+        if all(take == 1 for _t, take, _ in fed):
+            # drafting weighs a step's whole cost, its picks too: a verify pass reads and
+            # walks k + 1 logits rows where a plain step reads one, which the decode call's
+            # time alone left out (on an H200, passes of 45 ms against verify calls of 39)
+            self._drafting.time_step(drafts, self._decode_step_s)
         if launch and not drafts and self._foreseen(fed, picks):
             self._launch_ahead(picks)
         for t, tok in picks:
@@ -1309,14 +1320,21 @@ class EngineCore:
         self.step_stats["reclaimed"] += gone
         return gone > 0
 
-    def _hand_out(self) -> None:
+    def _hand_out(self, next_look_s: float | None = None) -> None:
         """Hand out the reply events held since the last llama_decode (``Generation.held``):
         text, calls and ends made after a step's logits were read go with the next decode, in
         order: right after its call where the call only queues the GPU's work, else right
         before it. Woken while the engine prepared that step, the threads that deliver them
         contended with it for the GIL (on the 2-core CPU the engine's own time a token fell
         by 0.02-0.05 ms of 0.19-0.25), and on a GPU the device waits out the whole of that
-        preparation; now they run while it computes."""
+        preparation; now they run while it computes. ``next_look_s``: how long until the
+        engine hands out again (None: about a decode step), so that text waiting for a later
+        piece (``EngineConfig.stream_every_s``) goes now if it would be due before then."""
+        if self.config.stream_every_s > 0:  # text that would wait past its time goes first
+            by = time.monotonic() + (self._decode_step_s if next_look_s is None
+                                     else next_look_s)
+            for t in self._active_turns():
+                t.handle.release_text(by)
         unsent = self._unsent  # the list every Generation of this engine holds: kept
         for send in unsent:
             send()
@@ -1363,7 +1381,6 @@ class EngineCore:
         self._watch_crowd(len(fed))
         if not drafts:
             self._decode_s = scheduler.learn_decode(self._decode_s, seconds)
-        self._drafting.time_step(drafts, seconds)
 
     def _watch_crowd(self, decoding: int) -> None:
         crowd = self.crowd.observe(decoding)

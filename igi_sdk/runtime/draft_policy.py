@@ -225,6 +225,11 @@ class Acceptance:
     tokens: int = 0  # tokens the verify passes yielded
     successes: float = 0.0  # decayed
     trials: float = 0.0  # decayed
+    # the assumed α's weight, in trials: pseudo-passes older than every real one, so decayed
+    # as they are. Held fixed, it outweighed a decayed record for good: a draft that never
+    # matched (α 0) was still estimated at 0.08 (optimistic 0.12) after any number of passes,
+    # enough to keep drafting where a streamed verify costs about a plain step
+    prior_trials: float = PRIOR_TRIALS
     drafting: bool = False
     plain_steps: int = 0  # steps decoded without drafting since it was switched off
     k: int = 0  # the k chosen last
@@ -242,6 +247,7 @@ class Acceptance:
         self.tokens += yielded
         self.successes = decay * self.successes + kept
         self.trials = decay * self.trials + kept + (1 if failed else 0)
+        self.prior_trials *= decay
 
     @property
     def alpha(self) -> float | None:
@@ -252,8 +258,8 @@ class Acceptance:
     def estimate(self, assumed: float) -> tuple[float, float]:
         """(estimated α, an optimistic α one standard error above it) from the decayed
         evidence, shrunk toward ``assumed``."""
-        n = self.trials + PRIOR_TRIALS
-        mean = (self.successes + PRIOR_TRIALS * assumed) / n
+        n = self.trials + self.prior_trials
+        mean = (self.successes + self.prior_trials * assumed) / n
         return mean, min(1.0, mean + math.sqrt(mean * (1 - mean) / n))
 
 
@@ -306,6 +312,8 @@ def choose_k(a: Acceptance, costs: StepCosts, prior: StepPrior | None, policy: P
     if a.plain_steps >= policy.reprobe_after and a.trials > 0:
         # an old verdict weighs less: the estimate drifts back toward the assumed α
         a.successes, a.trials, a.plain_steps = a.successes / 2, a.trials / 2, 0
+        # and the assumed α twice as much as before beside it (up to its first weight)
+        a.prior_trials = min(PRIOR_TRIALS, 2 * a.prior_trials)
         mean, _ = a.estimate(assumed)
         at_mean = costs.best_k(mean, k_cap, source, prior)
         assert at_mean is not None

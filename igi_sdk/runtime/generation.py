@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import queue
 import threading
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -74,6 +75,13 @@ class Generation:
     # work, else before it), so the threads they wake run while the device computes, not
     # while the engine prepares the step (None: handed out at once)
     held: list[Callable[[], None]] | None = field(default=None, repr=False)
+    # text made sooner than this after the last piece sent waits to go with the next one
+    # (EngineConfig.stream_every_s): each piece wakes the threads between the engine and
+    # the reader, and on a busy CPU each wake-up is taken out of a decode step
+    stream_every_s: float = 0.0
+    _unsent_text: list[str] = field(default_factory=list, repr=False)
+    _unsent_logprobs: list[TokenLogprob] = field(default_factory=list, repr=False)
+    _text_due: float = field(default=float("-inf"), repr=False)  # monotonic
 
     def cancel(self) -> None:
         """Stop at the next decode step; text produced so far stays in the conversation."""
@@ -109,8 +117,27 @@ class Generation:
     # --- engine side ------------------------------------------------------------------------
 
     def _emit(self, text: str, logprobs: tuple[TokenLogprob, ...] = ()) -> None:
-        if text:
-            self._send(functools.partial(self._emit_now, text, logprobs))
+        if not text:
+            return
+        self._unsent_text.append(text)
+        self._unsent_logprobs.extend(logprobs)
+        now = time.monotonic()
+        if now >= self._text_due:
+            self._send_text(now)
+
+    def release_text(self, by: float) -> None:
+        """Send the text waiting to go with a later piece if it would be due before ``by``
+        (monotonic: when the engine can next look), so none waits past its time for a long
+        step or an idle engine; ``by`` = inf sends it whatever its time."""
+        if self._unsent_text and by >= self._text_due:
+            self._send_text(time.monotonic())
+
+    def _send_text(self, now: float) -> None:
+        text, logprobs = "".join(self._unsent_text), tuple(self._unsent_logprobs)
+        self._unsent_text.clear()
+        self._unsent_logprobs.clear()
+        self._text_due = now + self.stream_every_s
+        self._send(functools.partial(self._emit_now, text, logprobs))
 
     def _emit_now(self, text: str, logprobs: tuple[TokenLogprob, ...]) -> None:
         self._events.put(text)
@@ -119,6 +146,7 @@ class Generation:
 
     def _emit_call(self, call: ToolCall) -> None:
         """A complete call: to listeners only (iterating a handle yields text)."""
+        self.release_text(float("inf"))  # the text before the call goes first
         if self.outbox is not None:
             self._send(functools.partial(self.outbox.post, ReplyToolCall(self.reply, call)))
 
@@ -129,6 +157,7 @@ class Generation:
             self.held.append(event)
 
     def _finish(self, result: GenerationResult) -> None:
+        self.release_text(float("inf"))
         self._send(functools.partial(self._finish_now, result))
 
     def _finish_now(self, result: GenerationResult) -> None:
@@ -139,6 +168,7 @@ class Generation:
             self.outbox.post(ReplyDone(self.reply, result))
 
     def _fail(self, error: IgiError | BaseException) -> None:
+        self.release_text(float("inf"))
         self._send(functools.partial(self._fail_now, error))
 
     def _fail_now(self, error: IgiError | BaseException) -> None:

@@ -95,6 +95,7 @@ class HostConfig:
     standby: bool = True
     max_step_s: float = 0.05  # one engine step's target duration (prompt chunking)
     reading_tps: float = 8.0  # the pace talking NPCs stay ahead of while others wait to start
+    stream_every_s: float = 0.0  # EngineConfig.stream_every_s
     prefill_chunk: int = 0  # fixed prompt tokens per step instead: reproducible replies
     # speculative decoding: a draft GGUF of the models' tokenizer, loaded with every model
     # (a model of another vocabulary is then refused: DraftMismatchError)
@@ -197,6 +198,7 @@ class ModelHost:
                            talking=self.cfg.talking,
                            n_threads=self.cfg.n_threads, max_step_s=self.cfg.max_step_s,
                            reading_tps=self.cfg.reading_tps,
+                           stream_every_s=self.cfg.stream_every_s,
                            thread_wait=self.cfg.thread_wait,
                            adapt_threads=self.cfg.adapt_threads,
                            prefill_chunk=self.cfg.prefill_chunk,
