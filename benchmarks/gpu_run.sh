@@ -505,9 +505,12 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
       [ "${SHIPPED_SPIN:-0}" = 1 ] && spin_rows shipped -- --models qwen3-30b-a3b --budgets 4 \
         --cases 1024:1152
       up --model "$moe_m" --budgets 4 --peers ${MOE_PEERS:-fit-expert,ncmoe-best} --tag shipped
-      # PEER_T=N: the expert again at N threads (ours runs at most nproc - 1: the game's core)
+      # PEER_T=N: the expert again at N threads (ours runs at most nproc - 1: the game's core);
+      # OURS_T=N: ours again at a fixed N threads
       [ -n "${PEER_T:-}" ] && up --model "$moe_m" --budgets 4 --peers fit-expert \
         --tag "shipped-t$PEER_T" --threads "$PEER_T"
+      [ -n "${OURS_T:-}" ] && row "shipped-t$OURS_T" -- --models qwen3-30b-a3b --budgets 4 \
+        --cases 1024:1152 --threads "$OURS_T"
     fi
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
       row shipped -- --models llama3-8b --budgets "$gb" --cases 1024:1152

@@ -217,7 +217,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
                           draft_model=args.draft,
                           speculative=_spec_config(args),  # type: ignore[arg-type]
                           exact_verify=args.exact_verify, mmproj=args.mmproj,
-                          vision_gpu=args.vision_gpu)
+                          vision_gpu=args.vision_gpu,
+                          # a terminal shows it no sooner; each piece printed wakes this thread
+                          stream_every_s=STREAM_EVERY_MS / 1000)
     with _Progress(f"loading {path.name}", eager=args.progress,
                    bar=True if args.progress else None) as progress:
         engine = Engine(path, plan, config, progress=progress)  # type: ignore[arg-type]
