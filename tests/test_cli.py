@@ -123,6 +123,13 @@ def test_serve_refuses_a_missing_model_before_listening(tmp_path) -> None:
     assert r.returncode == 2 and "model_not_found" in r.stderr and "listening" not in r.stderr
 
 
+@pytest.mark.parametrize("bad", ["-1", "nan", "5000"])
+def test_serve_refuses_a_stream_window_past_a_second(tmp_path, bad: str) -> None:
+    r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--stream-every-ms", bad)
+    assert r.returncode == 2 and "--stream-every-ms" in r.stderr, r.stderr
+    assert "listening" not in r.stderr and "[internal]" not in r.stderr
+
+
 @pytest.mark.parametrize("bad", ["-1", "nan", "inf"])
 def test_serve_refuses_a_reading_pace_that_is_not_a_rate(tmp_path, bad: str) -> None:
     r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", "--reading-tps", bad)

@@ -57,3 +57,38 @@ def test_a_wait_longer_than_the_window_sends_the_text_before_it(tiny_llama) -> N
             eng.set_pacing(0.1)
             got[every] = _pieces(eng, 6)
     assert got[0.0] == got[0.15] and len(got[0.0][0]) > 2
+
+
+def test_the_sidecar_sends_a_frames_text_as_one_token_event(tmp_path_factory, tiny_llama) -> None:
+    """The real sidecar (``serve --stream-every-ms``): a long window sends the first token's
+    text alone and the rest with the reply's end; every token's text goes as it comes with 0.
+    The events stay numbered 1, 2, ... and join to the reply's text."""
+    import shutil
+
+    from igi_sdk.client import Client, SidecarUnavailable
+    from tests.sidecars import start_sidecar, stop
+
+    models = tmp_path_factory.mktemp("models")
+    shutil.copy(tiny_llama, models / "tiny.gguf")
+    got = {}
+    for every in ("0", "1000"):
+        endpoint = f"ipc://{tmp_path_factory.mktemp('ipc') / 's.sock'}"  # a short path
+        proc = start_sidecar(models, endpoint, "--model", "tiny.gguf",
+                             "--stream-every-ms", every)
+        c = Client(endpoint, timeout=60)
+        try:
+            try:
+                c.wait_ready(60)
+            except SidecarUnavailable:  # say why: the sidecar's own words
+                stop(proc)
+                raise AssertionError(proc.stderr.read()) from None
+            sid = c.open_session("x", sampling={"temperature": 0.0, "seed": 1})
+            stream = c.chat(sid, "go on forever", max_tokens=32, stop=[])
+            pieces = list(stream)
+            assert stream.done is not None and "".join(pieces) == stream.done["text"]
+            got[every] = pieces
+        finally:
+            c.close()
+            stop(proc)
+    assert "".join(got["0"]) == "".join(got["1000"])  # the same greedy reply
+    assert len(got["0"]) > 2 and len(got["1000"]) == 2 and got["1000"][0] == got["0"][0]
