@@ -357,7 +357,8 @@ class EngineCore:
             active = self._placed is not None and bool(self._active_turns())
             try:
                 if not active:
-                    self._hand_out()  # nothing to decode: what is held goes now
+                    # nothing to decode (or no placement to decode on): what is held goes now
+                    self._hand_out(next_look_s=float("inf"))
                     command: C.Command | None = self._commands.get()
                 elif (pace := self._pace()) > 0:  # paced: wait, but answer commands meanwhile
                     self._hand_out(next_look_s=pace)
