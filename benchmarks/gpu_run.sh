@@ -511,6 +511,12 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
         --tag "shipped-t$PEER_T" --threads "$PEER_T"
       [ -n "${OURS_T:-}" ] && row "shipped-t$OURS_T" -- --models qwen3-30b-a3b --budgets 4 \
         --cases 1024:1152 --threads "$OURS_T"
+      # MOE_REPS=N: N more rounds of ours and the best peer alternating (tagged rep1..repN): one
+      # configuration's MoE decode spread 38-43 tok/s within a call, as wide as the gap
+      for r in $(seq 1 "${MOE_REPS:-0}"); do
+        row "rep$r" -- --models qwen3-30b-a3b --budgets 4 --cases 1024:1152
+        up --model "$moe_m" --budgets 4 --peers "${MOE_REP_PEER:-fit-expert}" --tag "rep$r"
+      done
     fi
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
       row shipped -- --models llama3-8b --budgets "$gb" --cases 1024:1152
