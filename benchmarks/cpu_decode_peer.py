@@ -8,7 +8,8 @@ in one run (A B A B ...), so a shared, loaded host weighs on both alike.
 ``engine``: the engine in this process (no sockets: its own cost); ``llama``: ``Llama.generate``
 at temperature 0 (its greedy sampler), each token's text detokenized as the engine does;
 ``sidecar``: ``igi-sdk serve`` in a process of its own, streamed to this one over IPC (as
-shipped; ``sidecar-each``: ``--stream-every-ms 0``, each token's text sent as it comes). libgomp
+shipped; ``sidecar-each``: ``--stream-every-ms 0``, each token's text sent as it comes;
+``sidecar-base``: the sidecar of another checkout, ``--base-tree``, for a change's A/B). libgomp
 reads its wait once, when it loads: this process has igi_sdk's default (or the one in the
 environment), and the sidecar is started with the same (``--wait``). libgomp cuts its spin to
 100 rounds while its teams hold more threads than there are CPUs: ``engine`` and ``llama`` in
@@ -105,15 +106,16 @@ class EnginePeer:
 
 
 class SidecarPeer:
-    def __init__(self, path: Path, a: argparse.Namespace, stream_every_ms: float | None = None
-                 ) -> None:
+    def __init__(self, path: Path, a: argparse.Namespace, stream_every_ms: float | None = None,
+                 tree: Path = REPO) -> None:
         endpoint = f"ipc://{tempfile.mkdtemp(prefix='igi-peer-')}/s.sock"
         cmd = [sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
                "--threads", str(a.threads), "--ctx", str(a.ctx), "--max-sessions",
                str(a.sessions), "--wait", a.wait, "--no-arbiter"]
         if stream_every_ms is not None:
             cmd += ["--stream-every-ms", str(stream_every_ms)]
-        self.proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL,
+        # ``-m`` puts the working directory first on the path: the tree's igi_sdk runs
+        self.proc = subprocess.Popen(cmd, cwd=tree, stdout=subprocess.DEVNULL,
                                      stderr=subprocess.DEVNULL)
         self.c = Client(endpoint, timeout=60)
         self.c.wait_ready(180)
@@ -182,6 +184,9 @@ def main() -> int:
                          "works, so a row right after the peer's would run beside its shadow")
     ap.add_argument("--stream-every-ms", type=float, default=None,
                     help="the sidecar row's serve --stream-every-ms (default: serve's own)")
+    ap.add_argument("--base-tree", type=Path, default=None,
+                    help="another checkout (git worktree add DIR REV) whose sidecar runs as "
+                         "the sidecar-base row, as shipped there")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     path = default_model_path()
@@ -190,7 +195,9 @@ def main() -> int:
         "engine": EnginePeer, "llama": LlamaPeer,
         "sidecar": lambda p, a: SidecarPeer(p, a, stream_every_ms=a.stream_every_ms),
         # the sidecar sending every token's text as it comes (serve --stream-every-ms 0)
-        "sidecar-each": lambda p, a: SidecarPeer(p, a, stream_every_ms=0)}
+        "sidecar-each": lambda p, a: SidecarPeer(p, a, stream_every_ms=0),
+        # another checkout's sidecar (--base-tree), as shipped there: a change A/B in one run
+        "sidecar-base": lambda p, a: SidecarPeer(p, a, tree=a.base_tree)}
     peers = {m: make[m](path, a) for m in modes}
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(a.busy)]
     load0 = os.getloadavg()[0]
@@ -206,10 +213,11 @@ def main() -> int:
     out: dict[str, object] = {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {load0:.2f} at start, "
                    f"{os.getloadavg()[0]:.2f} at end",
-        "args": vars(a), "wait_env": {k: os.environ.get(k) for k in
+        "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(a).items()},
+        "wait_env": {k: os.environ.get(k) for k in
                                       ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")},
         "tok_s": rates, "median_tok_s": {m: statistics.median(v) for m, v in rates.items()}}
-    for m in ("sidecar", "sidecar-each"):
+    for m in ("sidecar", "sidecar-each", "sidecar-base"):
         if m in peers:
             out[f"{m}_threads"] = peers[m].settings  # type: ignore[attr-defined]
             out[f"{m}_pieces"] = peers[m].pieces  # type: ignore[attr-defined]

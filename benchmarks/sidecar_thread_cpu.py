@@ -60,6 +60,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--wait", choices=("auto", "spin", "sleep"), default="spin")
     ap.add_argument("--stream-every-ms", type=float, default=None,
                     help="serve's --stream-every-ms (default: serve's own)")
+    ap.add_argument("--tree", type=Path, default=Path(__file__).resolve().parent.parent,
+                    help="the checkout whose sidecar runs (git worktree add DIR REV: a "
+                         "change's A/B)")
     ap.add_argument("--json", type=Path)
     a = ap.parse_args(argv)
     endpoint = f"ipc://{tempfile.mkdtemp(prefix='igi-cpu-')}/s.sock"
@@ -67,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
     proc = subprocess.Popen([sys.executable, "-m", "igi_sdk.cli", "serve", "--endpoint", endpoint,
                              "--threads", str(a.threads), "--max-sessions", "1", "--wait", a.wait,
                              "--no-arbiter", *every],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                            cwd=a.tree, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     client = Client(endpoint, timeout=60)
     try:
         client.wait_ready(180)

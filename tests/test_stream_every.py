@@ -46,17 +46,79 @@ def test_text_faster_than_the_window_goes_in_fewer_pieces_and_none_is_lost(tiny_
     assert joined[0] == each[0] and len(joined) == 2
 
 
-def test_a_wait_longer_than_the_window_sends_the_text_before_it(tiny_llama) -> None:
-    """A paced engine waits 0.1 s between steps: text that would be due within the wait (a
-    0.15 s window) goes before it, not with the next token, so every token's text goes as it
-    comes."""
+def _sizes(joined: list[str], each: list[str]) -> list[int]:
+    """How many of ``each``'s pieces (one a token) every piece of ``joined`` holds."""
+    sizes, k = [], 0
+    for piece in joined:
+        start, acc = k, ""
+        while acc != piece:
+            acc += each[k]
+            k += 1
+        sizes.append(k - start)
+    assert k == len(each)
+    return sizes
+
+
+def test_a_wait_that_would_outlast_the_window_sends_the_text_before_it(tiny_llama) -> None:
+    """A paced engine waits 0.1 s between steps; with a 0.15 s window the second token's text
+    would be due in the wait after the third: the two go before that wait, not with the
+    fourth (which would hold the second's 0.2 s). No piece holds more than two tokens (a
+    stalled step only sends text sooner: the test_a_piece_goes_... rule coalesces)."""
     got = {}
     for every in (0.0, 0.15):
         with Engine(tiny_llama, Plan.all_cpu(), EngineConfig(
                 n_ctx=512, max_sessions=1, n_threads=1, stream_every_s=every)) as eng:
             eng.set_pacing(0.1)
             got[every] = _pieces(eng, 6)
-    assert got[0.0] == got[0.15] and len(got[0.0][0]) > 2
+    each, joined = got[0.0][0], got[0.15][0]
+    assert got[0.0][1:] == got[0.15][1:] and "".join(each) == "".join(joined)
+    sizes = _sizes(joined, each)
+    assert sizes[0] == 1 and max(sizes) <= 2, sizes
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+
+def _stream(every: float, step: float, tokens: int, monkeypatch) -> list[tuple[float, int]]:
+    """When each piece went and how many tokens it held, for ``tokens`` tokens made ``step``
+    apart and handed out as the engine does (each step's text before the next step)."""
+    from igi_sdk.runtime import generation
+
+    clock = _Clock()
+    monkeypatch.setattr(generation, "time", clock)
+    gen = generation.Generation("s", stream_every_s=every)
+    sent: list[tuple[float, int]] = []
+    for k in range(tokens):
+        gen._emit(f"{k} ")
+        gen.release_text(clock.now + step)  # the engine's look before its next step
+        while not gen._events.empty():
+            sent.append((clock.now, len(gen._events.get().split())))
+        clock.now += step
+    return sent
+
+
+def test_a_piece_goes_when_its_oldest_text_would_overstay_the_window(monkeypatch) -> None:
+    """6.3 ms a token, a 16 ms window: the first token at once, then three a piece (each
+    piece 18.9 ms after the last), and no token's text waits as long as the window."""
+    sent = _stream(0.016, 0.0063, 31, monkeypatch)
+    assert [n for _, n in sent] == [1] + [3] * 10
+    made = [100.0 + 0.0063 * k for k in range(31)]
+    waits, k = [], 0
+    for at, n in sent:
+        waits += [at - made[j] for j in range(k, k + n)]
+        k += n
+    assert max(waits) < 0.016
+
+
+def test_text_slower_than_the_window_goes_token_by_token(monkeypatch) -> None:
+    sent = _stream(0.016, 0.020, 5, monkeypatch)
+    assert [n for _, n in sent] == [1] * 5
+    assert [n for _, n in _stream(0.0, 0.0063, 5, monkeypatch)] == [1] * 5
 
 
 def test_the_sidecar_sends_a_frames_text_as_one_token_event(tmp_path_factory, tiny_llama) -> None:
