@@ -308,3 +308,33 @@ def test_a_count_the_load_forced_down_comes_back_when_the_load_eases() -> None:
     run(ctl, 5, free=2, rng=rng)
     assert ctl.observe_load(busy) == Setting(1, Wait.SPIN)  # one sample is not enough
     assert ctl.observe_load(busy) == Setting(2, Wait.SPIN)
+
+
+class _LooksEveryStep(ThreadController):
+    """The controller without its backoff memo: it asks for a candidate on every step past
+    ``probe_every``, as the memo must behave."""
+
+    def observe_step(self, kind: int, seconds: float) -> Setting:
+        self._backed_off_until = 0
+        return super().observe_step(kind, seconds)
+
+
+def test_a_controller_that_remembers_its_backoffs_probes_at_the_same_steps() -> None:
+    """Every candidate backing off, the controller stops looking for one on each step until the
+    first is due; loads that move the ceiling (a new candidate) and the setting mid-way must
+    not delay a probe: the settings step by step equal those of one that looks every step."""
+    seen = {}
+    for cls in (ThreadController, _LooksEveryStep):
+        rng = random.Random(11)
+        ctl = cls(ControlConfig(max_threads=4, cpus=4))
+        trace: list[Setting] = []
+        # cores lost and found seen only in step times (a probe wins: the setting moves),
+        # then loads that move the ceiling
+        for free, load in ((4, None), (2, None), (4, None), (2, 2.0), (2, 2.0), (4, 0.05),
+                           (4, 0.05), (3, None)):
+            if load is not None:
+                ctl.observe_load(HostLoad(4, load))
+            trace += run(ctl, 3000, free=free, rng=rng)
+        seen[cls] = (trace, ctl.probes)
+    assert seen[ThreadController] == seen[_LooksEveryStep]
+    assert seen[ThreadController][1] > 10  # probes ran, and lost (backoffs grew)

@@ -1371,14 +1371,15 @@ class EngineCore:
         self._vision_idle()  # the embeddings are in the KV cache: the encoder can go
 
     def _time_step(self, fed: Fed, drafts: dict[int, Proposal], seconds: float) -> None:
-        self.threads.after_step(self._batch.n_tokens, seconds,
-                                decode=all(take == 1 for _t, take, _ in fed))
+        decoding = sum(1 for _t, take, _ in fed if take == 1)
+        decode = decoding == len(fed)  # no prompt chunk rode along: a decode step's time
+        n_tokens = self._batch.n_tokens
+        self.threads.after_step(n_tokens, seconds, decode=decode)
         if not drafts:
-            decoding = sum(1 for _t, take, _ in fed if take == 1)
-            self._token_s = scheduler.learn_speed(self._token_s, self._batch.n_tokens, seconds,
+            self._token_s = scheduler.learn_speed(self._token_s, n_tokens, seconds,
                                                   decoding=decoding, decode_s=self._decode_s)
-        if any(take != 1 for _t, take, _ in fed):
-            return  # a prompt chunk rode along: not a decode step's time
+        if not decode:
+            return
         self._watch_crowd(len(fed))
         if not drafts:
             self._decode_s = scheduler.learn_decode(self._decode_s, seconds)

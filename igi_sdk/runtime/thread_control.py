@@ -192,6 +192,10 @@ class ThreadController:
         self._since_probe = 0
         self._backoff: dict[Setting, int] = {}  # multiplier of probe_every per candidate
         self._next_candidate = 0
+        # no candidate is due before this many steps since the last probe, while the setting
+        # and the ceiling are these (the backoffs change only as a probe ends, or are reset)
+        self._backed_off_until = 0
+        self._backed_off_for: tuple[Setting, int] | None = None
         self._bad_steps = 0
         self._samples = 0
         self._starved_cap: int | None = None  # threads the OS actually gave us, lately
@@ -251,7 +255,9 @@ class ThreadController:
         if self._probe is not None:
             self._probe_step(kind, seconds)
             return self.setting
-        arm = self._arms.setdefault(self._current, _Arm())
+        arm = self._arms.get(self._current)
+        if arm is None:
+            arm = self._arms[self._current] = _Arm()
         best = arm.best.get(kind)
         arm.add(kind, seconds)
         self._since_probe += 1
@@ -260,8 +266,18 @@ class ThreadController:
         if self._bad_steps >= 2:  # this setting stopped paying: look for another now
             self._bad_steps = 0
             self._start_probe(self._safer(self._current))
-        elif self._since_probe >= self.config.probe_every:
-            self._start_probe(self._next_alternative())
+        elif self._since_probe >= self.config.probe_every and (
+                self._since_probe >= self._backed_off_until
+                or self._backed_off_for != (self._current, self._ceiling)):
+            cand = self._next_alternative()
+            if cand is None:  # every candidate backs off: none is due before the first one
+                # (found once, not on every decode step until then: each step's own host
+                # work comes out of a decode on a CPU whose cores all run llama.cpp)
+                self._backed_off_for = (self._current, self._ceiling)
+                self._backed_off_until = min(
+                    (self.config.probe_every * self._backoff.get(c, 1)
+                     for c in self._candidates()), default=1 << 62)
+            self._start_probe(cand)
         return self.setting
 
     def status(self) -> ControlStatus:
@@ -345,6 +361,7 @@ class ThreadController:
     def _reset_exploration(self) -> None:
         """New conditions: what lost before may pay now."""
         self._backoff.clear()
+        self._backed_off_until = 0
         self._since_probe = 0
         for arm in self._arms.values():  # times under the old load say little now
             arm.best.clear()
@@ -419,6 +436,7 @@ class ThreadController:
         losing = bool(p.ratios) and p.ratios[-1] > 1.0 + 4 * self.config.margin
         if p.left > 0 and not losing:
             return
+        self._backed_off_until = 0  # the backoffs change now
         ratios = sorted(p.ratios)
         score = ratios[len(ratios) // 2] if ratios else 1.0
         if score < 1.0 - self.config.margin:
