@@ -583,10 +583,19 @@ if [ "$part" = host ]; then
   for p in llama3-8b ${HOST_MODELS:-}; do
     hm=/tmp/igi-bench/$p.gguf
     [ -f "$hm" ] || timeout 300 python3 benchmarks/make_synthetic.py "$p" "$hm" --quiet
-    timeout 280 python3 benchmarks/host_overhead.py --model "$hm" --ngl 99 --threads $(( t - 1 )) \
-      --ctx 4096 --tokens 128 --rounds "${HOST_ROUNDS:-5}" \
+    # HOST_ONE=0: without the one-sequence rows (engine and llama-bench included)
+    [ "${HOST_ONE:-1}" = 1 ] && timeout 280 python3 benchmarks/host_overhead.py --model "$hm" \
+      --ngl 99 --threads $(( t - 1 )) --ctx 4096 --tokens 128 --rounds "${HOST_ROUNDS:-5}" \
       --llama-bench /tmp/lcpp/build/bin/llama-bench --json "$out/host-$p.json" 2>&1 \
       | tee -a "$out/host.txt"
+    # HOST_SEQS="1 4 16": the llama.cpp rows with that many sequences decoding together (many
+    # NPCs: every step reads and picks N logits rows)
+    for n in ${HOST_SEQS:-}; do
+      timeout 200 python3 benchmarks/host_overhead.py --model "$hm" --ngl 99 \
+        --threads $(( t - 1 )) --ctx 4096 --tokens 128 --rounds "${HOST_ROUNDS:-5}" --seqs "$n" \
+        --modes decode,argmax,sampler,backend --json "$out/host-$p-seqs$n.json" 2>&1 \
+        | tee -a "$out/host.txt"
+    done
   done
 fi
 if [ "$part" = spec ]; then

@@ -2,7 +2,7 @@
 the same context and attention, rows alternating round by round (A B C A B C ...):
 
     python benchmarks/host_overhead.py [--model PATH] [--ngl 99] [--threads 2] [--ctx 4096]
-        [--tokens 128] [--rounds 5]
+        [--tokens 128] [--rounds 5] [--seqs 1]
         [--modes decode,argmax,sampler,backend,engine,engine-in-turn]
         [--llama-bench PATH] [--json out.json]
 
@@ -18,6 +18,9 @@ shipped (``launch_ahead`` "auto": the next step queued before a token is taken w
 decode call only queues the device's work); ``engine-in-turn``: the same engine with
 ``launch_ahead`` "off" (each step prepared after the last one's token was taken).
 ``--llama-bench``: upstream's binary at the same settings, its ``tg`` rate (no sampling).
+``--seqs N``: the llama.cpp rows decode N sequences together (each its own copy of the prompt,
+one token each a step, every step's N logits rows read and picked, as many NPCs talking at
+once), and their figures are per step; the engine rows are not run then.
 
 Prints each round's ms per token, the medians, and each row's median excess over ``decode``
 (same round): the host's share of a token. The greedy tokens of ``argmax``, ``sampler``,
@@ -54,65 +57,86 @@ LOW_LEVEL = ("decode", "argmax", "sampler", "backend")
 
 
 class Native:
-    """One llama.cpp context on the shared model, driven token by token from Python."""
+    """One llama.cpp context on the shared model, driven step by step from Python: ``seqs``
+    sequences, each its own copy of the prompt, decoding one token each per step."""
 
     def __init__(self, model: L.llama_model_p, mode: str, a: argparse.Namespace,
                  prompt: list[int]) -> None:
-        self.mode, self.prompt = mode, prompt
+        self.mode, self.prompt, self.seqs = mode, prompt, a.seqs
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
         cp = L.llama_context_default_params()
         cp.n_ctx, cp.n_batch, cp.n_ubatch = a.ctx, 512, 512
+        cp.n_seq_max = self.seqs
         cp.n_threads = cp.n_threads_batch = a.threads
         cp.flash_attn_type = 1  # on
         cp.no_perf = True
-        self.chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
-        L.llama_sampler_chain_add(self.chain, L.llama_sampler_init_greedy())
+        # one greedy chain per sequence: llama.cpp's backend sampling keeps a chain's graph
+        # state per sequence
+        self.chains = []
+        for _ in range(self.seqs):
+            chain = L.llama_sampler_chain_init(L.llama_sampler_chain_default_params())
+            L.llama_sampler_chain_add(chain, L.llama_sampler_init_greedy())
+            self.chains.append(chain)
         if mode == "backend":
-            self._cfg = (L.llama_sampler_seq_config * 1)()
-            self._cfg[0].seq_id = 0
-            self._cfg[0].sampler = ctypes.cast(self.chain, ctypes.c_void_p)
-            cp.samplers, cp.n_samplers = self._cfg, 1
+            self._cfg = (L.llama_sampler_seq_config * self.seqs)()
+            for s, chain in enumerate(self.chains):
+                self._cfg[s].seq_id = s
+                self._cfg[s].sampler = ctypes.cast(chain, ctypes.c_void_p)
+            cp.samplers, cp.n_samplers = self._cfg, self.seqs
         self.ctx = L.llama_init_from_model(model, cp)
         if not self.ctx:
             raise RuntimeError(f"{mode}: no context")
-        self.one = (L.llama_token * 1)()
+        self.batch = L.llama_batch_init(max(len(prompt), self.seqs), 0, 1)
         self.tokens: list[int] = []
 
-    def _decode(self, toks: list[int]) -> None:
-        arr = (L.llama_token * len(toks))(*toks)
-        if L.llama_decode(self.ctx, L.llama_batch_get_one(arr, len(toks))) != 0:
+    def _decode(self, toks: list[int], seqs: list[int], pos0: list[int], last_only: bool
+                ) -> None:
+        b = self.batch
+        for i, (tok, seq, pos) in enumerate(zip(toks, seqs, pos0, strict=True)):
+            b.token[i], b.pos[i], b.n_seq_id[i] = tok, pos, 1
+            b.seq_id[i][0] = seq
+            b.logits[i] = 0 if last_only and i < len(toks) - 1 else 1
+        b.n_tokens = len(toks)
+        if L.llama_decode(self.ctx, b) != 0:
             raise RuntimeError(f"{self.mode}: llama_decode failed")
 
-    def _pick(self) -> int:
+    def _pick(self, i: int, seq: int) -> int:
         if self.mode == "backend":
-            return int(L.llama_get_sampled_token_ith(self.ctx, -1))
+            return int(L.llama_get_sampled_token_ith(self.ctx, i))
         if self.mode == "sampler":
-            return int(L.llama_sampler_sample(self.chain, self.ctx, -1))
-        row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, -1), (self.n_vocab,))
+            return int(L.llama_sampler_sample(self.chains[seq], self.ctx, i))
+        row = np.ctypeslib.as_array(L.llama_get_logits_ith(self.ctx, i), (self.n_vocab,))
         return int(row.argmax())
 
     def run(self, n: int) -> float:
+        """Milliseconds a step (a token of each sequence) over ``n - 1`` steps."""
         L.llama_memory_clear(L.llama_get_memory(self.ctx), True)
-        self._decode(self.prompt)
-        tok = self._pick()
-        out = [tok]
+        p = len(self.prompt)
+        toks = []
+        for s in range(self.seqs):
+            self._decode(self.prompt, [s] * p, list(range(p)), last_only=True)
+            toks.append(self._pick(-1, s))
+        out = [toks[0]]
+        every = list(range(self.seqs))
         t0 = time.perf_counter()
-        for _ in range(n - 1):
-            self._decode([tok])
+        for k in range(n - 1):
+            self._decode(toks, every, [p + k] * self.seqs, last_only=False)
             if self.mode == "decode":
                 L.llama_synchronize(self.ctx)  # as llama-bench waits for each token
-                tok = self.prompt[-1]
+                toks = [self.prompt[-1]] * self.seqs
             else:
-                tok = self._pick()
-            out.append(tok)
+                toks = [self._pick(i, i) for i in every]
+            out.append(toks[0])
         dt = time.perf_counter() - t0
         self.tokens = out if self.mode != "decode" else []
         return dt / (n - 1) * 1000
 
     def close(self) -> None:
+        L.llama_batch_free(self.batch)
         L.llama_free(self.ctx)
-        L.llama_sampler_free(self.chain)
+        for chain in self.chains:
+            L.llama_sampler_free(chain)
 
 
 class EngineRow(EnginePeer):
@@ -148,11 +172,15 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", default="decode,argmax,sampler,backend,engine,engine-in-turn")
+    ap.add_argument("--seqs", type=int, default=1,
+                    help="sequences decoding together (the llama.cpp rows; figures per step)")
     ap.add_argument("--llama-bench", default="")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
     path = a.model or default_model_path()
     modes = a.modes.split(",")
+    if a.seqs > 1 and any(m.startswith("engine") for m in modes):
+        raise SystemExit("--seqs > 1: the llama.cpp rows only (decode, argmax, sampler, backend)")
     init_backend()  # as the engine starts llama.cpp (its log goes to the SDK's logger)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = a.ngl
