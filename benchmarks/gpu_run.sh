@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | shipped | busy | host | all
+#         vlm | bundle | npcs | shipped | busy | host | moe-placement | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -574,6 +574,31 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_du
     kill $(jobs -p) 2>/dev/null
   fi
   echo "done at $SECONDS s"
+fi
+if [ "$part" = moe-placement ]; then
+  # the MoE at 4 GB, ours against upstream at the same placement: llama-bench's decode (128
+  # tokens at depth 1024) with -ncmoe 42 (the first 42 layers' experts in host memory: the
+  # planner's placement of that budget, six layers of experts on the GPU) beside the expert's
+  # -ncmoe 44, and ours as shipped (planner_bench), PLACE_REPS rounds alternating: whether the
+  # gap is the placement or the runtime that drives it
+  END=${END:-570}
+  moe_m=/tmp/igi-bench/qwen3-30b-a3b.gguf; lb=/tmp/lcpp/build/bin/llama-bench
+  [ -f "$moe_m" ] || timeout 300 python3 benchmarks/make_synthetic.py qwen3-30b-a3b "$moe_m" --quiet
+  [ -f /tmp/igi-bench/profile.json ] \
+    || cp "${PLACE_PROFILE:-benchmarks/results/h200-profile-16t-2026-11-30-p.json}" \
+      /tmp/igi-bench/profile.json
+  for r in $(seq 1 "${PLACE_REPS:-3}"); do
+    # PLACE_REPACK="1,0": upstream with its extra CPU buffer types on (its default) and off
+    [ $(( END - SECONDS )) -gt 60 ] || break
+    timeout 150 "$lb" -m "$moe_m" -ngl 99 -ncmoe 44,42 --repack "${PLACE_REPACK:-1}" -lm none \
+      -fa on -ub 2048 -p 0 -n 128 -d 1024 -r 1 -t "$t" -o jsonl 2>/dev/null \
+      | tee -a "$out/moe-placement-lb.jsonl"
+    [ $(( END - SECONDS )) -gt 70 ] || break
+    python3 benchmarks/planner_bench.py --threads 0 --timeout 120 \
+      --json "$out/moe-placement.json" --profile /tmp/igi-bench/profile.json \
+      --strategies ours --tag "rep$r" --models qwen3-30b-a3b --budgets 4 --cases 1024:1152 \
+      2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/moe-placement.txt"
+  done
 fi
 if [ "$part" = host ]; then
   # host: where an all-GPU decode step's time goes outside the model's compute
