@@ -79,3 +79,29 @@ def test_a_plan_whose_predicted_costs_cannot_pay_never_drafts(default_model) -> 
         stats = eng.status()["speculative"]
     assert stats["predicted_step_s"] is not None
     assert stats["drafted"] == 0 and stats["step_s"]["plain"] is not None
+
+
+def test_a_verify_pass_is_timed_with_its_picks(default_model, monkeypatch) -> None:
+    """A verify pass reads and walks k + 1 logits rows where a plain step reads one: its cost
+    (what drafting weighs against a plain step) is timed from its llama_decode call to its
+    last pick, not the call alone. Picks made 30 ms slower show in every verify mean."""
+    import time
+
+    from igi_sdk.runtime import drafting
+
+    real = drafting.Drafting.verify
+
+    def slow(self, *a, **kw):  # type: ignore[no-untyped-def]
+        time.sleep(0.03)
+        return real(self, *a, **kw)
+
+    monkeypatch.setattr(drafting.Drafting, "verify", slow)
+    cfg = EngineConfig(n_ctx=1024, max_sessions=1, n_threads=2, prefill_chunk=64,
+                       speculative=SpeculativeConfig(k=4, ngram=True, adaptive=False))
+    with Engine(default_model, Plan.all_cpu(), cfg) as eng:
+        sid = eng.open_session(SYSTEM, sampling=GREEDY)
+        eng.chat(sid, LINE, max_tokens=32, ignore_eos=True).result(timeout=120)
+        core = eng._core
+        means = eng._call(lambda: {k: m.value for k, m in
+                                   core._drafting.costs.verify.items()})
+    assert means and all(v is not None and v >= 0.03 for v in means.values()), means

@@ -4,6 +4,7 @@ lost and none held past a step or a wait that would outlast the window."""
 from __future__ import annotations
 
 import threading
+import time
 
 from igi_sdk.events import ReplyDone, ReplyEvent, ReplyText
 from igi_sdk.planner import Plan
@@ -74,6 +75,43 @@ def test_a_wait_that_would_outlast_the_window_sends_the_text_before_it(tiny_llam
     assert got[0.0][1:] == got[0.15][1:] and "".join(each) == "".join(joined)
     sizes = _sizes(joined, each)
     assert sizes[0] == 1 and max(sizes) <= 2, sizes
+
+
+def test_text_waiting_for_its_piece_goes_while_the_model_moves(tiny_llama) -> None:
+    """A reshard's release leaves a live reply with no placement to decode on: the text it
+    made within the window goes then (the engine hands out before it runs a command, and
+    whenever it has nothing to step), not when a placement is loaded again or the window
+    ends."""
+    got: list[tuple[float, str]] = []
+    first, done = threading.Event(), threading.Event()
+
+    def listener(event: ReplyEvent) -> None:
+        if isinstance(event, ReplyText):
+            got.append((time.monotonic(), event.text))
+            first.set()
+        elif isinstance(event, ReplyDone):
+            done.set()
+
+    with Engine(tiny_llama, Plan.all_cpu(), EngineConfig(
+            n_ctx=512, max_sessions=1, n_threads=1, stream_every_s=30.0)) as eng:
+        eng.set_pacing(0.05)  # a token every 50 ms: text piles up inside the 30 s window
+        sid = eng.open_session("You are a guard.", sampling=GREEDY)
+        gen = eng.chat_async(sid, "Halt! Who goes there?", max_tokens=64, ignore_eos=True,
+                             listener=listener).result(30)
+        assert first.wait(30)
+        time.sleep(0.3)  # a few more tokens, held for the window
+        assert len(got) == 1
+        eng.release_async().result(30)
+        assert eng.state == "moving" and not eng.loaded
+        deadline = time.monotonic() + 10
+        while len(got) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        assert len(got) == 2 and not eng.loaded  # sent while no placement was loaded
+        eng.set_pacing(0.0)
+        eng.load_first_fitting_async([Plan.all_cpu()]).result(30)
+        result = gen.result(60)
+        assert done.wait(10)
+    assert "".join(t for _, t in got) == result.text and result.completion_tokens == 64
 
 
 class _Clock:
