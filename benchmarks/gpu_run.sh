@@ -597,8 +597,23 @@ if [ "$part" = moe-placement ]; then
     python3 benchmarks/planner_bench.py --threads 0 --timeout 120 \
       --json "$out/moe-placement.json" --profile /tmp/igi-bench/profile.json \
       --strategies ours --tag "rep$r" --models qwen3-30b-a3b --budgets 4 --cases 1024:1152 \
-      2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/moe-placement.txt"
+      --save-plan /tmp/igi-bench/moe-plan.json 2>&1 | grep -v "^{" | grep -v "^$" \
+      | tee -a "$out/moe-placement.txt"
   done
+  # PLACE_HOST=1: then that plan driven by a bare llama_decode loop in Python
+  # (host_overhead.py --plan-file), with llama-bench's context settings and with the engine's,
+  # beside the engine itself at the same threads: the Python loop, the context's settings or
+  # the engine
+  if [ "${PLACE_HOST:-0}" = 1 ] && [ -f /tmp/igi-bench/moe-plan.json ]; then
+    for c in llama-bench engine; do
+      [ $(( END - SECONDS )) -gt 90 ] || break
+      rows=decode,argmax; [ "$c" = llama-bench ] && rows=decode,argmax,engine
+      timeout 200 python3 benchmarks/host_overhead.py --model "$moe_m" \
+        --plan-file /tmp/igi-bench/moe-plan.json --context "$c" --threads "$t" --ctx 1152 \
+        --tokens 128 --rounds 3 --modes "$rows" --json "$out/moe-host-$c.json" 2>&1 \
+        | grep -v "^{" | tee -a "$out/moe-placement.txt"
+    done
+  fi
 fi
 if [ "$part" = host ]; then
   # host: where an all-GPU decode step's time goes outside the model's compute

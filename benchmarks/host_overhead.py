@@ -2,7 +2,8 @@
 the same context and attention, rows alternating round by round (A B C A B C ...):
 
     python benchmarks/host_overhead.py [--model PATH] [--ngl 99] [--threads 2] [--ctx 4096]
-        [--tokens 128] [--rounds 5] [--seqs 1]
+        [--tokens 128] [--rounds 5] [--seqs 1] [--plan-file PLAN.json]
+        [--context llama-bench|engine]
         [--modes decode,argmax,sampler,backend,engine,engine-in-turn]
         [--llama-bench PATH] [--json out.json]
 
@@ -18,6 +19,11 @@ shipped (``launch_ahead`` "auto": the next step queued before a token is taken w
 decode call only queues the device's work); ``engine-in-turn``: the same engine with
 ``launch_ahead`` "off" (each step prepared after the last one's token was taken).
 ``--llama-bench``: upstream's binary at the same settings, its ``tg`` rate (no sampling).
+``--plan-file PATH``: every row on a saved plan's placement (the llama.cpp rows load the
+model with its tensor overrides and pinned host weights, as the engine does); ``--context
+engine``: the llama.cpp rows' context with the engine's settings for that plan (one KV pool,
+its ubatch and output rows) instead of llama.cpp's defaults. Both together tell a gap between
+the engine and upstream apart: the Python loop, the context's settings, or the engine.
 ``--seqs N``: the llama.cpp rows decode N sequences together (each its own copy of the prompt,
 one token each a step, every step's N logits rows read and picked, as many NPCs talking at
 once), and their figures are per step; the engine rows are not run then.
@@ -48,7 +54,10 @@ import numpy as np  # noqa: E402
 
 from igi_sdk.model import default_model_path, read_inventory  # noqa: E402
 from igi_sdk.planner import Plan  # noqa: E402
+from igi_sdk.runtime import loader  # noqa: E402
 from igi_sdk.runtime._native import init_backend  # noqa: E402
+from igi_sdk.runtime.devices import first_gpu  # noqa: E402
+from igi_sdk.runtime.overrides import build_overrides, n_gpu_layers  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from cpu_decode_peer import PROMPT, EnginePeer, alternate, report  # noqa: E402  (shared rows)
@@ -65,12 +74,16 @@ class Native:
         self.mode, self.prompt, self.seqs = mode, prompt, a.seqs
         self.vocab = L.llama_model_get_vocab(model)
         self.n_vocab = L.llama_vocab_n_tokens(self.vocab)
-        cp = L.llama_context_default_params()
-        cp.n_ctx, cp.n_batch, cp.n_ubatch = a.ctx, 512, 512
-        cp.n_seq_max = self.seqs
-        cp.n_threads = cp.n_threads_batch = a.threads
-        cp.flash_attn_type = 1  # on
-        cp.no_perf = True
+        if a.context == "engine":  # the engine's own settings for the plan (loader.py)
+            cp = loader.context_params(a.plan, loader.ContextSettings(
+                a.ctx, self.seqs, 2048, a.threads), first_gpu() if a.ngl else None)
+        else:  # llama.cpp's defaults, as llama-bench sets them
+            cp = L.llama_context_default_params()
+            cp.n_ctx, cp.n_batch, cp.n_ubatch = a.ctx, 512, 512
+            cp.n_seq_max = self.seqs
+            cp.n_threads = cp.n_threads_batch = a.threads
+            cp.flash_attn_type = 1  # on
+            cp.no_perf = True
         # one greedy chain per sequence: llama.cpp's backend sampling keeps a chain's graph
         # state per sequence
         self.chains = []
@@ -143,9 +156,10 @@ class EngineRow(EnginePeer):
     """cpu_decode_peer's engine row, every weight where ``--ngl`` puts them, in ms a token."""
 
     def __init__(self, path: Path, a: argparse.Namespace, launch_ahead: str = "auto") -> None:
+        plan = a.plan
         a = argparse.Namespace(**vars(a), flash="on", sessions=1, batch=512,
                                launch_ahead=launch_ahead)
-        super().__init__(path, a, Plan.all_gpu(read_inventory(path)) if a.ngl > 0 else None)
+        super().__init__(path, a, plan)
 
     def run(self, n: int) -> float:
         return 1000.0 / max(super().run(n), 1e-9)
@@ -172,6 +186,13 @@ def main() -> int:
     ap.add_argument("--tokens", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--modes", default="decode,argmax,sampler,backend,engine,engine-in-turn")
+    ap.add_argument("--plan-file", type=Path, default=None,
+                    help="a saved Plan (planner_bench --save-plan): every row on its placement "
+                         "(the llama.cpp rows load the model with its tensor overrides)")
+    ap.add_argument("--context", choices=("llama-bench", "engine"), default="llama-bench",
+                    help="the llama.cpp rows' context: llama.cpp's defaults as llama-bench "
+                         "sets them, or the engine's own for the plan (one KV pool, its "
+                         "ubatch and output rows)")
     ap.add_argument("--seqs", type=int, default=1,
                     help="sequences decoding together (the llama.cpp rows; figures per step)")
     ap.add_argument("--llama-bench", default="")
@@ -181,9 +202,22 @@ def main() -> int:
     modes = a.modes.split(",")
     if a.seqs > 1 and any(m.startswith("engine") for m in modes):
         raise SystemExit("--seqs > 1: the llama.cpp rows only (decode, argmax, sampler, backend)")
-    init_backend()  # as the engine starts llama.cpp (its log goes to the SDK's logger)
+    a.plan = Plan.load(str(a.plan_file)) if a.plan_file is not None else None
+    # as the engine starts llama.cpp (its log goes to the SDK's logger; a plan's copy-compute
+    # threshold is read once, at the start)
+    init_backend(a.plan.copy_compute_min_batch if a.plan is not None else None)
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = a.ngl
+    inventory = read_inventory(path)
+    if a.plan is not None:  # the plan's placement, as the engine loads it (loader.py)
+        gpu = first_gpu() if a.plan.uses_gpu() else None
+        a.ngl = 99 if gpu is not None else 0  # (the engine rows' device; 0: the CPU alone)
+        overrides = build_overrides(a.plan, inventory, gpu)
+        mp.n_gpu_layers = n_gpu_layers(a.plan, inventory, gpu)
+        mp.tensor_buft_overrides = overrides.pointer
+        mp.load_mode = L.LLAMA_LOAD_MODE_NONE if a.plan.pinned_host else L.LLAMA_LOAD_MODE_MMAP
+    else:
+        a.plan = Plan.all_gpu(inventory) if a.ngl > 0 else Plan.all_cpu()
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     vocab = L.llama_model_get_vocab(model)
     buf = (L.llama_token * 256)()
@@ -203,7 +237,8 @@ def main() -> int:
         L.llama_model_free(model)
     out: dict[str, object] = {
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {load0:.2f} at start",
-        "model": path.name, "args": {k: str(v) for k, v in vars(a).items()},
+        "model": path.name,
+        "args": {k: str(v) for k, v in vars(a).items() if k != "plan"} | {"plan": a.plan.name},
         "ms_per_token": ms, "median_ms": {m: statistics.median(v) for m, v in ms.items()}}
     if "decode" in ms:
         out["median_excess_ms"] = {
