@@ -716,12 +716,14 @@ if [ "$part" = npcs ]; then
   # NPCS_NO_PEER=1: ours alone (a variant beside a peer row of an earlier run in this call)
   # NPCS_TALKING=1: ours told that all N talk at once (serve --talking N)
   # NPCS_PEER_ARGS: more llama-server arguments (a later -ub overrides the expert's 2048)
+  # NPCS_WATCH_S: how often ours is asked for its last step (engine_samples; 0.05 for 8 GB rows)
   peer=(--llama-server "$srv" --peer-args "${NPCS_PEER_ARGS:-}"); [ "${NPCS_NO_PEER:-0}" = 1 ] && peer=()
   [ "${NPCS_TALKING:-0}" = 1 ] && peer+=(--talking-all)
   # shellcheck disable=SC2086
   timeout -k 15 "$left" python3 benchmarks/many_npcs.py --model "$m" \
     --budgets "${NPCS_BUDGETS:-4}" --npcs "${NPCS_N:-4,16}" --tokens 128 --threads "$t" \
     "${peer[@]}" --peer-placement "${NPCS_PEER:-auto}" --profile "$prof" \
+    --watch-every-s "${NPCS_WATCH_S:-1}" \
     --deadline $(( $(date +%s) + left - 15 )) --out "$out" -- ${NPCS_SERVE:-} 2>&1 \
     | grep -v "^llama_context" | tee -a "$log"
   echo "part npcs done at $SECONDS s" | tee -a "$log"

@@ -183,7 +183,7 @@ def ours_row(args: argparse.Namespace, budget: str, n: int, npcs: list[Npc],
                          int(usage.get("prompt_tokens", 0)), str(done.get("finish_reason")),
                          max_gap_s=clock.max_gap_s)
 
-        watch = EngineWatch(Client(ep, timeout=5))
+        watch = EngineWatch(Client(ep, timeout=5), every_s=args.watch_every_s)
         try:
             replies = run_npcs(npcs, one, end, lambda: _stop(proc))
         finally:
@@ -575,6 +575,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tolerance-mib", type=int, default=16,
                     help="how far llama-server's peak may exceed ours and still count as fitting")
     ap.add_argument("--ngl-probes", type=int, default=6)
+    ap.add_argument("--watch-every-s", type=float, default=1.0,
+                    help="how often ours is asked for its engine's last step (engine_samples; "
+                         "0.05 traces a sub-second row's prompt reading, step by step at best)")
     ap.add_argument("--row-timeout", type=float, default=180.0)
     ap.add_argument("--deadline", type=float, help="epoch seconds by which the run must end")
     ap.add_argument("--out", default=".", help="npcs.json, npcs.md and the servers' logs")
