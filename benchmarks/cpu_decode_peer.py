@@ -191,6 +191,8 @@ def main() -> int:
     a = ap.parse_args()
     path = default_model_path()
     modes = a.modes.split(",")
+    if "sidecar-base" in modes and a.base_tree is None:
+        ap.error("the sidecar-base row runs another checkout's sidecar: give --base-tree DIR")
     make: dict[str, Callable[[Path, argparse.Namespace], Row]] = {
         "engine": EnginePeer, "llama": LlamaPeer,
         "sidecar": lambda p, a: SidecarPeer(p, a, stream_every_ms=a.stream_every_ms),
