@@ -57,7 +57,6 @@ from igi_sdk.planner import Plan  # noqa: E402
 from igi_sdk.runtime import loader  # noqa: E402
 from igi_sdk.runtime._native import init_backend  # noqa: E402
 from igi_sdk.runtime.devices import first_gpu  # noqa: E402
-from igi_sdk.runtime.overrides import build_overrides, n_gpu_layers  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
 from cpu_decode_peer import PROMPT, EnginePeer, alternate, report  # noqa: E402  (shared rows)
@@ -209,13 +208,11 @@ def main() -> int:
     mp = L.llama_model_default_params()
     mp.n_gpu_layers = a.ngl
     inventory = read_inventory(path)
-    if a.plan is not None:  # the plan's placement, as the engine loads it (loader.py)
+    if a.plan is not None:  # the plan's placement, as the engine loads it
         gpu = first_gpu() if a.plan.uses_gpu() else None
         a.ngl = 99 if gpu is not None else 0  # (the engine rows' device; 0: the CPU alone)
-        overrides = build_overrides(a.plan, inventory, gpu)
-        mp.n_gpu_layers = n_gpu_layers(a.plan, inventory, gpu)
-        mp.tensor_buft_overrides = overrides.pointer
-        mp.load_mode = L.LLAMA_LOAD_MODE_NONE if a.plan.pinned_host else L.LLAMA_LOAD_MODE_MMAP
+        # (the parameters point into _overrides: it lives as long as this function)
+        mp, _overrides = loader.model_params(a.plan, inventory, gpu)
     else:
         a.plan = Plan.all_gpu(inventory) if a.ngl > 0 else Plan.all_cpu()
     model = L.llama_model_load_from_file(str(path).encode(), mp)

@@ -138,14 +138,7 @@ def load(
     _check_threshold(plan, gpu)
     # built first: a setting llama.cpp has no value for fails before anything is loaded
     cparams = context_params(plan, settings, gpu)
-    mparams = llama_cpp.llama_model_default_params()
-    mparams.n_gpu_layers = n_gpu_layers(plan, inventory, gpu)
-    overrides = build_overrides(plan, inventory, gpu)
-    mparams.tensor_buft_overrides = overrides.pointer
-    # a dry run must not map the file (llama.cpp asserts on it)
-    pinned = plan.pinned_host or dry_run
-    mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if pinned else llama_cpp.LLAMA_LOAD_MODE_MMAP
-    mparams.no_alloc = dry_run
+    mparams, overrides = model_params(plan, inventory, gpu, dry_run=dry_run)
     mparams.use_extra_bufts = settings.extra_bufts
     progress_cb = None
     if progress is not None or cancelled is not None:
@@ -203,6 +196,22 @@ def _check_threshold(plan: Plan, gpu: Device | None) -> None:
         log.warning("plan '%s' assumes copy-compute from %d tokens, but llama.cpp started with "
                     "%d (it is fixed per process): its predictions are off",
                     plan.name, plan.copy_compute_min_batch, in_effect)
+
+
+def model_params(plan: Plan, inventory: ModelInventory, gpu: Device | None, *,
+                 dry_run: bool = False) -> tuple[Any, Overrides]:
+    """llama.cpp's model parameters for the plan's placement: its layers and tensor overrides,
+    and the CPU weights read into pinned host memory where the plan pins them (else mapped).
+    The overrides must outlive the load (the parameters point into them)."""
+    mparams = llama_cpp.llama_model_default_params()
+    mparams.n_gpu_layers = n_gpu_layers(plan, inventory, gpu)
+    overrides = build_overrides(plan, inventory, gpu)
+    mparams.tensor_buft_overrides = overrides.pointer
+    # a dry run must not map the file (llama.cpp asserts on it)
+    pinned = plan.pinned_host or dry_run
+    mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if pinned else llama_cpp.LLAMA_LOAD_MODE_MMAP
+    mparams.no_alloc = dry_run
+    return mparams, overrides
 
 
 def context_params(plan: Plan, s: ContextSettings, gpu: Device | None) -> Any:
