@@ -86,7 +86,8 @@ class EnginePeer:
         plan = (plan or Plan.all_cpu()).model_copy(update={"flash_attn": a.flash})
         cfg = EngineConfig(n_ctx=a.ctx, max_sessions=a.sessions, n_batch=a.batch,
                            n_threads=a.threads,
-                           launch_ahead=getattr(a, "launch_ahead", "auto"))
+                           launch_ahead=getattr(a, "launch_ahead", "auto"),
+                           stream_every_s=getattr(a, "stream_every_ms", 0.0) / 1000)
         self.eng = Engine(path, plan, cfg)
         self.greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
         self.tokens: list[int] = []

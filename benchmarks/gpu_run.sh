@@ -587,6 +587,13 @@ if [ "$part" = moe-placement ]; then
   [ -f /tmp/igi-bench/profile.json ] \
     || cp "${PLACE_PROFILE:-benchmarks/results/h200-profile-16t-2026-11-30-p.json}" \
       /tmp/igi-bench/profile.json
+  # PLACE_SWEEP="0,8,...,48": upstream's decode as more layers' experts go to host memory
+  # (-ncmoe), depth 0: the cost of a layer's experts on the CPU (the slope) and of the rest
+  # (all experts on the GPU), for the cost model's expert terms (benchmarks/moe_sweep_fit.py)
+  if [ -n "${PLACE_SWEEP:-}" ]; then
+    timeout 400 "$lb" -m "$moe_m" -ngl 99 -ncmoe "$PLACE_SWEEP" -lm none -fa on -ub 2048 -p 0 \
+      -n 64 -r "${PLACE_SWEEP_REPS:-3}" -t "$t" -o jsonl 2>/dev/null | tee -a "$out/moe-sweep.jsonl"
+  fi
   for r in $(seq 1 "${PLACE_REPS:-3}"); do
     # PLACE_REPACK="1,0": upstream with its extra CPU buffer types on (its default) and off
     [ $(( END - SECONDS )) -gt 60 ] || break
@@ -599,18 +606,40 @@ if [ "$part" = moe-placement ]; then
       --strategies ours --tag "rep$r" --models qwen3-30b-a3b --budgets 4 --cases 1024:1152 \
       --save-plan /tmp/igi-bench/moe-plan.json 2>&1 | grep -v "^{" | grep -v "^$" \
       | tee -a "$out/moe-placement.txt"
+    # PLACE_PLAN_CASES="64:1152@0 1024:1152@16 1024:1152@0@no-pin": that plan again
+    # (planner_bench --plan-file) at another prompt:ctx case and thread count (@0: the
+    # engine's choice), and with a planner_bench flag
+    for pc in ${PLACE_PLAN_CASES:-}; do
+      [ $(( END - SECONDS )) -gt 70 ] || break
+      IFS=@ read -r pcase pth pflag <<< "$pc"
+      python3 benchmarks/planner_bench.py --threads "$pth" --timeout 120 \
+        --json "$out/moe-placement.json" --profile /tmp/igi-bench/profile.json \
+        --strategies ours --tag "rep$r-plan-$pcase-t$pth${pflag:+-$pflag}" \
+        --models qwen3-30b-a3b --budgets 4 --cases "$pcase" \
+        --plan-file /tmp/igi-bench/moe-plan.json ${pflag:+--$pflag} 2>&1 \
+        | grep -v "^{" | grep -v "^$" | tee -a "$out/moe-placement.txt"
+    done
   done
   # PLACE_HOST=1: then that plan driven by a bare llama_decode loop in Python
   # (host_overhead.py --plan-file), with llama-bench's context settings and with the engine's,
-  # beside the engine itself at the same threads: the Python loop, the context's settings or
-  # the engine
+  # and the engine alone, at all the cores and at the engine's own choice; each in a process of
+  # its own (two threads' OpenMP teams in one process throttle libgomp's spin for both), beside
+  # upstream at that placement with all the cores and one fewer, at depth 0 and 1024: the
+  # Python loop, the context's settings, the thread count or the engine
   if [ "${PLACE_HOST:-0}" = 1 ] && [ -f /tmp/igi-bench/moe-plan.json ]; then
-    for c in llama-bench engine; do
-      [ $(( END - SECONDS )) -gt 90 ] || break
-      rows=decode,argmax; [ "$c" = llama-bench ] && rows=decode,argmax,engine
-      timeout 200 python3 benchmarks/host_overhead.py --model "$moe_m" \
-        --plan-file /tmp/igi-bench/moe-plan.json --context "$c" --threads "$t" --ctx 1152 \
-        --tokens 128 --rounds 3 --modes "$rows" --json "$out/moe-host-$c.json" 2>&1 \
+    timeout 150 "$lb" -m "$moe_m" -ngl 99 -ncmoe 42 -lm none -fa on -ub 2048 -p 0 -n 128 \
+      -d 0,1024 -r 1 -t "$t,$(( t - 1 ))" -o jsonl 2>/dev/null | tee -a "$out/moe-placement-lb.jsonl"
+    # PLACE_HOST_ROWS: context:rows:threads[:stream-every-ms] (0 threads: the engine's choice)
+    for row in ${PLACE_HOST_ROWS:-llama-bench:decode,argmax:$t engine:decode,argmax:$t \
+                engine:engine:$t engine:engine:0}; do
+      IFS=: read -r c rows th ms <<< "$row"
+      [ $(( END - SECONDS )) -gt 60 ] || break
+      echo "context $c, rows $rows, threads $th, stream every ${ms:-0} ms" \
+        | tee -a "$out/moe-placement.txt"
+      timeout 120 python3 benchmarks/host_overhead.py --model "$moe_m" \
+        --plan-file /tmp/igi-bench/moe-plan.json --context "$c" --threads "$th" --ctx 1152 \
+        --tokens 128 --rounds "${PLACE_HOST_ROUNDS:-3}" --modes "$rows" \
+        --stream-every-ms "${ms:-0}" --json "$out/moe-host-$c-${rows%%,*}-t$th-s${ms:-0}.json" 2>&1 \
         | grep -v "^{" | tee -a "$out/moe-placement.txt"
     done
   fi

@@ -3,7 +3,7 @@ the same context and attention, rows alternating round by round (A B C A B C ...
 
     python benchmarks/host_overhead.py [--model PATH] [--ngl 99] [--threads 2] [--ctx 4096]
         [--tokens 128] [--rounds 5] [--seqs 1] [--plan-file PLAN.json]
-        [--context llama-bench|engine]
+        [--context llama-bench|engine] [--stream-every-ms 0]
         [--modes decode,argmax,sampler,backend,engine,engine-in-turn]
         [--llama-bench PATH] [--json out.json]
 
@@ -30,7 +30,12 @@ once), and their figures are per step; the engine rows are not run then.
 
 Prints each round's ms per token, the medians, and each row's median excess over ``decode``
 (same round): the host's share of a token. The greedy tokens of ``argmax``, ``sampler``,
-``backend`` and ``engine`` are compared.
+``backend`` and ``engine`` are compared. Each round also records what this process's threads
+did per token (``threads`` in the JSON: CPU time, voluntary and involuntary switches, by
+thread; benchmarks/thread_counts.py). With weights on the CPU and more than one thread, the
+engine rows and the llama.cpp rows need separate invocations: each keeps a team of OpenMP
+workers, and two teams that together outnumber the CPUs run with libgomp's short spin.
+``--stream-every-ms``: the engine rows' text pieces (the sidecar's default is 16).
 """
 
 from __future__ import annotations
@@ -59,6 +64,7 @@ from igi_sdk.runtime._native import init_backend  # noqa: E402
 from igi_sdk.runtime.devices import first_gpu  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
+import thread_counts  # noqa: E402
 from cpu_decode_peer import PROMPT, EnginePeer, alternate, report  # noqa: E402  (shared rows)
 
 LOW_LEVEL = ("decode", "argmax", "sampler", "backend")
@@ -164,6 +170,26 @@ class EngineRow(EnginePeer):
         return 1000.0 / max(super().run(n), 1e-9)
 
 
+class Counted:
+    """A row whose runs also count what this process's threads did meanwhile, per token
+    (benchmarks/thread_counts.py)."""
+
+    def __init__(self, row: Native | EngineRow) -> None:
+        self.row = row
+        self.counts: list[dict[str, object]] = []
+        self.tokens = row.tokens
+
+    def run(self, n: int) -> float:
+        t0 = thread_counts.snapshot()
+        ms = self.row.run(n)
+        self.counts.append(thread_counts.per_token(t0, thread_counts.snapshot(), n))
+        self.tokens = self.row.tokens
+        return ms
+
+    def close(self) -> None:
+        self.row.close()
+
+
 def llama_bench(binary: str, path: Path, a: argparse.Namespace) -> float | None:
     cmd = [binary, "-m", str(path), "-p", "0", "-n", str(a.tokens), "-ngl", str(a.ngl),
            "-t", str(a.threads), "-fa", "1", "-r", str(a.rounds), "-o", "json"]
@@ -194,6 +220,9 @@ def main() -> int:
                          "ubatch and output rows)")
     ap.add_argument("--seqs", type=int, default=1,
                     help="sequences decoding together (the llama.cpp rows; figures per step)")
+    ap.add_argument("--stream-every-ms", type=float, default=0.0,
+                    help="the engine rows' text pieces: at most one a window of this many ms "
+                         "(the sidecar's default is 16; 0: every token is a piece)")
     ap.add_argument("--llama-bench", default="")
     ap.add_argument("--json", default="")
     a = ap.parse_args()
@@ -215,16 +244,23 @@ def main() -> int:
         mp, _overrides = loader.model_params(a.plan, inventory, gpu)
     else:
         a.plan = Plan.all_gpu(inventory) if a.ngl > 0 else Plan.all_cpu()
+    on_cpu = {t.name for t in inventory.tensors if t.group != "token_embd"} - a.plan.gpu_set
+    if on_cpu and a.threads > 1 and {m.startswith("engine") for m in modes} == {True, False}:
+        # the engine's thread and this one would each hold a team of OpenMP workers, and
+        # libgomp cuts every team's spin to 100 rounds while they together outnumber the CPUs:
+        # both kinds of row ran 1.5x slower so on an H200 host with the MoE's experts on the CPU
+        raise SystemExit("weights on the CPU: run the engine rows and the llama.cpp rows in "
+                         "separate invocations (two OpenMP teams in one process slow both)")
     model = L.llama_model_load_from_file(str(path).encode(), mp)
     vocab = L.llama_model_get_vocab(model)
     buf = (L.llama_token * 256)()
     n = L.llama_tokenize(vocab, PROMPT.encode(), len(PROMPT.encode()), buf, 256, True, False)
     prompt = list(buf[:n])
-    rows: dict[str, Native | EngineRow] = {}
+    rows: dict[str, Counted] = {}
     for m in modes:
-        rows[m] = (EngineRow(path, a) if m == "engine" else
-                   EngineRow(path, a, "off") if m == "engine-in-turn" else
-                   Native(model, m, a, prompt))
+        rows[m] = Counted(EngineRow(path, a) if m == "engine" else
+                          EngineRow(path, a, "off") if m == "engine-in-turn" else
+                          Native(model, m, a, prompt))
     load0 = os.getloadavg()[0]
     try:
         ms = alternate(rows, modes, a.rounds, a.tokens)
@@ -236,7 +272,9 @@ def main() -> int:
         "machine": f"{platform.machine()} {os.cpu_count()} CPUs, load {load0:.2f} at start",
         "model": path.name,
         "args": {k: str(v) for k, v in vars(a).items() if k != "plan"} | {"plan": a.plan.name},
-        "ms_per_token": ms, "median_ms": {m: statistics.median(v) for m, v in ms.items()}}
+        "ms_per_token": ms, "median_ms": {m: statistics.median(v) for m, v in ms.items()},
+        # each round's counts (the warm-up's first), per token: see Counted
+        "threads": {m: row.counts for m, row in rows.items()}}
     if "decode" in ms:
         out["median_excess_ms"] = {
             m: round(statistics.median(x - y for x, y in zip(v, ms["decode"], strict=True)), 4)

@@ -24,7 +24,10 @@ import threading
 import time
 from pathlib import Path
 
+import thread_counts  # benchmarks/, this script's folder
+
 import igi_sdk  # noqa: F401  (native import order: llama_cpp before numpy)
+from igi_sdk.cli import STREAM_EVERY_MS
 
 GB = 10**9
 GIB = 1024**3
@@ -123,7 +126,8 @@ def child(args: argparse.Namespace) -> dict:
         wl = dataclasses.replace(wl, n_seqs=n)
     peak = PeakVram()
     cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=2048, n_threads=args.threads,
-                       launch_ahead=args.launch_ahead)
+                       launch_ahead=args.launch_ahead,
+                       stream_every_s=args.stream_every_ms / 1000)
     eng = Engine(args.model, plan, cfg)
     greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
     sid = eng.open_session(sampling=greedy)
@@ -131,10 +135,14 @@ def child(args: argparse.Namespace) -> dict:
     eng.close_session(sid)
     text = diverse_prompt(eng, prompt - 24)
     sids = [eng.open_session(sampling=greedy) for _ in range(n)]
+    counts0 = thread_counts.snapshot()
     t_start = time.perf_counter()
     gens = [eng.chat(s, text, max_tokens=args.gen, ignore_eos=True) for s in sids]
     results = [g.result() for g in gens]
     wall = time.perf_counter() - t_start
+    # the turn's prompt and decode: what this process's threads did, per token made
+    counts = thread_counts.per_token(counts0, thread_counts.snapshot(),
+                                     sum(r.completion_tokens for r in results))
     peak_vram = peak.stop()
     memory = eng.memory()
     threads_status = eng.status().get("threads")  # the CPU threads' setting as it ended
@@ -159,7 +167,7 @@ def child(args: argparse.Namespace) -> dict:
         "plan_s": round(plan_s, 2), "peer_slack_gb": round(args.peer_slack / GB, 3),
         "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
                                              and peak_vram <= args.budget * GB),
-        "threads": threads_status, "launched_ahead": launched,
+        "threads": threads_status, "launched_ahead": launched, "thread_counts": counts,
     }
     if n == 1:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
@@ -226,6 +234,8 @@ def main() -> int:
                          "as the default then)")
     ap.add_argument("--launch-ahead", choices=("auto", "on", "off"), default="auto",
                     help="EngineConfig.launch_ahead (auto: as shipped)")
+    ap.add_argument("--stream-every-ms", type=float, default=STREAM_EVERY_MS,
+                    help="EngineConfig.stream_every_s in ms (default: serve's, as shipped)")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -289,7 +299,8 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
            "--ctx", str(ctx), "--gen", str(args.gen), "--threads", str(args.threads),
            "--sessions", str(args.sessions), "--peer-slack", str(slack),
            "--plan-ctx", str(args.plan_ctx), "--kv", args.kv,
-           "--launch-ahead", args.launch_ahead] + (
+           "--launch-ahead", args.launch_ahead,
+           "--stream-every-ms", str(args.stream_every_ms)] + (
                ["--no-pin"] if args.no_pin else []) + (
                ["--output-first"] if args.output_first else ["--no-output-first"])
     if args.plan_file:
