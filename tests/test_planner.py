@@ -161,6 +161,37 @@ def test_cpu_experts_are_priced_at_the_measured_expert_rate(tiny_moe) -> None:
         assert now == pytest.approx(base * (2 if "ffn_down_exps" in t.name else 1)), t.name
 
 
+def test_gpu_experts_pay_their_measured_share_once_per_matmul(tiny_moe) -> None:
+    """On the GPU a routed-expert matmul costs its bytes at the dense rate plus the time the
+    profile's one-token share adds to one token's experts: halving the gate/up share adds one
+    token's gate/up bytes at the one-token rate, the same at one token and in a prefill batch,
+    and nothing to the down experts or any other weight."""
+    from igi_sdk.planner.cost import tensor_seconds
+
+    inv = read_inventory(tiny_moe)
+    a = inv.arch
+    slow = GPU_PROFILE.model_copy(deep=True)
+    assert slow.gpu is not None
+    slow.gpu.expert_scale = {"gate_up": 0.5, "down": 1.0}
+    seen = 0
+    for t in inv.tensors:
+        for tokens in (1, 64):
+            for copy in (False, True):
+                on_gpu = not copy
+                base = tensor_seconds(t, inv, GPU_PROFILE, tokens, on_gpu=on_gpu,
+                                      copy_compute=copy, pinned=True)
+                now = tensor_seconds(t, inv, slow, tokens, on_gpu=on_gpu, copy_compute=copy,
+                                     pinned=True)
+                extra = 0.0
+                if t.group == "ffn_exps" and "ffn_down_exps" not in t.name:
+                    one_token = t.n_bytes * a.n_expert_used / a.n_expert
+                    extra = one_token / slow.gpu.rate(t.ggml_type, 1)
+                    seen += 1
+                assert now[0] == pytest.approx(base[0] + extra), (t.name, tokens, copy)
+                assert now[1:] == pytest.approx(base[1:])
+    assert seen  # the model has gate/up experts
+
+
 def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense) -> None:
     # llama.cpp's scheduler extends the offloaded projections' GPU assignment to the attention
     # op: a prefill batch attends on the GPU and pays for copying the layer's used KV cells

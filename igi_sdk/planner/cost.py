@@ -9,7 +9,9 @@ Per tensor, from the machine profile:
   prefill (``Profile.stream_bps``), since it falls short of a single large copy's;
 * routed experts only cost the experts the batch's tokens actually pick (expected fraction),
   on the CPU at the profile's measured expert rate (``DeviceProfile.expert_scale``: small
-  experts read slower than the one large weight the rates were timed on);
+  experts read slower than the one large weight the rates were timed on); on the GPU at the
+  dense rate plus a fixed cost per expert matmul, the time the GPU's measured one-token share
+  adds to one token's experts (launches and small matrices, which a batch does not multiply);
 * attention over the KV cache costs ``max(FLOPs / device FLOP/s, KV bytes / device bandwidth)`` on
   the device that holds that layer's KV (KV bytes at the plan's ``type_k``/``type_v``: a q8_0
   cache is 34/64 of an f16 one; a batch on the GPU first converts a quantized cache to f16) —
@@ -42,7 +44,7 @@ from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
 from igi_sdk.model import ModelInventory, TensorInfo
 from igi_sdk.planner.plan import Plan
-from igi_sdk.profile import Profile
+from igi_sdk.profile import DeviceProfile, Profile
 
 _SKIP_GROUPS = frozenset({"token_embd"})  # a row lookup, not a matmul
 
@@ -119,14 +121,37 @@ def tensor_seconds(
         return 0.0, 0.0, 0.0
     nbytes, eff_tok = _active(t, inv, tokens)
     if on_gpu:
-        return nbytes / prof.gpu.rate(t.ggml_type, eff_tok), 0.0, 0.0  # type: ignore[union-attr]
+        gpu = prof.gpu
+        assert gpu is not None  # (on_gpu is only asked with a GPU profile)
+        seconds = nbytes / gpu.rate(t.ggml_type, eff_tok)
+        if t.group == "ffn_exps":
+            seconds += gpu_expert_fixed_seconds(t, inv, gpu)
+        return seconds, 0.0, 0.0
     if copy_compute:
-        g = nbytes / prof.gpu.rate(t.ggml_type, eff_tok)  # type: ignore[union-attr]
+        gpu = prof.gpu
+        assert gpu is not None  # (copy-compute is only asked with a GPU profile)
+        g = nbytes / gpu.rate(t.ggml_type, eff_tok)
+        if t.group == "ffn_exps":
+            g += gpu_expert_fixed_seconds(t, inv, gpu)
         return g, 0.0, nbytes / (prof.stream_bps(pinned) or 1.0)
     rate = cpu_weight_rate(prof, t.ggml_type, eff_tok)
     if t.group == "ffn_exps":
         rate *= prof.cpu.expert_rate_scale(t.name)
     return 0.0, nbytes / rate, 0.0
+
+
+def gpu_expert_fixed_seconds(t: TensorInfo, inv: ModelInventory, gpu: DeviceProfile) -> float:
+    """What a routed-expert matmul costs on the GPU beyond its bytes at the dense rate. The
+    profile's one-token expert share (``expert_scale``, under 1 where a token's few small
+    expert matmuls read slower than one large weight) is launch and small-matrix time: a fixed
+    cost per matmul, the same for a prefill's batch (whose expert matmuls are long enough to
+    reach the dense rate) as for one token, so it is priced on one token's experts."""
+    scale = gpu.expert_rate_scale(t.name)
+    a = inv.arch
+    if scale >= 1.0 or a.n_expert <= 0:
+        return 0.0
+    one_token = t.n_bytes * a.n_expert_used / a.n_expert
+    return one_token / gpu.rate(t.ggml_type, 1) * (1.0 / scale - 1.0)
 
 
 def priced_tensors(inv: ModelInventory) -> list[TensorInfo]:

@@ -232,6 +232,28 @@ def _own_cpu_s() -> float:
     return t.user + t.system
 
 
+def expert_scale_on(index: int, n_threads: int, dense_rate: float, budget: int, *,
+                    reps: int = 2, scale_down: bool = False,
+                    weights_buft: int | None = None) -> dict[str, float]:
+    """A device's routed-expert rates at one token against ``dense_rate`` (its Q4_0 rate at
+    one token): Qwen3-30B-A3B's experts (2048 x 768, 8 a token), gate/up and down. Each timed
+    tensor holds 16 experts, not 128: the 8 a token uses are what is read, and ``budget`` bytes
+    of them keep the timing out of the caches without allocating the unused ones. On a GPU the
+    share is mostly launch and small-matrix time: three expert matmuls of 7 MB each a layer
+    read far below the bandwidth one large weight reaches."""
+    width, ff = (256, 96) if scale_down else (2048, 768)
+    out = {}
+    with ggml_bench.backend(index, n_threads) as be:
+        for kind, (kk, nn, shared) in {"gate_up": (width, ff, True),
+                                       "down": (ff, width, False)}.items():
+            s = ggml_bench.expert_matmul_seconds(
+                be, "Q4_0", kk, nn, 16, 8, 1, reps=reps, total_bytes=budget,
+                shared_input=shared, weights_buft=weights_buft)
+            rate = 8 * ggml_bench.ggml_weight_bytes("Q4_0", kk, nn) / s
+            out[kind] = round(min(2.0, rate / dense_rate), 3)
+    return out
+
+
 def _measure_profile(
     *, threads: int, fast: bool, k: int, n: int, progress: Callable[[float, str], None] | None,
     scale_down: bool, problems: list[str],
@@ -241,7 +263,7 @@ def _measure_profile(
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
     reps = 2 if fast else 3
-    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (6 if gpu else 1) + 1
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (7 if gpu else 1) + 1
     done = 0
 
     def tick(what: str) -> None:
@@ -269,22 +291,11 @@ def _measure_profile(
                     tick(f"{label} {t} x{tok}")
         return rates
 
-    def expert_scale(dense_rate: float, budget: int) -> dict[str, float]:
-        """The CPU's routed-expert rates at one token against ``dense_rate`` (Q4_0, one token):
-        Qwen3-30B-A3B's experts (2048 x 768, 8 a token), gate/up and down. Each timed tensor
-        holds 16 experts, not 128: the 8 a token uses are what is read, and ``budget`` bytes of
-        them keep the timing out of the cache without allocating the unused ones."""
-        width, ff = (256, 96) if scale_down else (2048, 768)
-        out = {}
-        with ggml_bench.backend(cpu.index, threads) as be:
-            for kind, (kk, nn, shared) in {"gate_up": (width, ff, True),
-                                           "down": (ff, width, False)}.items():
-                s = ggml_bench.expert_matmul_seconds(
-                    be, "Q4_0", kk, nn, 16, 8, 1, reps=reps, total_bytes=budget,
-                    shared_input=shared, weights_buft=cpu_buft)
-                rate = 8 * ggml_bench.ggml_weight_bytes("Q4_0", kk, nn) / s
-                out[kind] = round(min(2.0, rate / dense_rate), 3)
-        tick("cpu experts")
+    def expert_scale(index: int, n_threads: int, dense_rate: float, budget: int,
+                     weights_buft: int | None) -> dict[str, float]:
+        out = expert_scale_on(index, n_threads, dense_rate, budget, reps=reps,
+                              scale_down=scale_down, weights_buft=weights_buft)
+        tick("experts")
         return out
 
     # weight bytes per timed graph: beyond the CPU's caches for the memory-bound small batches,
@@ -313,7 +324,8 @@ def _measure_profile(
                              total_bytes=cpu.total_bytes, free_bytes=cpu.free_bytes,
                              matmul_rate=device_rates(cpu.index, threads, "cpu", cpu_bytes,
                                                       weights_buft=cpu_buft))
-    cpu_prof.expert_scale = expert_scale(cpu_prof.matmul_rate["Q4_0"][1], cpu_bytes[1] // 2)
+    cpu_prof.expert_scale = expert_scale(cpu.index, threads, cpu_prof.matmul_rate["Q4_0"][1],
+                                         cpu_bytes[1] // 2, cpu_buft)
     cpu_prof.attn_flops, cpu_prof.attn_kv_bps = attention(cpu.index, threads)
     _add_step_overhead(cpu_prof, gpu=False, threads=threads, problems=problems)
     tick("cpu step overhead")
@@ -332,6 +344,8 @@ def _measure_profile(
                              total_bytes=fresh.total_bytes, free_bytes=fresh.free_bytes,
                              matmul_rate=gpu_rates)
     prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
+    prof.gpu.expert_scale = expert_scale(gpu.index, 1, gpu_rates["Q4_0"][1], gpu_bytes[1] // 2,
+                                         None)
     _add_step_overhead(prof.gpu, gpu=True, threads=threads, problems=problems)
     tick("gpu step overhead")
     prof.h2d_pinned_bps = pinned  # (the stream rates' ceiling)
