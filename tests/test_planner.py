@@ -260,6 +260,41 @@ def test_cpu_overhead_is_charged_per_op_and_taken_out_of_the_measured_rates(dens
     assert over == pytest.approx(gpu_part + n * FFN_BLOCK_OPS * op)
 
 
+def test_a_qwen3_moe_layer_pays_every_op_its_graph_runs_on_the_cpu(tiny_moe) -> None:
+    """llama.cpp's Qwen3-MoE layer runs more CPU ops than a Llama layer: its Q and K norms (a
+    norm and a scale each), the router's ops, one add per picked expert after the first (the
+    outputs are summed pairwise) and the picked weights' renormalisation (sum, clamp,
+    division). Each is a barrier on the CPU, so each is priced."""
+    import dataclasses
+
+    from igi_sdk.planner.cost import (
+        ATTN_BLOCK_OPS,
+        FFN_BLOCK_OPS,
+        NORMED_WEIGHTS_OPS,
+        QK_NORM_OPS,
+        ROUTER_OPS,
+        block_ops,
+        cpu_op_overhead,
+        ubatch_cost,
+    )
+
+    inv = read_inventory(tiny_moe)
+    a = inv.arch
+    assert a.architecture == "qwen3moe" and a.n_expert_used > 1
+    moe_block = FFN_BLOCK_OPS + ROUTER_OPS + (a.n_expert_used - 1) + NORMED_WEIGHTS_OPS
+    assert block_ops(inv) == [ATTN_BLOCK_OPS + 2 * QK_NORM_OPS, moe_block] * a.n_layers
+    # an architecture whose graph keeps the softmax's weights as they are: no renormalisation
+    plain = dataclasses.replace(inv, arch=dataclasses.replace(a, architecture="qwen2moe"))
+    assert block_ops(plain)[1] == moe_block - NORMED_WEIGHTS_OPS
+    # all on the CPU, the step's overhead is every block's ops at the per-op barrier
+    prof = CPU_PROFILE.model_copy(deep=True)
+    prof.cpu.layer_overhead_s = 19 * 25e-6
+    cost = ubatch_cost(inv, Plan.all_cpu(), prof, 1, 64)
+    ops = sum(block_ops(inv))
+    assert cost.overhead_s == pytest.approx(ops * cpu_op_overhead(prof)
+                                            + prof.cpu.step_overhead_s)
+
+
 def test_decode_time_follows_cpu_bytes_when_kv_pushes_ffn_off(dense) -> None:
     # the n_ctx 4096 "drop": a larger context only moves FFN blocks to the CPU;
     # the predicted step grows by their bytes at the CPU rate plus their ops' barriers, and

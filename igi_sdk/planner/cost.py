@@ -42,7 +42,7 @@ from dataclasses import dataclass
 
 from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
 
-from igi_sdk.model import ModelInventory, TensorInfo
+from igi_sdk.model import ArchInfo, ModelInventory, TensorInfo
 from igi_sdk.planner.plan import Plan
 from igi_sdk.profile import DeviceProfile, Profile
 
@@ -51,13 +51,21 @@ _SKIP_GROUPS = frozenset({"token_embd"})  # a row lookup, not a matmul
 # Ops the CPU backend runs (each followed by a thread-pool barrier; views and reshapes are
 # skipped) in one Llama layer at decode with flash attention: attention block = norm, scale,
 # Q/K/V, two ropes, two KV stores, flash attention, output projection, residual add; dense FFN
-# block = norm, scale, gate, up, SwiGLU, down, residual add. A routed-expert block adds the
-# router, its softmax and top-k, the weights' gather and the weighted sum; a shared expert its
-# own gate/up/down/SwiGLU/add.
+# block = norm, scale, gate, up, SwiGLU, down, residual add. A Q or K norm (Qwen3) adds its
+# norm and scale. A routed-expert block adds the router, its softmax and top-k, the weights'
+# gather and their product with the experts' outputs, then one add per picked expert after the
+# first (llama.cpp sums the picked experts' outputs pairwise), and where the graph renormalises
+# the picked weights (llama.cpp's ``norm_w``) their sum, clamp and division; a shared expert
+# its own gate/up/down/SwiGLU/add (llama.cpp's build_moe_ffn and the models' graphs).
 ATTN_BLOCK_OPS = 12
 FFN_BLOCK_OPS = 7
-MOE_EXTRA_OPS = 6
+QK_NORM_OPS = 2
+ROUTER_OPS = 5
+NORMED_WEIGHTS_OPS = 3
 SHEXP_EXTRA_OPS = 5
+# architectures whose graph renormalises the picked experts' weights (Mixtral under "llama",
+# Qwen3-MoE); for others the weights go as the softmax gave them
+NORMED_ROUTER_ARCHS = frozenset({"llama", "qwen3moe", "qwen3vlmoe"})
 PROBE_LAYER_OPS = ATTN_BLOCK_OPS + FFN_BLOCK_OPS  # the decode-overhead probe's tiny Llama layer
 PROFILE_MATMUL_SHAPE = (4096, 4096)  # the weight of one op in the profile's CPU rate graphs
 
@@ -222,14 +230,23 @@ def block_ops(inv: ModelInventory) -> list[int]:
     a = inv.arch
     ops: list[int] = []
     for layer in range(a.n_layers):
-        groups = {t.group for t in inv.layer_tensors(layer)}
+        tensors = inv.layer_tensors(layer)
+        groups = {t.group for t in tensors}
         if "attn" in groups:
-            ops.append(ATTN_BLOCK_OPS)
+            qk_norms = sum(1 for t in tensors
+                           if "attn_q_norm" in t.name or "attn_k_norm" in t.name)
+            ops.append(ATTN_BLOCK_OPS + QK_NORM_OPS * qk_norms)
         if any(g.startswith("ffn") for g in groups):
-            n = FFN_BLOCK_OPS + (MOE_EXTRA_OPS if "ffn_exps" in groups else 0)
+            n = FFN_BLOCK_OPS + (routed_expert_ops(a) if "ffn_exps" in groups else 0)
             ops.append(n + (SHEXP_EXTRA_OPS if "ffn_shexp" in groups and "ffn_exps" in groups
                             else 0))
     return ops
+
+
+def routed_expert_ops(a: ArchInfo) -> int:
+    """The ops a routed-expert FFN block runs beyond a dense one's (see ``ROUTER_OPS``)."""
+    return (ROUTER_OPS + max(0, a.n_expert_used - 1)
+            + (NORMED_WEIGHTS_OPS if a.architecture in NORMED_ROUTER_ARCHS else 0))
 
 
 def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
