@@ -32,22 +32,25 @@ from igi_sdk.planner.cost import ubatch_cost
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import ggml_bench
 from igi_sdk.runtime.devices import list_devices
-from igi_sdk.tuning.measure import expert_scale_on
+from igi_sdk.tuning.measure import cpu_weights_repacked, expert_scale_on
 
 MIB = 1024 * 1024
 
 
-def shares(index: int, threads: int, shape: tuple[int, int], budget: int,
-           rounds: int) -> tuple[dict[str, float], list[float]]:
-    """Median expert shares over ``rounds`` (dense, experts) pairs, and the dense rates."""
+def shares(index: int, threads: int, shape: tuple[int, int], budget: int, rounds: int,
+           weights_buft: int | None = None) -> tuple[dict[str, float], list[float]]:
+    """Median expert shares over ``rounds`` (dense, experts) pairs, and the dense rates, the
+    weights in ``weights_buft``'s layout (the one llama.cpp loads them in, as the profile)."""
     seen: dict[str, list[float]] = {"gate_up": [], "down": []}
     dense: list[float] = []
     for _ in range(rounds):
         with ggml_bench.backend(index, threads) as be:
-            s = ggml_bench.matmul_seconds(be, "Q4_0", *shape, 1, reps=3, total_bytes=budget)
+            s = ggml_bench.matmul_seconds(be, "Q4_0", *shape, 1, reps=3, total_bytes=budget,
+                                          weights_buft=weights_buft)
         rate = ggml_bench.ggml_weight_bytes("Q4_0", *shape) / s
         dense.append(rate)
-        for kind, v in expert_scale_on(index, threads, rate, budget // 2, reps=3).items():
+        for kind, v in expert_scale_on(index, threads, rate, budget // 2, reps=3,
+                                       weights_buft=weights_buft).items():
             seen[kind].append(v)
     return {k: round(statistics.median(v), 3) for k, v in seen.items()}, dense
 
@@ -76,9 +79,12 @@ def main() -> int:
     gpu = next((d for d in devices if d.is_gpu), None)
     new = prof.model_copy(deep=True)
     report: dict[str, object] = {"profile": a.profile}
-    s, dense = shares(cpu.index, prof.cpu.threads or 1, (4096, 4096), 256 * MIB, a.rounds)
+    # without a GPU llama.cpp repacks the CPU's weights, and the profile times them so
+    repacked = cpu_weights_repacked(gpu is not None)
+    s, dense = shares(cpu.index, prof.cpu.threads or 1, (4096, 4096), 256 * MIB, a.rounds,
+                      ggml_bench.repack_buffer_type() if repacked else None)
     new.cpu.expert_scale = s
-    report["cpu"] = {"before": prof.cpu.expert_scale, "now": s,
+    report["cpu"] = {"before": prof.cpu.expert_scale, "now": s, "repacked": repacked,
                      "dense_gbps": [round(r / 1e9, 1) for r in dense]}
     if gpu is not None and new.gpu is not None:
         s, dense = shares(gpu.index, 1, (8192, 8192), 1024 * MIB, a.rounds)
