@@ -589,7 +589,7 @@ if [ "$part" = moe-placement ]; then
       /tmp/igi-bench/profile.json
   # PLACE_SWEEP="0,8,...,48": upstream's decode as more layers' experts go to host memory
   # (-ncmoe), depth 0: the cost of a layer's experts on the CPU (the slope) and of the rest
-  # (all experts on the GPU), for the cost model's expert terms (benchmarks/moe_sweep_fit.py)
+  # (all experts on the GPU), beside the cost model's (benchmarks/expert_scale.py)
   if [ -n "${PLACE_SWEEP:-}" ]; then
     timeout 400 "$lb" -m "$moe_m" -ngl 99 -ncmoe "$PLACE_SWEEP" -lm none -fa on -ub 2048 -p 0 \
       -n 64 -r "${PLACE_SWEEP_REPS:-3}" -t "$t" -o jsonl 2>/dev/null | tee -a "$out/moe-sweep.jsonl"

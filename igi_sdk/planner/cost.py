@@ -128,20 +128,13 @@ def tensor_seconds(
     if t.group in _SKIP_GROUPS or tokens <= 0:
         return 0.0, 0.0, 0.0
     nbytes, eff_tok = _active(t, inv, tokens)
-    if on_gpu:
+    if on_gpu or copy_compute:
         gpu = prof.gpu
-        assert gpu is not None  # (on_gpu is only asked with a GPU profile)
-        seconds = nbytes / gpu.rate(t.ggml_type, eff_tok)
-        if t.group == "ffn_exps":
-            seconds += gpu_expert_fixed_seconds(t, inv, gpu)
-        return seconds, 0.0, 0.0
-    if copy_compute:
-        gpu = prof.gpu
-        assert gpu is not None  # (copy-compute is only asked with a GPU profile)
+        assert gpu is not None  # (both are only asked with a GPU profile)
         g = nbytes / gpu.rate(t.ggml_type, eff_tok)
         if t.group == "ffn_exps":
             g += gpu_expert_fixed_seconds(t, inv, gpu)
-        return g, 0.0, nbytes / (prof.stream_bps(pinned) or 1.0)
+        return g, 0.0, 0.0 if on_gpu else nbytes / (prof.stream_bps(pinned) or 1.0)
     rate = cpu_weight_rate(prof, t.ggml_type, eff_tok)
     if t.group == "ffn_exps":
         rate *= prof.cpu.expert_rate_scale(t.name)
