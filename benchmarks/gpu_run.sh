@@ -604,18 +604,20 @@ if [ "$part" = moe-placement ]; then
     python3 benchmarks/planner_bench.py --threads 0 --timeout 120 \
       --json "$out/moe-placement.json" --profile /tmp/igi-bench/profile.json \
       --strategies ours --tag "rep$r" --models qwen3-30b-a3b --budgets 4 --cases 1024:1152 \
+      --turns "${PLACE_TURNS:-1}" \
       --save-plan /tmp/igi-bench/moe-plan.json 2>&1 | grep -v "^{" | grep -v "^$" \
       | tee -a "$out/moe-placement.txt"
     # PLACE_PLAN_CASES="64:1152@0 1024:1152@16 1024:1152@0@no-pin": that plan again
     # (planner_bench --plan-file) at another prompt:ctx case and thread count (@0: the
-    # engine's choice), and with a planner_bench flag
+    # engine's choice), and with a planner_bench flag (@n-batch=512: one with a value);
+    # PLACE_TURNS=N: N turns in each planner_bench process (the later ones beside the first)
     for pc in ${PLACE_PLAN_CASES:-}; do
       [ $(( END - SECONDS )) -gt 70 ] || break
       IFS=@ read -r pcase pth pflag <<< "$pc"
       python3 benchmarks/planner_bench.py --threads "$pth" --timeout 120 \
         --json "$out/moe-placement.json" --profile /tmp/igi-bench/profile.json \
         --strategies ours --tag "rep$r-plan-$pcase-t$pth${pflag:+-$pflag}" \
-        --models qwen3-30b-a3b --budgets 4 --cases "$pcase" \
+        --models qwen3-30b-a3b --budgets 4 --cases "$pcase" --turns "${PLACE_TURNS:-1}" \
         --plan-file /tmp/igi-bench/moe-plan.json ${pflag:+--$pflag} 2>&1 \
         | grep -v "^{" | grep -v "^$" | tee -a "$out/moe-placement.txt"
     done

@@ -125,7 +125,8 @@ def child(args: argparse.Namespace) -> dict:
     if args.sessions > 1:
         wl = dataclasses.replace(wl, n_seqs=n)
     peak = PeakVram()
-    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=2048, n_threads=args.threads,
+    cfg = EngineConfig(n_ctx=args.ctx, max_sessions=n, n_batch=args.n_batch,
+                       n_threads=args.threads,
                        launch_ahead=args.launch_ahead,
                        stream_every_s=args.stream_every_ms / 1000)
     eng = Engine(args.model, plan, cfg)
@@ -133,16 +134,37 @@ def child(args: argparse.Namespace) -> dict:
     sid = eng.open_session(sampling=greedy)
     eng.chat(sid, "hello " * 32, max_tokens=4, ignore_eos=True).result()  # warm-up
     eng.close_session(sid)
-    text = diverse_prompt(eng, prompt - 24)
-    sids = [eng.open_session(sampling=greedy) for _ in range(n)]
+
+    def turn(seed: int) -> tuple[list, float, list[str]]:
+        """One turn of every session, a prompt of its own (``seed``): the results, the wall
+        time and the chat sessions (left open)."""
+        text = diverse_prompt(eng, prompt - 24, seed)
+        sids: list[str] = []
+        t_start = time.perf_counter()
+        if args.completion:  # a raw prompt in a session of its own (no chat template)
+            futs = [eng.complete_async(text, sampling=greedy, max_tokens=args.gen,
+                                       ignore_eos=True) for _ in range(n)]
+            gens = [f.result() for f in futs]
+        else:
+            sids = [eng.open_session(sampling=greedy) for _ in range(n)]
+            gens = [eng.chat(s, text, max_tokens=args.gen, ignore_eos=True) for s in sids]
+        results = [g.result() for g in gens]
+        return results, time.perf_counter() - t_start, sids
+
     counts0 = thread_counts.snapshot()
-    t_start = time.perf_counter()
-    gens = [eng.chat(s, text, max_tokens=args.gen, ignore_eos=True) for s in sids]
-    results = [g.result() for g in gens]
-    wall = time.perf_counter() - t_start
+    results, wall, sids = turn(0)
     # the turn's prompt and decode: what this process's threads did, per token made
     counts = thread_counts.per_token(counts0, thread_counts.snapshot(),
                                      sum(r.completion_tokens for r in results))
+    # --turns: later turns of the same process, each in fresh sessions with a prompt of its
+    # own: whether the first reply of a fresh engine is slower than the ones after it
+    later = []
+    for k in range(1, args.turns):
+        for s in sids:
+            eng.close_session(s)
+        rs, _, sids = turn(k)
+        later.append({"ttft_s": round(rs[0].ttft_s, 3), "decode_tps": round(rs[0].decode_tps, 2),
+                      "setting": (eng.status().get("threads") or {}).get("setting")})
     peak_vram = peak.stop()
     memory = eng.memory()
     threads_status = eng.status().get("threads")  # the CPU threads' setting as it ended
@@ -168,6 +190,7 @@ def child(args: argparse.Namespace) -> dict:
         "fits_budget": args.budget == 0 or (vram.get("total", 0) <= args.budget * GB
                                              and peak_vram <= args.budget * GB),
         "threads": threads_status, "launched_ahead": launched, "thread_counts": counts,
+        "n_batch": args.n_batch, "completion": args.completion, "later_turns": later,
     }
     if n == 1:
         out["pred_ttft_s"] = round(ttft_seconds(inv, plan, prof, r0.prompt_tokens), 3)
@@ -236,6 +259,12 @@ def main() -> int:
                     help="EngineConfig.launch_ahead (auto: as shipped)")
     ap.add_argument("--stream-every-ms", type=float, default=STREAM_EVERY_MS,
                     help="EngineConfig.stream_every_s in ms (default: serve's, as shipped)")
+    ap.add_argument("--turns", type=int, default=1,
+                    help="turns in one process; the first is the row, the later ones are "
+                         "reported beside it (later_turns)")
+    ap.add_argument("--n-batch", type=int, default=2048, help="EngineConfig.n_batch")
+    ap.add_argument("--completion", action="store_true",
+                    help="each turn a raw completion instead of a chat line")
     args = ap.parse_args()
     if args.child:
         print("RESULT " + json.dumps(child(args)), flush=True)
@@ -300,7 +329,8 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
            "--sessions", str(args.sessions), "--peer-slack", str(slack),
            "--plan-ctx", str(args.plan_ctx), "--kv", args.kv,
            "--launch-ahead", args.launch_ahead,
-           "--stream-every-ms", str(args.stream_every_ms)] + (
+           "--stream-every-ms", str(args.stream_every_ms), "--turns", str(args.turns),
+           "--n-batch", str(args.n_batch)] + (["--completion"] if args.completion else []) + (
                ["--no-pin"] if args.no_pin else []) + (
                ["--output-first"] if args.output_first else ["--no-output-first"])
     if args.plan_file:
@@ -336,7 +366,8 @@ def print_table(results: list[dict]) -> None:
         print(f"{r['model']:<12} {case:<11} {r['budget_gb']:>5}  {r['strategy']:<8} "
               f"{r['plan']:<20} {r['peak_vram_gb']:>7.2f}  {r['ttft_s']:6.2f} "
               f"({r.get('pred_ttft_s', 0):5.2f})  {r['decode_tps']:8.1f} "
-              f"({r.get('pred_decode_tps', 0):6.1f})  {r['total_tps']:8.1f}")
+              f"({r.get('pred_decode_tps', 0):6.1f})  {r['total_tps']:8.1f}"
+              + "".join(f"  then {t['decode_tps']:.1f}" for t in r.get("later_turns", [])))
 
 
 if __name__ == "__main__":
