@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | shipped | busy | host | moe-placement | all
+#         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -645,6 +645,36 @@ if [ "$part" = moe-placement ]; then
         | grep -v "^{" | tee -a "$out/moe-placement.txt"
     done
   fi
+fi
+if [ "$part" = log-cost ]; then
+  # what llama.cpp's log callback costs a decode (benchmarks/log_callback_cost.py: turns
+  # alternating the SDK's Python callback, a native one that drops the line, and one that
+  # counts the lines): the MoE at its 4 GB plan (LOG_MOE_PLAN, a saved plan), the dense 8B at
+  # 4 GB (planned here from LOG_PROFILE) and all in VRAM, each beside upstream's decode
+  END=${END:-570}
+  moe_m=/tmp/igi-bench/qwen3-30b-a3b.gguf; m=/tmp/igi-bench/llama3-8b.gguf
+  lb=/tmp/lcpp/build/bin/llama-bench
+  lc() { [ $(( END - SECONDS )) -gt 60 ] || { echo "skipped $1: no time"; return; }
+         local tag=$1; shift
+         timeout 200 python3 benchmarks/log_callback_cost.py --rounds "${LOG_ROUNDS:-3}" \
+           --json "$out/log-$tag.json" "$@" 2>&1 | grep "^round" | sed "s/^/$tag /" \
+           | tee -a "$out/log-cost.txt"; }
+  [ -f "$moe_m" ] || timeout 300 python3 benchmarks/make_synthetic.py qwen3-30b-a3b "$moe_m" --quiet
+  [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet
+  lc moe4 --model "$moe_m" --plan-file "${LOG_MOE_PLAN:-.gpu/plans/ours-p.json}"
+  timeout 120 "$lb" -m "$moe_m" -ngl 99 -ncmoe 42 -lm none -fa on -ub 2048 -p 0 -n 128 -d 1024 \
+    -r 1 -t "$t,$(( t - 1 ))" -o jsonl 2>/dev/null | tee -a "$out/log-cost-lb.jsonl"
+  lc full8b --model "$m"
+  timeout 60 "$lb" -m "$m" -ngl 99 -lm none -fa on -ub 2048 -p 0 -n 128 -d 1024 -r 2 -t "$t" \
+    -o jsonl 2>/dev/null | tee -a "$out/log-cost-lb.jsonl"
+  cp "${LOG_PROFILE:-benchmarks/results/h200-profile-16t-2026-11-30-p.json}" \
+    /tmp/igi-bench/profile.json
+  timeout 150 python3 benchmarks/planner_bench.py --threads 0 --timeout 120 \
+    --json "$out/log-planner.json" --profile /tmp/igi-bench/profile.json --strategies ours \
+    --models llama3-8b --budgets 4 --cases 1024:1152 --save-plan /tmp/igi-bench/dense4.json \
+    2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/log-cost.txt"
+  [ -f /tmp/igi-bench/dense4.json ] && lc dense4 --model "$m" --plan-file /tmp/igi-bench/dense4.json
+  echo "done at $SECONDS s"
 fi
 if [ "$part" = host ]; then
   # host: where an all-GPU decode step's time goes outside the model's compute
