@@ -5,7 +5,7 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | all
+#         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | prefill-probe | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -674,6 +674,35 @@ if [ "$part" = log-cost ]; then
     --models llama3-8b --budgets 4 --cases 1024:1152 --save-plan /tmp/igi-bench/dense4.json \
     2>&1 | grep -v "^{" | grep -v "^$" | tee -a "$out/log-cost.txt"
   [ -f /tmp/igi-bench/dense4.json ] && lc dense4 --model "$m" --plan-file /tmp/igi-bench/dense4.json
+  echo "done at $SECONDS s"
+fi
+if [ "$part" = prefill-probe ]; then
+  # what the cost model leaves unpriced in a prefill (benchmarks/stream_probe.py): a profile
+  # measured here, then Llama-3-8B's and Qwen3-30B-A3B's first N layers, streamed and all in
+  # VRAM, priced with it; then ours (planner_bench) on that profile, the plans kept, so the
+  # TTFT each predicts can be set beside the measured one
+  END=${END:-570}
+  have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  timeout 300 python3 -c "from igi_sdk.tuning.measure import measure_profile as m
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_dump_json())" \
+    > "$out/profile.txt" 2>&1 && cp /tmp/igi-bench/profile.json "$out/profile.json"
+  for tk in ${PROBE_TOKENS:-512 1024}; do
+    have 200 || break
+    timeout 200 python3 benchmarks/stream_probe.py --layers "${PROBE_LAYERS:-2,4,8}" \
+      --presets llama3-8b,qwen3-30b-a3b --modes streamed,gpu --tokens "$tk" --threads "$t" \
+      --profile /tmp/igi-bench/profile.json --json "$out/probe-$tk.json" 2>&1 | cut -c1-400 \
+      | tee -a "$out/probe.txt"
+  done
+  mkdir -p "$out/plans"
+  for spec in ${PROBE_ROWS:-llama3-8b@8 llama3-8b@2 qwen3-30b-a3b@4 llama3-8b@4}; do
+    have 70 || break
+    IFS=@ read -r model gb <<< "$spec"
+    timeout 150 python3 benchmarks/planner_bench.py --threads 0 --timeout 140 \
+      --json "$out/planner.json" --profile /tmp/igi-bench/profile.json --strategies ours \
+      --models "$model" --budgets "$gb" --cases 1024:1152 \
+      --save-plan "$out/plans/$model-{budget}.json" 2>&1 | grep -v "^{" | grep -v "^$" \
+      | tee -a "$out/probe.txt"
+  done
   echo "done at $SECONDS s"
 fi
 if [ "$part" = host ]; then

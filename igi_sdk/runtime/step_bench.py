@@ -114,23 +114,33 @@ def step_overhead(*, gpu: bool, threads: int, steps: int = 48) -> StepOverhead:
 
 @dataclass(frozen=True)
 class CopyComputeRun:
-    seconds: float  # one prefill ubatch of ``tokens`` tokens, every weight streamed
+    seconds: float  # one prefill ubatch of ``tokens`` tokens
     tokens: int
-    weight_bytes: dict[str, int]  # ggml type -> bytes streamed (the token embedding excluded)
+    weight_bytes: dict[str, int]  # ggml type -> bytes of the weights (the token embedding excluded)
     n_layers: int
+    # the probe's model and plan, for a cost model to price the same ubatch (None: not kept)
+    inventory: ModelInventory | None = None
+    plan: Plan | None = None
 
 
 def copy_compute_seconds(*, pinned: bool, threads: int, tokens: int = 512,
-                         reps: int = 4, n_layers: int = 2) -> CopyComputeRun:
-    """Time of one ``tokens``-token prefill ubatch with every weight streamed to the GPU."""
-    spec = spec_with("llama3-8b", n_layers=n_layers, n_vocab=2048)
+                         reps: int = 4, n_layers: int = 2, preset: str = "llama3-8b",
+                         streamed: bool = True) -> CopyComputeRun:
+    """Time of one ``tokens``-token prefill ubatch of ``preset``'s first ``n_layers`` layers:
+    with every weight streamed to the GPU (``streamed``), or with every weight in VRAM (the
+    same ubatch's GPU work without the copies)."""
+    spec = spec_with(preset, n_layers=n_layers, n_vocab=2048)
     with tempfile.TemporaryDirectory(prefix="igi-copy-") as tmp:
         path = write_synthetic_gguf(Path(tmp) / "copy.gguf", spec)
         inv = read_inventory(path)
-        plan = Plan(name="copy-probe", gpu_layers=0, kv_on_gpu=False, op_offload=True,
-                    copy_compute_min_batch=32, pinned_host=pinned, flash_attn="on",
-                    n_ubatch=tokens)
+        if streamed:
+            plan = Plan(name="copy-probe", gpu_layers=0, kv_on_gpu=False, op_offload=True,
+                        copy_compute_min_batch=32, pinned_host=pinned, flash_attn="on",
+                        n_ubatch=tokens)
+        else:
+            plan = Plan.all_gpu(inv).model_copy(update={
+                "name": "prefill-probe", "flash_attn": "on", "n_ubatch": tokens})
         seconds = _median_decode_seconds(path, inv, plan, threads, n_tokens=tokens, runs=reps,
                                          warmup=1, restart=True)
     weights = _bytes_by_type(t for t in inv.tensors if t.group != "token_embd")
-    return CopyComputeRun(seconds, tokens, weights, inv.arch.n_layers)
+    return CopyComputeRun(seconds, tokens, weights, inv.arch.n_layers, inv, plan)
