@@ -469,13 +469,16 @@ if [ "$part" = shipped ] || [ "$part" = busy ]; then
   m=/tmp/igi-bench/llama3-8b.gguf; moe_m=/tmp/igi-bench/qwen3-30b-a3b.gguf
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
   # measured here unless a complete one was carried: a profile taken before the profile timed
-  # decode overheads reads them as 0 and prices every CPU op as free (docs/benchmarks.md,
-  # "Which profile planned these rows")
+  # decode overheads reads them as 0 and prices every CPU op as free, one before it timed the
+  # GPU's prefill work prices a prefill a fifth short (docs/benchmarks.md, "Which profile
+  # planned these rows"); at the engine's own thread count (threads=None: nproc - 1, as the
+  # rows run), not every CPU's, which timed the CPU's weights faster than the engine reads them
   if ! python3 -c "import json, sys; d = json.load(open('/tmp/igi-bench/profile.json'))
-sys.exit(0 if d['cpu'].get('layer_overhead_s') and (d.get('gpu') or {}).get('layer_overhead_s')
-         else 1)" 2>/dev/null; then
+g = d.get('gpu') or {}
+sys.exit(0 if d['cpu'].get('layer_overhead_s') and g.get('layer_overhead_s')
+         and g.get('prefill_token_layer_s') else 1)" 2>/dev/null; then
     python3 -c "from igi_sdk.tuning.measure import load_or_measure as m
-open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_dump_json())" \
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=None, fast=True).model_dump_json())" \
       > "$out/profile.txt" 2>&1
   fi
   row() {  # row TAG ENV... -- planner_bench args
@@ -683,10 +686,12 @@ if [ "$part" = prefill-probe ]; then
   # TTFT each predicts can be set beside the measured one
   END=${END:-570}
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  # (at the engine's own thread count, as the rows run: threads=None)
   timeout 300 python3 -c "from igi_sdk.tuning.measure import measure_profile as m
-open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$t, fast=True).model_dump_json())" \
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=None, fast=True).model_dump_json())" \
     > "$out/profile.txt" 2>&1 && cp /tmp/igi-bench/profile.json "$out/profile.json"
-  for tk in ${PROBE_TOKENS:-512 1024}; do
+  # PROBE_TOKENS="": no probes, the rows only
+  for tk in ${PROBE_TOKENS-512 1024}; do
     have 200 || break
     timeout 200 python3 benchmarks/stream_probe.py --layers "${PROBE_LAYERS:-2,4,8}" \
       --presets llama3-8b,qwen3-30b-a3b --modes streamed,gpu --tokens "$tk" --threads "$t" \

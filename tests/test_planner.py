@@ -162,11 +162,11 @@ def test_cpu_experts_are_priced_at_the_measured_expert_rate(tiny_moe) -> None:
 
 
 def test_gpu_experts_pay_their_measured_share_once_per_matmul(tiny_moe) -> None:
-    """On the GPU a routed-expert matmul costs its bytes at the dense rate plus the time the
-    profile's one-token share adds to one token's experts: halving the gate/up share adds one
-    token's gate/up bytes at the one-token rate, the same at one token and in a prefill batch,
-    and nothing to the down experts or any other weight."""
-    from igi_sdk.planner.cost import tensor_seconds
+    """On the GPU a routed-expert matmul of a few tokens (decode, a few NPCs) costs its bytes at
+    the dense rate plus the time the profile's one-token share adds to one token's experts:
+    halving the gate/up share adds one token's gate/up bytes at the one-token rate, the same
+    at one token and at a few, and nothing to the down experts or any other weight."""
+    from igi_sdk.planner.cost import EXPERT_PREFILL_TOKENS, tensor_seconds
 
     inv = read_inventory(tiny_moe)
     a = inv.arch
@@ -175,7 +175,7 @@ def test_gpu_experts_pay_their_measured_share_once_per_matmul(tiny_moe) -> None:
     slow.gpu.expert_scale = {"gate_up": 0.5, "down": 1.0}
     seen = 0
     for t in inv.tensors:
-        for tokens in (1, 64):
+        for tokens in (1, 4, EXPERT_PREFILL_TOKENS - 1):
             for copy in (False, True):
                 on_gpu = not copy
                 base = tensor_seconds(t, inv, GPU_PROFILE, tokens, on_gpu=on_gpu,
@@ -190,6 +190,87 @@ def test_gpu_experts_pay_their_measured_share_once_per_matmul(tiny_moe) -> None:
                 assert now[0] == pytest.approx(base[0] + extra), (t.name, tokens, copy)
                 assert now[1:] == pytest.approx(base[1:])
     assert seen  # the model has gate/up experts
+
+
+def test_a_gpu_prefill_runs_its_experts_at_the_measured_prefill_share(tiny_moe) -> None:
+    """A prefill batch's routed experts run llama.cpp's grouped kernels, which reach the
+    profile's measured share of the dense rate: a share of a half doubles their GPU time, in
+    VRAM and streamed (the copy unchanged), and the one-token fixed cost is not added on top;
+    batches of fewer tokens, and every other weight, are priced as before."""
+    from igi_sdk.planner.cost import EXPERT_PREFILL_TOKENS, tensor_seconds
+
+    inv = read_inventory(tiny_moe)
+    one = GPU_PROFILE.model_copy(deep=True)
+    assert one.gpu is not None
+    one.gpu.expert_scale = {"gate_up": 0.5, "down": 0.5}
+    half = one.model_copy(deep=True)
+    assert half.gpu is not None
+    half.gpu.expert_scale["prefill"] = 0.5
+    experts = 0
+    for t in inv.tensors:
+        for tokens in (EXPERT_PREFILL_TOKENS - 1, EXPERT_PREFILL_TOKENS, 512):
+            for copy in (False, True):
+                args = dict(on_gpu=not copy, copy_compute=copy, pinned=True)
+                before = tensor_seconds(t, inv, one, tokens, **args)
+                now = tensor_seconds(t, inv, half, tokens, **args)
+                if t.group == "ffn_exps" and tokens >= EXPERT_PREFILL_TOKENS:
+                    experts += 1
+                    plain = tensor_seconds(t, inv, GPU_PROFILE, tokens, **args)
+                    assert now[0] == pytest.approx(2 * plain[0]), (t.name, tokens, copy)
+                else:
+                    assert now[0] == pytest.approx(before[0]), (t.name, tokens, copy)
+                assert now[1:] == pytest.approx(before[1:])
+    assert experts
+
+
+def test_a_prefill_pays_the_gpus_measured_work_per_token_for_the_blocks_it_runs(dense) -> None:
+    """The profile's per-token prefill work is paid per token after the first, half a layer's
+    per block the GPU runs: every block in VRAM, every block under copy-compute, none in a
+    batch the CPU computes (under the copy-compute threshold), nothing at one token."""
+    from igi_sdk.planner.cost import ubatch_cost
+
+    s = 2e-6
+    prof = GPU_PROFILE.model_copy(deep=True)
+    assert prof.gpu is not None
+    prof.gpu.prefill_token_layer_s = s
+    n = dense.arch.n_layers
+    full = Plan.all_gpu(dense)
+    cpu = Plan(name="streamed", gpu_tensors=(), op_offload=True, copy_compute_min_batch=32)
+    for plan, tokens, layers in ((full, 512, n), (full, 1, 0), (cpu, 512, n),
+                                 (cpu, cpu.copy_compute_min_batch - 1, 0)):
+        without = ubatch_cost(dense, plan, GPU_PROFILE, tokens, 0)
+        with_it = ubatch_cost(dense, plan, prof, tokens, 0)
+        assert with_it.prefill_s == pytest.approx(layers * (tokens - 1) * s), (plan.name, tokens)
+        assert with_it.total == pytest.approx(without.total + with_it.prefill_s)
+
+
+def test_the_prefill_term_is_what_a_probe_in_vram_spends_beyond_its_price(tmp_path) -> None:
+    """Two all-GPU prefill probes (2 and 6 layers): whatever the cost model does not price of
+    them, per added layer and token, is the term; a fixed cost per ubatch drops out, and a run
+    faster than its price gives none."""
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+    from igi_sdk.planner.cost import ubatch_cost
+    from igi_sdk.runtime.step_bench import CopyComputeRun
+    from igi_sdk.tuning.measure import prefill_token_layer_seconds
+
+    tokens, s_true, fixed = 1024, 3e-7, 0.004
+
+    def run(n_layers: int, extra: float) -> CopyComputeRun:
+        path = write_synthetic_gguf(tmp_path / f"p{n_layers}.gguf",
+                                    spec_with("tiny-llama", n_layers=n_layers), data=False)
+        inv = read_inventory(path)
+        plan = Plan.all_gpu(inv).model_copy(update={"n_ubatch": tokens})
+        priced = ubatch_cost(inv, plan, GPU_PROFILE, tokens, 0, output_tokens=1).total
+        return CopyComputeRun(priced + extra(n_layers) if callable(extra) else priced + extra,
+                              tokens, {}, n_layers, inv, plan)
+
+    def slow(n: int) -> float:
+        return fixed + n * (tokens - 1) * s_true
+
+    small, large = run(2, slow), run(6, slow)
+    assert prefill_token_layer_seconds(GPU_PROFILE, small, large) == pytest.approx(s_true)
+    fast_small, fast_large = run(2, -0.001), run(6, -0.002)
+    assert prefill_token_layer_seconds(GPU_PROFILE, fast_small, fast_large) == 0.0
 
 
 def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense) -> None:
@@ -387,6 +468,35 @@ def test_stream_rate_is_what_the_prefill_spends_beyond_its_matmuls() -> None:
                          big_w, 6)
     assert stream_rate(prof, small) < 20e9  # the fixed share counted as copying
     assert stream_rate(prof, big, small) == pytest.approx(20e9)
+
+
+def test_the_stream_rate_is_what_a_probe_spends_beyond_the_cost_models_price(tmp_path) -> None:
+    """With the probe's model and plan (every weight in host memory, the KV cache in VRAM),
+    the stream rate is the streamed bytes over what the two runs spend beyond the cost model's
+    price of everything but their copies, the profile's prefill term included."""
+    from igi_sdk.model import spec_with, write_synthetic_gguf
+    from igi_sdk.planner.cost import ubatch_cost
+    from igi_sdk.runtime.step_bench import CopyComputeRun
+    from igi_sdk.tuning.measure import stream_rate
+
+    prof = GPU_PROFILE.model_copy(deep=True)
+    assert prof.gpu is not None
+    prof.gpu.prefill_token_layer_s = 5e-7
+    rate, tokens = 20e9, 512
+
+    def run(n_layers: int) -> CopyComputeRun:
+        path = write_synthetic_gguf(tmp_path / f"s{n_layers}.gguf",
+                                    spec_with("tiny-llama", n_layers=n_layers), data=False)
+        inv = read_inventory(path)
+        plan = Plan(name="copy-probe", gpu_tensors=(), op_offload=True, pinned_host=True,
+                    flash_attn="on", n_ubatch=tokens)
+        u = ubatch_cost(inv, plan, prof, tokens, 0, output_tokens=1)
+        weights = {"Q4_0": sum(t.n_bytes for t in inv.tensors if t.group != "token_embd")}
+        assert u.prefill_s > 0 and u.copy_s > 0
+        return CopyComputeRun(u.total - u.copy_s + weights["Q4_0"] / rate + 0.002, tokens,
+                              weights, n_layers, inv, plan)
+
+    assert stream_rate(prof, run(6), run(2)) == pytest.approx(rate)
 
 
 def test_profile_rate_follows_a_roofline_between_measurements() -> None:

@@ -67,6 +67,10 @@ SHEXP_EXTRA_OPS = 5
 # Qwen3-MoE); for others the weights go as the softmax gave them
 NORMED_ROUTER_ARCHS = frozenset({"llama", "qwen3moe", "qwen3vlmoe"})
 PROBE_LAYER_OPS = ATTN_BLOCK_OPS + FFN_BLOCK_OPS  # the decode-overhead probe's tiny Llama layer
+# a GPU batch of at least this many tokens runs its routed experts with the grouped prefill
+# kernels, priced by the profile's expert prefill share; fewer (decode, a few NPCs) are priced
+# as one token's experts plus a fixed cost per matmul
+EXPERT_PREFILL_TOKENS = 32
 PROFILE_MATMUL_SHAPE = (4096, 4096)  # the weight of one op in the profile's CPU rate graphs
 
 
@@ -104,10 +108,12 @@ class UbatchCost:
     attn_s: float
     split_s: float
     overhead_s: float = 0.0
+    prefill_s: float = 0.0  # the GPU's per-token work beyond matmuls and attention
 
     @property
     def total(self) -> float:
-        return self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s + self.overhead_s
+        return (self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s
+                + self.overhead_s + self.prefill_s)
 
 
 def _active(t: TensorInfo, inv: ModelInventory, tokens: int) -> tuple[float, float]:
@@ -133,7 +139,10 @@ def tensor_seconds(
         assert gpu is not None  # (both are only asked with a GPU profile)
         g = nbytes / gpu.rate(t.ggml_type, eff_tok)
         if t.group == "ffn_exps":
-            g += gpu_expert_fixed_seconds(t, inv, gpu)
+            if tokens >= EXPERT_PREFILL_TOKENS:
+                g /= gpu.expert_prefill_scale()
+            else:
+                g += gpu_expert_fixed_seconds(t, inv, gpu)
         return g, 0.0, 0.0 if on_gpu else nbytes / (prof.stream_bps(pinned) or 1.0)
     rate = cpu_weight_rate(prof, t.ggml_type, eff_tok)
     if t.group == "ffn_exps":
@@ -196,9 +205,10 @@ def ubatch_cost(
                                        on_gpu=layer in on_gpu, copy_compute=copy)
                for layer in range(inv.arch.n_layers))
     splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
+    blocks = block_placement(inv, gpu_set)
     return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s,
-                      overhead_seconds(prof, block_placement(inv, gpu_set), copy,
-                                       block_ops(inv)))
+                      overhead_seconds(prof, blocks, copy, block_ops(inv)),
+                      prefill_seconds(prof, blocks, copy, tokens))
 
 
 def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:
@@ -257,6 +267,18 @@ def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
     per_block = on_gpu * prof.gpu.layer_overhead_s / 2 + cpu_ops * op_s
     step = prof.gpu.step_overhead_s if on_gpu else prof.cpu.step_overhead_s
     return per_block + step
+
+
+def prefill_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
+                    tokens: int) -> float:
+    """The GPU's per-token work of a ubatch beyond its matmuls and attention (the profile's
+    ``prefill_token_layer_s``, half a layer's per block), for the blocks it runs (every block
+    under copy-compute). At one token it is part of the measured layer overhead, so it counts
+    from the second token on."""
+    if prof.gpu is None or tokens <= 1:
+        return 0.0
+    on_gpu = len(blocks) if copy_compute else sum(blocks)
+    return on_gpu * (tokens - 1) * prof.gpu.prefill_token_layer_s / 2
 
 
 def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:

@@ -55,8 +55,16 @@ class DeviceProfile(BaseModel):
     # a MoE's routed experts at decode (one token), as a share of ``rate(type, 1)``: "gate_up"
     # (each token's one row against its experts) and "down" (each expert its own row), timed at
     # Qwen3-30B-A3B's expert shape; small experts, and the down experts' short rows, read
-    # slower than one large weight where the kernels are the plain ones. Empty: 1.0
+    # slower than one large weight where the kernels are the plain ones. GPU only, "prefill":
+    # a prefill batch's experts (timed at 1024 tokens over all 128 experts) as a share of the
+    # dense rate at each expert's share of the tokens: the grouped expert kernels reach a
+    # fraction of a dense matmul's throughput. Empty: 1.0
     expert_scale: dict[str, float] = Field(default_factory=dict)
+    # seconds per token and layer a prefill batch spends beyond its matmuls at these rates, its
+    # attention and the fixed overheads: the element-wise ops (norms, rope, SwiGLU, adds), the
+    # activations' quantisation and the small matrices' lower occupancy, which grow with the
+    # tokens; fitted from a prefill probe of real-sized layers (GPU; 0: not measured)
+    prefill_token_layer_s: float = 0.0
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:
@@ -98,6 +106,10 @@ class DeviceProfile(BaseModel):
         """``expert_scale`` for a routed-expert weight of this name (1.0 unmeasured)."""
         kind = "down" if "ffn_down_exps" in tensor_name else "gate_up"
         return self.expert_scale.get(kind, 1.0)
+
+    def expert_prefill_scale(self) -> float:
+        """``expert_scale["prefill"]`` (1.0 unmeasured)."""
+        return self.expert_scale.get("prefill", 1.0)
 
     def attention_flops(self) -> float:
         return self.attn_flops or self.flops()

@@ -9,8 +9,10 @@ llama.cpp on small synthetic models.
   layer is the per-layer overhead, what remains of the 4-layer step the per-step overhead.
 * ``copy_compute_seconds``: a prefill ubatch of a model whose weights all stay in host memory,
   so llama.cpp streams every weight to the GPU and multiplies it there (copy-compute), copy and
-  matmul in turn on one stream. Its weights are real-sized (Llama-3-8B's layers), so the copies
-  run at the rate a real model's do, from pinned or memory-mapped host memory.
+  matmul in turn on one stream; its KV cache is in VRAM, as in the planner's placements. Its
+  weights are real-sized (Llama-3-8B's layers), so the copies run at the rate a real model's
+  do, from pinned or memory-mapped host memory. The same ubatch with every weight in VRAM
+  (``streamed=False``) is the GPU's own prefill work.
 """
 
 from __future__ import annotations
@@ -133,8 +135,8 @@ def copy_compute_seconds(*, pinned: bool, threads: int, tokens: int = 512,
     with tempfile.TemporaryDirectory(prefix="igi-copy-") as tmp:
         path = write_synthetic_gguf(Path(tmp) / "copy.gguf", spec)
         inv = read_inventory(path)
-        if streamed:
-            plan = Plan(name="copy-probe", gpu_layers=0, kv_on_gpu=False, op_offload=True,
+        if streamed:  # every weight in host memory, the KV cache in VRAM (as a real plan's)
+            plan = Plan(name="copy-probe", gpu_tensors=(), kv_on_gpu=True, op_offload=True,
                         copy_compute_min_batch=32, pinned_host=pinned, flash_attn="on",
                         n_ubatch=tokens)
         else:

@@ -254,6 +254,52 @@ def expert_scale_on(index: int, n_threads: int, dense_rate: float, budget: int, 
     return out
 
 
+# the batch a GPU's expert prefill share is timed at (64 tokens an expert, as a 1K prompt)
+EXPERT_PREFILL_TOKENS = 1024
+
+
+def expert_prefill_scale_on(index: int, dev: DeviceProfile, *,
+                            tokens: int = EXPERT_PREFILL_TOKENS, reps: int = 2,
+                            scale_down: bool = False) -> float:
+    """A GPU's routed experts in a prefill batch against its dense rates (``dev``): Qwen3-30B-
+    A3B's gate experts (128 of 2048 x 768, 8 a token) over ``tokens`` tokens, priced as the
+    cost model prices them (the experts some token picks, at the dense rate for each one's
+    share of the tokens), over the time they took. llama.cpp's grouped expert kernels reach a
+    fraction of a dense matmul's throughput at the same tokens per weight."""
+    width, ff, n_expert, used = (256, 96, 16, 2) if scale_down else (2048, 768, 128, 8)
+    with ggml_bench.backend(index, 1) as be:
+        s = ggml_bench.expert_matmul_seconds(be, "Q4_0", width, ff, n_expert, used, tokens,
+                                             reps=reps, shared_input=True)
+    picked = 1.0 - (1.0 - used / n_expert) ** tokens  # as planner.cost._active
+    per_expert = max(1.0, tokens * used / (n_expert * picked))
+    priced = (n_expert * picked * ggml_bench.ggml_weight_bytes("Q4_0", width, ff)
+              / dev.rate("Q4_0", per_expert))
+    return round(min(2.0, priced / s), 3)
+
+
+def prefill_token_layer_seconds(prof: Profile, small: step_bench.CopyComputeRun,
+                                large: step_bench.CopyComputeRun) -> float:
+    """Seconds per token and layer that a prefill in VRAM spends beyond the cost model's price
+    of it (the profile's rates and overheads, without this term): the larger probe's extra
+    time over the smaller one's, less the extra the model prices, per added layer and token
+    after the first (what does not grow with the layers, the step's own cost, drops out)."""
+    from igi_sdk.planner.cost import ubatch_cost
+
+    assert prof.gpu is not None
+    base = prof.model_copy(update={"gpu": prof.gpu.model_copy(
+        update={"prefill_token_layer_s": 0.0})})
+
+    def unpriced(r: step_bench.CopyComputeRun) -> float:
+        assert r.inventory is not None and r.plan is not None
+        return r.seconds - ubatch_cost(r.inventory, r.plan, base, r.tokens, 0,
+                                       output_tokens=1).total
+
+    layers = large.n_layers - small.n_layers
+    if layers <= 0 or large.tokens <= 1:
+        return 0.0
+    return max(0.0, (unpriced(large) - unpriced(small)) / (layers * (large.tokens - 1)))
+
+
 def _measure_profile(
     *, threads: int, fast: bool, k: int, n: int, progress: Callable[[float, str], None] | None,
     scale_down: bool, problems: list[str],
@@ -263,7 +309,7 @@ def _measure_profile(
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
     reps = 2 if fast else 3
-    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (7 if gpu else 1) + 1
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (9 if gpu else 1) + 1
     done = 0
 
     def tick(what: str) -> None:
@@ -346,10 +392,19 @@ def _measure_profile(
     prof.gpu.attn_flops, prof.gpu.attn_kv_bps = attention(gpu.index, 1)
     prof.gpu.expert_scale = expert_scale(gpu.index, 1, gpu_rates["Q4_0"][1], gpu_bytes[1] // 2,
                                          None)
+    prof.gpu.expert_scale["prefill"] = expert_prefill_scale_on(gpu.index, prof.gpu, reps=reps,
+                                                               scale_down=scale_down)
+    tick("experts in a prefill")
     _add_step_overhead(prof.gpu, gpu=True, threads=threads, problems=problems)
     tick("gpu step overhead")
     prof.h2d_pinned_bps = pinned  # (the stream rates' ceiling)
     prof.h2d_pageable_bps = pageable
+    # before the stream rates: their probes' prefills pay it too
+    small, large = (step_bench.copy_compute_seconds(pinned=True, threads=threads, n_layers=n,
+                                                    tokens=PREFILL_PROBE_TOKENS, streamed=False)
+                    for n in STREAM_PROBE_LAYERS)
+    prof.gpu.prefill_token_layer_s = prefill_token_layer_seconds(prof, small, large)
+    tick("prefill in VRAM")
     prof.stream_pinned_bps = _stream_rate(prof, pinned=True, threads=threads)
     tick("copy-compute pinned")
     prof.stream_mapped_bps = _stream_rate(prof, pinned=False, threads=threads)
@@ -442,6 +497,7 @@ def profile_problems(prof: Profile) -> list[str]:
 
 
 STREAM_PROBE_LAYERS = (2, 6)
+PREFILL_PROBE_TOKENS = 1024  # a 1K prompt's ubatch
 
 
 def _stream_rate(prof: Profile, *, pinned: bool, threads: int) -> float:
@@ -453,8 +509,9 @@ def _stream_rate(prof: Profile, *, pinned: bool, threads: int) -> float:
 def stream_rate(prof: Profile, run: step_bench.CopyComputeRun,
                 smaller: step_bench.CopyComputeRun | None = None) -> float:
     """Weight bytes per second streamed by copy-compute in a real prefill: the ubatch's time
-    less what the profile already prices (the GPU's matmuls and step overheads), never above a
-    single large pinned copy's rate.
+    less what the cost model prices of it besides the copies (matmuls, attention, overheads,
+    the per-token prefill work; for a run without its model and plan, the GPU's matmuls and
+    step overheads), never above a single large pinned copy's rate.
 
     With ``smaller`` (the same probe with fewer layers) the rate is the marginal one: the extra
     layers' bytes over their extra time. A ubatch also pays costs that do not grow with the
@@ -462,11 +519,19 @@ def stream_rate(prof: Profile, run: step_bench.CopyComputeRun,
     about 1 ms on an H100 host); divided into one 2-layer probe's 250 MB they understated the
     rate a real model streams at by a fifth (31 vs 39 GB/s), and TTFT came out 15% high."""
     assert prof.gpu is not None
+    from igi_sdk.planner.cost import ubatch_cost
+
+    # copies at the raw rate: the model's price of everything else is taken off
+    raw = prof.model_copy(update={"stream_pinned_bps": 0.0, "stream_mapped_bps": 0.0})
 
     def priced(r: step_bench.CopyComputeRun) -> tuple[float, int]:
+        streamed = sum(r.weight_bytes.values())
+        if r.inventory is not None and r.plan is not None:  # the probe's own ubatch, priced
+            u = ubatch_cost(r.inventory, r.plan, raw, r.tokens, 0, output_tokens=1)
+            return r.seconds - (u.total - u.copy_s), streamed
         matmul_s = sum(b / prof.gpu.rate(t, r.tokens) for t, b in r.weight_bytes.items())
         fixed_s = r.n_layers * prof.gpu.layer_overhead_s + prof.gpu.step_overhead_s
-        return r.seconds - matmul_s - fixed_s, sum(r.weight_bytes.values())
+        return r.seconds - matmul_s - fixed_s, streamed
 
     copy_s, streamed = priced(run)
     if smaller is not None and smaller.n_layers < run.n_layers:
