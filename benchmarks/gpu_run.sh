@@ -471,14 +471,15 @@ if [ "$part" = shipped ] || [ "$part" = busy ]; then
   # measured here unless a complete one was carried: a profile taken before the profile timed
   # decode overheads reads them as 0 and prices every CPU op as free, one before it timed the
   # GPU's prefill work prices a prefill a fifth short (docs/benchmarks.md, "Which profile
-  # planned these rows"); at the engine's own thread count (threads=None: nproc - 1, as the
-  # rows run), not every CPU's, which timed the CPU's weights faster than the engine reads them
+  # planned these rows"); at the thread count the rows decode with on this idle host (nproc - 1,
+  # the controller's ceiling), not every CPU's (the CPU's weights timed faster than the engine
+  # reads them) nor the product's default (threads_for: half the CPUs, a busy game assumed)
   if ! python3 -c "import json, sys; d = json.load(open('/tmp/igi-bench/profile.json'))
 g = d.get('gpu') or {}
 sys.exit(0 if d['cpu'].get('layer_overhead_s') and g.get('layer_overhead_s')
          and g.get('prefill_token_layer_s') else 1)" 2>/dev/null; then
     python3 -c "from igi_sdk.tuning.measure import load_or_measure as m
-open('/tmp/igi-bench/profile.json', 'w').write(m(threads=None, fast=True).model_dump_json())" \
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$(( t - 1 )), fast=True).model_dump_json())" \
       > "$out/profile.txt" 2>&1
   fi
   row() {  # row TAG ENV... -- planner_bench args
@@ -686,9 +687,9 @@ if [ "$part" = prefill-probe ]; then
   # TTFT each predicts can be set beside the measured one
   END=${END:-570}
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
-  # (at the engine's own thread count, as the rows run: threads=None)
+  # (at the thread count the rows decode with on this idle host: nproc - 1)
   timeout 300 python3 -c "from igi_sdk.tuning.measure import measure_profile as m
-open('/tmp/igi-bench/profile.json', 'w').write(m(threads=None, fast=True).model_dump_json())" \
+open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$(( t - 1 )), fast=True).model_dump_json())" \
     > "$out/profile.txt" 2>&1 && cp /tmp/igi-bench/profile.json "$out/profile.json"
   # PROBE_TOKENS="": no probes, the rows only
   for tk in ${PROBE_TOKENS-512 1024}; do

@@ -224,15 +224,16 @@ def test_a_gpu_prefill_runs_its_experts_at_the_measured_prefill_share(tiny_moe) 
 
 
 def test_a_prefill_pays_the_gpus_measured_work_per_token_for_the_blocks_it_runs(dense) -> None:
-    """The profile's per-token prefill work is paid per token after the first, half a layer's
-    per block the GPU runs: every block in VRAM, every block under copy-compute, none in a
-    batch the CPU computes (under the copy-compute threshold), nothing at one token."""
+    """The profile's per-token prefill work is paid per token after the first: half a layer's
+    per block the GPU runs (every block in VRAM, every block under copy-compute) and the
+    per-ubatch share once; none in a batch the CPU computes (under the copy-compute threshold),
+    nothing at one token."""
     from igi_sdk.planner.cost import ubatch_cost
 
-    s = 2e-6
+    s, once = 2e-6, 3e-6
     prof = GPU_PROFILE.model_copy(deep=True)
     assert prof.gpu is not None
-    prof.gpu.prefill_token_layer_s = s
+    prof.gpu.prefill_token_layer_s, prof.gpu.prefill_token_s = s, once
     n = dense.arch.n_layers
     full = Plan.all_gpu(dense)
     cpu = Plan(name="streamed", gpu_tensors=(), op_offload=True, copy_compute_min_batch=32)
@@ -240,20 +241,21 @@ def test_a_prefill_pays_the_gpus_measured_work_per_token_for_the_blocks_it_runs(
                                  (cpu, cpu.copy_compute_min_batch - 1, 0)):
         without = ubatch_cost(dense, plan, GPU_PROFILE, tokens, 0)
         with_it = ubatch_cost(dense, plan, prof, tokens, 0)
-        assert with_it.prefill_s == pytest.approx(layers * (tokens - 1) * s), (plan.name, tokens)
+        expected = (tokens - 1) * (layers * s + once) if layers else 0.0
+        assert with_it.prefill_s == pytest.approx(expected), (plan.name, tokens)
         assert with_it.total == pytest.approx(without.total + with_it.prefill_s)
 
 
-def test_the_prefill_term_is_what_a_probe_in_vram_spends_beyond_its_price(tmp_path) -> None:
-    """Two all-GPU prefill probes (2 and 6 layers): whatever the cost model does not price of
-    them, per added layer and token, is the term; a fixed cost per ubatch drops out, and a run
-    faster than its price gives none."""
+def test_the_prefill_terms_are_what_probes_in_vram_spend_beyond_their_price(tmp_path) -> None:
+    """Two all-GPU prefill probes (2 and 6 layers): what the cost model does not price of them
+    per added layer and token is the per-layer term, what the smaller one has left beyond its
+    layers' share the per-ubatch one; a run faster than its price gives neither."""
     from igi_sdk.model import spec_with, write_synthetic_gguf
     from igi_sdk.planner.cost import ubatch_cost
     from igi_sdk.runtime.step_bench import CopyComputeRun
-    from igi_sdk.tuning.measure import prefill_token_layer_seconds
+    from igi_sdk.tuning.measure import prefill_token_seconds
 
-    tokens, s_true, fixed = 1024, 3e-7, 0.004
+    tokens, s_true, once_true = 1024, 3e-7, 2e-6
 
     def run(n_layers: int, extra: float) -> CopyComputeRun:
         path = write_synthetic_gguf(tmp_path / f"p{n_layers}.gguf",
@@ -261,16 +263,14 @@ def test_the_prefill_term_is_what_a_probe_in_vram_spends_beyond_its_price(tmp_pa
         inv = read_inventory(path)
         plan = Plan.all_gpu(inv).model_copy(update={"n_ubatch": tokens})
         priced = ubatch_cost(inv, plan, GPU_PROFILE, tokens, 0, output_tokens=1).total
-        return CopyComputeRun(priced + extra(n_layers) if callable(extra) else priced + extra,
-                              tokens, {}, n_layers, inv, plan)
+        return CopyComputeRun(priced + extra, tokens, {}, n_layers, inv, plan)
 
     def slow(n: int) -> float:
-        return fixed + n * (tokens - 1) * s_true
+        return (tokens - 1) * (n * s_true + once_true)
 
-    small, large = run(2, slow), run(6, slow)
-    assert prefill_token_layer_seconds(GPU_PROFILE, small, large) == pytest.approx(s_true)
-    fast_small, fast_large = run(2, -0.001), run(6, -0.002)
-    assert prefill_token_layer_seconds(GPU_PROFILE, fast_small, fast_large) == 0.0
+    per_layer, once = prefill_token_seconds(GPU_PROFILE, run(2, slow(2)), run(6, slow(6)))
+    assert (per_layer, once) == pytest.approx((s_true, once_true))
+    assert prefill_token_seconds(GPU_PROFILE, run(2, -0.001), run(6, -0.002)) == (0.0, 0.0)
 
 
 def test_copy_compute_runs_cpu_kv_attention_on_the_gpu_with_the_kv_copied(dense) -> None:

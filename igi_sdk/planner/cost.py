@@ -271,14 +271,17 @@ def overhead_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
 
 def prefill_seconds(prof: Profile, blocks: list[bool], copy_compute: bool,
                     tokens: int) -> float:
-    """The GPU's per-token work of a ubatch beyond its matmuls and attention (the profile's
-    ``prefill_token_layer_s``, half a layer's per block), for the blocks it runs (every block
-    under copy-compute). At one token it is part of the measured layer overhead, so it counts
-    from the second token on."""
+    """The GPU's per-token work of a ubatch beyond its matmuls and attention: the profile's
+    ``prefill_token_layer_s`` (half a layer's per block) for the blocks it runs (every block
+    under copy-compute), and its ``prefill_token_s`` once where it runs any. At one token both
+    are part of the measured step and layer overheads, so they count from the second token."""
     if prof.gpu is None or tokens <= 1:
         return 0.0
     on_gpu = len(blocks) if copy_compute else sum(blocks)
-    return on_gpu * (tokens - 1) * prof.gpu.prefill_token_layer_s / 2
+    if not on_gpu:
+        return 0.0
+    g = prof.gpu
+    return (tokens - 1) * (on_gpu * g.prefill_token_layer_s / 2 + g.prefill_token_s)
 
 
 def kv_gpu_layers(inv: ModelInventory, plan: Plan, has_gpu: bool) -> set[int]:

@@ -65,6 +65,10 @@ class DeviceProfile(BaseModel):
     # activations' quantisation and the small matrices' lower occupancy, which grow with the
     # tokens; fitted from a prefill probe of real-sized layers (GPU; 0: not measured)
     prefill_token_layer_s: float = 0.0
+    # ... and per token of the ubatch whatever its layers (the token embeddings, read on the
+    # CPU and sent to the GPU; the inputs' setup): the same probe's share that does not grow
+    # with its layers
+    prefill_token_s: float = 0.0
     _memo: dict[tuple[str, float], float] = PrivateAttr(default_factory=dict)
 
     def rate(self, ggml_type: str, tokens: float) -> float:

@@ -277,27 +277,30 @@ def expert_prefill_scale_on(index: int, dev: DeviceProfile, *,
     return round(min(2.0, priced / s), 3)
 
 
-def prefill_token_layer_seconds(prof: Profile, small: step_bench.CopyComputeRun,
-                                large: step_bench.CopyComputeRun) -> float:
-    """Seconds per token and layer that a prefill in VRAM spends beyond the cost model's price
-    of it (the profile's rates and overheads, without this term): the larger probe's extra
-    time over the smaller one's, less the extra the model prices, per added layer and token
-    after the first (what does not grow with the layers, the step's own cost, drops out)."""
+def prefill_token_seconds(prof: Profile, small: step_bench.CopyComputeRun,
+                          large: step_bench.CopyComputeRun) -> tuple[float, float]:
+    """What a prefill in VRAM spends beyond the cost model's price of it (the profile's rates
+    and overheads, without these terms), per token after the first: (per layer, per ubatch).
+    The larger probe's extra over the smaller one's, per added layer, is the first; what the
+    smaller one has left beyond its layers' share, the second. A probe faster than its price
+    gives 0."""
     from igi_sdk.planner.cost import ubatch_cost
 
     assert prof.gpu is not None
     base = prof.model_copy(update={"gpu": prof.gpu.model_copy(
-        update={"prefill_token_layer_s": 0.0})})
+        update={"prefill_token_layer_s": 0.0, "prefill_token_s": 0.0})})
 
     def unpriced(r: step_bench.CopyComputeRun) -> float:
         assert r.inventory is not None and r.plan is not None
         return r.seconds - ubatch_cost(r.inventory, r.plan, base, r.tokens, 0,
                                        output_tokens=1).total
 
-    layers = large.n_layers - small.n_layers
-    if layers <= 0 or large.tokens <= 1:
-        return 0.0
-    return max(0.0, (unpriced(large) - unpriced(small)) / (layers * (large.tokens - 1)))
+    layers, tokens = large.n_layers - small.n_layers, large.tokens - 1
+    if layers <= 0 or tokens <= 0:
+        return 0.0, 0.0
+    per_layer = max(0.0, (unpriced(large) - unpriced(small)) / (layers * tokens))
+    rest = unpriced(small) - small.n_layers * tokens * per_layer
+    return per_layer, max(0.0, rest / tokens)
 
 
 def _measure_profile(
@@ -403,7 +406,8 @@ def _measure_profile(
     small, large = (step_bench.copy_compute_seconds(pinned=True, threads=threads, n_layers=n,
                                                     tokens=PREFILL_PROBE_TOKENS, streamed=False)
                     for n in STREAM_PROBE_LAYERS)
-    prof.gpu.prefill_token_layer_s = prefill_token_layer_seconds(prof, small, large)
+    prof.gpu.prefill_token_layer_s, prof.gpu.prefill_token_s = prefill_token_seconds(
+        prof, small, large)
     tick("prefill in VRAM")
     prof.stream_pinned_bps = _stream_rate(prof, pinned=True, threads=threads)
     tick("copy-compute pinned")
