@@ -17,6 +17,7 @@ import llama_cpp
 from igi_sdk import omp_wait
 from igi_sdk import threads as threads_mod
 from igi_sdk.errors import IgiError
+from igi_sdk.planner.cost import ubatch_cost
 from igi_sdk.profile.data import DeviceProfile, Profile, cache_dir
 from igi_sdk.runtime import ggml_bench, step_bench
 from igi_sdk.runtime.devices import list_devices
@@ -284,8 +285,6 @@ def prefill_token_seconds(prof: Profile, small: step_bench.CopyComputeRun,
     The larger probe's extra over the smaller one's, per added layer, is the first; what the
     smaller one has left beyond its layers' share, the second. A probe faster than its price
     gives 0."""
-    from igi_sdk.planner.cost import ubatch_cost
-
     assert prof.gpu is not None
     base = prof.model_copy(update={"gpu": prof.gpu.model_copy(
         update={"prefill_token_layer_s": 0.0, "prefill_token_s": 0.0})})
@@ -523,8 +522,6 @@ def stream_rate(prof: Profile, run: step_bench.CopyComputeRun,
     about 1 ms on an H100 host); divided into one 2-layer probe's 250 MB they understated the
     rate a real model streams at by a fifth (31 vs 39 GB/s), and TTFT came out 15% high."""
     assert prof.gpu is not None
-    from igi_sdk.planner.cost import ubatch_cost
-
     # copies at the raw rate: the model's price of everything else is taken off
     raw = prof.model_copy(update={"stream_pinned_bps": 0.0, "stream_mapped_bps": 0.0})
 
