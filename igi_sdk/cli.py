@@ -478,10 +478,16 @@ def cmd_profile(args: argparse.Namespace) -> int:
         if dev.layer_overhead_s or dev.step_overhead_s:
             print(f"  decode step overhead: {dev.layer_overhead_s * 1e6:.1f} us per layer, "
                   f"{dev.step_overhead_s * 1e6:.1f} us per step")
-        if dev.expert_scale:
+        one_token = {k: v for k, v in dev.expert_scale.items() if k != "prefill"}
+        if one_token:
             print("  routed experts (one token) at " + ", ".join(
-                f"{k} {v:.2f}" for k, v in sorted(dev.expert_scale.items()))
-                + " of the Q4_0 rate")
+                f"{k} {v:.2f}" for k, v in sorted(one_token.items())) + " of the Q4_0 rate")
+        if "prefill" in dev.expert_scale:
+            print(f"  routed experts (a prefill batch) at {dev.expert_scale['prefill']:.2f} "
+                  "of the dense rate")
+        if dev.prefill_token_layer_s or dev.prefill_token_s:
+            print(f"  prefill beyond its matmuls: {dev.prefill_token_layer_s * 1e6:.2f} us per "
+                  f"token and layer, {dev.prefill_token_s * 1e6:.2f} us per token")
     if prof.gpu is not None:
         print(f"host->GPU: pinned {prof.h2d_pinned_bps / 1e9:.1f} GB/s, pageable "
               f"{prof.h2d_pageable_bps / 1e9:.1f} GB/s (copy-compute streams "

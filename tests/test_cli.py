@@ -245,6 +245,25 @@ def fake_measure(monkeypatch, tmp_path):
     return calls, noisy
 
 
+def test_profile_shows_the_gpus_prefill_terms_apart_from_the_one_token_shares(
+        monkeypatch, tmp_path, capsys) -> None:
+    """`igi-sdk profile` on a GPU machine: the experts' prefill share is not listed among the
+    one-token shares, and the prefill's own work per token is shown."""
+    from igi_sdk import cli
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    prof = _plausible_profile(4)
+    prof.gpu = DeviceProfile(name="gpu", kind="gpu", matmul_rate={"Q4_0": {1: 2e12}},
+                             expert_scale={"gate_up": 0.41, "down": 0.45, "prefill": 0.5},
+                             prefill_token_layer_s=0.29e-6, prefill_token_s=3.5e-6)
+    monkeypatch.setattr(cli, "_machine_profile", lambda *a, **kw: (prof, "cached"))
+    assert cli.main(["profile"]) == 0
+    out = capsys.readouterr().out
+    assert "routed experts (one token) at down 0.45, gate_up 0.41 of the Q4_0 rate" in out
+    assert "routed experts (a prefill batch) at 0.50 of the dense rate" in out
+    assert "prefill beyond its matmuls: 0.29 us per token and layer, 3.50 us per token" in out
+
+
 def test_profile_is_measured_once_then_cached_and_refresh_measures_again(
         fake_measure, capsys) -> None:
     from igi_sdk import cli
