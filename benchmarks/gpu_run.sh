@@ -482,6 +482,7 @@ sys.exit(0 if d['cpu'].get('layer_overhead_s') and g.get('layer_overhead_s')
 open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$(( t - 1 )), fast=True).model_dump_json())" \
       > "$out/profile.txt" 2>&1
   fi
+  cp /tmp/igi-bench/profile.json "$out/profile.json" 2>/dev/null  # what the predictions used
   row() {  # row TAG ENV... -- planner_bench args
     local tag=$1; shift; local envs=(); while [ "$1" != -- ]; do envs+=("$1"); shift; done; shift
     have 45 || { echo "skipped $tag $*: no time" | tee -a "$out/$part.txt"; return; }
