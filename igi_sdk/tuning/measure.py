@@ -256,11 +256,11 @@ def expert_scale_on(index: int, n_threads: int, dense_rate: float, budget: int, 
 
 
 # the batch a GPU's expert prefill share is timed at (64 tokens an expert, as a 1K prompt)
-EXPERT_PREFILL_TOKENS = 1024
+EXPERT_PREFILL_PROBE_TOKENS = 1024
 
 
 def expert_prefill_scale_on(index: int, dev: DeviceProfile, *,
-                            tokens: int = EXPERT_PREFILL_TOKENS, reps: int = 2,
+                            tokens: int = EXPERT_PREFILL_PROBE_TOKENS, reps: int = 2,
                             scale_down: bool = False) -> float:
     """A GPU's routed experts in a prefill batch against its dense rates (``dev``): Qwen3-30B-
     A3B's gate experts (128 of 2048 x 768, 8 a token) over ``tokens`` tokens, priced as the
