@@ -3,10 +3,11 @@
 A prefill ubatch of a model's first N layers (``--presets``: Llama-3-8B's, Qwen3-30B-A3B's),
 its weights in host memory and streamed to the GPU layer by layer (``streamed``), or all in
 VRAM (``gpu``: the same ubatch's GPU work without the copies). With ``--profile`` each run is
-set beside the cost model's price of the same ubatch (``planner.cost.ubatch_cost``, copies at
-the raw host-to-GPU rate, no fitted prefill terms) and the difference is printed: what the
-model does not price, per layer and per streamed tensor, from one layer count to the next
-(what does not grow with the layers drops out).
+set beside the cost model's price of the same ubatch (``planner.cost.ubatch_cost`` with that
+profile's terms as measured, copies at the raw host-to-GPU rate) and the difference is printed:
+what the model does not price, per layer (and token after the first, as the profile's prefill
+term is fitted) and per streamed tensor, from one layer count to the next (what does not grow
+with the layers drops out).
 
     python benchmarks/stream_probe.py --layers 2,6 --presets llama3-8b,qwen3-30b-a3b \
         --modes streamed,gpu --profile profile.json --json out.json
@@ -68,7 +69,8 @@ def main() -> int:
                         layers = n - prev["n_layers"]
                         extra = r["unpriced_s"] - prev["unpriced_s"]
                         r["unpriced_per_layer_s"] = extra / layers
-                        r["unpriced_per_layer_token_s"] = extra / layers / run.tokens
+                        r["unpriced_per_layer_token_s"] = extra / layers / max(
+                            1, run.tokens - 1)
                         tensors = r["tensors"] - prev["tensors"]
                         if tensors:
                             r["unpriced_per_tensor_s"] = extra / tensors
