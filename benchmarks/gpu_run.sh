@@ -5,7 +5,8 @@
 #   bash benchmarks/gpu_run.sh OUTDIR [part]
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
-#         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | prefill-probe | all
+#         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | prefill-probe |
+#         stream-decode | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -711,6 +712,81 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$(( t - 1 )), fast=True
       | tee -a "$out/probe.txt"
   done
   echo "done at $SECONDS s"
+fi
+if [ "$part" = stream-decode ]; then
+  # pipelined decode (igi_sdk/bundle/patches/ggml-stream-prefetch.patch): CPU-resident FFN
+  # weights named in GGML_SCHED_STREAM_WEIGHTS computed on the GPU at every batch, copied from
+  # pinned memory while the CPU computes the FFN before them. The synthetic 8B on a plan with
+  # every FFN on the CPU (2 GB), host_overhead's greedy decode on that placement, one process
+  # per variant: none streamed, every second / third / two of three / every layer streamed,
+  # with the prefetch and without; upstream's llama-bench with the same FFNs on the CPU, with
+  # and without streaming. The patched libggml-base comes carried (.gpu/patched/) or is built
+  # here from .gpu/ggml-src.tgz with the patch.
+  END=${END:-570}
+  have() { [ $(( END - SECONDS )) -gt "$1" ]; }
+  log="$out/stream.txt"
+  lib=libggml-base.so.0.25.3
+  ok_lib() { python3 -c "
+import ctypes, llama_cpp; from llama_cpp._ggml import libggml
+b = ctypes.CDLL('/tmp/site/llama_cpp/lib/libggml-base.so.0'); print('stream version', b.ggml_backend_sched_stream_version())
+assert llama_cpp.llama_supports_gpu_offload()"; }
+  cp -a /tmp/site/llama_cpp/lib/$lib /tmp/$lib.orig
+  if [ -f .gpu/patched/$lib ]; then
+    cp .gpu/patched/$lib /tmp/site/llama_cpp/lib/$lib && cp .gpu/patched/$lib /tmp/lcpp/build/bin/$lib
+  fi
+  if ! ok_lib >> "$log" 2>&1; then
+    echo "carried library refused: building ggml-base here" | tee -a "$log"
+    rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src && tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src
+    (cd /tmp/ggml-src && patch -p1 < "$OLDPWD/igi_sdk/bundle/patches/ggml-stream-prefetch.patch") >> "$log" 2>&1
+    [ -f /tmp/ggml-src/ggml/ggml.pc.in ] || touch /tmp/ggml-src/ggml/ggml.pc.in
+    cmake -S /tmp/ggml-src/ggml -B /tmp/build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
+      -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF >> "$log" 2>&1 \
+      && cmake --build /tmp/build-base --target ggml-base -j"$t" >> "$log" 2>&1
+    f=$(find /tmp/build-base -name "$lib" | head -1)
+    [ -n "$f" ] && cp "$f" /tmp/site/llama_cpp/lib/$lib && cp "$f" /tmp/lcpp/build/bin/$lib
+    ok_lib >> "$log" 2>&1 || { echo "no patched ggml-base: stopping" | tee -a "$log"; exit 1; }
+  fi
+  tail -1 "$log"
+  m=/tmp/igi-bench/llama3-8b.gguf
+  [ -f "$m" ] || timeout 300 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet
+  prof=${STREAM_PROFILE:-benchmarks/results/h200-prefill-probe-2026-11-30-ak-profile.json}
+  plan=/tmp/igi-bench/plan-stream.json
+  python3 -m igi_sdk.cli plan "$m" --vram "${STREAM_VRAM:-2GB}" --ctx 1152 --profile "$prof" \
+    --json "$plan" 2>&1 | sed -n '1,4p;/^chosen/p' | tee -a "$log"
+  cp "$plan" "$out/plan-stream.json"
+  names() {  # the FFN weights of the layers i with i % $1 in $2 (a python set literal)
+    python3 -c "print(','.join(f'blk.{i}.ffn_{w}.weight' for i in range(32) if i % $1 in $2 for w in ('gate', 'up', 'down')))"; }
+  peak() {  # the device's most used memory (MiB) while "$@" runs
+    nvidia-smi --query-gpu=memory.used --format=csv,noheader,nounits -lms 100 > /tmp/smi.txt &
+    local p=$!; "$@"; local rc=$?; kill $p 2>/dev/null; wait $p 2>/dev/null
+    echo "peak MiB $(sort -n /tmp/smi.txt | tail -1)" | tee -a "$log"; return $rc; }
+  for v in ${STREAM_VARIANTS:-none odd odd-noprefetch third twothirds all}; do
+    have 45 || break
+    case $v in
+      none) sw="";; odd|odd-noprefetch|odd-prefetch-sync) sw=$(names 2 "{1}");; third) sw=$(names 3 "{2}");;
+      twothirds) sw=$(names 3 "{1,2}");; all) sw=$(names 1 "{0}");;
+    esac
+    pf=1; [ "$v" = odd-noprefetch ] && pf=0; [ "$v" = odd-prefetch-sync ] && pf=2
+    echo "== $v (prefetch $pf, $(echo "$sw" | tr ',' '\n' | grep -c weight) weights streamed)" | tee -a "$log"
+    GGML_SCHED_STREAM_WEIGHTS="$sw" GGML_SCHED_PREFETCH=$pf peak timeout 120 \
+      python3 benchmarks/host_overhead.py --model "$m" --plan-file "$plan" --context engine \
+      --modes argmax --threads $(( t - 1 )) --ctx 1152 --tokens "${STREAM_TOKENS:-64}" \
+      --rounds 3 --json "$out/stream-$v.json" 2>&1 | grep -E "^round|rror|Traceback" \
+      | tail -6 | tee -a "$log"
+    python3 -c "import json; d = json.load(open('$out/stream-$v.json')); print('median ms', d['median_ms'], 'tokens', d['greedy_tokens']['argmax'])" 2>&1 | tee -a "$log"
+  done
+  lb=/tmp/lcpp/build/bin/llama-bench
+  for v in none odd; do
+    have 40 || break
+    sw=""; [ "$v" = odd ] && sw=$(names 2 "{1}")
+    echo "== llama-bench $v" | tee -a "$log"
+    GGML_SCHED_STREAM_WEIGHTS="$sw" peak timeout 100 $lb -m "$m" -ngl 99 \
+      -ot "blk\.[0-9]+\.ffn_(gate|up|down)\.weight=CPU" -lm none -fa on -p 0 -n 64 -r 3 \
+      -t $(( t - 1 )) -o jsonl 2>/dev/null | tee -a "$out/stream-lb.jsonl" \
+      | python3 -c "import json,sys; [print(r['n_gen'], round(r['avg_ts'], 2), 'tok/s') for r in map(json.loads, sys.stdin)]" \
+      | tee -a "$log"
+  done
+  echo "done at $SECONDS s" | tee -a "$log"
 fi
 if [ "$part" = host ]; then
   # host: where an all-GPU decode step's time goes outside the model's compute

@@ -280,6 +280,9 @@ def main() -> int:
             m: round(statistics.median(x - y for x, y in zip(v, ms["decode"], strict=True)), 4)
             for m, v in ms.items() if m != "decode"}
     picks = {m: rows[m].tokens for m in modes if m != "decode"}
+    # the greedy tokens themselves, for comparing runs of separate processes (a variant of the
+    # environment each: the same placement must pick the same tokens)
+    out["greedy_tokens"] = {m: t[:64] for m, t in picks.items()}
     if len(picks) > 1:
         k = min(len(t) for t in picks.values())
         first = next(iter(picks.values()))[:k]
