@@ -37,6 +37,25 @@ pack_build() {  # PACK_BUILD=1: the build, in <= 15 MiB parts under PACK_DIR (de
   [ "$size" -le $(( 52 * 1024 * 1024 )) ] || { echo "too large to carry: not packed"; return 1; }
   split -b 15M -d /tmp/bld.tar.$ext "${PACK_DIR:-$out}/bld.tar.$ext."
 }
+patch_ggml_base() {  # ours (/tmp/site) on the pipelined scheduler
+  # (igi_sdk/bundle/patches/ggml-stream-prefetch.patch): libggml-base carried as
+  # .gpu/patched/ (built elsewhere from the same sources), else built here from /tmp/lcpp/ggml
+  # (a fresh build) or .gpu/ggml-src.tgz with the patch. The build tree's own libraries
+  # (/tmp/lcpp/build/bin: upstream's llama-bench and llama-server, the peers) stay stock.
+  local lib=libggml-base.so.0.25.3 site=/tmp/site/llama_cpp/lib
+  ok() { python3 -c "from igi_sdk.runtime._native import streams_weights as s; assert s()" 2>/dev/null; }
+  ok && return 0
+  [ -f .gpu/patched/$lib ] && cp .gpu/patched/$lib $site/$lib && ok && return 0
+  rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src
+  if [ -f /tmp/lcpp/ggml/CMakeLists.txt ]; then cp -r /tmp/lcpp/ggml /tmp/ggml-src/
+  else tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src || return 1; fi
+  (cd /tmp/ggml-src && patch -p1 < "$OLDPWD/igi_sdk/bundle/patches/ggml-stream-prefetch.patch") || return 1
+  [ -f /tmp/ggml-src/ggml/ggml.pc.in ] || touch /tmp/ggml-src/ggml/ggml.pc.in
+  cmake -S /tmp/ggml-src/ggml -B /tmp/build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
+    -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF > /dev/null \
+    && cmake --build /tmp/build-base --target ggml-base -j"$(nproc)" > /dev/null || return 1
+  cp "$(find /tmp/build-base -name $lib | head -1)" $site/$lib && ok
+}
 t_build=$SECONDS
 if [ -f /tmp/site/.ready ] && [ -x /tmp/lcpp/build/bin/llama-bench ]; then
   echo "build: kept from an earlier call on this machine" | tee "$out/build.txt"
@@ -57,6 +76,11 @@ if ! python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" 2> /
    && ls .gpu/wheels-extra/*.whl > /dev/null 2>&1; then
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .gpu/wheels-extra/*.whl 2>&1 | grep -v "^WARNING" | tail -3
+fi
+# PIPELINE=0: ours on the stock scheduler too (no pipelined plans)
+if [ "${PIPELINE:-1}" = 1 ]; then
+  patch_ggml_base > "$out/pipeline.txt" 2>&1 && echo "pipelined scheduler: on" | tee -a "$out/build.txt" \
+    || { echo "pipelined scheduler: FAILED (stock scheduler)" | tee -a "$out/build.txt"; tail -5 "$out/pipeline.txt"; }
 fi
 python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" > "$out/imports.txt" 2>&1 \
   || { echo "the SDK does not import here (missing wheels? benchmarks/gpu_wheels.sh):"; \
@@ -527,6 +551,9 @@ open('/tmp/igi-bench/profile.json', 'w').write(m(threads=$(( t - 1 )), fast=True
     for gb in ${SHIPPED_BUDGETS:-4 2 8}; do
       row shipped -- --models llama3-8b --budgets "$gb" --cases 1024:1152
       up --model "$m" --budgets "$gb" --peers fit-expert --tag shipped
+      # SHIPPED_STOCK=1: ours again with the plan a stock scheduler gets (no pipelined decode)
+      [ "${SHIPPED_STOCK:-0}" = 1 ] && row shipped-stock -- --models llama3-8b --budgets "$gb" \
+        --cases 1024:1152 --no-pipeline
       [ -f /tmp/site-noomp/.ready ] && row shipped-noomp "${noomp[@]}" -- --models llama3-8b \
         --budgets "$gb" --cases 1024:1152
       [ "${SHIPPED_SPIN:-0}" = 1 ] && spin_rows shipped -- --models llama3-8b --budgets "$gb" \
@@ -719,34 +746,13 @@ if [ "$part" = stream-decode ]; then
   # pinned memory while the CPU computes the FFN before them. The synthetic 8B on a plan with
   # every FFN on the CPU (2 GB), host_overhead's greedy decode on that placement, one process
   # per variant: none streamed, every second / third / two of three / every layer streamed,
-  # with the prefetch and without; upstream's llama-bench with the same FFNs on the CPU, with
-  # and without streaming. The patched libggml-base comes carried (.gpu/patched/) or is built
-  # here from .gpu/ggml-src.tgz with the patch.
+  # with the prefetch and without; upstream's llama-bench with the same FFNs on the CPU on the
+  # patched library (LD_LIBRARY_PATH), with and without streaming.
   END=${END:-570}
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
   log="$out/stream.txt"
-  lib=libggml-base.so.0.25.3
-  ok_lib() { python3 -c "
-import ctypes, llama_cpp; from llama_cpp._ggml import libggml
-b = ctypes.CDLL('/tmp/site/llama_cpp/lib/libggml-base.so.0'); print('stream version', b.ggml_backend_sched_stream_version())
-assert llama_cpp.llama_supports_gpu_offload()"; }
-  cp -a /tmp/site/llama_cpp/lib/$lib /tmp/$lib.orig
-  if [ -f .gpu/patched/$lib ]; then
-    cp .gpu/patched/$lib /tmp/site/llama_cpp/lib/$lib && cp .gpu/patched/$lib /tmp/lcpp/build/bin/$lib
-  fi
-  if ! ok_lib >> "$log" 2>&1; then
-    echo "carried library refused: building ggml-base here" | tee -a "$log"
-    rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src && tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src
-    (cd /tmp/ggml-src && patch -p1 < "$OLDPWD/igi_sdk/bundle/patches/ggml-stream-prefetch.patch") >> "$log" 2>&1
-    [ -f /tmp/ggml-src/ggml/ggml.pc.in ] || touch /tmp/ggml-src/ggml/ggml.pc.in
-    cmake -S /tmp/ggml-src/ggml -B /tmp/build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
-      -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF >> "$log" 2>&1 \
-      && cmake --build /tmp/build-base --target ggml-base -j"$t" >> "$log" 2>&1
-    f=$(find /tmp/build-base -name "$lib" | head -1)
-    [ -n "$f" ] && cp "$f" /tmp/site/llama_cpp/lib/$lib && cp "$f" /tmp/lcpp/build/bin/$lib
-    ok_lib >> "$log" 2>&1 || { echo "no patched ggml-base: stopping" | tee -a "$log"; exit 1; }
-  fi
-  tail -1 "$log"
+  python3 -c "from igi_sdk.runtime._native import streams_weights as s; assert s()" \
+    || { echo "no pipelined scheduler (see pipeline.txt): stopping" | tee -a "$log"; exit 1; }
   m=/tmp/igi-bench/llama3-8b.gguf
   [ -f "$m" ] || timeout 300 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet
   prof=${STREAM_PROFILE:-benchmarks/results/h200-prefill-probe-2026-11-30-ak-profile.json}
@@ -780,7 +786,7 @@ assert llama_cpp.llama_supports_gpu_offload()"; }
     have 40 || break
     sw=""; [ "$v" = odd ] && sw=$(names 2 "{1}")
     echo "== llama-bench $v" | tee -a "$log"
-    GGML_SCHED_STREAM_WEIGHTS="$sw" peak timeout 100 $lb -m "$m" -ngl 99 \
+    LD_LIBRARY_PATH=/tmp/site/llama_cpp/lib GGML_SCHED_STREAM_WEIGHTS="$sw" peak timeout 100 $lb -m "$m" -ngl 99 \
       -ot "blk\.[0-9]+\.ffn_(gate|up|down)\.weight=CPU" -lm none -fa on -p 0 -n 64 -r 3 \
       -t $(( t - 1 )) -o jsonl 2>/dev/null | tee -a "$out/stream-lb.jsonl" \
       | python3 -c "import json,sys; [print(r['n_gen'], round(r['avg_ts'], 2), 'tok/s') for r in map(json.loads, sys.stdin)]" \

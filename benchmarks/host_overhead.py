@@ -60,7 +60,7 @@ import numpy as np  # noqa: E402
 from igi_sdk.model import default_model_path, read_inventory  # noqa: E402
 from igi_sdk.planner import Plan  # noqa: E402
 from igi_sdk.runtime import loader  # noqa: E402
-from igi_sdk.runtime._native import init_backend  # noqa: E402
+from igi_sdk.runtime._native import init_backend, set_streamed_weights  # noqa: E402
 from igi_sdk.runtime.devices import first_gpu  # noqa: E402
 
 sys.path.insert(0, str(REPO / "benchmarks"))
@@ -242,6 +242,8 @@ def main() -> int:
         a.ngl = 99 if gpu is not None else 0  # (the engine rows' device; 0: the CPU alone)
         # (the parameters point into _overrides: it lives as long as this function)
         mp, _overrides = loader.model_params(a.plan, inventory, gpu)
+        # a pipelined plan's streamed weights, named to ggml's scheduler as the engine does
+        set_streamed_weights(a.plan.decode_streamed if gpu is not None else ())
     else:
         a.plan = Plan.all_gpu(inventory) if a.ngl > 0 else Plan.all_cpu()
     on_cpu = {t.name for t in inventory.tensors if t.group != "token_embd"} - a.plan.gpu_set

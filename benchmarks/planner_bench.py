@@ -109,9 +109,12 @@ def child(args: argparse.Namespace) -> dict:
     n = max(1, args.sessions)
     prompt = args.prompt if n == 1 else 64
     plan_ctx = args.plan_ctx or args.ctx
+    from igi_sdk.runtime._native import streams_weights
+
     wl = Workload(n_ctx=plan_ctx, n_seqs=n, prompt_tokens=prompt, gen_tokens=args.gen,
                   pin_host=not args.no_pin, kv_quant=args.kv == "q8-allowed",
-                  output_first=args.output_first)
+                  output_first=args.output_first,
+                  pipelined=streams_weights() and not args.no_pipeline)
     t0 = time.perf_counter()
     if args.plan_file:  # a saved plan, run as it is (e.g. one made for another n_ctx)
         from igi_sdk.planner import Plan
@@ -249,6 +252,9 @@ def main() -> int:
     ap.add_argument("--tag", default="", help="a label stored with every result")
     ap.add_argument("--no-pin", action="store_true",
                     help="plan with host weights memory-mapped instead of pinned")
+    ap.add_argument("--no-pipeline", action="store_true",
+                    help="no pipelined plans even where llama.cpp's scheduler streams weights "
+                         "(the plan as a stock llama.cpp would get it)")
     ap.add_argument("--kv", choices=("f16", "q8-allowed"), default="f16",
                     help="f16: f16 KV only (as shipped); q8-allowed: the planner may choose "
                     "q8_0 KV")
@@ -332,6 +338,7 @@ def _run_child(args: argparse.Namespace, model: str, profile: str, strategy: str
            "--stream-every-ms", str(args.stream_every_ms), "--turns", str(args.turns),
            "--n-batch", str(args.n_batch)] + (["--completion"] if args.completion else []) + (
                ["--no-pin"] if args.no_pin else []) + (
+               ["--no-pipeline"] if args.no_pipeline else []) + (
                ["--output-first"] if args.output_first else ["--no-output-first"])
     if args.plan_file:
         cmd += ["--plan-file", args.plan_file]

@@ -31,7 +31,11 @@ Per tensor, from the machine profile:
   taken out of them (``cpu_weight_rate``) rather than counted twice: for a small weight it is
   a seventh of the time, for a real FFN weight (4096×14336) a twentieth.
 The ops run one after another (llama.cpp's scheduler does not overlap CPU and GPU splits), so
-the ubatch time is the sum.
+the ubatch time is the sum, with one exception: a pipelined plan's ``decode_streamed`` weights
+(a scheduler patched with igi_sdk/bundle/patches/ggml-stream-prefetch.patch) are computed on the
+GPU at every batch, streamed like copy-compute, and their copy starts when the CPU split before
+them starts: the copy and that split's CPU work overlap, the CPU reading its weights
+``Profile.stream_cpu_slowdown`` slower meanwhile (``pipelined_overlap_seconds``).
 """
 
 from __future__ import annotations
@@ -109,11 +113,12 @@ class UbatchCost:
     split_s: float
     overhead_s: float = 0.0
     prefill_s: float = 0.0  # the GPU's per-token work beyond matmuls and attention
+    overlap_s: float = 0.0  # copies that run beside the CPU's work (a pipelined decode)
 
     @property
     def total(self) -> float:
         return (self.gpu_s + self.cpu_s + self.copy_s + self.attn_s + self.split_s
-                + self.overhead_s + self.prefill_s)
+                + self.overhead_s + self.prefill_s - self.overlap_s)
 
 
 def _active(t: TensorInfo, inv: ModelInventory, tokens: int) -> tuple[float, float]:
@@ -193,22 +198,84 @@ def ubatch_cost(
     """Time of one llama_decode of ``tokens`` tokens whose sequences already hold ``ctx_pos``."""
     gpu_set = plan.gpu_set if prof.gpu is not None else frozenset()
     copy = uses_copy_compute(plan, prof, tokens)
+    # under the threshold, a pipelined plan's streamed weights still go to the GPU
+    streamed = plan.streamed_set if prof.gpu is not None and not copy else frozenset()
     out_tok = tokens if output_tokens is None else output_tokens
     g = c = cp = 0.0
     for t in priced_tensors(inv):
         n_tok = out_tok if t.group == "output" else tokens
         dg, dc, dcp = tensor_seconds(t, inv, prof, n_tok, on_gpu=t.name in gpu_set,
-                                     copy_compute=copy, pinned=plan.pinned_host)
+                                     copy_compute=copy or t.name in streamed,
+                                     pinned=plan.pinned_host)
         g, c, cp = g + dg, c + dc, cp + dcp
     on_gpu = kv_gpu_layers(inv, plan, prof.gpu is not None)
     attn = sum(layer_attention_seconds(inv, plan, prof, layer, tokens, ctx_pos, n_seqs,
                                        on_gpu=layer in on_gpu, copy_compute=copy)
                for layer in range(inv.arch.n_layers))
-    splits = 0 if copy or prof.gpu is None else count_splits(inv, gpu_set)
-    blocks = block_placement(inv, gpu_set)
+    computing = gpu_set | streamed  # where each block runs in this batch
+    splits = 0 if copy or prof.gpu is None else count_splits(inv, computing)
+    blocks = block_placement(inv, computing)
+    overlap = (pipelined_overlap_seconds(inv, plan, prof, tokens, out_tok) if streamed
+               else 0.0)
     return UbatchCost(g, c, cp, attn, splits * prof.split_latency_s,
                       overhead_seconds(prof, blocks, copy, block_ops(inv)),
-                      prefill_seconds(prof, blocks, copy, tokens))
+                      prefill_seconds(prof, blocks, copy, tokens), overlap)
+
+
+def pipelined_overlap_seconds(inv: ModelInventory, plan: Plan, prof: Profile, tokens: int,
+                              output_tokens: int | None = None) -> float:
+    """The copy time a pipelined batch (under the copy-compute threshold) hides behind the CPU's
+    work. The graph alternates CPU splits and GPU splits; the copies of the streamed weights one
+    GPU split takes start when the CPU split before it starts, so that pair costs
+    ``max(cpu * (1 + slowdown), copy)`` rather than ``cpu + copy``: the saving is their
+    difference. Blocks (attention, then FFN, layer by layer) run where the majority of their
+    weights compute (``block_placement``); the output head closes the last split."""
+    if prof.gpu is None or not plan.decode_streamed:
+        return 0.0
+    gpu_set, streamed = plan.gpu_set, plan.streamed_set
+    out_tok = tokens if output_tokens is None else output_tokens
+    cpu_s: dict[str, float] = {}
+    copy_s: dict[str, float] = {}
+    for t in priced_tensors(inv):
+        if t.name in gpu_set:
+            continue
+        n_tok = out_tok if t.group == "output" else tokens
+        if t.name in streamed:
+            copy_s[t.name] = tensor_seconds(t, inv, prof, n_tok, on_gpu=False,
+                                            copy_compute=True, pinned=plan.pinned_host)[2]
+        else:
+            cpu_s[t.name] = tensor_seconds(t, inv, prof, n_tok, on_gpu=False,
+                                           copy_compute=False, pinned=plan.pinned_host)[1]
+    # (on the GPU?, CPU seconds, copy seconds) per block, in graph order
+    seq: list[tuple[bool, float, float]] = []
+    for layer in range(inv.arch.n_layers):
+        for kind in ("attn", "ffn"):
+            ts = [t for t in inv.layer_tensors(layer) if t.group.startswith(kind)
+                  and t.group != "attn_norm"]
+            if not ts:
+                continue
+            on = sum(1 for t in ts if t.name in gpu_set or t.name in streamed) * 2 >= len(ts)
+            seq.append((on, sum(cpu_s.get(t.name, 0.0) for t in ts),
+                        sum(copy_s.get(t.name, 0.0) for t in ts)))
+    head = [t for t in priced_tensors(inv) if t.group == "output"]
+    if head:
+        on = all(t.name in gpu_set or t.name in streamed for t in head)
+        seq.append((on, sum(cpu_s.get(t.name, 0.0) for t in head),
+                    sum(copy_s.get(t.name, 0.0) for t in head)))
+    slow = 1.0 + prof.stream_cpu_slowdown
+    saved = cpu_run = copy_run = 0.0
+    in_gpu = False
+    for on, c, x in [*seq, (False, 0.0, 0.0)]:  # (a closing CPU block ends the last GPU run)
+        if on:
+            copy_run += x
+            in_gpu = True
+            continue
+        if in_gpu:  # a GPU run ends: its copies ran beside the CPU run before it
+            saved += cpu_run + copy_run - max(cpu_run * slow, copy_run)
+            cpu_run = copy_run = 0.0
+            in_gpu = False
+        cpu_run += c
+    return saved
 
 
 def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:

@@ -10,7 +10,7 @@ import json
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from igi_sdk.model import ModelInventory
 
@@ -50,9 +50,25 @@ class Plan(BaseModel):
     pinned_host: bool = False
     type_k: KvType = "f16"
     type_v: KvType = "f16"
+    # Pipelined decode: CPU-resident weights the GPU computes at every batch, copied from pinned
+    # host memory while the CPU computes the layers before them, so that the copy and the CPU's
+    # work overlap (a llama.cpp built with igi_sdk/bundle/patches/ggml-stream-prefetch.patch;
+    # the runtime names them to ggml's scheduler). Empty: every CPU-resident weight of a batch
+    # under the copy-compute threshold is computed on the CPU.
+    decode_streamed: tuple[str, ...] = ()
     # Filled by the planner: predicted TTFT/TPS per token tier and VRAM bytes by category.
     predicted: dict[str, float] = Field(default_factory=dict)
     vram_bytes: dict[str, int] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _streamed_from_pinned_host(self) -> Plan:
+        if self.decode_streamed:
+            if not (self.op_offload and self.pinned_host):
+                # from pageable memory a copy cannot run beside the CPU's work
+                raise ValueError("decode_streamed needs op_offload and pinned_host")
+            if set(self.decode_streamed) & set(self.gpu_tensors):
+                raise ValueError("a decode_streamed weight is already in gpu_tensors")
+        return self
 
     # --- placement queries ------------------------------------------------------------------
 
@@ -64,6 +80,10 @@ class Plan(BaseModel):
     def gpu_set(self) -> frozenset[str]:
         # not cached: model_copy(update=...) would carry a stale cache into the copy
         return frozenset(self.gpu_tensors)
+
+    @property
+    def streamed_set(self) -> frozenset[str]:
+        return frozenset(self.decode_streamed)
 
     def uses_gpu(self) -> bool:
         return (bool(self.gpu_tensors) or (self.kv_on_gpu and self.gpu_layers != 0)

@@ -119,6 +119,11 @@ class Workload:
     # reshards carry the KV bytes between rungs, plans with it (a flash-attention-off rung
     # would lose every conversation's cache at the move).
     flash_attn_only: bool = False
+    # Whether the process's llama.cpp pipelines a decode (its scheduler streams named host
+    # weights at every batch, their copies beside the CPU's work: runtime._native.
+    # streams_weights()): the planner then also offers ``attn-first-pipelined`` plans, with
+    # pinned host weights only.
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if self.n_ctx < 64 or self.n_seqs < 1 or self.prompt_tokens < 1 or self.gen_tokens < 1:
@@ -199,7 +204,23 @@ def compute_buffer_estimate(inv: ModelInventory, plan: Plan, wl: Workload) -> in
     offloaded = _head_offloaded(plan, wl, head_on_gpu)
     staging = max((t.n_bytes for t in inv.tensors if t.name not in gpu and _staged(t, offloaded)),
                   default=0) if plan.op_offload else 0
-    return _activation_bytes(inv, plan, wl) + _logits_bytes(inv, plan, wl, head_on_gpu) + staging
+    return (_activation_bytes(inv, plan, wl) + _logits_bytes(inv, plan, wl, head_on_gpu)
+            + staging + streamed_run_bytes(inv, plan))
+
+
+def streamed_run_bytes(inv: ModelInventory, plan: Plan) -> int:
+    """The most bytes of ``decode_streamed`` weights one GPU split holds at once: the weights of
+    consecutive streamed layers share a split and are all copied before it starts."""
+    by_layer: dict[int, int] = {}
+    streamed = plan.streamed_set
+    for t in inv.tensors:
+        if t.name in streamed and t.layer is not None:
+            by_layer[t.layer] = by_layer.get(t.layer, 0) + t.n_bytes
+    best = run = 0
+    for layer in range(inv.arch.n_layers):
+        run = run + by_layer[layer] if layer in by_layer else 0
+        best = max(best, run)
+    return best
 
 
 def _activation_bytes(inv: ModelInventory, plan: Plan, wl: Workload) -> int:
@@ -445,6 +466,38 @@ def _attn_first(
                         _attention_first_items(inv, output_first=output_first))
 
 
+# Which dense FFN layers a pipelined plan streams: layer i where i % stride is in residues.
+# Every second layer overlaps each streamed layer's copy with one CPU layer's work (the best
+# pattern on an H200 host, where the CPU reads its weights about as fast as PCIe streams them);
+# the others suit a CPU faster or slower than the copy.
+PIPELINE_PATTERNS: tuple[tuple[int, tuple[int, ...]], ...] = ((2, (1,)), (3, (2,)), (3, (1, 2)))
+
+
+def _pipelined(inv: ModelInventory, prof: Profile, wl: Workload, budget: int,
+               ubatch: int) -> list[Plan]:
+    """``attn-first-pipelined`` plans: attn-first-copy placements (searched with the VRAM a
+    streamed split needs set aside) whose CPU-resident dense FFN layers of each pattern
+    stream at decode (``Plan.decode_streamed``)."""
+    ffn = {i: [t for t in inv.layer_tensors(i) if t.group in ("ffn_dense", "ffn_shexp")]
+           for i in range(inv.arch.n_layers)}
+    plans: list[Plan] = []
+    for stride, residues in PIPELINE_PATTERNS:
+        layers = [i for i in ffn if ffn[i] and i % stride in residues]
+        wanted = Plan(name="probe", op_offload=True, pinned_host=True, decode_streamed=tuple(
+            t.name for i in layers for t in ffn[i]))
+        base = _attn_first(inv, prof, wl, budget - streamed_run_bytes(inv, wanted), ubatch,
+                           copy=True)
+        if not base.pinned_host:
+            continue
+        gpu = base.gpu_set
+        names = tuple(t.name for i in layers if not any(t.name in gpu for t in ffn[i])
+                      for t in ffn[i])
+        if names:
+            plans.append(base.model_copy(update={"name": "attn-first-pipelined",
+                                                 "decode_streamed": names}))
+    return plans
+
+
 def _fixed_threshold(plan: Plan, wl: Workload) -> Plan:
     """``plan`` with the process's fixed copy-compute threshold, if the workload has one: set
     before pricing, so that the plan is priced as llama.cpp will run it."""
@@ -617,6 +670,8 @@ def _plan_at(
     for ub in UBATCHES:
         plans += [_fixed_threshold(_all_gpu(inv, ub, output=o), wl) for o in (True, False)]
         plans += [_attn_first(inv, prof, wl, budget, ub, copy=c) for c in (False, True)]
+        if wl.pipelined and wl.pin_host:
+            plans += _pipelined(inv, prof, wl, budget, ub)
     plans += [_layer_offload(inv, prof, wl, budget, tuned=t)
               for t in ((True,) if wl.flash_attn_only else (False, True))]
     if wl.kv_quant:  # the same searches with a q8_0 KV cache (flash attention on)

@@ -153,6 +153,12 @@ class Profile(BaseModel):
     gpu_fixed_bytes: int = 0
     # cost of each CPU<->GPU hand-over inside a graph (synchronise + copy activations)
     split_latency_s: float = 30e-6
+    # how much slower the CPU reads its weights while a copy to the GPU streams from the same
+    # host memory (a pipelined decode overlaps the two): on the H200 host, 15 threads summing
+    # 2 GB read 66 GB/s during a 54 GB/s pinned copy against 85 alone, and a decode whose FFNs
+    # were all on the CPU took 1.30x as long under a copy running throughout (2026-12-01,
+    # benchmarks/dma_contention.py)
+    stream_cpu_slowdown: float = 0.25
 
     @property
     def key(self) -> str:

@@ -316,3 +316,36 @@ def cuda_context_bytes() -> int:
     """VRAM the backend start took on llama.cpp's first GPU (the CUDA context), measured on
     NVML; 0 before the start, without NVML or without a GPU."""
     return _state.context_bytes
+
+
+# --- pipelined decode (igi_sdk/bundle/patches/ggml-stream-prefetch.patch) -----------------------
+# A llama.cpp built with that patch exports these from libggml-base; stock builds (the PyPI
+# wheels) do not, and there every plan computes its CPU-resident weights on the CPU at decode.
+_STREAM_VERSION = 1
+try:
+    _declare("ggml_backend_sched_stream_version", ctypes.c_int)
+    _declare("ggml_backend_sched_set_stream_weights", None, ctypes.c_char_p)
+    _has_stream = ggml.ggml_backend_sched_stream_version() >= _STREAM_VERSION
+except AttributeError:  # (the symbol is absent: ctypes raises on the lookup)
+    _has_stream = False
+_stream_lock = threading.Lock()
+_streamed: tuple[str, ...] = ()
+
+
+def streams_weights() -> bool:
+    """Whether this llama.cpp can compute named host weights on the GPU at every batch, their
+    copies started while the CPU split before them computes (a pipelined decode)."""
+    return _has_stream
+
+
+def set_streamed_weights(names: tuple[str, ...]) -> bool:
+    """Name the weights ggml's scheduler streams (process-wide; takes effect for graphs split
+    afterwards, so before a context computes). False where this llama.cpp cannot."""
+    global _streamed
+    if not _has_stream:
+        return not names
+    with _stream_lock:
+        if names != _streamed:
+            ggml.ggml_backend_sched_set_stream_weights(",".join(names).encode() or None)
+            _streamed = names
+    return True

@@ -136,6 +136,7 @@ def load(
     _native.init_backend(plan.copy_compute_min_batch)
     gpu = first_gpu() if plan.uses_gpu() else None
     _check_threshold(plan, gpu)
+    _name_streamed(plan, gpu)
     # built first: a setting llama.cpp has no value for fails before anything is loaded
     cparams = context_params(plan, settings, gpu)
     mparams, overrides = model_params(plan, inventory, gpu, dry_run=dry_run)
@@ -196,6 +197,22 @@ def _check_threshold(plan: Plan, gpu: Device | None) -> None:
         log.warning("plan '%s' assumes copy-compute from %d tokens, but llama.cpp started with "
                     "%d (it is fixed per process): its predictions are off",
                     plan.name, plan.copy_compute_min_batch, in_effect)
+
+
+def _name_streamed(plan: Plan, gpu: Device | None) -> None:
+    """Tell ggml's scheduler which host weights this plan streams at every batch (process-wide,
+    read when the new context splits its graphs; an older context keeps what it split with);
+    warn once where this llama.cpp cannot, the plan's decode then computing them on the CPU."""
+    names = plan.decode_streamed if gpu is not None else ()
+    if not _native.set_streamed_weights(names) and plan.name not in _warned_streaming:
+        _warned_streaming.add(plan.name)
+        log.warning("plan '%s' streams %d weights at decode, but this llama.cpp lacks the "
+                    "pipelined scheduler (igi_sdk/bundle/patches/ggml-stream-prefetch.patch): "
+                    "its decode computes them on the CPU, slower than predicted",
+                    plan.name, len(names))
+
+
+_warned_streaming: set[str] = set()
 
 
 def model_params(plan: Plan, inventory: ModelInventory, gpu: Device | None, *,

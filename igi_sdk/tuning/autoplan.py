@@ -148,8 +148,10 @@ def prepare_backend(inv: ModelInventory, prof: Profile, wl: Workload,
 
 
 def with_threshold_in_effect(wl: Workload) -> Workload:
-    """``wl`` fixed to the copy-compute threshold llama.cpp runs with (see the module doc)."""
-    return dataclasses.replace(wl, copy_min_batch=_native.copy_compute_threshold_in_effect())
+    """``wl`` fixed to what this process's llama.cpp runs with: the copy-compute threshold it
+    read at its start (see the module doc), and whether its scheduler pipelines a decode."""
+    return dataclasses.replace(wl, copy_min_batch=_native.copy_compute_threshold_in_effect(),
+                               pipelined=_native.streams_weights())
 
 
 def plan_for_model(
