@@ -40,12 +40,15 @@ pack_build() {  # PACK_BUILD=1: the build, in <= 15 MiB parts under PACK_DIR (de
 patch_ggml_base() {  # ours (/tmp/site) on the pipelined scheduler
   # (igi_sdk/bundle/patches/ggml-stream-prefetch.patch): libggml-base carried as
   # .gpu/patched/ (built elsewhere from the same sources), else built here from /tmp/lcpp/ggml
-  # (a fresh build) or .gpu/ggml-src.tgz with the patch. The build tree's own libraries
-  # (/tmp/lcpp/build/bin: upstream's llama-bench and llama-server, the peers) stay stock.
+  # (a fresh build) or .gpu/ggml-src.tgz with the patch; into both the build tree and /tmp/site
+  # (their libraries find libggml-base through the build tree's absolute RUNPATH). Upstream's
+  # binaries, the peers, run on it with GGML_SCHED_PREFETCH=0 (exported below): with no
+  # weights named and no prefetch, the patched scheduler takes stock llama.cpp's paths.
   local lib=libggml-base.so.0.25.3 site=/tmp/site/llama_cpp/lib
   ok() { python3 -c "from igi_sdk.runtime._native import streams_weights as s; assert s()" 2>/dev/null; }
   ok && return 0
-  [ -f .gpu/patched/$lib ] && cp .gpu/patched/$lib $site/$lib && ok && return 0
+  [ -f .gpu/patched/$lib ] && cp .gpu/patched/$lib $site/$lib && cp .gpu/patched/$lib /tmp/lcpp/build/bin/$lib \
+    && ok && return 0
   rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src
   if [ -f /tmp/lcpp/ggml/CMakeLists.txt ]; then cp -r /tmp/lcpp/ggml /tmp/ggml-src/
   else tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src || return 1; fi
@@ -54,7 +57,8 @@ patch_ggml_base() {  # ours (/tmp/site) on the pipelined scheduler
   cmake -S /tmp/ggml-src/ggml -B /tmp/build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF > /dev/null \
     && cmake --build /tmp/build-base --target ggml-base -j"$(nproc)" > /dev/null || return 1
-  cp "$(find /tmp/build-base -name $lib | head -1)" $site/$lib && ok
+  local f; f=$(find /tmp/build-base -name $lib | head -1)
+  cp "$f" $site/$lib && cp "$f" /tmp/lcpp/build/bin/$lib && ok
 }
 t_build=$SECONDS
 if [ -f /tmp/site/.ready ] && [ -x /tmp/lcpp/build/bin/llama-bench ]; then
@@ -77,7 +81,9 @@ if ! python3 -c "import igi_sdk.sidecar, igi_sdk.http.app, igi_sdk.runtime" 2> /
   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site \
     .gpu/wheels-extra/*.whl 2>&1 | grep -v "^WARNING" | tail -3
 fi
-# PIPELINE=0: ours on the stock scheduler too (no pipelined plans)
+# PIPELINE=0: ours on the stock scheduler too (no pipelined plans). Upstream's binaries never
+# prefetch (ours turns it on where a plan streams weights: runtime._native)
+export GGML_SCHED_PREFETCH=0
 if [ "${PIPELINE:-1}" = 1 ]; then
   patch_ggml_base > "$out/pipeline.txt" 2>&1 && echo "pipelined scheduler: on" | tee -a "$out/build.txt" \
     || { echo "pipelined scheduler: FAILED (stock scheduler)" | tee -a "$out/build.txt"; tail -5 "$out/pipeline.txt"; }
@@ -747,7 +753,7 @@ if [ "$part" = stream-decode ]; then
   # every FFN on the CPU (2 GB), host_overhead's greedy decode on that placement, one process
   # per variant: none streamed, every second / third / two of three / every layer streamed,
   # with the prefetch and without; upstream's llama-bench with the same FFNs on the CPU on the
-  # patched library (LD_LIBRARY_PATH), with and without streaming.
+  # patched library, with and without streaming.
   END=${END:-570}
   have() { [ $(( END - SECONDS )) -gt "$1" ]; }
   log="$out/stream.txt"
@@ -786,7 +792,7 @@ if [ "$part" = stream-decode ]; then
     have 40 || break
     sw=""; [ "$v" = odd ] && sw=$(names 2 "{1}")
     echo "== llama-bench $v" | tee -a "$log"
-    LD_LIBRARY_PATH=/tmp/site/llama_cpp/lib GGML_SCHED_STREAM_WEIGHTS="$sw" peak timeout 100 $lb -m "$m" -ngl 99 \
+    GGML_SCHED_PREFETCH=1 GGML_SCHED_STREAM_WEIGHTS="$sw" peak timeout 100 $lb -m "$m" -ngl 99 \
       -ot "blk\.[0-9]+\.ffn_(gate|up|down)\.weight=CPU" -lm none -fa on -p 0 -n 64 -r 3 \
       -t $(( t - 1 )) -o jsonl 2>/dev/null | tee -a "$out/stream-lb.jsonl" \
       | python3 -c "import json,sys; [print(r['n_gen'], round(r['avg_ts'], 2), 'tok/s') for r in map(json.loads, sys.stdin)]" \

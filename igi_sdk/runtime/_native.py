@@ -325,6 +325,7 @@ _STREAM_VERSION = 1
 try:
     _declare("ggml_backend_sched_stream_version", ctypes.c_int)
     _declare("ggml_backend_sched_set_stream_weights", None, ctypes.c_char_p)
+    _declare("ggml_backend_sched_set_prefetch", None, ctypes.c_bool)
     _has_stream = ggml.ggml_backend_sched_stream_version() >= _STREAM_VERSION
 except AttributeError:  # (the symbol is absent: ctypes raises on the lookup)
     _has_stream = False
@@ -348,4 +349,6 @@ def set_streamed_weights(names: tuple[str, ...]) -> bool:
         if names != _streamed:
             ggml.ggml_backend_sched_set_stream_weights(",".join(names).encode() or None)
             _streamed = names
+        if names:  # (whatever GGML_SCHED_PREFETCH says: without it nothing overlaps)
+            ggml.ggml_backend_sched_set_prefetch(True)
     return True
