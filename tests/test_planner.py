@@ -665,3 +665,144 @@ def test_models_with_experts_keep_a_larger_margin(tiny_llama, tiny_moe) -> None:
     mib = 1024 * 1024
     assert dense["margin"] - int(0.05 * dense["compute"]) == 64 * mib
     assert moe["margin"] - int(0.05 * moe["compute"]) == 128 * mib
+
+
+# --- pipelined decode (Plan.decode_streamed) ----------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama8b(tmp_path_factory):
+    from igi_sdk.model import write_synthetic_gguf
+
+    path = tmp_path_factory.mktemp("h") / "llama3-8b.gguf"
+    return read_inventory(write_synthetic_gguf(path, "llama3-8b", data=False))
+
+
+PIPE_PROFILE = GPU_PROFILE.model_copy(update={"stream_pinned_bps": 50e9,
+                                              "stream_cpu_slowdown": 0.25})
+
+
+def _ffn(inv, layer: int) -> list:
+    return [t for t in inv.layer_tensors(layer) if t.group == "ffn_dense"]
+
+
+def test_a_pipelined_decode_hides_each_streamed_copy_behind_the_cpu_layer_before_it(
+        llama8b) -> None:
+    from igi_sdk.planner.cost import tensor_seconds, ubatch_cost
+
+    prof = PIPE_PROFILE
+    stock = Plan.attention_on_gpu(llama8b)  # every FFN on the CPU, pinned, copy-compute from 32
+    odd = range(1, llama8b.arch.n_layers, 2)
+    piped = stock.model_copy(update={"decode_streamed": tuple(
+        t.name for i in odd for t in _ffn(llama8b, i))})
+
+    def cpu(i: int) -> float:
+        return sum(tensor_seconds(t, llama8b, prof, 1, on_gpu=False, copy_compute=False,
+                                  pinned=True)[1] for t in _ffn(llama8b, i))
+
+    def copy(i: int) -> float:
+        return sum(tensor_seconds(t, llama8b, prof, 1, on_gpu=False, copy_compute=True,
+                                  pinned=True)[2] for t in _ffn(llama8b, i))
+
+    a, b = ubatch_cost(llama8b, stock, prof, 1, 1024), ubatch_cost(llama8b, piped, prof, 1, 1024)
+    # the streamed layers' bytes leave the CPU and cross PCIe instead
+    assert a.cpu_s - b.cpu_s == pytest.approx(sum(cpu(i) for i in odd))
+    assert b.copy_s == pytest.approx(sum(copy(i) for i in odd)) and a.copy_s == 0
+    # each copy runs while the CPU layer before it computes, that layer slowed by the copy
+    assert b.overlap_s == pytest.approx(sum(cpu(i - 1) + copy(i) - max(1.25 * cpu(i - 1), copy(i))
+                                            for i in odd))
+    assert b.overlap_s > 0.5 * b.copy_s and b.total < 0.8 * a.total
+    # (and with twice the CPU slowdown, less of it is hidden)
+    slow = ubatch_cost(llama8b, piped, prof.model_copy(update={"stream_cpu_slowdown": 0.5}), 1,
+                       1024)
+    assert slow.overlap_s < b.overlap_s
+    # a prefill streams every CPU-resident weight anyway: priced the same either way
+    assert ubatch_cost(llama8b, piped, prof, 512, 0).total == pytest.approx(
+        ubatch_cost(llama8b, stock, prof, 512, 0).total)
+    # without a GPU nothing streams
+    cpu_only = PIPE_PROFILE.model_copy(update={"gpu": None})
+    assert ubatch_cost(llama8b, piped, cpu_only, 1, 1024).total == pytest.approx(
+        ubatch_cost(llama8b, stock, cpu_only, 1, 1024).total)
+
+
+def test_the_planner_pipelines_a_decode_only_where_llama_cpp_can(llama8b) -> None:
+    import dataclasses
+
+    from igi_sdk.planner.planner import streamed_run_bytes
+
+    wl = Workload(n_ctx=1152, prompt_tokens=1024, gen_tokens=128)
+    budget = 2 * 10**9
+    stock = plan_for(llama8b, PIPE_PROFILE, budget, wl)
+    assert not any(c.plan.decode_streamed for c in stock.candidates)
+    res = plan_for(llama8b, PIPE_PROFILE, budget, dataclasses.replace(wl, pipelined=True))
+    best = res.best
+    assert best.name == "attn-first-pipelined" and best.pinned_host and best.op_offload
+    assert best.predicted["turn_s"] < 0.9 * stock.best.predicted["turn_s"]
+    streamed = best.streamed_set
+    assert streamed and not streamed & best.gpu_set
+    layers = sorted({int(n.split(".")[1]) for n in streamed})
+    for i in layers:  # whole FFN layers, each after an FFN layer the CPU computes
+        assert {t.name for t in _ffn(llama8b, i)} <= streamed
+        assert i > 0 and i - 1 not in layers
+        assert not any(t.name in best.gpu_set for t in _ffn(llama8b, i - 1))
+    # the split that computes a streamed layer holds its weights: in the compute buffer, and
+    # the whole plan within the budget
+    assert best.vram_bytes["compute"] >= streamed_run_bytes(llama8b, best) > 0
+    assert best.vram_bytes["total"] <= budget
+    # from memory-mapped host weights a copy cannot run beside the CPU: nothing pipelines
+    mapped = plan_for(llama8b, PIPE_PROFILE, budget,
+                      dataclasses.replace(wl, pipelined=True, pin_host=False))
+    assert not any(c.plan.decode_streamed for c in mapped.candidates)
+
+
+def test_a_plan_streams_only_pinned_host_weights(llama8b) -> None:
+    from pydantic import ValidationError
+
+    names = tuple(t.name for t in _ffn(llama8b, 1))
+    plan = Plan(name="p", op_offload=True, pinned_host=True, decode_streamed=names)
+    assert Plan.from_json(plan.to_json()) == plan
+    with pytest.raises(ValidationError, match="pinned_host"):
+        Plan(name="p", op_offload=True, pinned_host=False, decode_streamed=names)
+    with pytest.raises(ValidationError, match="gpu_tensors"):
+        Plan(name="p", op_offload=True, pinned_host=True, decode_streamed=names,
+             gpu_tensors=names[:1])
+
+
+def test_a_pipelined_plan_runs_on_any_llama_cpp(tiny_llama) -> None:
+    # the PyPI wheels carry the stock scheduler: a plan's streamed weights are then computed
+    # where the placement puts them, and the plan still loads and answers
+    from igi_sdk.runtime import Engine, EngineConfig, SamplingParams, _native
+
+    inv = read_inventory(tiny_llama)
+    names = tuple(t.name for t in _ffn(inv, 1))
+    assert _native.set_streamed_weights(names) is _native.streams_weights()
+    assert _native.set_streamed_weights(()) is True
+    stock = Plan.attention_on_gpu(inv)
+    piped = stock.model_copy(update={"decode_streamed": names})
+    greedy = SamplingParams(temperature=0.0, repeat_penalty=1.0)
+    texts = []
+    for plan in (stock, piped):
+        with Engine(tiny_llama, plan, EngineConfig(n_ctx=256, max_sessions=1,
+                                                   n_threads=2)) as e:
+            sid = e.open_session(sampling=greedy)
+            texts.append(e.chat(sid, "hello there", max_tokens=8, ignore_eos=True).result().text)
+    assert all(texts)
+    if not _native.streams_weights():  # (a pipelining GPU build computes them on the GPU,
+        # whose sums need not round as the CPU's do)
+        assert texts[0] == texts[1]
+
+
+def test_pipelined_plans_never_over_budget_and_more_budget_is_never_slower(llama8b) -> None:
+    import dataclasses
+
+    wl = Workload(n_ctx=1152, prompt_tokens=1024, gen_tokens=128, pipelined=True)
+    for scale in (1.0, 1.3):  # (a dry run's measured compute scale)
+        w = dataclasses.replace(wl, compute_scale=scale)
+        lo = plan_for(llama8b, PIPE_PROFILE, 10**12, w).minimum_bytes
+        prev = float("inf")
+        for k in range(24):
+            budget = lo + k * 150_000_000
+            best = plan_for(llama8b, PIPE_PROFILE, budget, w).best
+            assert best.vram_bytes["total"] <= budget
+            assert best.predicted["turn_s"] <= prev * (1 + 1e-9)
+            prev = best.predicted["turn_s"]

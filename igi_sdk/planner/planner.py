@@ -451,7 +451,7 @@ def _with_kv(plan: Plan, kv: str) -> Plan:
 
 def _attn_first(
     inv: ModelInventory, prof: Profile, wl: Workload, budget: int, ubatch: int, copy: bool,
-    kv: str = "f16", *, output_first: bool = False,
+    kv: str = "f16", *, output_first: bool = False, ffn: bool = True,
 ) -> Plan:
     pinned = copy and wl.pin_host
     base = Plan(name="attn-first-copy" if copy else "attn-first-static", flash_attn="on",
@@ -462,8 +462,11 @@ def _attn_first(
         base = base.model_copy(update={"copy_compute_min_batch": threshold})
     if output_first:
         base = base.model_copy(update={"name": base.name.replace("attn-first", "output-first")})
-    return _best_prefix(inv, prof, wl, budget, base,
-                        _attention_first_items(inv, output_first=output_first))
+    items = _attention_first_items(inv, output_first=output_first)
+    if not ffn:  # attention, norms, router and output head only
+        items = [it for it in items if not any(t.group.startswith("ffn_") and
+                                               t.group != "ffn_router" for t in it[0])]
+    return _best_prefix(inv, prof, wl, budget, base, items)
 
 
 # Which dense FFN layers a pipelined plan streams: layer i where i % stride is in residues.
@@ -485,16 +488,22 @@ def _pipelined(inv: ModelInventory, prof: Profile, wl: Workload, budget: int,
         layers = [i for i in ffn if ffn[i] and i % stride in residues]
         wanted = Plan(name="probe", op_offload=True, pinned_host=True, decode_streamed=tuple(
             t.name for i in layers for t in ffn[i]))
-        base = _attn_first(inv, prof, wl, budget - streamed_run_bytes(inv, wanted), ubatch,
-                           copy=True)
-        if not base.pinned_host:
-            continue
-        gpu = base.gpu_set
-        names = tuple(t.name for i in layers if not any(t.name in gpu for t in ffn[i])
-                      for t in ffn[i])
-        if names:
-            plans.append(base.model_copy(update={"name": "attn-first-pipelined",
-                                                 "decode_streamed": names}))
+        # (the streamed split's weights are compute buffer: scaled and margined as it is)
+        room = budget - int(streamed_run_bytes(inv, wanted) * wl.compute_scale
+                            * (1 + _MARGIN_FRACTION)) - 1
+        # the prefix search prices a decode without the overlap, so an FFN layer it moves to
+        # VRAM can break a streamed pair: the placement with no FFN in VRAM is offered too
+        # (once it all fits, the same at every larger budget: more VRAM is never slower)
+        for base in (_attn_first(inv, prof, wl, room, ubatch, copy=True),
+                     _attn_first(inv, prof, wl, room, ubatch, copy=True, ffn=False)):
+            if not base.pinned_host:
+                continue
+            gpu = base.gpu_set
+            names = tuple(t.name for i in layers if not any(t.name in gpu for t in ffn[i])
+                          for t in ffn[i])
+            if names:
+                plans.append(base.model_copy(update={"name": "attn-first-pipelined",
+                                                     "decode_streamed": names}))
     return plans
 
 
