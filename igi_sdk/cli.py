@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import importlib.util
 import itertools
 import os
@@ -517,6 +518,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check: DryRun | None = None
     if args.profile:  # another machine's: the planner's estimate alone
         prof = Profile.load(Path(args.profile))
+        if args.pipelined:  # (that machine's llama.cpp pipelines a decode)
+            wl = dataclasses.replace(wl, pipelined=True)
     else:  # this machine: planned as `chat --vram` plans, dry-run checked where there is a GPU
         guess = cached_before_backend()  # the threshold is asked for before the backend starts
         if guess is not None:
@@ -549,6 +552,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
           f"{'' if best.op_offload else ' (off)'}, host weights "
           f"{'pinned' if best.pinned_host else 'mmap'}, KV layers on GPU "
           f"{best.gpu_layers if best.gpu_layers >= 0 else inv.arch.n_layers})")
+    if best.decode_streamed:  # (pipelined: the layers whose FFN the GPU computes at decode)
+        layers = sorted({t.layer for t in inv.tensors
+                         if t.name in best.streamed_set and t.layer is not None})
+        print(f"pipelined decode: {len(best.decode_streamed)} CPU-resident weights (layers "
+              f"{', '.join(map(str, layers))}) streamed to the GPU at every token while the CPU "
+              f"computes the layer before each")
     print("\ngroup          on GPU        on CPU")
     groups: dict[str, list[int]] = {}
     for t in inv.tensors:
@@ -1077,6 +1086,11 @@ def build_parser() -> argparse.ArgumentParser:
     pl.add_argument("--gen", type=int, default=128, help="tokens generated per turn")
     pl.add_argument("--profile", help="a profile JSON (default: this machine's, measured once)")
     pl.add_argument("--json", help="write the chosen plan here")
+    pl.add_argument("--pipelined", action="store_true",
+                    help="with --profile: that machine's llama.cpp pipelines a decode (built "
+                         "with igi_sdk/bundle/patches/ggml-stream-prefetch.patch), so plans may "
+                         "stream CPU-resident FFN layers at every token (this machine's own "
+                         "llama.cpp says so itself)")
     _draft_arguments(pl)
     pl.add_argument("--alpha", type=float, default=0.7,
                     help="per-token acceptance α assumed for --draft: the chance the target "

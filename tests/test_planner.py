@@ -806,3 +806,22 @@ def test_pipelined_plans_never_over_budget_and_more_budget_is_never_slower(llama
             assert best.vram_bytes["total"] <= budget
             assert best.predicted["turn_s"] <= prev * (1 + 1e-9)
             prev = best.predicted["turn_s"]
+
+
+def test_cli_plan_names_the_layers_a_pipelined_plan_streams(llama8b, tmp_path) -> None:
+    import subprocess
+    import sys
+
+    profile = tmp_path / "gpu-profile.json"
+    profile.write_text(PIPE_PROFILE.model_dump_json())
+    out = tmp_path / "plan.json"
+    cmd = [sys.executable, "-m", "igi_sdk.cli", "plan", str(llama8b.path), "--vram", "2GB",
+           "--ctx", "1152", "--profile", str(profile), "--json", str(out)]
+    r = subprocess.run([*cmd, "--pipelined"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    plan = Plan.load(out)
+    assert plan.name == "attn-first-pipelined" and plan.decode_streamed
+    layers = sorted({int(n.split(".")[1]) for n in plan.decode_streamed})
+    assert f"(layers {', '.join(map(str, layers))}) streamed" in r.stdout
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # (not that machine)
+    assert r.returncode == 0 and "pipelined" not in r.stdout and not Plan.load(out).decode_streamed

@@ -501,9 +501,10 @@ def _pipelined(inv: ModelInventory, prof: Profile, wl: Workload, budget: int,
             gpu = base.gpu_set
             names = tuple(t.name for i in layers if not any(t.name in gpu for t in ffn[i])
                           for t in ffn[i])
-            if names:
-                plans.append(base.model_copy(update={"name": "attn-first-pipelined",
-                                                     "decode_streamed": names}))
+            plan = base.model_copy(update={"name": "attn-first-pipelined",
+                                           "decode_streamed": names})
+            if names and plan not in plans:  # (both searches may place the same)
+                plans.append(plan)
     return plans
 
 
