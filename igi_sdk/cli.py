@@ -343,6 +343,12 @@ def cmd_doctor(args: argparse.Namespace) -> int:
              if archs else ""))
     print(f"llama.cpp system  {system}")
     print(f"GPU offload       {'yes' if llama_cpp.llama_supports_gpu_offload() else 'no'}")
+    from igi_sdk.runtime._native import streams_weights
+
+    print("pipelined decode  " + (
+        "yes: the scheduler streams named weights beside the CPU's work" if streams_weights()
+        else "no: a stock llama.cpp scheduler (build with "
+             "igi_sdk/bundle/patches/ggml-stream-prefetch.patch for it)"))
     print("devices:")
     for d in list_devices():
         print(f"  [{d.index}] {d.name:<10} {d.kind:<5} {d.description}  "

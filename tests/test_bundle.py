@@ -272,6 +272,8 @@ def test_doctor_runs_from_the_bundle_with_an_empty_environment(bundle: Path) -> 
     # the thread controller's view of other processes, and the image decoder's CPU-time cap,
     # read through psutil: a bundle that left it out sampled no load
     assert "host CPU load     read per CPU (psutil" in out
+    # whether its llama.cpp pipelines a decode: this bundle's is the stock build
+    assert "pipelined decode  no: a stock llama.cpp scheduler" in out
     assert _listing(bundle) == before  # nothing written next to the executable
 
 
