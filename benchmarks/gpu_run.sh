@@ -12,6 +12,10 @@
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
 # run beside ours in the same call. A build packed by an earlier call of the same machine kind
 # (.gpu/prebuilt/bld.tar.*, see `pack_build` below) is unpacked instead when it runs here.
+# Ours then runs on the pipelined scheduler (igi_sdk/bundle/patches/ggml-stream-prefetch.patch,
+# `patch_ggml_base` below): a libggml-base carried as .gpu/patched/ (the same sources built
+# elsewhere), or built here from the build's sources or .gpu/ggml-src.tgz (`tar czf
+# .gpu/ggml-src.tgz -C <sdist>/vendor/llama.cpp ggml`); PIPELINE=0 keeps it stock.
 set -uo pipefail
 out=${1:-${OUT:-/tmp/igi-out}}
 part=${2:-all}
