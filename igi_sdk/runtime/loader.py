@@ -201,8 +201,9 @@ def _check_threshold(plan: Plan, gpu: Device | None) -> None:
 
 def _name_streamed(plan: Plan, gpu: Device | None) -> None:
     """Tell ggml's scheduler which host weights this plan streams at every batch (process-wide,
-    read when the new context splits its graphs; an older context keeps what it split with);
-    warn once where this llama.cpp cannot, the plan's decode then computing them on the CPU."""
+    read whenever a graph is split, so set before the new context computes; they reach only
+    host weights of a context that offloads ops to the GPU, docs/architecture.md); warn once
+    where this llama.cpp cannot, the plan's decode then computing them on the CPU."""
     names = plan.decode_streamed if gpu is not None else ()
     if not _native.set_streamed_weights(names) and plan.name not in _warned_streaming:
         _warned_streaming.add(plan.name)
