@@ -825,3 +825,30 @@ def test_cli_plan_names_the_layers_a_pipelined_plan_streams(llama8b, tmp_path) -
     assert f"(layers {', '.join(map(str, layers))}) streamed" in r.stdout
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)  # (not that machine)
     assert r.returncode == 0 and "pipelined" not in r.stdout and not Plan.load(out).decode_streamed
+
+
+def test_only_the_running_models_gpu_placements_name_streamed_weights(tiny_llama) -> None:
+    # the names are process-wide: a draft model's load, a dry run, a probe or the CPU placement
+    # a reshard keeps open must not take them from the model that decodes
+    from igi_sdk.runtime import _native, loader
+    from igi_sdk.runtime.devices import Device
+
+    inv = read_inventory(tiny_llama)
+    names = tuple(t.name for t in _ffn(inv, 1))
+    piped = Plan.attention_on_gpu(inv).model_copy(update={"decode_streamed": names})
+    gpu = Device(0, "GPU0", "a GPU", "gpu", 1 << 34, 1 << 34, "CUDA0")
+    try:
+        loader._name_streamed(piped, gpu)  # the running model's GPU placement
+        assert _native.streamed_weights() == names
+        loader._name_streamed(Plan.all_cpu(), None)  # a CPU placement beside it
+        assert _native.streamed_weights() == names
+        settings = loader.ContextSettings(256, 1, 64, 2)
+        loader.dry_run(tiny_llama, inv, Plan.attention_on_gpu(inv), settings)  # another plan's
+        assert _native.streamed_weights() == names
+        drafter = loader.load(tiny_llama, inv, Plan.all_cpu(), settings, names_streamed=False)
+        loader.free(drafter)
+        assert _native.streamed_weights() == names
+        loader._name_streamed(Plan.attention_on_gpu(inv), gpu)  # a GPU placement that streams
+        assert _native.streamed_weights() == ()                # nothing clears them
+    finally:
+        _native.set_streamed_weights(())

@@ -341,14 +341,29 @@ def streams_weights() -> bool:
 
 def set_streamed_weights(names: tuple[str, ...]) -> bool:
     """Name the weights ggml's scheduler streams (process-wide; takes effect for graphs split
-    afterwards, so before a context computes). False where this llama.cpp cannot."""
+    afterwards, so before a context computes). False where this llama.cpp cannot (the names
+    are still what the process asked for: :func:`streamed_weights`)."""
     global _streamed
-    if not _has_stream:
-        return not names
     with _stream_lock:
-        if names != _streamed:
+        if names != _streamed and _has_stream:
             ggml.ggml_backend_sched_set_stream_weights(",".join(names).encode() or None)
-            _streamed = names
-        if names:  # (whatever GGML_SCHED_PREFETCH says: without it nothing overlaps)
+        _streamed = names
+        if names and _has_stream:  # (whatever GGML_SCHED_PREFETCH says: else nothing overlaps)
             ggml.ggml_backend_sched_set_prefetch(True)
-    return True
+    return _has_stream or not names
+
+
+def streamed_weights() -> tuple[str, ...]:
+    """The names the process last gave ggml's scheduler (:func:`set_streamed_weights`)."""
+    return _streamed
+
+
+@contextmanager
+def streamed_weights_kept() -> Iterator[None]:
+    """The process's streamed names as they are now, restored on leaving: a dry run or a probe
+    names its own plan's weights without taking them from the model that runs."""
+    kept = streamed_weights()
+    try:
+        yield
+    finally:
+        set_streamed_weights(kept)

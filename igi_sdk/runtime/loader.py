@@ -129,14 +129,19 @@ def load(
     progress: Callable[[float], None] | None = None,
     dry_run: bool = False,
     cancelled: Callable[[], bool] | None = None,
+    names_streamed: bool = True,
 ) -> Loaded:
     """Model + context for ``plan``; raises a typed error (and frees everything) on failure.
     ``cancelled``: asked between tensors; once it answers True the load stops (llama.cpp's
-    progress callback returning false) and raises :class:`LoadCancelledError`."""
+    progress callback returning false) and raises :class:`LoadCancelledError`.
+    ``names_streamed`` False: the process's streamed weights stay as they are (a draft model's
+    context; its graphs are split with the target's names, which name none of its tensors on
+    the host)."""
     _native.init_backend(plan.copy_compute_min_batch)
     gpu = first_gpu() if plan.uses_gpu() else None
     _check_threshold(plan, gpu)
-    _name_streamed(plan, gpu)
+    if names_streamed:
+        _name_streamed(plan, gpu)
     # built first: a setting llama.cpp has no value for fails before anything is loaded
     cparams = context_params(plan, settings, gpu)
     mparams, overrides = model_params(plan, inventory, gpu, dry_run=dry_run)
@@ -204,7 +209,9 @@ def _name_streamed(plan: Plan, gpu: Device | None) -> None:
     read whenever a graph is split, so set before the new context computes; they reach only
     host weights of a context that offloads ops to the GPU, docs/architecture.md); warn once
     where this llama.cpp cannot, the plan's decode then computing them on the CPU."""
-    names = plan.decode_streamed if gpu is not None else ()
+    if gpu is None:  # (a CPU placement, e.g. the one a reshard keeps open: no GPU split to
+        return       # stream to, and the GPU placement's names stay for its next graphs)
+    names = plan.decode_streamed
     if not _native.set_streamed_weights(names) and plan.name not in _warned_streaming:
         _warned_streaming.add(plan.name)
         log.warning("plan '%s' streams %d weights at decode, but this llama.cpp lacks the "
@@ -267,8 +274,10 @@ def free(loaded: Loaded) -> None:
 def dry_run(
     path: Path, inventory: ModelInventory, plan: Plan, settings: ContextSettings
 ) -> LoadReport:
-    """Placement and compute-buffer sizes of ``plan`` without allocating any memory."""
-    loaded = load(path, inventory, plan, settings, dry_run=True)
+    """Placement and compute-buffer sizes of ``plan`` without allocating any memory (its graphs
+    split with its own streamed weights, then the process's names as they were)."""
+    with _native.streamed_weights_kept():
+        loaded = load(path, inventory, plan, settings, dry_run=True)
     try:
         return loaded.report
     finally:

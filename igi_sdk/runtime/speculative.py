@@ -180,7 +180,8 @@ class Drafter:
         plan = draft_plan(inventory, gpu=self.on_gpu).model_copy(
             update={"copy_compute_min_batch": copy_compute_min_batch})
         self._threads = settings.n_threads  # what its context runs with now (0: the default)
-        self._loaded: loader.Loaded | None = loader.load(self.path, inventory, plan, settings)
+        self._loaded: loader.Loaded | None = loader.load(self.path, inventory, plan, settings,
+                                                         names_streamed=False)
         try:
             self.vocab = llama_cpp.llama_model_get_vocab(self._loaded.model)
             check_same_vocab(target_vocab, self.vocab)

@@ -34,7 +34,7 @@ from igi_sdk.model import (
     write_synthetic_gguf,
 )
 from igi_sdk.planner import Plan
-from igi_sdk.runtime import loader
+from igi_sdk.runtime import _native, loader
 
 _LAYERS = (4, 16)
 
@@ -58,7 +58,8 @@ def _median_decode_seconds(
     n_ctx = n_tokens if restart else n_tokens * total + 64
     settings = loader.ContextSettings(n_ctx=n_ctx, n_seq_max=1, n_batch=max(n_tokens, 512),
                                       n_threads=threads)
-    loaded = loader.load(path, inv, plan, settings)
+    with _native.streamed_weights_kept():  # (a probe's plan, not the running model's)
+        loaded = loader.load(path, inv, plan, settings)
     batch = llama_cpp.llama_batch_init(n_tokens, 0, 1)
     mem = llama_cpp.llama_get_memory(loaded.ctx)
     try:
