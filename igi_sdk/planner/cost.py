@@ -247,16 +247,9 @@ def pipelined_overlap_seconds(inv: ModelInventory, plan: Plan, prof: Profile, to
             cpu_s[t.name] = tensor_seconds(t, inv, prof, n_tok, on_gpu=False,
                                            copy_compute=False, pinned=plan.pinned_host)[1]
     # (on the GPU?, CPU seconds, copy seconds) per block, in graph order
-    seq: list[tuple[bool, float, float]] = []
-    for layer in range(inv.arch.n_layers):
-        for kind in ("attn", "ffn"):
-            ts = [t for t in inv.layer_tensors(layer) if t.group.startswith(kind)
-                  and t.group != "attn_norm"]
-            if not ts:
-                continue
-            on = sum(1 for t in ts if t.name in gpu_set or t.name in streamed) * 2 >= len(ts)
-            seq.append((on, sum(cpu_s.get(t.name, 0.0) for t in ts),
-                        sum(copy_s.get(t.name, 0.0) for t in ts)))
+    blocks = layer_blocks(inv)
+    seq = [(on, sum(cpu_s.get(t.name, 0.0) for t in ts), sum(copy_s.get(t.name, 0.0) for t in ts))
+           for on, ts in zip(block_placement(inv, gpu_set | streamed), blocks, strict=True)]
     head = [t for t in priced_tensors(inv) if t.group == "output"]
     if head:
         on = all(t.name in gpu_set or t.name in streamed for t in head)
@@ -278,21 +271,24 @@ def pipelined_overlap_seconds(inv: ModelInventory, plan: Plan, prof: Profile, to
     return saved
 
 
-def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:
-    """Per layer block (attention, then FFN), whether it runs on the GPU: the majority of its
-    weights are there."""
-    seq: list[bool] = []
+def layer_blocks(inv: ModelInventory) -> list[list[TensorInfo]]:
+    """The weights of each layer block, in graph order: per layer its attention, then its FFN
+    (a block without weights is left out)."""
+    blocks: list[list[TensorInfo]] = []
     for layer in range(inv.arch.n_layers):
-        blocks: dict[str, list[bool]] = {"attn": [], "ffn": []}
-        for t in inv.layer_tensors(layer):
-            if t.group == "attn":
-                blocks["attn"].append(t.name in gpu_set)
-            elif t.group.startswith("ffn"):
-                blocks["ffn"].append(t.name in gpu_set)
-        for flags in blocks.values():
-            if flags:
-                seq.append(sum(flags) * 2 >= len(flags))
-    return seq
+        tensors = inv.layer_tensors(layer)
+        for block in ([t for t in tensors if t.group == "attn"],
+                      [t for t in tensors if t.group.startswith("ffn")]):
+            if block:
+                blocks.append(block)
+    return blocks
+
+
+def block_placement(inv: ModelInventory, gpu_set: frozenset[str] | set[str]) -> list[bool]:
+    """Per layer block (``layer_blocks``), whether it runs on the GPU: the majority of its
+    weights are there."""
+    return [sum(t.name in gpu_set for t in block) * 2 >= len(block)
+            for block in layer_blocks(inv)]
 
 
 def block_ops(inv: ModelInventory) -> list[int]:
