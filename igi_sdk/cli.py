@@ -771,6 +771,7 @@ def cmd_serve(args: argparse.Namespace) -> int:
         vision_max_tokens=args.vision_max_tokens, vision_borrow=args.vision_borrow,
         context_floor=args.context_floor, session_ctx=args.session_ctx,
         vram_cap=parse_size(args.vram) if args.vram else None, talking=args.talking,
+        host_weights=args.host_weights,
     )
     _more_descriptors()
     try:
@@ -1256,6 +1257,13 @@ def build_parser() -> argparse.ArgumentParser:
                     help="do not keep the CPU placement open beside a GPU one: saves its host "
                          "memory (KV cache, compute buffer), but every reshard then stops the "
                          "replies while the next placement loads")
+    sv.add_argument("--host-weights", choices=("auto", "pinned", "mapped"), default="auto",
+                    help="how the arbiter's GPU plans hold the weights the CPU keeps: pinned "
+                         "(page-locked: a pipelined decode streams them while the CPU computes, "
+                         "each reshard reloads them in seconds) or mapped (the file's pages: "
+                         "reloads cost nothing); auto pins where llama.cpp pipelines a decode, "
+                         "the standby decodes through reloads and RAM allows, or NPCs talk "
+                         "together")
     sv.add_argument("--max-step-ms", type=float, default=50.0,
                     help="target duration of one engine step: long prompts are read in chunks "
                          "of about this much work, so cancels and reshards wait at most that")

@@ -520,3 +520,57 @@ def test_with_a_standby_a_grow_the_vram_holds_twice_keeps_decoding_on_the_gpu(la
     tight = _StandbyOps(set(), [top.vram + 1])  # only the target fits: the small one goes first
     out = ReshardMachine(ladder, top, tight.budget_now, current=low, settled=lambda: True)(tight)
     assert tight.released == 1 and out.landed is top
+
+
+def test_the_ladder_pins_host_weights_where_every_token_gains_and_reloads_are_decoded_through(
+        ) -> None:
+    from igi_sdk.arbiter.ladder import PIN_RAM_HEADROOM, pins_host_weights
+
+    model = 5 * GIB
+    enough = 2 * model + PIN_RAM_HEADROOM
+
+    def pins(choice: str = "auto", **kw) -> bool:
+        args = dict(talking=1, vision_borrow=False, pipelines=True, standby=True,
+                    model_bytes=model, available_ram=enough)
+        args.update(kw)
+        got = pins_host_weights(choice, **args)
+        assert got.why
+        return got.pinned
+
+    assert pins()  # a pipelined decode, a standby, the RAM: pinned
+    assert not pins(pipelines=False)  # stock llama.cpp: pinning buys a single token nothing
+    assert not pins(standby=False)  # every NPC would wait out the longer reload
+    assert not pins(available_ram=enough - 1) and not pins(available_ram=None)
+    assert not pins(vision_borrow=True)  # two reloads in every image line's first token
+    # NPCs talking together stream the host weights in their decode steps, pipelined or not
+    assert pins(talking=4, pipelines=False, standby=False)
+    assert not pins(talking=4, vision_borrow=True)
+    # the player's (or the developer's) choice is kept, whatever auto would do
+    assert pins("pinned", pipelines=False, available_ram=None)
+    assert not pins("mapped")
+    with pytest.raises(ValueError, match="host weights"):
+        pins("locked")
+
+
+def test_a_pinned_ladder_on_a_pipelining_llama_cpp_climbs_through_pipelined_rungs(
+        tmp_path) -> None:
+    import dataclasses
+
+    from igi_sdk.arbiter.ladder import arbiter_workload
+    from igi_sdk.model import write_synthetic_gguf
+    from tests.test_planner import PIPE_PROFILE
+
+    inv = read_inventory(write_synthetic_gguf(tmp_path / "l8b.gguf", "llama3-8b", data=False))
+    wl = dataclasses.replace(arbiter_workload(1152), pipelined=True)
+    mapped = PlanLadder.build(inv, PIPE_PROFILE, wl, step=512 * MIB, cap=6 * GIB)
+    pinned = PlanLadder.build(inv, PIPE_PROFILE, dataclasses.replace(wl, pin_host=True),
+                              step=512 * MIB, cap=6 * GIB)
+    assert not any(r.plan.decode_streamed or r.plan.pinned_host for r in mapped.rungs)
+    streamed = [r for r in pinned.rungs if r.plan.decode_streamed]
+    assert streamed and all(r.plan.pinned_host for r in streamed)
+    assert not pinned.cpu.plan.pinned_host  # the standby computes from the file's pages
+    for r in streamed:  # at a streaming rung's VRAM the mapped ladder has nothing as fast
+        assert mapped.best_within(r.vram).turn_s > r.turn_s
+    # rungs that differ only in what they stream are told apart
+    keys = [(r.plan.gpu_tensors, r.plan.decode_streamed) for r in pinned.rungs]
+    assert len(keys) == len(set(keys))

@@ -170,6 +170,8 @@ def test_serve_vram_is_a_cap_the_arbiter_never_passes(setup) -> None:
         time.sleep(2.0)  # ten grow holds with the whole device free
         arb = c.stats()["arbiter"]
         assert arb["plan_vram"] == within.vram and arb["budget"] <= cap, arb
+        # stock llama.cpp pipelines no decode and one NPC talks: reloads map the host weights
+        assert arb["pinned_rungs"] == sum(r.plan.pinned_host for r in ladder.rungs) == 0, arb
         c.close()
     finally:
         stop(proc)
@@ -261,3 +263,38 @@ def test_npcs_keep_talking_while_the_game_takes_and_frees_the_whole_budget(setup
     assert moves and all(x["released_s"] is not None and x["released_s"] <= bound
                          for x in moves), (moves, median)
     assert not any(x["failures"] for x in st["arbiter"]["decisions"])
+
+
+def test_serve_host_weights_pinned_plans_and_runs_pinned_rungs(setup) -> None:
+    """`serve --host-weights pinned`: the ladder's rungs that keep weights on the CPU read them
+    into page-locked memory, and the model answers on such a rung (here under a cap that
+    stops the climb at the first)."""
+    import dataclasses
+
+    d, _ = setup
+    # large enough that the sidecar's 256 MiB budget steps meet a rung between CPU and GPU
+    spec = spec_with("tiny-llama", n_layers=8, n_embd=2048, n_ff=8192, n_vocab=4096)
+    path = write_synthetic_gguf(d / "m8.gguf", spec)
+    pinned = PlanLadder.build(read_inventory(path), GPU_PROFILE,
+                              dataclasses.replace(arbiter_workload(2048, 8), pin_host=True))
+    i = next(i for i, r in enumerate(pinned.rungs) if r.plan.pinned_host)
+    rung, cap = pinned.rungs[i], (pinned.rungs[i].vram + pinned.rungs[i + 1].vram) // 2
+    trace = _trace(d, "pinned.json", pinned.rungs[-1].vram * 4, [(0.0, 0)])
+    proc = start_sidecar(d, f"ipc://{d / 'pin.sock'}", "--model", "m8.gguf", "--vram-trace",
+                         str(trace), "--profile", str(d / "profile.json"), "--grow-hold", "0.2",
+                         "--host-weights", "pinned", "--vram", str(cap))
+    try:
+        c = Client(f"ipc://{d / 'pin.sock'}", timeout=30)
+        c.wait_ready(60)
+        deadline = time.monotonic() + 30
+        while c.stats()["arbiter"]["plan_vram"] != rung.vram:
+            assert time.monotonic() < deadline, c.stats()["arbiter"]
+            time.sleep(0.1)
+        arb = c.stats()["arbiter"]
+        assert arb["pinned_rungs"] == sum(r.plan.pinned_host for r in pinned.rungs) > 0, arb
+        sid = c.open_session("You are terse.")
+        reply = c.chat(sid, "Hello there", max_tokens=8).result()
+        assert reply["text"] and c.stats()["arbiter"]["plan"] == rung.plan.name
+        c.close()
+    finally:
+        stop(proc)

@@ -493,6 +493,9 @@ class Arbiter:
             "plan_vram": cur.vram if cur else None,
             "unavailable": self.unavailable,
             "rungs": len(self.ladder.rungs),
+            # rungs whose host weights are page-locked (serve --host-weights): each reload
+            # copies them, and a pipelined decode streams them
+            "pinned_rungs": sum(r.plan.pinned_host for r in self.ladder.rungs),
             "reshards": len(self.reshards),
             "reshard_seconds": [round(r.seconds, 4) for r in list(self.reshards)[-16:]],
             "pending_reservations": len(self._waiters),

@@ -26,10 +26,8 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
                      pin_host: bool = False, draft_k: int = 0) -> Workload:
     """What the sidecar's ladder plans for: the turn of ``talking`` NPCs decoding together in a
     context of ``n_ctx`` (``outputs``: logits rows per decode step, at least ``talking``;
-    ``draft_k``: drafts a session's verify step carries). Host
-    weights stay memory-mapped by default, since the arbiter reloads the model at every reshard
-    (pinning them took 3-4 s per 4 GB on the H200 host, mapping them nothing); ``pin_host`` is
-    for NPCs that talk together, whose decode steps stream those weights at pinned speed. The
+    ``draft_k``: drafts a session's verify step carries; ``pin_host``: host weights read into
+    page-locked memory, :func:`pins_host_weights` decides). The
     KV cache stays f16 on every rung (a reshard carries the KV bytes over whole, and llama.cpp
     cannot read one format's cells into another's: a q8_0 rung beside the f16 CPU rung would
     lose every conversation's cache at the move). For the same reason every rung runs flash
@@ -37,6 +35,64 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
     return Workload(n_ctx=n_ctx, n_seqs=planned_talkers(talking, outputs),
                     prompt_tokens=typical_prompt(n_ctx), pin_host=pin_host, n_outputs=outputs,
                     kv_quant=False, flash_attn_only=True, draft_k=draft_k)
+
+
+HOST_WEIGHTS = ("auto", "pinned", "mapped")
+GIB = 1024 * MIB
+# what pinning leaves the rest of the machine, beyond the model's own pages (a game, the OS)
+PIN_RAM_HEADROOM = 2 * GIB
+
+
+@dataclass(frozen=True)
+class HostWeights:
+    """How the ladder's rungs hold their CPU-resident weights, and why (the sidecar logs it)."""
+
+    pinned: bool
+    why: str
+
+
+def pins_host_weights(choice: str, *, talking: int, vision_borrow: bool, pipelines: bool,
+                      standby: bool, model_bytes: int, available_ram: int | None) -> HostWeights:
+    """Whether the ladder's GPU rungs read their host weights into page-locked (pinned) memory
+    rather than mapping the file (``choice``: ``serve --host-weights``, one of HOST_WEIGHTS).
+
+    Every reshard loads a placement again: mapped host weights cost nothing to load (the
+    page cache holds them), pinned ones are copied into freshly page-locked memory, 3-4 s per
+    4 GB on the H200 host. Pinned memory is what lets a decode step copy them to the GPU
+    while the CPU computes (a pipelined decode, docs/planner.md) and stream them at twice the
+    pageable speed. So ``auto`` pins where a rung gains that on every token:
+
+    * NPCs that talk together (``talking`` > 1): their decode steps stream the weights;
+    * this llama.cpp pipelines a decode (``pipelines``), and a CPU standby decodes through
+      each reload (without one, every NPC would wait out the longer load), and the machine
+      has the RAM: the file's mapped pages (the standby computes from them) beside a pinned
+      copy of at most the whole model, plus :data:`PIN_RAM_HEADROOM`.
+
+    It never pins where a vision encoder borrows the model's VRAM (two reloads per image
+    line, each in its time to first token)."""
+    if choice not in HOST_WEIGHTS:
+        raise ValueError(f"host weights are one of {HOST_WEIGHTS}; got {choice!r}")
+    if choice != "auto":
+        return HostWeights(choice == "pinned", f"--host-weights {choice}")
+    if vision_borrow:
+        return HostWeights(False, "a vision encoder borrows the model's VRAM at each image line: "
+                                  "each of its two reloads maps the weights")
+    if talking > 1:
+        return HostWeights(True, f"{talking} NPCs talk together: their decode steps stream "
+                                 "the host weights at pinned speed")
+    if not pipelines:
+        return HostWeights(False, "this llama.cpp does not pipeline a decode: mapped weights "
+                                  "reload at no cost")
+    if not standby:
+        return HostWeights(False, "no CPU standby decodes through a reload: mapped weights "
+                                  "keep each reshard's pause short")
+    need = 2 * model_bytes + PIN_RAM_HEADROOM
+    if available_ram is None or available_ram < need:
+        seen = "unknown" if available_ram is None else f"{available_ram / GIB:.1f} GiB"
+        return HostWeights(False, f"available RAM {seen} is below the {need / GIB:.1f} GiB a "
+                                  "pinned copy beside the mapped model needs")
+    return HostWeights(True, "a pipelined decode streams host weights while the CPU computes; "
+                             "the standby decodes through each longer reload")
 
 
 # How a budget becomes a rung's plan: the plan for ``budget`` bytes of VRAM in all (None: the CPU
@@ -107,7 +163,8 @@ class PlanLadder:
                     raise ValueError(f"ladder rung '{plan.name}' has a {plan.type_k} KV cache: "
                                      "every rung keeps the f16 cache a reshard carries over")
                 plan = one_v_layout(plan)
-                key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload)
+                key = (plan.gpu_tensors, plan.gpu_layers, plan.n_ubatch, plan.op_offload,
+                       plan.decode_streamed)
                 if key not in seen:
                     seen.add(key)
                     rungs.append(Rung(int(plan.vram_bytes["total"]), plan))

@@ -29,7 +29,7 @@ from igi_sdk.arbiter import (
     VramSource,
 )
 from igi_sdk.arbiter.arbiter import ReservationDone as ArbiterDone
-from igi_sdk.arbiter.ladder import Rung, arbiter_workload
+from igi_sdk.arbiter.ladder import Rung, arbiter_workload, pins_host_weights
 from igi_sdk.arbiter.pacing import ClientPacing
 from igi_sdk.arbiter.policy import BudgetPolicy
 from igi_sdk.arbiter.sources import DxgiSource, VramReading
@@ -47,6 +47,7 @@ from igi_sdk.model.mmproj import read_encoder
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import Engine, EngineConfig, Generation, ImageInput, SamplingParams, image_turn
+from igi_sdk.runtime._native import streams_weights
 from igi_sdk.runtime.encoder import EncoderRoom
 from igi_sdk.runtime.image_decode import (
     ImageBudget,
@@ -128,6 +129,18 @@ class HostConfig:
     # its backend starts) are chosen for their decode steps, which may then stream the
     # CPU-resident weights to the GPU instead of computing them on the CPU
     talking: int = 1
+    # how the ladder's GPU rungs hold their CPU-resident weights: "auto" (arbiter.ladder.
+    # pins_host_weights), "pinned" or "mapped"
+    host_weights: str = "auto"
+
+
+def available_ram() -> int | None:
+    """Host memory the OS could give now (page cache it would reclaim included), or None."""
+    try:
+        import psutil
+        return int(psutil.virtual_memory().available)
+    except (ImportError, OSError):
+        return None
 
 
 def _failed(error: Exception) -> Future[Any]:
@@ -311,12 +324,17 @@ class ModelHost:
         # that needs the machine's profile given explicitly, since none can be measured here
         if not cfg.arbiter or not (has_nvml or cfg.vram_trace or cfg.profile):
             return None
-        # NPCs talking together stream the CPU-resident weights in their decode steps: pinned,
-        # at the price of a longer pause at each reshard (the VRAM is freed first either way),
-        # unless a vision encoder borrows the model's VRAM at every image turn
+        # pinned host weights: streamed by NPCs talking together, or by a pipelined decode,
+        # at the price of a longer reload at each reshard (the VRAM is freed first either way)
+        host = pins_host_weights(cfg.host_weights, talking=cfg.talking,
+                                 vision_borrow=cfg.vision_borrow,
+                                 pipelines=streams_weights(),
+                                 standby=cfg.standby, model_bytes=inventory.file_size,
+                                 available_ram=available_ram())
+        log.info("the ladder's host weights: %s (%s)", "pinned" if host.pinned else "mapped",
+                 host.why)
         wl = arbiter_workload(request.n_ctx, settings.n_outputs, cfg.talking,
-                              pin_host=cfg.talking > 1 and not cfg.vision_borrow,
-                              draft_k=draft_k)
+                              pin_host=host.pinned, draft_k=draft_k)
         # llama.cpp fixes the copy-compute threshold when its backend starts (and measuring or
         # even fingerprinting a profile starts it): ask for this model's threshold first, from
         # a profile found without the backend, then plan every rung with the one in effect
