@@ -512,6 +512,25 @@ def npc_figures(replies: list[dict[str, Any]], t_from: float | None = None,
             "stream_errors": errors}
 
 
+def phase_figures(phases: list[dict[str, Any]], npc_tokens: dict[str, list[float]],
+                  model_rows: list[list[Any]]) -> list[dict[str, Any]]:
+    """Per phase of the scenario: the NPCs' tokens a second (all NPCs together, tokens that
+    arrived within it) and the plans the model was sampled on, in order (times from the
+    menu's start; ``model_rows``: the ``model_vram`` series, the plan in column 5)."""
+    out = []
+    for ph in phases:
+        t0, t1 = float(ph["t0"]), float(ph["t1"])
+        n = sum(1 for ts in npc_tokens.values() for t in ts if t is not None and t0 <= t < t1)
+        plans: list[str] = []
+        for row in model_rows:
+            if row[0] is not None and t0 <= row[0] < t1 and row[5] and row[5] not in plans:
+                plans.append(row[5])
+        out.append({"name": ph["name"], "seconds": round(t1 - t0, 3), "tokens": n,
+                    "tokens_per_s": round(n / (t1 - t0), 2) if t1 > t0 else None,
+                    "plans": plans})
+    return out
+
+
 def decision_start(d: dict[str, Any]) -> float:
     """A decision is recorded when its reshard ends (``at``); it began ``seconds`` before."""
     return float(d["at"]) - float(d.get("seconds") or 0.0)
@@ -784,6 +803,7 @@ def export(run: dict[str, Any]) -> dict[str, Any]:
                          "tries": a["tries"]} for a in allocs],
     }
     phases = [{**p, "t_actual": rel(p.get("t_actual"))} for p in run.get("phases") or []]
+    summary["phases"] = phase_figures(phases, npc_tokens, series["model_vram"]["rows"])
     loads_out = [{k: (rel(v) if k.startswith("t_") else v) for k, v in ld.items()
                   if k != "reservation"} for ld in loads]
     arb = (raw.get("stats") or {}).get("arbiter") or {}
@@ -835,6 +855,9 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
               f"{s['reshards']}, failed loads {s['failed_loads']}; model VRAM by "
               f"{s['model_vram_source']}; sidecar RSS peak "
               f"{fmt((s.get('sidecar_rss_peak') or 0) / GIB, 2)} GiB")
+        for ph in s.get("phases") or []:
+            print(f"    {ph['name']:12s} {ph['seconds']:6.1f} s: {fmt(ph['tokens_per_s'], 1):>6s} "
+                  f"tokens/s on {', '.join(ph['plans']) or '–'}")
         for d in s["decisions"]:
             print(f"    t={d['t']:+8.2f}s {d['action']!s:12s} -> {d['plan']!s:22s} "
                   f"{fmt(d['vram'] and d['vram'] / GIB, 2)} GiB in {fmt(d['seconds'])} s, "

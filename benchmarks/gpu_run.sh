@@ -281,20 +281,25 @@ if [ "$part" = flood ] || [ "$part" = all ]; then
 fi
 if [ "$part" = frames ] || [ "$part" = all ]; then
   # the frame game (benchmarks/frame_game.py): a 60 Hz game loading and unloading 6 GiB levels
-  # on a 12 GiB pool beside the sidecar; runs FRAMES_RUNS, each MODE/NPCS/STANDBY (standby: as
-  # shipped; nostandby: `serve --no-standby`, every reshard stopping the replies while it loads),
-  # one fresh sidecar each, while the call has time left (FRAMES_END seconds into it)
+  # on a 12 GiB pool beside the sidecar; runs FRAMES_RUNS, each MODE/NPCS/STANDBY[/HOST]
+  # (standby: as shipped; nostandby: `serve --no-standby`, every reshard stopping the replies
+  # while it loads; HOST: `serve --host-weights`, default auto), one fresh sidecar each, while
+  # the call has time left (FRAMES_END seconds into it); FRAMES_HOLD_S: each level's gameplay
   end=${FRAMES_END:-560}
   for spec in ${FRAMES_RUNS:-nvml/1/standby nvml/1/nostandby}; do
-    IFS=/ read -r mode npcs sb <<< "$spec"
+    IFS=/ read -r mode npcs sb hw <<< "$spec"
     extra=""; [ "$sb" = nostandby ] && extra="--no-standby"
+    name="$mode-$npcs-$sb"
+    [ -n "$hw" ] && { extra="$extra --host-weights $hw"; name="$name-$hw"; }
     left=$(( end - SECONDS ))
     [ "$left" -lt 110 ] && { echo "only $left s left: $spec not run" | tee -a "$out/frames.txt"; break; }
-    echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"
+    echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"; : > /tmp/igi-bench/sidecar.log
     timeout -k 20 "$left" python3 benchmarks/frame_game.py --mode "$mode" --npcs "$npcs" \
-      --workdir /tmp/igi-bench --threads 12 --settle-s 12 --hold-s 6 --between-s 6 --tail-s 8 \
-      --serve-args="$extra" --json "$out/frames-$mode-$npcs-$sb.json" 2>&1 | tee -a "$out/frames.txt"
-    tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$mode-$npcs-$sb-sidecar.log" 2>/dev/null
+      --workdir /tmp/igi-bench --threads 12 --settle-s 12 --hold-s "${FRAMES_HOLD_S:-6}" \
+      --between-s 6 --tail-s 8 \
+      --serve-args="$extra" --json "$out/frames-$name.json" 2>&1 | tee -a "$out/frames.txt"
+    tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$name-sidecar.log" 2>/dev/null
+    grep -m3 "host weights\|pinned\|stream" /tmp/igi-bench/sidecar.log >> "$out/frames-$name-sidecar.log" 2>/dev/null
   done
 fi
 if [ "$part" = release ] || [ "$part" = all ]; then

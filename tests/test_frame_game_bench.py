@@ -154,6 +154,12 @@ def test_a_short_sim_run_measures_and_reports(tmp_path: Path) -> None:
     assert series["game_vram"] and series["model_vram"]["rows"]
     assert max(g for _, g in series["game_vram"]) > min(g for _, g in series["game_vram"])
     assert all(series["npc_tokens"][n] for n in ("0", "1"))
+    # each phase's decode rate counts the tokens that arrived within it, whichever NPC's
+    assert [p["name"] for p in s["phases"]] == [p["name"] for p in run["phases"]]
+    end = run["phases"][-1]["t1"]
+    assert sum(p["tokens"] for p in s["phases"]) == sum(
+        1 for ts in series["npc_tokens"].values() for t in ts if 0 <= t < end)
+    assert any(p["tokens_per_s"] and p["plans"] for p in s["phases"])
     assert run["sim_trace"]["points"]
     from benchmarks import plot_frame_game
 
