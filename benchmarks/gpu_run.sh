@@ -6,7 +6,7 @@
 #   part: placement | planner-a | planner-b | final | final2 | native-order | arbiter | greedy | frames | release | http | flood |
 #         dense-moe | matrix-a | matrix-b | matrix-c | peers | peers2 | peers3 | peers4 | spec |
 #         vlm | bundle | npcs | shipped | busy | host | moe-placement | log-cost | prefill-probe |
-#         stream-decode | all
+#         stream-decode | load-behind | all
 #   (each fits one 10-minute device call)
 # One CMake build (build-cuda-cmake.sh, ~4.5 min on 16 cores) gives both llama-cpp-python's
 # libraries and upstream llama.cpp's llama-bench (/tmp/lcpp/build/bin), so the upstream peers
@@ -301,6 +301,16 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
     tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$name-sidecar.log" 2>/dev/null
     grep -m3 "host weights\|pinned\|stream" /tmp/igi-bench/sidecar.log >> "$out/frames-$name-sidecar.log" 2>/dev/null
   done
+fi
+if [ "$part" = load-behind ] || [ "$part" = all ]; then
+  # what a GPU rung loading behind the decode costs the NPC on the CPU standby, host weights
+  # pinned against mapped (load_behind.py), the synthetic 8B, a stored profile of this kind
+  m=/tmp/igi-bench/llama3-8b.gguf
+  [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet
+  timeout 300 python3 benchmarks/load_behind.py --model "$m" \
+    --profile benchmarks/results/h200-profile-16t-v6b.json --budget-gib "${LB_BUDGET_GIB:-4.5}" \
+    --threads 12 --rounds "${LB_ROUNDS:-3}" --json "$out/load-behind.json" 2>&1 \
+    | grep -v "^llama_\|^load\|^print_info\|^\." | tee "$out/load-behind.txt"
 fi
 if [ "$part" = release ] || [ "$part" = all ]; then
   # what closing a placement costs, part by part, beside the driver's raw free (release_cost.py)
