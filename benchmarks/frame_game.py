@@ -69,6 +69,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 # sets IGI_SDK_CLIENT_ONLY before igi_sdk is imported: no llama.cpp in the game's process
 import arbiter_bench as ab
+from ping_watch import PingWatch
 
 Client = ab.Client
 BridgeError = ab.BridgeError
@@ -598,6 +599,7 @@ def summarize(run: dict[str, Any]) -> dict[str, Any]:
                                     None)
     out["serve_args"] = run.get("serve_args", "")
     out["sidecar_rss_peak"] = run.get("sidecar_rss_peak")
+    out["ping_ms"] = run.get("ping_ms")
     return out
 
 
@@ -652,6 +654,7 @@ def one_run(args: argparse.Namespace, mode: str, dev: Any, tmp: Path,
     game_client = None
     sampler = None
     npcs = None
+    watch: PingWatch | None = None
     npc_out = tmp / f"npcs-{mode}.json"
     game = None
     try:
@@ -686,11 +689,17 @@ def one_run(args: argparse.Namespace, mode: str, dev: Any, tmp: Path,
         npc_at = t0 - args.npc_lead_s
         game.run(t0, end=npc_at, phase="settle")
         npcs = start_npcs(args, endpoint, npc_out)
+        # the control plane as another client sees it through every reshard (a ping each 10 ms)
+        watch = PingWatch(endpoint)
+        watch.start()
         game.run(t0, end=t0, phase="settle")
         game.run(t0)
         run["t_end"] = time.time()
     finally:
         run["sidecar_rss_peak"] = rss.stop()
+        if watch is not None:
+            watch.stop()
+            run["ping_ms"] = watch.summary()
         if npcs is not None:
             run["replies"] = ab.stop_npcs(npcs, npc_out, timeout=60)
         if sampler is not None:
@@ -854,7 +863,7 @@ def print_summary(runs: list[dict[str, Any]]) -> None:
         print(f"\n  {r['mode']} {s.get('serve_args') or ''}: frames {s['frames']}; reshards "
               f"{s['reshards']}, failed loads {s['failed_loads']}; model VRAM by "
               f"{s['model_vram_source']}; sidecar RSS peak "
-              f"{fmt((s.get('sidecar_rss_peak') or 0) / GIB, 2)} GiB")
+              f"{fmt((s.get('sidecar_rss_peak') or 0) / GIB, 2)} GiB; ping ms {s.get('ping_ms')}")
         for ph in s.get("phases") or []:
             print(f"    {ph['name']:12s} {ph['seconds']:6.1f} s: {fmt(ph['tokens_per_s'], 1):>6s} "
                   f"tokens/s on {', '.join(ph['plans']) or '–'}")

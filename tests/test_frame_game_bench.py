@@ -142,11 +142,13 @@ def test_a_short_sim_run_measures_and_reports(tmp_path: Path) -> None:
     assert run["mode"] == "reserve" and run["error"] is None
     s = run["summary"]
     for key in ("loads", "starved_frames", "longest_alloc_wait_s", "failed_loads", "cycles",
-                "reshards", "decisions", "npcs", "frames", "grant_s", "model_vram_source"):
+                "reshards", "decisions", "npcs", "frames", "grant_s", "model_vram_source",
+                "ping_ms"):
         assert key in s, key
     assert len(s["loads"]) == 2 and len(s["cycles"]) == 2
     assert all("grant" in ld for ld in s["loads"])
     assert set(s["npcs"]) == {"0", "1"}
+    assert s["ping_ms"]["n"] > 0 and s["ping_ms"]["max"] >= s["ping_ms"]["p50"] > 0
     for npc in s["npcs"].values():
         assert npc["replies_completed"] >= 1
         assert {"longest_silence_s", "gaps_over_1s", "median_gap_s", "stream_errors"} <= set(npc)
