@@ -286,11 +286,13 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
   # while it loads; HOST: `serve --host-weights`, default auto), one fresh sidecar each, while
   # the call has time left (FRAMES_END seconds into it); FRAMES_HOLD_S: each level's gameplay
   end=${FRAMES_END:-560}
+  k=0
   for spec in ${FRAMES_RUNS:-nvml/1/standby nvml/1/nostandby}; do
     IFS=/ read -r mode npcs sb hw <<< "$spec"
     extra=""; [ "$sb" = nostandby ] && extra="--no-standby"
-    name="$mode-$npcs-$sb"
+    k=$(( k + 1 )); name="$mode-$npcs-$sb"
     [ -n "$hw" ] && { extra="$extra --host-weights $hw"; name="$name-$hw"; }
+    [ -e "$out/frames-$name.json" ] && name="$name-$k"  # a spec run twice keeps both
     left=$(( end - SECONDS ))
     [ "$left" -lt 110 ] && { echo "only $left s left: $spec not run" | tee -a "$out/frames.txt"; break; }
     echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"; : > /tmp/igi-bench/sidecar.log
