@@ -262,6 +262,7 @@ def test_profile_shows_the_gpus_prefill_terms_apart_from_the_one_token_shares(
     assert "routed experts (one token) at down 0.45, gate_up 0.41 of the Q4_0 rate" in out
     assert "routed experts (a prefill batch) at 0.50 of the dense rate" in out
     assert "prefill beyond its matmuls: 0.29 us per token and layer, 3.50 us per token" in out
+    assert "one-token matmuls 25% slower beside a pinned copy" in out
 
 
 def test_profile_is_measured_once_then_cached_and_refresh_measures_again(
@@ -383,3 +384,20 @@ def test_serve_refuses_more_npcs_talking_than_it_holds(tmp_path, bad: tuple[str,
     r = _cli("serve", "--endpoint", f"ipc://{tmp_path}/s.sock", *bad)
     assert r.returncode == 2 and "--talking" in r.stderr, r.stderr
     assert "listening" not in r.stderr and "[internal]" not in r.stderr
+
+
+def test_the_cpus_slowdown_beside_a_copy_is_measured_against_its_speed_alone() -> None:
+    """Profile.stream_cpu_slowdown: the work beside a copy against the mean of the same work
+    alone before and after it (a drift cancels), never negative, and a profile whose figure
+    no copy could cause is a disturbed one (never cached)."""
+    from igi_sdk.tuning import measure
+
+    assert measure.slowdown(1.0, 1.25, 1.0) == pytest.approx(0.25)
+    assert measure.slowdown(0.9, 1.25, 1.1) == pytest.approx(0.25)  # the machine sped up
+    assert measure.slowdown(1.0, 0.98, 1.0) == 0.0  # noise below the speed alone
+    with pytest.raises(ValueError):
+        measure.slowdown(0.0, 1.0, 0.0)
+    prof = _plausible_profile(2)
+    assert not measure.profile_problems(prof)
+    prof.stream_cpu_slowdown = measure.MAX_STREAM_CPU_SLOWDOWN + 1
+    assert any("slower beside a copy" in p for p in measure.profile_problems(prof))

@@ -157,7 +157,8 @@ class Profile(BaseModel):
     # host memory (a pipelined decode overlaps the two): on the H200 host, 15 threads summing
     # 2 GB read 66 GB/s during a 54 GB/s pinned copy against 85 alone, and a decode whose FFNs
     # were all on the CPU took 1.30x as long under a copy running throughout (2026-12-01,
-    # benchmarks/dma_contention.py)
+    # benchmarks/dma_contention.py). A profile measures it (tuning.measure.
+    # cpu_slowdown_under_copy); this default stands for profiles from before that
     stream_cpu_slowdown: float = 0.25
 
     @property

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ctypes
 import statistics
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -332,6 +333,49 @@ def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) ->
                 arr = np.ones(n_bytes, dtype=np.uint8)
                 src = arr.ctypes.data_as(_vp)
             return _median_time(lambda: ggml.ggml_backend_tensor_set(t, src, 0, n_bytes), reps)
+        finally:
+            if host:
+                ggml.ggml_backend_buffer_free(host)
+            if dst:
+                ggml.ggml_backend_buffer_free(dst)
+            ggml.ggml_free(ctx)
+
+
+@contextmanager
+def h2d_copying(gpu_index: int, n_bytes: int) -> Iterator[Callable[[], int]]:
+    """While the block runs, a thread copies ``n_bytes`` of pinned host memory into VRAM over
+    and over (as a pipelined decode's copies read host memory beside the CPU's own reads);
+    yields how many copies have finished. The buffers are allocated once, before the block:
+    page-locking them while the caller times something would stall it (docs/arbiter.md)."""
+    dev = ggml.ggml_backend_dev_get(gpu_index)
+    hbuft = ggml.ggml_backend_dev_host_buffer_type(dev)
+    if not hbuft:
+        raise RuntimeError("this device has no pinned host buffer type")
+    stop, done = threading.Event(), [0]
+    with backend(gpu_index, 1) as be:
+        ctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
+        dst = host = None
+        try:
+            t = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES["F16"], n_bytes // 2, 1)
+            dst = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
+            host = ggml.ggml_backend_buft_alloc_buffer(hbuft, n_bytes)
+            if not dst or not host:
+                raise MemoryError("not enough memory for the copy beside the benchmark")
+            src = ggml.ggml_backend_buffer_get_base(host)
+            ctypes.memset(src, 1, n_bytes)
+
+            def copy() -> None:  # ctypes releases the GIL: the caller's ggml work runs beside
+                while not stop.is_set():
+                    ggml.ggml_backend_tensor_set(t, src, 0, n_bytes)
+                    done[0] += 1
+
+            worker = threading.Thread(target=copy, name="igi-h2d-copy", daemon=True)
+            worker.start()
+            try:
+                yield lambda: done[0]
+            finally:
+                stop.set()
+                worker.join()
         finally:
             if host:
                 ggml.ggml_backend_buffer_free(host)

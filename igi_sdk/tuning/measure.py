@@ -36,6 +36,9 @@ FAST_TOKENS = (1, 4, 16, 64, 512, 2048)
 # measured again, and a profile beyond them is never cached.
 MAX_LAYER_OVERHEAD_S = 2e-3
 MAX_STEP_OVERHEAD_S = 20e-3
+# beyond this the timing was disturbed (a copy cannot take more than all of the memory bandwidth:
+# the CPU at a quarter of its speed is already far past the 1.28x measured on the H200 host)
+MAX_STREAM_CPU_SLOWDOWN = 3.0
 _OVERHEAD_RUNS = 3  # undisturbed probes whose median is kept
 _OVERHEAD_TRIES = 8  # probes at most
 
@@ -311,7 +314,7 @@ def _measure_profile(
     gpu = next((d for d in devices if d.is_gpu), None)
     tokens = FAST_TOKENS if fast else TOKENS
     reps = 2 if fast else 3
-    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (9 if gpu else 1) + 1
+    steps = len(TYPES) * len(tokens) * (2 if gpu else 1) + (10 if gpu else 1) + 1
     done = 0
 
     def tick(what: str) -> None:
@@ -401,6 +404,9 @@ def _measure_profile(
     tick("gpu step overhead")
     prof.h2d_pinned_bps = pinned  # (the stream rates' ceiling)
     prof.h2d_pageable_bps = pageable
+    prof.stream_cpu_slowdown = cpu_slowdown_under_copy(
+        cpu.index, gpu.index, threads, cpu_bytes[1], cpu_buft, shape=(k, n), reps=reps)
+    tick("cpu beside a copy")
     # before the stream rates: their probes' prefills pay it too
     small, large = (step_bench.copy_compute_seconds(pinned=True, threads=threads, n_layers=n,
                                                     tokens=PREFILL_PROBE_TOKENS, streamed=False)
@@ -415,6 +421,41 @@ def _measure_profile(
     prof.pcie = _nvml_facts().get("pcie", "")
     prof.gpu_fixed_bytes = _nvml_own_vram(gpu.pci_bus_id)
     return prof
+
+
+COPY_BESIDE_BYTES = 256 * 1024 * 1024  # one copy of the loop beside the CPU's timed matmuls
+
+
+def slowdown(alone_before_s: float, beside_s: float, alone_after_s: float) -> float:
+    """How much longer work took beside another (0: no slower), against the mean of the same
+    work alone just before and just after it (a drift of the machine's speed cancels)."""
+    alone = (alone_before_s + alone_after_s) / 2
+    if not (alone > 0 and math.isfinite(beside_s)):
+        raise ValueError(f"not a timing: {alone_before_s}, {beside_s}, {alone_after_s}")
+    return max(0.0, beside_s / alone - 1.0)
+
+
+def cpu_slowdown_under_copy(cpu_index: int, gpu_index: int, threads: int, total_bytes: int,
+                            weights_buft: int | None, *, shape: tuple[int, int],
+                            reps: int) -> float:
+    """``Profile.stream_cpu_slowdown`` measured: the CPU's one-token Q4_0 matmuls (the CPU's
+    share of a pipelined decode) timed alone, beside a pinned host-to-GPU copy looping on a
+    thread of its own (the streamed weights' copies read the same host memory), and alone
+    again."""
+    k, n = shape
+
+    def timed(be: int) -> float:
+        return ggml_bench.matmul_seconds(be, "Q4_0", k, n, 1, reps=reps, total_bytes=total_bytes,
+                                         weights_buft=weights_buft)
+
+    with ggml_bench.backend(cpu_index, threads) as be:
+        before = timed(be)
+        with ggml_bench.h2d_copying(gpu_index, COPY_BESIDE_BYTES) as copies:
+            beside = timed(be)
+            if copies() == 0:  # the copy never ran beside the timing: nothing was measured
+                raise RuntimeError("no host-to-GPU copy finished beside the CPU's matmuls")
+        after = timed(be)
+    return slowdown(before, beside, after)
 
 
 def _add_step_overhead(dev: DeviceProfile, *, gpu: bool, threads: int,
@@ -496,6 +537,9 @@ def profile_problems(prof: Profile) -> list[str]:
             value = getattr(dev, name)
             if not (math.isfinite(value) and value >= 0):
                 problems.append(f"{dev.kind} {name} {value}")
+    if not 0 <= prof.stream_cpu_slowdown <= MAX_STREAM_CPU_SLOWDOWN:
+        problems.append(f"the CPU {prof.stream_cpu_slowdown:.2f}x slower beside a copy to the GPU "
+                        f"(plausible: at most {MAX_STREAM_CPU_SLOWDOWN:.0f}x)")
     return problems
 
 
