@@ -524,7 +524,8 @@ def test_with_a_standby_a_grow_the_vram_holds_twice_keeps_decoding_on_the_gpu(la
 
 def test_the_ladder_pins_host_weights_where_every_token_gains_and_reloads_are_decoded_through(
         ) -> None:
-    from igi_sdk.arbiter.ladder import PIN_RAM_HEADROOM, pins_host_weights
+    from igi_sdk.arbiter.ladder import pins_host_weights
+    from igi_sdk.planner import PIN_RAM_HEADROOM
 
     model = 5 * GIB
     enough = 2 * model + PIN_RAM_HEADROOM

@@ -852,3 +852,23 @@ def test_only_the_running_models_gpu_placements_name_streamed_weights(tiny_llama
         assert _native.streamed_weights() == ()                # nothing clears them
     finally:
         _native.set_streamed_weights(())
+
+
+def test_a_plan_maps_its_host_weights_where_the_ram_cannot_lock_them(llama8b) -> None:
+    from igi_sdk.planner import PIN_RAM_HEADROOM, mapped_where_ram_is_short, pinned_host_bytes
+
+    names = tuple(t.name for t in _ffn(llama8b, 1))
+    plan = Plan(name="p", op_offload=True, pinned_host=True, decode_streamed=names,
+                gpu_tensors=tuple(t.name for t in llama8b.layer_tensors(0)))
+    need = pinned_host_bytes(plan, llama8b)
+    assert need == llama8b.total_bytes() - sum(t.n_bytes for t in llama8b.layer_tensors(0))
+    assert mapped_where_ram_is_short(plan, llama8b, need + PIN_RAM_HEADROOM) is plan
+    assert mapped_where_ram_is_short(plan, llama8b, None) is plan  # unknown: as planned
+    short = mapped_where_ram_is_short(plan, llama8b, need + PIN_RAM_HEADROOM - 1)
+    # the same rung (name, placement), slower: mapped, nothing streamed
+    assert (short.name, short.gpu_tensors) == (plan.name, plan.gpu_tensors)
+    assert not short.pinned_host and not short.decode_streamed
+    Plan.model_validate(short.model_dump())  # a valid plan
+    mapped = Plan(name="m", pinned_host=False)
+    assert pinned_host_bytes(mapped, llama8b) == 0
+    assert mapped_where_ram_is_short(mapped, llama8b, 0) is mapped

@@ -71,3 +71,25 @@ def test_plan_json_round_trip(tiny_llama, tmp_path) -> None:
     path = tmp_path / "plan.json"
     plan.save(path)
     assert Plan.load(path) == plan
+
+
+def test_host_weights_are_mapped_when_the_ram_cannot_lock_them(tiny_llama, monkeypatch) -> None:
+    """Page-locked memory cannot be swapped out: a pinned plan whose host weights the RAM
+    available now cannot hold (with the headroom kept free) loads them mapped instead, the
+    same placement under the same name, and the model still answers."""
+    from igi_sdk.planner import PIN_RAM_HEADROOM, pinned_host_bytes
+    from igi_sdk.runtime import placement
+
+    inv = read_inventory(tiny_llama)
+    plan = Plan(name="load", pinned_host=True, gpu_layers=0)
+    need = pinned_host_bytes(plan, inv)
+    assert need == inv.total_bytes()
+    monkeypatch.setattr(placement, "available_ram", lambda: need + PIN_RAM_HEADROOM - 1)
+    with Engine(tiny_llama, plan, CFG) as eng:
+        assert eng.plan.name == "load" and not eng.plan.pinned_host
+        assert "CPU_Mapped" in eng.report.model_buffers
+        sid = eng.open_session("You are terse.")
+        assert eng.chat(sid, "Hello", max_tokens=4).result().completion_tokens > 0
+    monkeypatch.setattr(placement, "available_ram", lambda: need + PIN_RAM_HEADROOM)
+    with Engine(tiny_llama, plan, CFG) as eng:  # enough: locked as planned
+        assert eng.plan.pinned_host and "CPU_Mapped" not in eng.report.model_buffers

@@ -10,6 +10,7 @@ from dataclasses import dataclass, replace
 from igi_sdk.errors import BudgetTooSmallError
 from igi_sdk.model import ModelInventory
 from igi_sdk.planner import (
+    PIN_RAM_HEADROOM,
     Plan,
     PlanResult,
     Workload,
@@ -39,8 +40,6 @@ def arbiter_workload(n_ctx: int, outputs: int | None = None, talking: int = 1,
 
 HOST_WEIGHTS = ("auto", "pinned", "mapped")
 GIB = 1024 * MIB
-# what pinning leaves the rest of the machine, beyond the model's own pages (a game, the OS)
-PIN_RAM_HEADROOM = 2 * GIB
 
 
 @dataclass(frozen=True)

@@ -1,7 +1,15 @@
 """Pipelined-sharding planner: which tensors live in VRAM and how each token tier runs."""
 
 from igi_sdk.planner.cost import decode_tps, ttft_seconds, ubatch_cost
-from igi_sdk.planner.plan import FlashAttn, KvType, Plan, Role
+from igi_sdk.planner.plan import (
+    PIN_RAM_HEADROOM,
+    FlashAttn,
+    KvType,
+    Plan,
+    Role,
+    mapped_where_ram_is_short,
+    pinned_host_bytes,
+)
 from igi_sdk.planner.planner import (
     Candidate,
     PlanResult,
@@ -17,6 +25,7 @@ from igi_sdk.planner.planner import (
 )
 
 __all__ = [
+    "PIN_RAM_HEADROOM",
     "Candidate",
     "FlashAttn",
     "KvType",
@@ -28,7 +37,9 @@ __all__ = [
     "compute_buffer_estimate",
     "copy_threshold",
     "decode_tps",
+    "mapped_where_ram_is_short",
     "minimum_budget",
+    "pinned_host_bytes",
     "plan_for",
     "planned_talkers",
     "ttft_seconds",

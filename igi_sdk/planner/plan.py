@@ -134,3 +134,28 @@ class Plan(BaseModel):
             n_ubatch=2048,
             pinned_host=True,
         )
+
+
+# RAM left to the rest of the machine (a game, the OS) beyond any page-locked host weights:
+# locked pages cannot be swapped out, so a game growing its own memory would be pushed out first
+PIN_RAM_HEADROOM = 2 * 1024**3
+
+
+def pinned_host_bytes(plan: Plan, inventory: ModelInventory) -> int:
+    """Host memory ``plan`` page-locks: its weights outside VRAM (0 for a mapped plan)."""
+    if not plan.pinned_host:
+        return 0
+    gpu = plan.gpu_set
+    return sum(t.n_bytes for t in inventory.tensors if t.name not in gpu)
+
+
+def mapped_where_ram_is_short(plan: Plan, inventory: ModelInventory,
+                              available: int | None) -> Plan:
+    """``plan``, or the same placement with its host weights mapped when the RAM available now
+    cannot page-lock them with :data:`PIN_RAM_HEADROOM` to spare (``available`` None: unknown,
+    the plan as it is). The mapped one streams nothing at decode (a copy from pageable memory
+    cannot run beside the CPU), and keeps the name: it is the same rung, slower."""
+    need = pinned_host_bytes(plan, inventory)
+    if not need or available is None or available >= need + PIN_RAM_HEADROOM:
+        return plan
+    return plan.model_copy(update={"pinned_host": False, "decode_streamed": ()})

@@ -8,6 +8,7 @@ and put back. Engine thread only: every method calls llama.cpp.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,14 +17,17 @@ from typing import Any
 import llama_cpp
 
 from igi_sdk import threads
+from igi_sdk.host_memory import available_ram
 from igi_sdk.model import ModelInventory
-from igi_sdk.planner import Plan
+from igi_sdk.planner import PIN_RAM_HEADROOM, Plan, mapped_where_ram_is_short, pinned_host_bytes
 from igi_sdk.runtime import engine_state, loader
 from igi_sdk.runtime.devices import Device
 from igi_sdk.runtime.grammar import tokenizer_for
 from igi_sdk.runtime.loader import ContextSettings
 from igi_sdk.runtime.overrides import LoadReport
 from igi_sdk.runtime.text import Vocab
+
+log = logging.getLogger("igi_sdk.runtime")
 
 # a placement is opened and, until the engine thread takes it over, closed by these threads
 _OPENERS = (threads.ENGINE, threads.LOADER)
@@ -45,8 +49,16 @@ class Placement:
              progress: Callable[[float], None] | None = None,
              cancelled: Callable[[], bool] | None = None) -> Placement:
         """Load ``plan``; raises the load's typed error with nothing left allocated.
-        ``cancelled``: asked between tensors; True stops the load (a loader thread's)."""
+        ``cancelled``: asked between tensors; True stops the load (a loader thread's). Host
+        weights the plan pins are mapped instead when the RAM available now cannot lock them
+        (``planner.mapped_where_ram_is_short``): the placement's ``plan`` says which."""
         threads.expect_one_of(_OPENERS, "opening a placement")
+        wanted, plan = plan, mapped_where_ram_is_short(plan, inventory, available_ram())
+        if plan is not wanted:
+            log.warning("plan '%s': %d MiB of host weights would be page-locked, but only %s "
+                        "MiB of RAM is available (%d MiB kept free): mapped instead, nothing "
+                        "streamed", plan.name, pinned_host_bytes(wanted, inventory) >> 20,
+                        (available_ram() or 0) >> 20, PIN_RAM_HEADROOM >> 20)
         loaded = loader.load(path, inventory, plan, settings, progress=progress,
                              cancelled=cancelled)
         try:

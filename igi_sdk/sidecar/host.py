@@ -42,6 +42,7 @@ from igi_sdk.errors import (
     ModelLoadError,
 )
 from igi_sdk.events import Outbox, SessionFigures
+from igi_sdk.host_memory import available_ram
 from igi_sdk.model import ModelInventory, read_inventory
 from igi_sdk.model.mmproj import read_encoder
 from igi_sdk.planner import Plan
@@ -132,15 +133,6 @@ class HostConfig:
     # how the ladder's GPU rungs hold their CPU-resident weights: "auto" (arbiter.ladder.
     # pins_host_weights), "pinned" or "mapped"
     host_weights: str = "auto"
-
-
-def available_ram() -> int | None:
-    """Host memory the OS could give now (page cache it would reclaim included), or None."""
-    try:
-        import psutil
-        return int(psutil.virtual_memory().available)
-    except (ImportError, OSError):
-        return None
 
 
 def _failed(error: Exception) -> Future[Any]:
