@@ -56,10 +56,12 @@ def pins_host_weights(choice: str, *, talking: int, vision_borrow: bool, pipelin
     rather than mapping the file (``choice``: ``serve --host-weights``, one of HOST_WEIGHTS).
 
     Every reshard loads a placement again: mapped host weights cost nothing to load (the
-    page cache holds them), pinned ones are copied into freshly page-locked memory, 3-4 s per
-    4 GB on the H200 host. Pinned memory is what lets a decode step copy them to the GPU
-    while the CPU computes (a pipelined decode, docs/planner.md) and stream them at twice the
-    pageable speed. So ``auto`` pins where a rung gains that on every token:
+    page cache holds them), pinned ones are copied into freshly page-locked memory (a 4.5 GiB
+    rung loaded 0.3-1.0 s slower on the H200 host, and other threads' allocations wait while
+    the memory is locked: benchmarks/load_behind.py). Pinned memory is what lets a decode step
+    copy them to the GPU while the CPU computes (a pipelined decode, docs/planner.md) and
+    stream them at twice the pageable speed. So ``auto`` pins where a rung gains that on every
+    token:
 
     * NPCs that talk together (``talking`` > 1): their decode steps stream the weights;
     * this llama.cpp pipelines a decode (``pipelines``), and a CPU standby decodes through

@@ -53,12 +53,13 @@ class Placement:
         weights the plan pins are mapped instead when the RAM available now cannot lock them
         (``planner.mapped_where_ram_is_short``): the placement's ``plan`` says which."""
         threads.expect_one_of(_OPENERS, "opening a placement")
-        wanted, plan = plan, mapped_where_ram_is_short(plan, inventory, available_ram())
+        ram = available_ram()
+        wanted, plan = plan, mapped_where_ram_is_short(plan, inventory, ram)
         if plan is not wanted:
-            log.warning("plan '%s': %d MiB of host weights would be page-locked, but only %s "
+            log.warning("plan '%s': %d MiB of host weights would be page-locked, but only %d "
                         "MiB of RAM is available (%d MiB kept free): mapped instead, nothing "
                         "streamed", plan.name, pinned_host_bytes(wanted, inventory) >> 20,
-                        (available_ram() or 0) >> 20, PIN_RAM_HEADROOM >> 20)
+                        (ram or 0) >> 20, PIN_RAM_HEADROOM >> 20)
         loaded = loader.load(path, inventory, plan, settings, progress=progress,
                              cancelled=cancelled)
         try:
