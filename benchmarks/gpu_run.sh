@@ -284,7 +284,8 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
   # on a 12 GiB pool beside the sidecar; runs FRAMES_RUNS, each MODE/NPCS/STANDBY[/HOST]
   # (standby: as shipped; nostandby: `serve --no-standby`, every reshard stopping the replies
   # while it loads; HOST: `serve --host-weights`, default auto), one fresh sidecar each, while
-  # the call has time left (FRAMES_END seconds into it); FRAMES_HOLD_S: each level's gameplay
+  # the call has time left (FRAMES_END seconds into it); FRAMES_HOLD_S: each level's gameplay;
+  # FRAMES_ARGS: more frame_game.py flags (e.g. --level-gib 8: a 2.5 GiB budget in gameplay)
   end=${FRAMES_END:-560}
   k=0
   for spec in ${FRAMES_RUNS:-nvml/1/standby nvml/1/nostandby}; do
@@ -298,7 +299,7 @@ if [ "$part" = frames ] || [ "$part" = all ]; then
     echo "== $spec at $SECONDS s" | tee -a "$out/frames.txt"; : > /tmp/igi-bench/sidecar.log
     timeout -k 20 "$left" python3 benchmarks/frame_game.py --mode "$mode" --npcs "$npcs" \
       --workdir /tmp/igi-bench --threads 12 --settle-s 12 --hold-s "${FRAMES_HOLD_S:-6}" \
-      --between-s 6 --tail-s 8 \
+      --between-s 6 --tail-s 8 ${FRAMES_ARGS:-} \
       --serve-args="$extra" --json "$out/frames-$name.json" 2>&1 | tee -a "$out/frames.txt"
     tail -60 /tmp/igi-bench/sidecar.log > "$out/frames-$name-sidecar.log" 2>/dev/null
     grep -m3 "host weights\|pinned\|stream" /tmp/igi-bench/sidecar.log >> "$out/frames-$name-sidecar.log" 2>/dev/null
