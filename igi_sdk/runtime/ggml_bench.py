@@ -311,8 +311,11 @@ def _compute(be: int, graph: int) -> None:
     ggml.ggml_backend_synchronize(be)
 
 
-def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) -> float:
-    """Median seconds to copy ``n_bytes`` from host memory into a VRAM tensor."""
+@contextmanager
+def _h2d_pair(gpu_index: int, n_bytes: int, *, pinned: bool) -> Iterator[Callable[[], None]]:
+    """A VRAM tensor of ``n_bytes`` and a host buffer as large (pinned: the GPU's page-locked
+    host buffer type; else ordinary memory), freed after the block; yields one copy of the
+    host buffer into the tensor."""
     dev = ggml.ggml_backend_dev_get(gpu_index)
     with backend(gpu_index, 1) as be:
         ctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
@@ -321,7 +324,7 @@ def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) ->
             t = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES["F16"], n_bytes // 2, 1)
             dst = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
             if not dst:
-                raise MemoryError("not enough VRAM for the bandwidth benchmark")
+                raise MemoryError("not enough VRAM for the host-to-GPU copy")
             if pinned:
                 hbuft = ggml.ggml_backend_dev_host_buffer_type(dev)
                 host = ggml.ggml_backend_buft_alloc_buffer(hbuft, n_bytes) if hbuft else None
@@ -332,13 +335,19 @@ def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) ->
             else:
                 arr = np.ones(n_bytes, dtype=np.uint8)
                 src = arr.ctypes.data_as(_vp)
-            return _median_time(lambda: ggml.ggml_backend_tensor_set(t, src, 0, n_bytes), reps)
+            yield lambda: ggml.ggml_backend_tensor_set(t, src, 0, n_bytes)
         finally:
             if host:
                 ggml.ggml_backend_buffer_free(host)
             if dst:
                 ggml.ggml_backend_buffer_free(dst)
             ggml.ggml_free(ctx)
+
+
+def h2d_seconds(gpu_index: int, n_bytes: int, *, pinned: bool, reps: int = 3) -> float:
+    """Median seconds to copy ``n_bytes`` from host memory into a VRAM tensor."""
+    with _h2d_pair(gpu_index, n_bytes, pinned=pinned) as copy:
+        return _median_time(copy, reps)
 
 
 @contextmanager
@@ -347,41 +356,21 @@ def h2d_copying(gpu_index: int, n_bytes: int) -> Iterator[Callable[[], int]]:
     and over (as a pipelined decode's copies read host memory beside the CPU's own reads);
     yields how many copies have finished. The buffers are allocated once, before the block:
     page-locking them while the caller times something would stall it (docs/arbiter.md)."""
-    dev = ggml.ggml_backend_dev_get(gpu_index)
-    hbuft = ggml.ggml_backend_dev_host_buffer_type(dev)
-    if not hbuft:
-        raise RuntimeError("this device has no pinned host buffer type")
     stop, done = threading.Event(), [0]
-    with backend(gpu_index, 1) as be:
-        ctx = ggml.ggml_init(_InitParams(1024 * 1024, None, True))
-        dst = host = None
+    with _h2d_pair(gpu_index, n_bytes, pinned=True) as copy:
+
+        def loop() -> None:  # ctypes releases the GIL: the caller's ggml work runs beside
+            while not stop.is_set():
+                copy()
+                done[0] += 1
+
+        worker = threading.Thread(target=loop, name="igi-h2d-copy", daemon=True)
+        worker.start()
         try:
-            t = ggml.ggml_new_tensor_2d(ctx, GGML_TYPES["F16"], n_bytes // 2, 1)
-            dst = ggml.ggml_backend_alloc_ctx_tensors(ctx, be)
-            host = ggml.ggml_backend_buft_alloc_buffer(hbuft, n_bytes)
-            if not dst or not host:
-                raise MemoryError("not enough memory for the copy beside the benchmark")
-            src = ggml.ggml_backend_buffer_get_base(host)
-            ctypes.memset(src, 1, n_bytes)
-
-            def copy() -> None:  # ctypes releases the GIL: the caller's ggml work runs beside
-                while not stop.is_set():
-                    ggml.ggml_backend_tensor_set(t, src, 0, n_bytes)
-                    done[0] += 1
-
-            worker = threading.Thread(target=copy, name="igi-h2d-copy", daemon=True)
-            worker.start()
-            try:
-                yield lambda: done[0]
-            finally:
-                stop.set()
-                worker.join()
+            yield lambda: done[0]
         finally:
-            if host:
-                ggml.ggml_backend_buffer_free(host)
-            if dst:
-                ggml.ggml_backend_buffer_free(dst)
-            ggml.ggml_free(ctx)
+            stop.set()
+            worker.join()
 
 
 def _median_time(fn: Callable[[], object], reps: int) -> float:
