@@ -178,18 +178,24 @@ def test_decode_keeps_its_rate_beside_a_busy_core() -> None:
 
     # Other work on the machine (a shared developer box) is not the scenario: it takes the decode
     # thread's core while the busy process holds the other. Such a run is measured again, and
-    # skipped if the machine never settles; a shortfall on a quiet machine fails at once.
+    # skipped if the machine never settles. On a quiet 2-CPU VM the OS still puts the decode
+    # thread beside the busy process for a whole reply now and then (7 of 45 busy rounds fell to
+    # 64-70% of idle, 2 of 15 medians of three; the rest read 0.96-1.0): a shortfall is measured
+    # again too, and fails only when every try falls short, as a slower decode would.
+    tries = []
     for _attempt in range(3):
         m = _measure(rounds=3)
         idle, busy = statistics.median(m["idle"]), statistics.median(m["busy"])
-        if busy >= 0.7 * idle or m["cpus_used_elsewhere"] < 0.2:
+        tries.append(m)
+        if busy >= 0.7 * idle:
             break
     else:
-        pytest.skip(f"{m['cpus_used_elsewhere']} CPUs busy elsewhere in every try: {m}")
+        if all(t["cpus_used_elsewhere"] >= 0.2 for t in tries):
+            pytest.skip(f"{m['cpus_used_elsewhere']} CPUs busy elsewhere in every try: {m}")
     assert idle > 0, m
     assert busy >= 0.7 * idle, (
         f"beside one busy CPU of two, decode fell to {busy:.1f} tok/s from {idle:.1f} idle "
-        f"({busy / idle:.0%}; want >= 70%): {m}")
+        f"({busy / idle:.0%}; want >= 70%) in every try: {tries}")
 
 
 # --- thread count and wait chosen while running (runtime/threadpool.py) ----------------------
