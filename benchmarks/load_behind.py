@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import mmap
 import statistics
 import sys
 import threading
@@ -36,6 +35,9 @@ from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
 from igi_sdk.runtime import loader
 from igi_sdk.tuning.autoplan import plan_for_model
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from map_probe import MapProbe
 
 N_CTX, SESSIONS = 4096, 8
 
@@ -81,27 +83,9 @@ class Standby:
         loader.free(self.loaded)
 
 
-class MapProbe(threading.Thread):
-    """Maps, touches and unmaps 4 MiB every ``every_s``: (start, seconds) of each."""
-
-    def __init__(self, every_s: float = 0.02) -> None:
-        super().__init__(name="map-probe", daemon=True)
-        self.every_s, self.stop = every_s, threading.Event()
-        self.probes: list[tuple[float, float]] = []
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            t0 = time.perf_counter()
-            m = mmap.mmap(-1, 4 << 20)
-            m[0] = 1
-            m.close()
-            self.probes.append((t0, time.perf_counter() - t0))
-            time.sleep(self.every_s)
-
-
 def window(standby: Standby, probe: MapProbe, t0: float, t1: float) -> dict[str, Any]:
     calls = [c for c in standby.calls if t0 <= c[0] < t1]
-    maps = [p[1] for p in probe.probes if t0 <= p[0] < t1]
+    maps = probe.within(t0, t1)
 
     def med(kind: str) -> float | None:
         xs = [c[1] for c in calls if c[2] == kind]
@@ -174,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{hw}: plan '{p.name}', pinned {p.pinned_host}, {len(p.decode_streamed)} "
               f"streamed, {p.vram_bytes.get('total', 0) / (1 << 30):.2f} GiB", flush=True)
     standby = Standby(path, args.threads, args.line, args.reply)
-    probe = MapProbe()
+    probe = MapProbe(every_s=0.02)
     probe.start()
     rows: list[dict[str, Any]] = []
     try:

@@ -21,11 +21,13 @@ import glob
 import json
 import mmap
 import sys
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from map_probe import MapProbe
 
 H2D = 1  # cudaMemcpyHostToDevice
 MIB = 1 << 20
@@ -55,26 +57,6 @@ class Cuda:
 
     def call(self, name: str, *args: Any) -> None:
         self.check(getattr(self.rt, name)(*args), name)
-
-
-class MapProbe(threading.Thread):
-    """Maps, touches and unmaps 4 MiB every 5 ms: (start, seconds) of each."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.stop, self.probes = threading.Event(), []
-
-    def run(self) -> None:
-        while not self.stop.is_set():
-            t0 = time.perf_counter()
-            m = mmap.mmap(-1, 4 * MIB)
-            m[0] = 1
-            m.close()
-            self.probes.append((t0, time.perf_counter() - t0))
-            time.sleep(0.005)
-
-    def longest(self, t0: float, t1: float) -> float:
-        return max((s for t, s in self.probes if t0 <= t <= t1), default=0.0)
 
 
 def timed(probe: MapProbe, fn: Callable[[], None]) -> dict[str, float]:
@@ -111,7 +93,7 @@ def main(argv: list[str] | None = None) -> int:
     cu.call("cudaStreamCreate", ctypes.byref(stream))
     dst = ctypes.c_void_p()
     cu.call("cudaMalloc", ctypes.byref(dst), ctypes.c_size_t(copy))
-    probe = MapProbe()
+    probe = MapProbe(every_s=0.005)
     probe.start()
     time.sleep(0.1)
     out: dict[str, Any] = {"args": vars(args)}
@@ -147,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out["unregister_chunks"] = timed(probe, unregister)
     probe.stop.set()
-    out["map_probe_alone_s"] = round(max(
-        (s for t, s in probe.probes[:20]), default=0.0), 4)
+    out["map_probe_alone_s"] = round(max((s for _, s in probe.probes[:20]), default=0.0), 4)
     for k, v in out.items():
         if k != "args":
             print(f"{k:26s} {v}", flush=True)
