@@ -140,6 +140,49 @@ def test_a_connection_past_its_rate_is_cut_and_served_again_after_reconnecting(c
         ctx.term()
 
 
+def test_leftovers_of_a_closed_flooder_never_cut_the_connection_that_reused_its_descriptor(
+) -> None:
+    """What a flooder sent before it left is read after its connection closed, and by then the
+    next client's connection may have its descriptor number: the leftovers, past their rate,
+    shut that client down and its first request went unanswered (CI: no answer to a hello
+    within 10 s after a flood). The cut checks that the descriptor is still the flooder's."""
+    ctx = zmq.Context()
+    router = ctx.socket(zmq.ROUTER)
+    router.setsockopt(zmq.RCVHWM, 0)
+    router.setsockopt(zmq.LINGER, 0)
+    endpoint = f"tcp://127.0.0.1:{router.bind_to_random_port('tcp://127.0.0.1')}"
+    guard = FloodGuard(per_second=10**6, bytes_per_second=3_000_000)
+    flooder = ctx.socket(zmq.DEALER)
+    flooder.setsockopt(zmq.LINGER, 5_000)
+    flooder.connect(endpoint)
+    client = None
+    try:
+        for _ in range(5):  # past the byte cap at the fourth
+            flooder.send(bytes(1_000_000))
+        time.sleep(0.5)
+        flooder.close()  # its messages wait in the ROUTER, unread
+        time.sleep(0.5)
+        client = T.dealer(ctx, endpoint)
+        client.send(b"hello")
+        time.sleep(0.3)
+        fds: dict[bytes, int] = {}
+        while router.poll(500):
+            ident, frame = router.recv_multipart(copy=False)
+            fds[ident.bytes] = frame.get(zmq.SRCFD)
+            if guard.admit(ident.bytes, frame) and frame.bytes == b"hello":
+                client_id = ident.bytes
+        assert len(fds) == 2 and len(set(fds.values())) == 1, \
+            f"the client's connection did not reuse the flooder's descriptor: {fds}"
+        router.send_multipart([client_id, b"welcome"])
+        assert client.poll(5_000), "the client's connection was shut by the flooder's cut"
+        assert client.recv() == b"welcome"
+    finally:
+        if client is not None:
+            client.close(0)
+        router.close(0)
+        ctx.term()
+
+
 def test_a_flood_of_the_largest_messages_is_cut_and_memory_stays_bounded(sidecar) -> None:
     """Without a receive limit, a few 17 MiB messages a second outrun the socket thread's
     parsing; the guard's byte cap shuts such a connection down before libzmq's queue grows."""

@@ -5,7 +5,8 @@ the process; see ``Server._bind``), so libzmq reads a peer as fast as the peer w
 tiny messages a second, far more than the socket thread handles, all waiting in memory. The
 socket thread counts each routing id's messages per second; past the cap the rest are dropped
 unanswered and the peer's connection is shut down (libzmq hands its descriptor out with every
-message), which ends it inside libzmq and frees what it queued. A DEALER reconnects by itself.
+message; ``serving/peer_sockets.py`` makes sure it is still that peer's), which ends it inside
+libzmq and frees what it queued. A DEALER reconnects by itself.
 Bytes are capped as well as messages: a handful of 17 MiB messages a second outruns the loop's
 parsing as surely as millions of tiny ones.
 
@@ -26,12 +27,12 @@ for that long.
 
 from __future__ import annotations
 
-import socket
 import time
 from collections import deque
 
 import zmq
 
+from igi_sdk.serving.peer_sockets import PeerSockets
 from igi_sdk.wire.protocol import MAX_MESSAGE_BYTES
 
 MAX_MESSAGES_PER_SECOND = 2000  # per routing id; a game sends tens (frames at 60 Hz, requests)
@@ -64,8 +65,7 @@ class FloodGuard:
         self._window = time.monotonic()
         self._counts: dict[bytes, tuple[int, int]] = {}  # routing id -> (messages, bytes)
         self._cut_now: set[bytes] = set()  # shut in this window
-        # each peer's latest message of the window: its connection, for a backlog cut
-        self._latest: dict[bytes, zmq.Frame] = {}
+        self._peers = PeerSockets()  # each peer's connection, to shut the right one
         self._behind_since: float | None = None  # the loop left messages waiting since
         self._waited = 0  # messages waiting in the receive queues after the last turn
 
@@ -73,25 +73,26 @@ class FloodGuard:
         """Whether to handle this message (received with ``copy=False``) from ``identity``."""
         now = time.monotonic()
         if now - self._window >= 1.0:
-            self._window, self._counts, self._cut_now, self._latest = now, {}, set(), {}
+            self._window, self._counts, self._cut_now = now, {}, set()
+            self._peers.roll()
+        self._peers.see(identity, frame)
         if identity in self._cut_now:
             return False  # what a cut connection had queued
         n, size = self._counts.get(identity, (0, 0))
         n, size = n + 1, size + len(frame)
         self._counts[identity] = (n, size)
-        self._latest[identity] = frame
         if n <= self.per_second and size <= self.bytes_per_second:
             return True
-        self.cut_peer(identity, frame)
+        self.cut_peer(identity)
         return False
 
-    def cut_peer(self, identity: bytes, frame: zmq.Frame) -> None:
-        """Shut ``identity``'s connection (``frame``: its latest message, which names it) and
-        drop what it sends for the rest of the window. Once per window: later messages may be
-        its leftovers."""
+    def cut_peer(self, identity: bytes) -> None:
+        """Shut ``identity``'s connection and drop what it sends for the rest of the window.
+        Once per window: later messages may be its leftovers."""
         if identity not in self._cut_now:
             self._cut_now.add(identity)
-            self._shut(frame)
+            if self._peers.shut(identity):
+                self.cut += 1
 
     def behind(self, emptied: bool, backlog_s: float | None = None) -> bool:
         """After the loop's turn: ``emptied`` when no message was left waiting. True once the
@@ -133,24 +134,8 @@ class FloodGuard:
                       key=lambda ident: self._counts[ident][0], default=None)
         if busiest is None or self._counts[busiest][0] <= more_than:
             return None
-        frame = self._latest.get(busiest)
-        if frame is None:
-            return None
-        self.cut_peer(busiest, frame)
+        self.cut_peer(busiest)
         return busiest
-
-    def _shut(self, frame: zmq.Frame) -> None:
-        try:
-            sock = socket.socket(fileno=frame.get(zmq.SRCFD))
-        except (OSError, zmq.ZMQError):
-            return  # the connection is already gone
-        try:
-            sock.shutdown(socket.SHUT_RDWR)
-            self.cut += 1
-        except OSError:
-            pass
-        finally:
-            sock.detach()  # the descriptor stays libzmq's to close
 
 
 class ReceiveQueues:
@@ -233,7 +218,7 @@ class ReceiveQueues:
         return busiest
 
     def _cut(self, identity: bytes) -> None:
-        self.guard.cut_peer(identity, self._queues[identity][-1])
+        self.guard.cut_peer(identity)
         self.cuts += 1
         self.drop(identity)
 
