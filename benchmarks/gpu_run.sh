@@ -13,7 +13,7 @@
 # run beside ours in the same call. A build packed by an earlier call of the same machine kind
 # (.gpu/prebuilt/bld.tar.*, see `pack_build` below) is unpacked instead when it runs here.
 # Ours then runs on the pipelined scheduler (igi_sdk/bundle/patches/ggml-stream-prefetch.patch,
-# `patch_ggml_base` below): a libggml-base carried as .gpu/patched/ (the same sources built
+# and ggml-host-chunks.patch for pinned weights in pieces; `patch_ggml_base` below): a libggml-base carried as .gpu/patched/ (the same sources built
 # elsewhere), or built here from the build's sources or .gpu/ggml-src.tgz (`tar czf
 # .gpu/ggml-src.tgz -C <sdist>/vendor/llama.cpp ggml`); PIPELINE=0 keeps it stock.
 set -uo pipefail
@@ -49,14 +49,17 @@ patch_ggml_base() {  # ours (/tmp/site) on the pipelined scheduler
   # binaries, the peers, run on it with GGML_SCHED_PREFETCH=0 (exported below): with no
   # weights named and no prefetch, the patched scheduler takes stock llama.cpp's paths.
   local lib=libggml-base.so.0.25.3 site=/tmp/site/llama_cpp/lib
-  ok() { python3 -c "from igi_sdk.runtime._native import streams_weights as s; assert s()" 2>/dev/null; }
+  ok() { python3 -c "from igi_sdk.runtime._native import streams_weights as s, pins_in_pieces as p
+assert s() and p()" 2>/dev/null; }
   ok && return 0
   [ -f .gpu/patched/$lib ] && cp .gpu/patched/$lib $site/$lib && cp .gpu/patched/$lib /tmp/lcpp/build/bin/$lib \
     && ok && return 0
   rm -rf /tmp/ggml-src && mkdir -p /tmp/ggml-src
   if [ -f /tmp/lcpp/ggml/CMakeLists.txt ]; then cp -r /tmp/lcpp/ggml /tmp/ggml-src/
   else tar xzf .gpu/ggml-src.tgz -C /tmp/ggml-src || return 1; fi
-  (cd /tmp/ggml-src && patch -p1 < "$OLDPWD/igi_sdk/bundle/patches/ggml-stream-prefetch.patch") || return 1
+  local p; for p in ggml-stream-prefetch ggml-host-chunks; do  # in this order
+    (cd /tmp/ggml-src && patch -p1 < "$OLDPWD/igi_sdk/bundle/patches/$p.patch") || return 1
+  done
   [ -f /tmp/ggml-src/ggml/ggml.pc.in ] || touch /tmp/ggml-src/ggml/ggml.pc.in
   cmake -S /tmp/ggml-src/ggml -B /tmp/build-base -G Ninja -DCMAKE_BUILD_TYPE=Release \
     -DBUILD_SHARED_LIBS=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF > /dev/null \
@@ -312,7 +315,8 @@ if [ "$part" = load-behind ] || [ "$part" = all ]; then
   [ -f "$m" ] || timeout 200 python3 benchmarks/make_synthetic.py llama3-8b "$m" --quiet
   timeout 300 python3 benchmarks/load_behind.py --model "$m" \
     --profile benchmarks/results/h200-profile-16t-v6b.json --budget-gib "${LB_BUDGET_GIB:-4.5}" \
-    --threads 12 --rounds "${LB_ROUNDS:-3}" --json "$out/load-behind.json" 2>&1 \
+    --threads 12 --rounds "${LB_ROUNDS:-3}" --variants "${LB_VARIANTS:-mapped,pinned-whole,pinned}" \
+    --json "$out/load-behind.json" 2>&1 \
     | grep -v "^llama_\|^load\|^print_info\|^\." | tee "$out/load-behind.txt"
 fi
 if [ "$part" = release ] || [ "$part" = all ]; then

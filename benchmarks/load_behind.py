@@ -1,5 +1,6 @@
 """What a placement loading behind the decode costs an NPC decoding on the CPU standby, for a
-GPU rung whose host weights are pinned and for the same budget's rung with them mapped.
+GPU rung whose host weights are pinned (in pieces, as shipped, or in one allocation, as stock
+llama.cpp pins them) and for the same budget's rung with them mapped.
 
     python3 benchmarks/load_behind.py --model M.gguf --profile P.json --budget-gib 4.5 \
         --threads 12 --rounds 2 --json OUT/load-behind.json
@@ -20,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -33,7 +35,7 @@ from igi_sdk.errors import IgiError
 from igi_sdk.model import read_inventory
 from igi_sdk.planner import Plan
 from igi_sdk.profile import Profile
-from igi_sdk.runtime import loader
+from igi_sdk.runtime import _native, loader
 from igi_sdk.tuning.autoplan import plan_for_model
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -126,13 +128,26 @@ def one_load(path: Path, standby: Standby, probe: MapProbe, plan: Plan,
     if "loaded" in got:
         loader.free(got["loaded"])
     close_s = time.perf_counter() - t_close
+    time.sleep(0.05)  # the probe's map that started during the close has ended
+    close_maps = probe.within(t_close, t_close + close_s)
     weights_from = next((t for t, f in progress if f > 0.0), None)
     return {"plan": plan.name, "pinned_host": plan.pinned_host,
             "streamed": len(plan.decode_streamed), "load_s": round(got["seconds"], 3),
             "close_s": round(close_s, 3), "error": got.get("error"),
+            "close_longest_map_s": round(max(close_maps, default=0.0), 4),
             "first_progress_s": None if weights_from is None else round(weights_from - t_load, 3),
             "before": window(standby, probe, t_before, t_load),
             "during": window(standby, probe, t_load, t_done)}
+
+
+def pieces(on: bool) -> None:
+    """Pinned host weights in pieces (as the product loads them) or in one allocation (as
+    stock llama.cpp does): GGML_HOST_ALLOC_CHUNK_MIB=0 keeps the loader from setting pieces."""
+    if on:
+        os.environ.pop("GGML_HOST_ALLOC_CHUNK_MIB", None)
+    else:
+        os.environ["GGML_HOST_ALLOC_CHUNK_MIB"] = "0"
+        _native.set_host_alloc_chunk(0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -146,6 +161,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reply", type=int, default=8, help="one-token steps after each line")
     ap.add_argument("--before-s", type=float, default=2.0)
     ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--variants", default="mapped,pinned",
+                    help="comma-separated: mapped, pinned (as shipped: in pieces where the "
+                         "build can), pinned-whole (one cudaMallocHost, as stock llama.cpp)")
     ap.add_argument("--json")
     args = ap.parse_args(argv)
     path, prof = Path(args.model), Profile.load(Path(args.profile))
@@ -164,9 +182,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         standby.run_line()  # the standby's buffers at their size for these calls
         for rnd in range(args.rounds):
-            for hw in ("mapped", "pinned"):
-                row = {"round": rnd, "host_weights": hw,
-                       **one_load(path, standby, probe, plans[hw], args.before_s)}
+            for hw in args.variants.split(","):
+                whole = hw == "pinned-whole"
+                plan = plans["pinned" if whole else hw]
+                pieces(not whole)
+                row = {"round": rnd, "host_weights": hw, "pinned_in_pieces":
+                       plan.pinned_host and not whole and _native.pins_in_pieces(),
+                       **one_load(path, standby, probe, plan, args.before_s)}
                 rows.append(row)
                 b, d = row["before"], row["during"]
                 print(f"round {rnd} {hw:6s} load {row['load_s']:.2f} s (close "
@@ -174,7 +196,8 @@ def main(argv: list[str] | None = None) -> int:
                       f"-> {d['longest_call_s']:.3f} s, prefill {b['prefill_median_s']} -> "
                       f"{d['prefill_median_s']}, step {b['step_median_s']} -> "
                       f"{d['step_median_s']}, longest map {b['longest_map_s']:.4f} -> "
-                      f"{d['longest_map_s']:.4f} s {row['error'] or ''}", flush=True)
+                      f"{d['longest_map_s']:.4f} s, during the close "
+                      f"{row['close_longest_map_s']:.4f} s {row['error'] or ''}", flush=True)
     finally:
         probe.stop.set()
         standby.close()

@@ -367,3 +367,40 @@ def streamed_weights_kept() -> Iterator[None]:
         yield
     finally:
         set_streamed_weights(kept)
+
+
+# --- pinned host weights in pieces (igi_sdk/bundle/patches/ggml-host-chunks.patch) --------------
+# llama.cpp allocates a pinned plan's CPU weights with one cudaMallocHost, which holds the
+# process's address-space lock while it pins: 1.0-1.2 s for 3 GiB on an H200 host, and every
+# other thread's mmap or munmap (the socket thread's large messages, Python's arenas, numpy)
+# waited as long (benchmarks/pin_chunks.py, load_behind.py). A build with the patch allocates
+# them in pieces of HOST_ALLOC_CHUNK (a tensor larger than that in one of its own: a copy may
+# not span two pinned allocations), so that each wait is one piece's.
+HOST_ALLOC_CHUNK = 64 << 20
+try:
+    _declare("ggml_backend_set_host_alloc_chunk", None, ctypes.c_size_t)
+    _has_host_chunks = True
+except AttributeError:
+    _has_host_chunks = False
+
+
+def pins_in_pieces() -> bool:
+    """Whether this llama.cpp can allocate pinned host weights in pieces."""
+    return _has_host_chunks
+
+
+def set_host_alloc_chunk(chunk: int) -> bool:
+    """Pinned host weights loaded from now on go into buffers of at most ``chunk`` bytes (0:
+    one buffer, as stock llama.cpp); process-wide. False where this llama.cpp cannot."""
+    if not _has_host_chunks:
+        return False
+    ggml.ggml_backend_set_host_alloc_chunk(chunk)
+    return True
+
+
+def pin_in_pieces() -> bool:
+    """:func:`set_host_alloc_chunk` to HOST_ALLOC_CHUNK, unless GGML_HOST_ALLOC_CHUNK_MIB is
+    set (it then decides)."""
+    if "GGML_HOST_ALLOC_CHUNK_MIB" in os.environ:
+        return _has_host_chunks
+    return set_host_alloc_chunk(HOST_ALLOC_CHUNK)

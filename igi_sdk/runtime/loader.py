@@ -234,6 +234,8 @@ def model_params(plan: Plan, inventory: ModelInventory, gpu: Device | None, *,
     mparams.tensor_buft_overrides = overrides.pointer
     # a dry run must not map the file (llama.cpp asserts on it)
     pinned = plan.pinned_host or dry_run
+    if plan.pinned_host and not dry_run:
+        _native.pin_in_pieces()  # no long stall of the process's other threads (_native.py)
     mparams.load_mode = llama_cpp.LLAMA_LOAD_MODE_NONE if pinned else llama_cpp.LLAMA_LOAD_MODE_MMAP
     mparams.no_alloc = dry_run
     return mparams, overrides
