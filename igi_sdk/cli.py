@@ -343,12 +343,16 @@ def cmd_doctor(args: argparse.Namespace) -> int:
              if archs else ""))
     print(f"llama.cpp system  {system}")
     print(f"GPU offload       {'yes' if llama_cpp.llama_supports_gpu_offload() else 'no'}")
-    from igi_sdk.runtime._native import streams_weights
+    from igi_sdk.runtime._native import pins_in_pieces, streams_weights
 
     print("pipelined decode  " + (
         "yes: the scheduler streams named weights beside the CPU's work" if streams_weights()
         else "no: a stock llama.cpp scheduler (build with "
              "igi_sdk/bundle/patches/ggml-stream-prefetch.patch for it)"))
+    print("pinned weights    " + (
+        "in pieces: loading them stalls no other thread for long" if pins_in_pieces()
+        else "in one piece: a pinned load stalls the sidecar's other threads' allocations "
+             "(build with igi_sdk/bundle/patches/ggml-host-chunks.patch too)"))
     print("devices:")
     for d in list_devices():
         print(f"  [{d.index}] {d.name:<10} {d.kind:<5} {d.description}  "

@@ -274,6 +274,7 @@ def test_doctor_runs_from_the_bundle_with_an_empty_environment(bundle: Path) -> 
     assert "host CPU load     read per CPU (psutil" in out
     # whether its llama.cpp pipelines a decode: this bundle's is the stock build
     assert "pipelined decode  no: a stock llama.cpp scheduler" in out
+    assert "pinned weights    in one piece" in out
     assert _listing(bundle) == before  # nothing written next to the executable
 
 
