@@ -551,6 +551,14 @@ def test_the_ladder_pins_host_weights_where_every_token_gains_and_reloads_are_de
     assert not pins("mapped")
     with pytest.raises(ValueError, match="host weights"):
         pins("locked")
+    # `serve --host-weights` offers exactly these (the CLI spells them out: it imports no
+    # planner before a command runs)
+    from igi_sdk.arbiter.ladder import HOST_WEIGHTS
+    from igi_sdk.cli import build_parser
+
+    serve = build_parser()._subparsers._group_actions[0].choices["serve"]  # type: ignore[union-attr]
+    action = next(a for a in serve._actions if a.dest == "host_weights")
+    assert tuple(action.choices) == HOST_WEIGHTS and action.default == "auto"
 
 
 def test_a_pinned_ladder_on_a_pipelining_llama_cpp_climbs_through_pipelined_rungs(
